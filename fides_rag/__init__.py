@@ -1,0 +1,30 @@
+"""fides-rag: faithful retrieval-augmented generation by dual-path contrastive decoding (FIDES)."""
+
+from fides_rag.config import FidesConfig
+from fides_rag.decoder import FidesDecoder, GenerationSettings, NonFiniteLogitsError, TextStream
+from fides_rag.lens import UnsupportedArchitectureError
+from fides_rag.loading import load_model, select_device
+from fides_rag.prompts import Demonstration, PromptTemplate
+from fides_rag.result import GenerationResult, StepRecord
+from fides_rag.rules import ContrastRule, available_methods, get_method, register_method
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ContrastRule",
+    "Demonstration",
+    "FidesConfig",
+    "FidesDecoder",
+    "GenerationResult",
+    "GenerationSettings",
+    "NonFiniteLogitsError",
+    "PromptTemplate",
+    "StepRecord",
+    "TextStream",
+    "UnsupportedArchitectureError",
+    "available_methods",
+    "get_method",
+    "load_model",
+    "register_method",
+    "select_device",
+]

@@ -1,0 +1,138 @@
+"""FIDES constants, with the source's defaults and validation that names the offending field."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+SIGNAL_NAMES: tuple[str, ...] = ("opposition", "shift", "noise")
+
+
+def _require(condition: bool, field_name: str, message: str) -> None:
+    if not condition:
+        raise ValueError(f"FidesConfig.{field_name}: {message}")
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class FidesConfig:
+    """The constants of FIDES; the defaults are the source's.
+
+    a_t = max(alpha_min, lambda_ * FScore_t), FScore = w · (Opposition, Shift, Noise),
+    Shift = clip(sum_l ||ĥ_ctx[l] - ĥ_noctx[l]|| / (shift_scale * L), 0, 1),
+    Noise = clip(KL(p̃_mid || p̃_L) / noise_scale, 0, 1), mid = floor(noise_layer_ratio * L).
+    """
+
+    weights: tuple[float, float, float] = (0.5, 0.3, 0.2)
+    """Fusion weights of (Opposition, Shift, Noise). A zero weight drops that signal (it is not computed)."""
+    lambda_: float = 1.5
+    """λ: how strongly the fused score turns into contrast strength."""
+    alpha_min: float = 0.1
+    """Floor of the per-token contrast strength a_t."""
+    shift_scale: float = 10.0
+    """Divisor of the layer-averaged hidden-state shift (the source's 1/10)."""
+    noise_scale: float = 5.0
+    """Divisor of the logit-lens KL (the source's 1/5)."""
+    noise_layer_ratio: float = 0.5
+    """The logit-lens layer is floor(ratio * L); the source finds 0.3-0.6 equivalent."""
+    fixed_alpha: float | None = None
+    """Ablation: use this constant a_t instead of the fused score (signals are still recorded)."""
+    source: dict[str, Any] = field(default_factory=dict, compare=False)
+    """Free-form provenance, e.g. the model and data a calibrated config came from."""
+
+    def __post_init__(self) -> None:
+        weights = self.weights
+        _require(
+            isinstance(weights, (tuple, list)) and len(weights) == 3,
+            "weights",
+            f"expected three numbers for (opposition, shift, noise), got {weights!r}",
+        )
+        _require(
+            all(_is_real(w) and w >= 0 for w in weights),
+            "weights",
+            f"every weight must be a finite number >= 0, got {weights!r}",
+        )
+        _require(sum(weights) > 0, "weights", "at least one weight must be positive (or set fixed_alpha)")
+        object.__setattr__(self, "weights", tuple(float(w) for w in weights))
+        _require(_is_real(self.lambda_) and self.lambda_ >= 0, "lambda_", f"must be a finite number >= 0, got {self.lambda_!r}")
+        _require(_is_real(self.alpha_min) and self.alpha_min >= 0, "alpha_min", f"must be a finite number >= 0, got {self.alpha_min!r}")
+        _require(_is_real(self.shift_scale) and self.shift_scale > 0, "shift_scale", f"must be a finite number > 0, got {self.shift_scale!r}")
+        _require(_is_real(self.noise_scale) and self.noise_scale > 0, "noise_scale", f"must be a finite number > 0, got {self.noise_scale!r}")
+        _require(
+            _is_real(self.noise_layer_ratio) and 0 < self.noise_layer_ratio < 1,
+            "noise_layer_ratio",
+            f"must lie strictly between 0 and 1, got {self.noise_layer_ratio!r}",
+        )
+        _require(
+            self.fixed_alpha is None or (_is_real(self.fixed_alpha) and self.fixed_alpha >= 0),
+            "fixed_alpha",
+            f"must be None or a finite number >= 0, got {self.fixed_alpha!r}",
+        )
+
+    # -- ablations expressible without new code ---------------------------------------------
+
+    @property
+    def active_signals(self) -> tuple[str, ...]:
+        """The signals with a non-zero weight, i.e. the ones FIDES computes."""
+        return tuple(name for name, w in zip(SIGNAL_NAMES, self.weights) if w > 0)
+
+    def with_signals(self, *signals: str, renormalize: bool = True) -> FidesConfig:
+        """Keep only `signals` (e.g. "opposition"), zeroing the other weights; renormalise to sum 1 by default."""
+        unknown = set(signals) - set(SIGNAL_NAMES)
+        if unknown or not signals:
+            raise ValueError(f"FidesConfig.weights: choose signals from {SIGNAL_NAMES}, got {signals!r}")
+        kept = [w if name in signals else 0.0 for name, w in zip(SIGNAL_NAMES, self.weights)]
+        if renormalize and sum(kept) > 0:
+            kept = [w / sum(kept) for w in kept]
+        return replace(self, weights=tuple(kept))
+
+    def without(self, signal: str, renormalize: bool = True) -> FidesConfig:
+        """Drop one signal (the source's leave-one-out ablation)."""
+        return self.with_signals(*(s for s in SIGNAL_NAMES if s != signal), renormalize=renormalize)
+
+    def with_fixed_alpha(self, alpha: float = 1.0) -> FidesConfig:
+        """The source's fixed-a ablation: a_t = alpha for every token."""
+        return replace(self, fixed_alpha=alpha)
+
+    # -- files --------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["weights"] = list(self.weights)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FidesConfig:
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"FidesConfig: unknown field(s) {sorted(unknown)}; known fields are {sorted(known)}")
+        data = dict(data)
+        if "weights" in data and isinstance(data["weights"], list):
+            data["weights"] = tuple(data["weights"])
+        return cls(**data)
+
+    def to_file(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> FidesConfig:
+        """Read a JSON config written by `to_file` (or by `fides-rag calibrate`)."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise FileNotFoundError(f"FidesConfig file not found: {path}") from None
+        except json.JSONDecodeError as err:
+            raise ValueError(f"FidesConfig file {path} is not valid JSON: {err}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"FidesConfig file {path} must hold a JSON object")
+        return cls.from_dict(data)

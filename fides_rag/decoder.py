@@ -1,0 +1,614 @@
+"""The dual-path decoder: both paths of every example in one forward call per step, with KV caches.
+
+Rows of the batch are laid out as [ctx_1 .. ctx_B, noctx_1 .. noctx_B] (the second half only for
+two-path rules), left-padded, with position ids counted over real tokens only. Each step runs the
+backbone once, then one output-head matmul over the final states of all rows plus any logit-lens
+rows, so the head's weights are read once per step.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import (
+    LogitsProcessorList,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    StoppingCriteriaList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from fides_rag.config import FidesConfig
+from fides_rag.lens import ModelAnatomy
+from fides_rag.prompts import PromptTemplate, document_texts
+from fides_rag.result import FinishReason, GenerationResult, StepRecord
+from fides_rag.rules import ContrastRule, StepInputs, get_method
+from fides_rag.rules.fides import FidesRule
+
+logger = logging.getLogger(__name__)
+
+_MAX_SANE_CONTEXT = 10_000_000
+
+
+class NonFiniteLogitsError(ValueError):
+    """The model produced NaN or inf logits; decoding cannot continue meaningfully."""
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """Per-call generation controls (validated)."""
+
+    max_new_tokens: int = 128
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logits_processor: LogitsProcessorList | None = None
+    stopping_criteria: StoppingCriteriaList | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 (use do_sample=False for greedy), got {self.temperature!r}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop strings must be non-empty strings, got {self.stop!r}")
+        if not self.do_sample and (self.temperature != 1.0 or self.top_p != 1.0 or self.top_k != 0):
+            warnings.warn("temperature/top_p/top_k have no effect with greedy decoding; pass do_sample=True to sample", stacklevel=4)
+
+    def warpers(self) -> LogitsProcessorList:
+        processors = LogitsProcessorList(self.logits_processor or [])
+        if self.do_sample:
+            if self.temperature != 1.0:
+                processors.append(TemperatureLogitsWarper(self.temperature))
+            if self.top_k > 0:
+                processors.append(TopKLogitsWarper(self.top_k))
+            if self.top_p < 1.0:
+                processors.append(TopPLogitsWarper(self.top_p))
+        return processors
+
+
+@dataclass
+class PreparedExample:
+    """The tokenised prompts of one example, and how they came to be."""
+
+    context_prompt: str
+    no_context_prompt: str
+    context_ids: list[int]
+    no_context_ids: list[int]
+    stop: tuple[str, ...]
+    has_documents: bool
+    notes: list[str] = field(default_factory=list)
+    documents_trimmed: bool = False
+    document_tokens: tuple[int, int] | None = None
+
+
+@dataclass
+class _Row:
+    """Decoding state of one example."""
+
+    stop: tuple[str, ...]
+    generated: list[int] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+
+
+def _as_float(value: torch.Tensor | None, row: int) -> float | None:
+    return None if value is None else float(value[row])
+
+
+def first_stop_index(text: str, stops: Sequence[str]) -> int | None:
+    """Index of the earliest stop string in `text`, or None."""
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(hits) if hits else None
+
+
+def _held_back_suffix(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest suffix of `text` that could still grow into a stop string."""
+    longest = 0
+    for stop in stops:
+        for length in range(min(len(stop) - 1, len(text)), 0, -1):
+            if stop.startswith(text[-length:]):
+                longest = max(longest, length)
+                break
+    return longest
+
+
+class TextStream(Iterator[str]):
+    """Text deltas of one generation; after exhaustion `result` holds the full GenerationResult."""
+
+    def __init__(self, deltas: Iterator[str]) -> None:
+        self._deltas = deltas
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> TextStream:
+        return self
+
+    def __next__(self) -> str:
+        return next(self._deltas)
+
+    def close(self) -> None:
+        close = getattr(self._deltas, "close", None)
+        if close is not None:
+            close()
+
+
+class FidesDecoder:
+    """Dual-path contrastive decoding (FIDES and its baselines) on a Hugging Face causal LM.
+
+    >>> model, tokenizer = load_model("gemma3-270m")
+    >>> decoder = FidesDecoder(model, tokenizer, method="fides")
+    >>> decoder.generate("What is the capital of France?", documents=["Lyon is the capital of France."]).text
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        method: str | ContrastRule = "fides",
+        config: FidesConfig | None = None,
+        *,
+        prompt_template: PromptTemplate | None = None,
+        use_chat_template: bool | None = None,
+        max_new_tokens: int = 128,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.anatomy = ModelAnatomy.of(model)
+        self.config = config if config is not None else FidesConfig()
+        if not isinstance(self.config, FidesConfig):
+            raise TypeError(f"config must be a FidesConfig, got {type(self.config).__name__}")
+        self.method = self.resolve_method(method)
+        self.prompt_template = prompt_template or PromptTemplate()
+        has_template = bool(getattr(tokenizer, "chat_template", None))
+        if use_chat_template and not has_template:
+            raise ValueError("use_chat_template=True but the tokenizer has no chat template")
+        self.use_chat_template = has_template if use_chat_template is None else use_chat_template
+        GenerationSettings(max_new_tokens=max_new_tokens)
+        self.max_new_tokens = max_new_tokens
+        self.eos_token_ids = self._collect_eos_ids()
+        self.context_window = self._context_window()
+        self._lock = threading.RLock()
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, *, device: str = "auto", dtype: Any = None, **kwargs: Any) -> FidesDecoder:
+        """Load a model with `load_model` and wrap it."""
+        from fides_rag.loading import load_model
+
+        model, tokenizer = load_model(name_or_path, device=device, dtype=dtype)
+        return cls(model, tokenizer, **kwargs)
+
+    # -- setup ----------------------------------------------------------------------------------
+
+    def resolve_method(self, method: str | ContrastRule | None) -> ContrastRule:
+        """A rule object for `method`; the name "fides" uses this decoder's FidesConfig."""
+        if method is None:
+            return self.method
+        if method == "fides":
+            return FidesRule(self.config)
+        return get_method(method)
+
+    def _collect_eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        sources = (
+            getattr(self.tokenizer, "eos_token_id", None),
+            getattr(getattr(self.model, "generation_config", None), "eos_token_id", None),
+            getattr(self.model.config, "eos_token_id", None),
+        )
+        for value in sources:
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(int(v) for v in value)
+        return ids
+
+    def _context_window(self) -> int:
+        candidates = [
+            getattr(self.model.config, "max_position_embeddings", None),
+            getattr(self.tokenizer, "model_max_length", None),
+        ]
+        sane = [int(c) for c in candidates if isinstance(c, int) and 0 < c < _MAX_SANE_CONTEXT]
+        return min(sane) if sane else _MAX_SANE_CONTEXT
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # -- prompts --------------------------------------------------------------------------------
+
+    def _encode(self, text: str, templated: bool) -> list[int]:
+        # A chat template already wrote any BOS token into the text.
+        return self.tokenizer(text, add_special_tokens=not templated)["input_ids"]
+
+    def _render(self, question: str, document_block: str | None) -> tuple[str, list[int]]:
+        text = self.prompt_template.render(self.tokenizer, question, document_block, self.use_chat_template)
+        return text, self._encode(text, templated=self.use_chat_template)
+
+    def prepare(self, question: str, documents: Any, max_new_tokens: int) -> PreparedExample:
+        """Render and tokenise both branches of one example, trimming documents that would not fit."""
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f"question must be a non-empty string, got {question!r}")
+        question = question.strip()
+        texts = document_texts(documents)
+        budget = self.context_window - max_new_tokens
+        no_ctx_prompt, no_ctx_ids = self._render(question, None)
+        if len(no_ctx_ids) > budget:
+            raise ValueError(
+                f"the question alone takes {len(no_ctx_ids)} prompt tokens, more than the context window "
+                f"({self.context_window}) minus max_new_tokens ({max_new_tokens}); shorten it or lower max_new_tokens"
+            )
+        stop = () if self.use_chat_template else tuple(self.prompt_template.stop)
+        if not texts:
+            note = "no documents were given: decoded with 'standard' on the question alone"
+            logger.warning(note)
+            return PreparedExample(no_ctx_prompt, no_ctx_prompt, no_ctx_ids, no_ctx_ids, stop, False, [note])
+
+        block = self.prompt_template.document_block(texts)
+        ctx_prompt, ctx_ids = self._render(question, block)
+        example = PreparedExample(ctx_prompt, no_ctx_prompt, ctx_ids, no_ctx_ids, stop, True)
+        if len(ctx_ids) <= budget:
+            return example
+
+        block_ids = self.tokenizer(block, add_special_tokens=False)["input_ids"]
+        _, empty_ids = self._render(question, "")
+        keep = budget - len(empty_ids)
+        while keep > 0:
+            trimmed_block = self.tokenizer.decode(block_ids[:keep], skip_special_tokens=True)
+            ctx_prompt, ctx_ids = self._render(question, trimmed_block)
+            if len(ctx_ids) <= budget:
+                break
+            keep -= max(1, len(ctx_ids) - budget)
+        if keep <= 0:
+            raise ValueError(
+                f"the prompt without documents already fills the context window ({self.context_window} tokens "
+                f"with max_new_tokens={max_new_tokens}); lower max_new_tokens or shorten the question"
+            )
+        note = (
+            f"documents trimmed from {len(block_ids)} to {keep} tokens so that the prompt plus "
+            f"max_new_tokens={max_new_tokens} fits the context window of {self.context_window}"
+        )
+        logger.warning(note)
+        example.context_prompt, example.context_ids = ctx_prompt, ctx_ids
+        example.notes.append(note)
+        example.documents_trimmed = True
+        example.document_tokens = (len(block_ids), keep)
+        return example
+
+    def prepare_from_prompts(self, context_prompt: str, no_context_prompt: str, max_new_tokens: int) -> PreparedExample:
+        """Tokenise two raw prompts as the tokenizer does by default (no template, no trimming)."""
+        for name, prompt in (("context_prompt", context_prompt), ("no_context_prompt", no_context_prompt)):
+            if not isinstance(prompt, str) or not prompt.strip():
+                raise ValueError(f"{name} must be a non-empty string, got {prompt!r}")
+        ctx_ids = self.tokenizer(context_prompt)["input_ids"]
+        no_ctx_ids = self.tokenizer(no_context_prompt)["input_ids"]
+        longest = max(len(ctx_ids), len(no_ctx_ids))
+        if longest + max_new_tokens > self.context_window:
+            raise ValueError(
+                f"a prompt of {longest} tokens plus max_new_tokens={max_new_tokens} exceeds the context window "
+                f"of {self.context_window}; shorten the prompt or lower max_new_tokens"
+            )
+        return PreparedExample(context_prompt, no_context_prompt, ctx_ids, no_ctx_ids, (), True)
+
+    # -- public API -------------------------------------------------------------------------------
+
+    def _settings(self, max_new_tokens: int | None, stop: Sequence[str] | str | None, **kwargs: Any) -> GenerationSettings:
+        if isinstance(stop, str):
+            stop = [stop]
+        return GenerationSettings(
+            max_new_tokens=self.max_new_tokens if max_new_tokens is None else max_new_tokens,
+            stop=tuple(stop or ()),
+            **kwargs,
+        )
+
+    def generate(
+        self,
+        question: str,
+        documents: Sequence[Any] | None = None,
+        *,
+        method: str | ContrastRule | None = None,
+        max_new_tokens: int | None = None,
+        stop: Sequence[str] | str | None = None,
+        **generation_kwargs: Any,
+    ) -> GenerationResult:
+        """Answer `question` from `documents` with `method` (default: the decoder's).
+
+        generation_kwargs: do_sample, temperature, top_p, top_k, seed, logits_processor, stopping_criteria.
+        """
+        return self.generate_batch([question], [documents], method=method, max_new_tokens=max_new_tokens, stop=stop, **generation_kwargs)[0]
+
+    def generate_batch(
+        self,
+        questions: Sequence[str],
+        documents_per_question: Sequence[Sequence[Any] | None] | None = None,
+        *,
+        method: str | ContrastRule | None = None,
+        max_new_tokens: int | None = None,
+        stop: Sequence[str] | str | None = None,
+        **generation_kwargs: Any,
+    ) -> list[GenerationResult]:
+        """Answer several questions in one batched decode (all paths of all examples in one forward per step)."""
+        if isinstance(questions, str):
+            raise TypeError("generate_batch takes a list of questions; use generate for a single question")
+        if documents_per_question is None:
+            documents_per_question = [None] * len(questions)
+        if len(documents_per_question) != len(questions):
+            raise ValueError(
+                f"got {len(questions)} questions but {len(documents_per_question)} document lists; pass one list per question"
+            )
+        rule = self.resolve_method(method)
+        settings = self._settings(max_new_tokens, stop, **generation_kwargs)
+        examples = [self.prepare(q, d, settings.max_new_tokens) for q, d in zip(questions, documents_per_question)]
+        return self._decode_examples(examples, rule, settings)
+
+    def generate_from_prompts(
+        self,
+        context_prompt: str,
+        no_context_prompt: str,
+        *,
+        method: str | ContrastRule | None = None,
+        max_new_tokens: int | None = None,
+        stop: Sequence[str] | str | None = None,
+        **generation_kwargs: Any,
+    ) -> GenerationResult:
+        """Decode from two raw prompt strings (no templating); stops only on EOS, `stop` and the token budget."""
+        rule = self.resolve_method(method)
+        settings = self._settings(max_new_tokens, stop, **generation_kwargs)
+        example = self.prepare_from_prompts(context_prompt, no_context_prompt, settings.max_new_tokens)
+        return self._decode_examples([example], rule, settings)[0]
+
+    def stream(
+        self,
+        question: str,
+        documents: Sequence[Any] | None = None,
+        *,
+        method: str | ContrastRule | None = None,
+        max_new_tokens: int | None = None,
+        stop: Sequence[str] | str | None = None,
+        **generation_kwargs: Any,
+    ) -> TextStream:
+        """Text deltas as they are decoded; their concatenation equals the final `result.text`."""
+        rule = self.resolve_method(method)
+        settings = self._settings(max_new_tokens, stop, **generation_kwargs)
+        example = self.prepare(question, documents, settings.max_new_tokens)
+        return self._stream_example(example, rule, settings)
+
+    def stream_from_prompts(
+        self,
+        context_prompt: str,
+        no_context_prompt: str,
+        *,
+        method: str | ContrastRule | None = None,
+        max_new_tokens: int | None = None,
+        stop: Sequence[str] | str | None = None,
+        **generation_kwargs: Any,
+    ) -> TextStream:
+        """`stream` for two raw prompt strings."""
+        rule = self.resolve_method(method)
+        settings = self._settings(max_new_tokens, stop, **generation_kwargs)
+        example = self.prepare_from_prompts(context_prompt, no_context_prompt, settings.max_new_tokens)
+        return self._stream_example(example, rule, settings)
+
+    # -- decoding ---------------------------------------------------------------------------------
+
+    def _effective_rule(self, example: PreparedExample, rule: ContrastRule) -> ContrastRule:
+        if example.has_documents or not rule.needs_no_context:
+            return rule
+        return get_method("standard")
+
+    def _decode_examples(
+        self, examples: list[PreparedExample], rule: ContrastRule, settings: GenerationSettings
+    ) -> list[GenerationResult]:
+        results: list[GenerationResult | None] = [None] * len(examples)
+        groups: dict[int, tuple[ContrastRule, list[int]]] = {}
+        for index, example in enumerate(examples):
+            effective = self._effective_rule(example, rule)
+            groups.setdefault(id(effective) if effective is rule else -1, (effective, []))[1].append(index)
+        for effective, indices in groups.values():
+            batch = [examples[i] for i in indices]
+            rows: list[_Row] = []
+            for rows in self._decode_steps(batch, effective, settings):
+                pass
+            for i, row in zip(indices, rows):
+                results[i] = self._result(examples[i], row, effective, rule, settings)
+        return [r for r in results if r is not None]
+
+    def _stream_example(self, example: PreparedExample, rule: ContrastRule, settings: GenerationSettings) -> TextStream:
+        effective = self._effective_rule(example, rule)
+        stops = example.stop + settings.stop
+
+        def deltas() -> Iterator[str]:
+            emitted = ""
+            row: _Row | None = None
+            for rows in self._decode_steps([example], effective, settings):
+                row = rows[0]
+                text = self._decode_text(row.generated)
+                cut = first_stop_index(text, stops)
+                if cut is not None:
+                    text = text[:cut]
+                else:
+                    text = text[: len(text) - _held_back_suffix(text, stops)]
+                safe = text.lstrip().rstrip("\ufffd").rstrip()
+                if len(safe) > len(emitted) and safe.startswith(emitted):
+                    yield safe[len(emitted) :]
+                    emitted = safe
+            assert row is not None
+            stream.result = self._result(example, row, effective, rule, settings)
+            final = stream.result.text
+            if final.startswith(emitted):
+                if len(final) > len(emitted):
+                    yield final[len(emitted) :]
+            else:  # only if the tokenizer's decoding of a prefix is not a prefix of the full decoding
+                logger.warning("streamed text %r is not a prefix of the final text %r", emitted, final)
+
+        stream = TextStream(deltas())
+        return stream
+
+    def _decode_text(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def _result(
+        self, example: PreparedExample, row: _Row, effective: ContrastRule, requested: ContrastRule, settings: GenerationSettings
+    ) -> GenerationResult:
+        text = self._decode_text(row.generated)
+        cut = first_stop_index(text, example.stop + settings.stop)
+        if cut is not None:
+            text = text[:cut]
+        two_path = effective.needs_no_context
+        return GenerationResult(
+            text=text.strip(),
+            token_ids=list(row.generated),
+            steps=row.steps,
+            method=effective.name,
+            requested_method=requested.name,
+            method_options=effective.options(),
+            finish_reason=row.finish_reason or "length",
+            context_prompt=example.context_prompt,
+            no_context_prompt=example.no_context_prompt if two_path else None,
+            prompt_tokens=len(example.context_ids),
+            notes=list(example.notes),
+            documents_trimmed=example.documents_trimmed,
+            document_tokens=example.document_tokens,
+        )
+
+    def _decode_steps(
+        self, examples: list[PreparedExample], rule: ContrastRule, settings: GenerationSettings
+    ) -> Iterator[list[_Row]]:
+        """Run the decoding loop; yield the rows' state after every step."""
+        with self._lock, torch.inference_mode():
+            yield from self._decode_loop(examples, rule, settings)
+
+    def _decode_loop(
+        self, examples: list[PreparedExample], rule: ContrastRule, settings: GenerationSettings
+    ) -> Iterator[list[_Row]]:
+        anatomy, device = self.anatomy, self.device
+        batch = len(examples)
+        two_path = rule.needs_no_context
+        sequences = [e.context_ids for e in examples]
+        if two_path:
+            sequences += [e.no_context_ids for e in examples]
+        num_rows, width = len(sequences), max(len(s) for s in sequences)
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+        input_ids = torch.full((num_rows, width), pad_id, dtype=torch.long, device=device)
+        attention_mask = torch.zeros((num_rows, width), dtype=torch.long, device=device)
+        for i, seq in enumerate(sequences):  # left padding
+            input_ids[i, width - len(seq) :] = torch.tensor(seq, dtype=torch.long, device=device)
+            attention_mask[i, width - len(seq) :] = 1
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)  # [R, T], real tokens count from 0
+        context_ids = input_ids[:batch]  # [B, T + t], what logits processors and stopping criteria see
+
+        num_layers = anatomy.num_layers
+        lens_layers = tuple(sorted(set(rule.lens_layers(num_layers)))) if two_path else ()
+        state_layers = set(range(1, num_layers + 1)) if (two_path and rule.needs_layer_states) else set()
+        captured: dict[int, torch.Tensor] = {}
+
+        def capture(layer: int):
+            def hook(_module: torch.nn.Module, _inputs: Any, output: Any) -> None:
+                hidden = output[0] if isinstance(output, tuple) else output
+                captured[layer] = hidden[:, -1, :]  # [R, H]
+
+            return hook
+
+        handles = [anatomy.layers[l - 1].register_forward_hook(capture(l)) for l in sorted(state_layers | set(lens_layers))]
+        processors = settings.warpers()
+        generator = None
+        if settings.do_sample and settings.seed is not None:
+            generator = torch.Generator(device=device).manual_seed(settings.seed)
+        rows = [_Row(stop=e.stop + settings.stop) for e in examples]
+        unfinished = torch.ones(batch, dtype=torch.bool, device=device)
+        cache = None
+        step_ids = input_ids
+        try:
+            for step in range(settings.max_new_tokens):
+                out = anatomy.backbone(
+                    input_ids=step_ids,
+                    attention_mask=attention_mask,
+                    position_ids=position_ids,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                cache = out.past_key_values
+                head_inputs = [out.last_hidden_state[:, -1, :]]  # [R, H], already final-normed
+                head_inputs += [anatomy.final_norm(captured[l][:batch]) for l in lens_layers]  # [B, H] each
+                logits = anatomy.head_logits(torch.cat(head_inputs, dim=0)).float()  # [R + B·len(lens), V]
+                if not torch.isfinite(logits).all():
+                    raise NonFiniteLogitsError(
+                        f"the model produced NaN or inf logits at generation step {step}; this usually means the "
+                        f"weights or dtype ({self.model.dtype}) overflow: load the model in float32 or bfloat16"
+                    )
+                inputs = StepInputs(
+                    ctx_logits=logits[:batch],
+                    no_ctx_logits=logits[batch : 2 * batch] if two_path else None,
+                    lens_logits={l: logits[num_rows + i * batch : num_rows + (i + 1) * batch] for i, l in enumerate(lens_layers)},
+                    num_layers=num_layers,
+                )
+                if state_layers:
+                    states = torch.stack([captured[l] for l in range(1, num_layers + 1)]).float()  # [L, R, H]
+                    inputs.ctx_layer_states, inputs.no_ctx_layer_states = states[:, :batch], states[:, batch:]
+                decided = rule.combine(inputs)
+                scores = decided.logits
+                if processors:
+                    scores = processors(context_ids, scores)
+                if torch.isnan(scores).any():
+                    raise NonFiniteLogitsError(f"the contrast rule {rule.name!r} produced NaN scores at step {step}")
+                if settings.do_sample:
+                    next_tokens = torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator).squeeze(1)
+                else:
+                    next_tokens = scores.argmax(dim=-1)  # [B]
+                next_tokens = torch.where(unfinished, next_tokens, torch.full_like(next_tokens, pad_id))
+
+                context_ids = torch.cat([context_ids, next_tokens[:, None]], dim=-1)
+                criteria_hit = (
+                    settings.stopping_criteria(context_ids, scores)
+                    if settings.stopping_criteria
+                    else torch.zeros(batch, dtype=torch.bool, device=device)
+                )
+                for b, row in enumerate(rows):
+                    if row.finish_reason is not None:
+                        continue
+                    token_id = int(next_tokens[b])
+                    row.generated.append(token_id)
+                    row.steps.append(
+                        StepRecord(
+                            token_id=token_id,
+                            token=self.tokenizer.decode([token_id]),
+                            alpha=_as_float(decided.alpha, b),
+                            opposition=_as_float(decided.opposition, b),
+                            shift=_as_float(decided.shift, b),
+                            noise=_as_float(decided.noise, b),
+                            score=_as_float(decided.score, b),
+                        )
+                    )
+                    if token_id in self.eos_token_ids:
+                        row.finish_reason = "eos"
+                    elif row.stop and first_stop_index(self._decode_text(row.generated), row.stop) is not None:
+                        row.finish_reason = "stop"
+                    elif bool(criteria_hit[b]):
+                        row.finish_reason = "criteria"
+                    elif len(row.generated) >= settings.max_new_tokens:
+                        row.finish_reason = "length"
+                    if row.finish_reason is not None:
+                        unfinished[b] = False
+                yield rows
+                if not unfinished.any():
+                    break
+                step_ids = torch.cat([next_tokens, next_tokens])[:, None] if two_path else next_tokens[:, None]  # [R, 1]
+                attention_mask = torch.cat([attention_mask, attention_mask.new_ones((num_rows, 1))], dim=-1)
+                position_ids = position_ids[:, -1:] + 1
+        finally:
+            for handle in handles:
+                handle.remove()

@@ -1,0 +1,126 @@
+"""The two prompts of dual-path decoding: the 2-shot template of GUIDE §1, as plain text or chat turns.
+
+Only the instruction line (and the documents) differ between the branches, so any difference
+between the paths' predictions comes from the evidence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    """One worked example shown before the question."""
+
+    question: str
+    answer: str
+    documents: tuple[str, ...]
+
+
+DEFAULT_DEMONSTRATIONS: tuple[Demonstration, ...] = (
+    Demonstration(
+        question="What is the highest mountain in Africa?",
+        answer="Mount Kilimanjaro",
+        documents=(
+            "Mount Kilimanjaro is a dormant volcano in Tanzania. Rising 5,895 metres above sea level, "
+            "it is the highest mountain in Africa and the highest free-standing mountain in the world.",
+        ),
+    ),
+    Demonstration(
+        question="Who wrote the novel Things Fall Apart?",
+        answer="Chinua Achebe",
+        documents=(
+            "Things Fall Apart is the debut novel of the Nigerian author Chinua Achebe, first published in 1958. "
+            "It follows Okonkwo, a leader and wrestling champion in the fictional Igbo village of Umuofia.",
+        ),
+    ),
+)
+
+
+def document_text(document: Any) -> str:
+    """The text of one document: a str, or an object with `page_content` (LangChain) or `text` (LlamaIndex)."""
+    if isinstance(document, str):
+        return document
+    for attribute in ("page_content", "text"):
+        value = getattr(document, attribute, None)
+        if isinstance(value, str):
+            return value
+    raise TypeError(
+        f"unsupported document type {type(document).__name__}: pass strings, or objects with a "
+        f"`page_content` (LangChain Document) or `text` (LlamaIndex node) string attribute"
+    )
+
+
+def document_texts(documents: Sequence[Any] | str | None) -> list[str]:
+    """Normalise a document argument to a list of non-empty strings (a bare string is one document)."""
+    if documents is None:
+        return []
+    if isinstance(documents, str) or not isinstance(documents, Sequence):
+        if isinstance(documents, str):
+            documents = [documents]
+        elif hasattr(documents, "__iter__"):
+            documents = list(documents)
+        else:
+            documents = [documents]
+    texts = [document_text(d) for d in documents]
+    return [t for t in texts if t.strip()]
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """The 2-shot QA template of both branches. Replace any field, or subclass and override the turn builders."""
+
+    context_instruction: str = "Using only the references listed above, answer the following question:"
+    no_context_instruction: str = "Answer the following question:"
+    demonstrations: tuple[Demonstration, ...] = DEFAULT_DEMONSTRATIONS
+    document_format: str = "Document [{index}]: {text}"
+    question_format: str = "Question: {question}"
+    answer_prefix: str = "Answer:"
+    stop: tuple[str, ...] = field(default=("\n",))
+    """Stop strings for plain-text prompts (a base model would go on to invent the next question)."""
+
+    def document_block(self, documents: Sequence[str]) -> str:
+        return "\n".join(self.document_format.format(index=i, text=text.strip()) for i, text in enumerate(documents, 1))
+
+    def context_turn(self, question: str, document_block: str) -> str:
+        return f"{document_block}\n{self.context_instruction}\n{self.question_format.format(question=question)}"
+
+    def no_context_turn(self, question: str) -> str:
+        return f"{self.no_context_instruction}\n{self.question_format.format(question=question)}"
+
+    def _turns(self, question: str, document_block: str | None) -> list[tuple[str, str | None]]:
+        turns: list[tuple[str, str | None]] = []
+        for demo in self.demonstrations:
+            if document_block is None:
+                turns.append((self.no_context_turn(demo.question), demo.answer))
+            else:
+                turns.append((self.context_turn(demo.question, self.document_block(demo.documents)), demo.answer))
+        last = self.no_context_turn(question) if document_block is None else self.context_turn(question, document_block)
+        turns.append((last, None))
+        return turns
+
+    def render_text(self, question: str, document_block: str | None) -> str:
+        """Plain-text prompt; `document_block=None` renders the no-context branch."""
+        parts = []
+        for user, answer in self._turns(question, document_block):
+            parts.append(f"{user}\n{self.answer_prefix}" + (f" {answer}" if answer is not None else ""))
+        return "\n\n".join(parts)
+
+    def render_messages(self, question: str, document_block: str | None) -> list[dict[str, str]]:
+        """Chat turns (demonstrations as earlier exchanges); `document_block=None` renders the no-context branch."""
+        messages: list[dict[str, str]] = []
+        for user, answer in self._turns(question, document_block):
+            messages.append({"role": "user", "content": user})
+            if answer is not None:
+                messages.append({"role": "assistant", "content": answer})
+        return messages
+
+    def render(self, tokenizer: Any, question: str, document_block: str | None, use_chat_template: bool) -> str:
+        """The prompt string for one branch, through the tokenizer's chat template when asked."""
+        if not use_chat_template:
+            return self.render_text(question, document_block)
+        return tokenizer.apply_chat_template(
+            self.render_messages(question, document_block), tokenize=False, add_generation_prompt=True
+        )

@@ -1,0 +1,79 @@
+"""FIDES: CAD whose per-token strength comes from three internal signals (GUIDE §1)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from fides_rag.config import FidesConfig
+from fides_rag.rules.base import ContrastRule, StepInputs, StepOutput
+from fides_rag.rules.registry import register_method
+from fides_rag.signals import (
+    adaptive_alpha,
+    contrast_logits,
+    fused_score,
+    hidden_state_shift,
+    logit_lens_noise,
+    opposition,
+)
+
+
+def noise_layer(num_layers: int, ratio: float) -> int:
+    """mid = floor(ratio · L), at least block 1 (1-based, so never the embedding output)."""
+    return max(1, math.floor(ratio * num_layers))
+
+
+@register_method("fides")
+class FidesRule(ContrastRule):
+    """a_t = max(alpha_min, λ·(w_o·Opposition + w_s·Shift + w_n·Noise)); z = (1+a_t)·z_ctx − a_t·z_noctx.
+
+    >>> FidesRule()                                        # the source's constants
+    >>> FidesRule(weights=(1.0, 0.0, 0.0))                 # Opposition-only ablation
+    >>> FidesRule(config=FidesConfig().without("noise"))   # leave-one-out ablation
+    """
+
+    def __init__(self, config: FidesConfig | None = None, **overrides: Any) -> None:
+        config = config or FidesConfig()
+        if overrides:
+            config = FidesConfig.from_dict({**config.to_dict(), **overrides})
+        self.config = config
+
+    @property
+    def needs_layer_states(self) -> bool:
+        return self.config.weights[1] > 0
+
+    def lens_layers(self, num_layers: int) -> tuple[int, ...]:
+        if self.config.weights[2] == 0:
+            return ()
+        return (noise_layer(num_layers, self.config.noise_layer_ratio),)
+
+    def combine(self, step: StepInputs) -> StepOutput:
+        cfg = self.config
+        opp = opposition(step.ctx_logits, step.no_ctx_logits)
+        shift = None
+        if cfg.weights[1] > 0:
+            shift = hidden_state_shift(step.ctx_layer_states, step.no_ctx_layer_states, cfg.shift_scale)
+        noise = None
+        if cfg.weights[2] > 0:
+            mid = noise_layer(step.num_layers, cfg.noise_layer_ratio)
+            noise = logit_lens_noise(step.lens_logits[mid], step.ctx_logits, cfg.noise_scale)
+        score = fused_score(opp if cfg.weights[0] > 0 else None, shift, noise, cfg.weights)
+        if cfg.fixed_alpha is not None:
+            alpha = torch.full_like(score, cfg.fixed_alpha)
+        else:
+            alpha = adaptive_alpha(score, cfg.lambda_, cfg.alpha_min)
+        return StepOutput(
+            logits=contrast_logits(step.ctx_logits, step.no_ctx_logits, alpha),
+            alpha=alpha,
+            opposition=opp,
+            shift=shift,
+            noise=noise,
+            score=score,
+        )
+
+    def options(self) -> dict:
+        cfg = self.config.to_dict()
+        cfg.pop("source", None)
+        return cfg

@@ -1,0 +1,47 @@
+"""Contrast rules registered by name, so a new baseline is one file in this package."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, TypeVar
+
+from fides_rag.rules.base import ContrastRule
+
+RuleType = TypeVar("RuleType", bound=type[ContrastRule])
+
+_REGISTRY: dict[str, type[ContrastRule]] = {}
+
+
+def register_method(name: str) -> Callable[[RuleType], RuleType]:
+    """Class decorator: make a ContrastRule available as `get_method(name)` and `method=name`."""
+
+    def decorate(cls: RuleType) -> RuleType:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"a contrast rule named {name!r} is already registered ({_REGISTRY[name].__name__})")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return decorate
+
+
+def available_methods() -> list[str]:
+    """Names accepted by `method=`, in registration order (built-ins first)."""
+    return list(_REGISTRY)
+
+
+def get_method(method: str | ContrastRule, **options: Any) -> ContrastRule:
+    """A configured rule: `get_method("cad", alpha=0.5)`. A rule object passes through unchanged."""
+    if isinstance(method, ContrastRule):
+        if options:
+            raise ValueError("options can only be given with a method name, not with a configured rule object")
+        return method
+    if not isinstance(method, str):
+        raise TypeError(f"method must be a name or a ContrastRule, got {type(method).__name__}")
+    try:
+        cls = _REGISTRY[method]
+    except KeyError:
+        raise ValueError(f"unknown method {method!r}; available methods: {', '.join(available_methods())}") from None
+    try:
+        return cls(**options)
+    except TypeError as err:
+        raise ValueError(f"bad options for method {method!r}: {err}") from None

@@ -1,0 +1,87 @@
+"""FIDES's three per-token signals and the contrast rule, as pure tensor functions.
+
+Every function takes a batch of B rows and returns one value per row. Logits are raw
+(pre-softmax) scores; all logs are natural.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+LN2 = math.log(2.0)
+
+
+def kl_divergence(logits_p: torch.Tensor, logits_q: torch.Tensor) -> torch.Tensor:
+    """KL(softmax(logits_p) || softmax(logits_q)) per row.  [B, V], [B, V] -> [B]"""
+    log_p = torch.log_softmax(logits_p, dim=-1)
+    log_q = torch.log_softmax(logits_q, dim=-1)
+    kl = (log_p.exp() * (log_p - log_q)).sum(dim=-1)
+    return kl.clamp_min(0.0)
+
+
+def jensen_shannon_divergence(logits_p: torch.Tensor, logits_q: torch.Tensor) -> torch.Tensor:
+    """JSD(P || Q) = ½KL(P||M) + ½KL(Q||M), M = (P+Q)/2, per row, in [0, ln 2].  [B, V] -> [B]"""
+    log_p = torch.log_softmax(logits_p, dim=-1)
+    log_q = torch.log_softmax(logits_q, dim=-1)
+    log_m = torch.logaddexp(log_p, log_q) - LN2
+    p, q = log_p.exp(), log_q.exp()
+    jsd = 0.5 * (p * (log_p - log_m)).sum(dim=-1) + 0.5 * (q * (log_q - log_m)).sum(dim=-1)
+    return jsd.clamp(0.0, LN2)
+
+
+def opposition(ctx_logits: torch.Tensor, no_ctx_logits: torch.Tensor) -> torch.Tensor:
+    """Output-distribution divergence between the two paths: JSD(p_ctx || p_noctx).  [B, V] -> [B]"""
+    return jensen_shannon_divergence(ctx_logits, no_ctx_logits)
+
+
+def hidden_state_shift(ctx_hidden: torch.Tensor, no_ctx_hidden: torch.Tensor, scale: float = 10.0) -> torch.Tensor:
+    """clip( (1/(scale·L)) Σ_l ||ĥ_ctx[l] − ĥ_noctx[l]||₂, 0, 1 ), ĥ the L2-normalised state.
+
+    ctx_hidden, no_ctx_hidden: [L, B, H], the last-position output of each transformer block
+    (embedding output excluded).  -> [B]
+    """
+    num_layers = ctx_hidden.shape[0]
+    ctx_unit = torch.nn.functional.normalize(ctx_hidden, p=2.0, dim=-1)
+    no_ctx_unit = torch.nn.functional.normalize(no_ctx_hidden, p=2.0, dim=-1)
+    distance = torch.linalg.vector_norm(ctx_unit - no_ctx_unit, ord=2, dim=-1)  # [L, B]
+    return (distance.sum(dim=0) / (scale * num_layers)).clamp(0.0, 1.0)
+
+
+def logit_lens_noise(mid_lens_logits: torch.Tensor, final_logits: torch.Tensor, scale: float = 5.0) -> torch.Tensor:
+    """clip( KL(p̃_mid || p̃_L) / scale, 0, 1 ) on the context path: how unsettled the prediction still is
+    between the middle layer's logit lens and the model's own output.  [B, V], [B, V] -> [B]"""
+    return (kl_divergence(mid_lens_logits, final_logits) / scale).clamp(0.0, 1.0)
+
+
+def fused_score(
+    opposition_value: torch.Tensor | None,
+    shift_value: torch.Tensor | None,
+    noise_value: torch.Tensor | None,
+    weights: tuple[float, float, float],
+) -> torch.Tensor:
+    """FScore = w_o·Opposition + w_s·Shift + w_n·Noise; a signal with zero weight may be None.  -> [B]"""
+    total: torch.Tensor | None = None
+    for value, weight in zip((opposition_value, shift_value, noise_value), weights):
+        if weight == 0:
+            continue
+        if value is None:
+            raise ValueError("a signal with a non-zero weight was not computed")
+        term = weight * value
+        total = term if total is None else total + term
+    if total is None:
+        raise ValueError("all fusion weights are zero")
+    return total
+
+
+def adaptive_alpha(score: torch.Tensor, lambda_: float = 1.5, alpha_min: float = 0.1) -> torch.Tensor:
+    """a_t = max(alpha_min, λ · FScore_t).  [B] -> [B]"""
+    return (lambda_ * score).clamp_min(alpha_min)
+
+
+def contrast_logits(ctx_logits: torch.Tensor, no_ctx_logits: torch.Tensor, alpha: torch.Tensor | float) -> torch.Tensor:
+    """The CAD rule on raw logits: (1 + a)·z_ctx − a·z_noctx, with a per row.  [B, V] -> [B, V]"""
+    if isinstance(alpha, torch.Tensor):
+        alpha = alpha.to(ctx_logits.dtype).unsqueeze(-1)
+    return (1.0 + alpha) * ctx_logits - alpha * no_ctx_logits
