@@ -1,113 +1,20 @@
-"""Shared fixtures: a small byte-level BPE tokenizer trained on the fly and tiny random-weight models
-of every supported family, built from configs (nothing is downloaded)."""
+"""Fixtures for the core suite; the factories live in fides_rag.testing."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
-import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
-from transformers import Gemma2Config, Gemma3TextConfig, GemmaConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-from fides_rag.prompts import DEFAULT_DEMONSTRATIONS
-
-DATA_ENV = "FIDES_RAG_DATA"
-
-CORPUS = [
-    "Lyon is the capital of France. Paris is a large city on the Seine.",
-    "The capital of Australia is Melbourne. Canberra was chosen as a compromise.",
-    "Using only the references listed above, answer the following question:",
-    "Answer the following question: Question: Answer: Document",
-    "The quick brown fox jumps over the lazy dog 0123456789.",
-    *(d.question + " " + d.answer + " " + " ".join(d.documents) for d in DEFAULT_DEMONSTRATIONS),
-]
-
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
-
-FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text"]
-
-
-def shared_data_dir() -> Path:
-    """The benchmark data: $FIDES_RAG_DATA, else ../shared/data beside the repository."""
-    return Path(os.environ.get(DATA_ENV) or Path(__file__).resolve().parents[2] / "shared" / "data")
-
-
-def build_tokenizer(chat: bool = False) -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=["<pad>", "<eos>", "<bos>", "<|end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(CORPUS * 4, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
-    fast.model_max_length = 10_000
-    if chat:
-        fast.chat_template = CHAT_TEMPLATE
-    return fast
+from fides_rag.testing import FAMILIES, build_tiny_model, build_tokenizer
 
 
 @pytest.fixture(scope="session")
-def tokenizer() -> PreTrainedTokenizerFast:
+def tokenizer():
     return build_tokenizer()
 
 
 @pytest.fixture(scope="session")
-def chat_tokenizer() -> PreTrainedTokenizerFast:
+def chat_tokenizer():
     return build_tokenizer(chat=True)
-
-
-def tiny_config(family: str, vocab_size: int, **overrides):
-    common = dict(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        initializer_range=0.3,  # large enough that greedy choices are not near-ties
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=2,
-        tie_word_embeddings=False,
-    )
-    common.update(overrides)
-    if family == "llama":
-        return LlamaConfig(**common)
-    if family == "mistral":
-        return MistralConfig(sliding_window=None, **common)
-    if family == "qwen2":
-        return Qwen2Config(**common)
-    if family == "qwen3":
-        return Qwen3Config(head_dim=8, **common)
-    if family == "gemma":
-        return GemmaConfig(head_dim=8, **common)
-    if family == "gemma2":
-        return Gemma2Config(head_dim=8, final_logit_softcapping=3.0, attn_logit_softcapping=50.0, sliding_window=16, **common)
-    if family == "gemma3_text":
-        return Gemma3TextConfig(
-            head_dim=8,
-            sliding_window=16,
-            layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-            **common,
-        )
-    raise ValueError(family)
-
-
-def build_tiny_model(family: str, vocab_size: int, seed: int = 0, **overrides):
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(family, vocab_size, **overrides), dtype=torch.float32)
-    model.generation_config.pad_token_id = 0
-    return model.eval()
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from transformers import LogitsProcessorList, MaxLengthCriteria, RepetitionPenal
 from fides_rag import FidesConfig, FidesDecoder, NonFiniteLogitsError, PromptTemplate, get_method
 from fides_rag.lens import ModelAnatomy
 
-from conftest import build_tiny_model
+from fides_rag.testing import build_tiny_model
 
 QUESTIONS = [
     "What is the capital of France?",

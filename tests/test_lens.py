@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, GPT2Config
 from fides_rag import UnsupportedArchitectureError
 from fides_rag.lens import SUPPORTED_FAMILIES, ModelAnatomy
 
-from conftest import FAMILIES
+from fides_rag.testing import FAMILIES
 
 
 def test_every_supported_family_is_tested():
