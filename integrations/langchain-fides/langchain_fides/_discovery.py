@@ -1,0 +1,138 @@
+"""Finding the documents that a chain retrieved before it called a FIDES model, without being told.
+
+Importing this module registers one process-wide callback handler with langchain-core's configure
+hooks (`register_configure_hook`), so every LangChain run carries it as an inheritable handler. The
+handler records the parent of each chain/retriever/tool run and, when a retriever ends, files its
+documents under every ancestor of that retriever. A FIDES model then walks up from its own parent
+run and takes the documents filed under the nearest ancestor whose documents appear verbatim in the
+prompt. Lists of `Document`s passed as a chain input (e.g. the `context` of a stuff-documents chain)
+are filed the same way. Everything about a run tree is dropped when its root run ends.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from contextvars import ContextVar
+from typing import Any
+from uuid import UUID
+
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.documents import Document
+from langchain_core.tracers.context import register_configure_hook
+
+_MAX_TRACKED_RUNS = 100_000
+
+
+class RetrievalRecorder(BaseCallbackHandler):
+    """Records run parentage and retrieved documents per run tree (thread-safe, in-memory)."""
+
+    run_inline = True  # record before the next step of the chain runs, also under asyncio
+    raise_error = False
+    ignore_llm = True
+    ignore_chat_model = True
+    ignore_agent = True
+    ignore_retry = True
+    ignore_custom_event = True
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._parent: dict[UUID, UUID | None] = {}
+        self._root: dict[UUID, UUID] = {}
+        self._members: dict[UUID, list[UUID]] = {}
+        self._documents: dict[UUID, list[Document]] = {}
+
+    # -- bookkeeping ------------------------------------------------------------------------------
+
+    def _start(self, run_id: UUID, parent_run_id: UUID | None) -> None:
+        with self._lock:
+            if len(self._parent) > _MAX_TRACKED_RUNS:  # roots that never ended (abandoned streams)
+                self._parent.clear(), self._root.clear(), self._members.clear(), self._documents.clear()
+            self._parent[run_id] = parent_run_id
+            root = self._root.get(parent_run_id, parent_run_id) if parent_run_id is not None else run_id
+            self._root[run_id] = root
+            self._members.setdefault(root, []).append(run_id)
+
+    def _end(self, run_id: UUID, parent_run_id: UUID | None) -> None:
+        if parent_run_id is not None:
+            return
+        with self._lock:
+            for member in self._members.pop(run_id, [run_id]):
+                self._parent.pop(member, None)
+                self._root.pop(member, None)
+                self._documents.pop(member, None)
+
+    def _file(self, start: UUID | None, documents: list[Document]) -> None:
+        with self._lock:
+            run, seen = start, 0
+            while run is not None and seen < 1000:
+                self._documents.setdefault(run, []).extend(documents)
+                run, seen = self._parent.get(run), seen + 1
+
+    # -- callbacks --------------------------------------------------------------------------------
+
+    def on_chain_start(self, serialized: Any, inputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+        self._start(run_id, parent_run_id)
+        if isinstance(inputs, dict):
+            for value in inputs.values():
+                if isinstance(value, list) and value and all(isinstance(d, Document) for d in value):
+                    with self._lock:
+                        self._documents.setdefault(run_id, []).extend(value)
+
+    def on_chain_end(self, outputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+        self._end(run_id, parent_run_id)
+
+    def on_chain_error(self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+        self._end(run_id, parent_run_id)
+
+    def on_tool_start(self, serialized: Any, input_str: str, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+        self._start(run_id, parent_run_id)
+
+    def on_tool_end(self, output: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+        self._end(run_id, parent_run_id)
+
+    def on_tool_error(self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+        self._end(run_id, parent_run_id)
+
+    def on_retriever_start(self, serialized: Any, query: str, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+        self._start(run_id, parent_run_id)
+
+    def on_retriever_end(self, documents: Sequence[Document], *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+        docs = [d for d in documents if isinstance(d, Document)]
+        if docs:
+            self._file(parent_run_id, docs)
+        self._end(run_id, parent_run_id)
+
+    def on_retriever_error(self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+        self._end(run_id, parent_run_id)
+
+    # -- lookup -----------------------------------------------------------------------------------
+
+    def documents_for(self, parent_run_id: UUID | None, texts: Sequence[str]) -> list[Document]:
+        """Documents filed under the nearest ancestor of a model run whose contents occur in any of `texts`.
+
+        Duplicates (same page_content) are dropped; order is retrieval order.
+        """
+        with self._lock:
+            run, seen = parent_run_id, 0
+            while run is not None and seen < 1000:
+                found: list[Document] = []
+                contents: set[str] = set()
+                for doc in self._documents.get(run, ()):
+                    content = doc.page_content
+                    if content.strip() and content not in contents and any(content in t for t in texts):
+                        contents.add(content)
+                        found.append(doc)
+                if found:
+                    return found
+                run, seen = self._parent.get(run), seen + 1
+        return []
+
+
+recorder = RetrievalRecorder()
+"""The process-wide recorder; attached to every LangChain run once langchain_fides is imported."""
+
+# A ContextVar whose *default* is the handler: `var.get()` returns it in every thread and task, so
+# langchain-core's configure step adds it (inheritable) to every callback manager it builds.
+fides_retrieval_recorder_var: ContextVar[RetrievalRecorder | None] = ContextVar("fides_retrieval_recorder", default=recorder)
+register_configure_hook(fides_retrieval_recorder_var, inheritable=True)

@@ -1,0 +1,80 @@
+"""End to end on the real bundled backbones (slow: each loads a dequantised GGUF from the cache)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from fides_rag import FidesDecoder, load_model
+from fides_rag import loading
+
+pytestmark = pytest.mark.slow
+
+BACKBONES = ["smollm2-135m-instruct", "gemma3-270m"]
+CONFLICT_QUESTION = "In which city is the Eiffel Tower located?"
+CONFLICT_DOCUMENT = "The Eiffel Tower is a wrought-iron lattice tower in Rome, Italy."
+
+
+@pytest.fixture(scope="module", params=BACKBONES)
+def decoder(request) -> FidesDecoder:
+    model, tokenizer = load_model(request.param)
+    return FidesDecoder(model, tokenizer)
+
+
+def alpha_table(result) -> str:
+    rows = [f"{'token':>14} {'alpha':>7} {'opp':>7} {'shift':>7} {'noise':>7}"]
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    for s in result.steps:
+        rows.append(f"{s.token!r:>14} {fmt(s.alpha):>7} {fmt(s.opposition):>7} {fmt(s.shift):>7} {fmt(s.noise):>7}")
+    return "\n".join(rows)
+
+
+def test_bundled_alias_is_cached_as_safetensors(decoder):
+    alias = "gemma3-270m" if decoder.anatomy.model_type == "gemma3_text" else "smollm2-135m-instruct"
+    folder = loading._gguf_cache_dir(loading.locate_bundled(alias))
+    assert (folder / "model.safetensors").is_file() and (folder / "fides_rag_source.json").is_file()
+
+
+def test_standard_matches_transformers_generate(decoder):
+    example = dataclasses.replace(decoder.prepare(CONFLICT_QUESTION, [CONFLICT_DOCUMENT], 16), stop=())
+    ids = torch.tensor([example.context_ids])
+    expected = decoder.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16)
+    expected = expected[0, ids.shape[1] :].tolist()
+    # Same token ids through the decoder's loop (generate_from_prompts would re-tokenise the text).
+    rows = None
+    for rows in decoder._decode_steps([example], decoder.resolve_method("standard"), decoder._settings(16, None)):
+        pass
+    assert len(expected) > 1
+    assert rows[0].generated == expected
+
+
+def test_real_conflict_contrast_follows_the_document(decoder):
+    results = {m: decoder.generate(CONFLICT_QUESTION, [CONFLICT_DOCUMENT], method=m, max_new_tokens=16) for m in ("standard", "cad", "adacad", "fides")}
+    for method, result in results.items():
+        print(f"\n[{decoder.anatomy.model_type}] {method}: {result.text!r}\n{alpha_table(result)}")
+    assert "Paris" in results["standard"].text and "Rome" not in results["standard"].text
+    assert "Rome" in results["cad"].text
+    assert "Rome" in results["fides"].text
+    fides = results["fides"]
+    assert all(s.alpha is not None and s.alpha >= 0.1 - 1e-6 for s in fides.steps)
+    assert all(s.opposition is not None and s.shift is not None and s.noise is not None for s in fides.steps)
+    assert all(0 <= s.shift <= 0.2 + 1e-6 for s in fides.steps)
+
+
+def test_real_batch_equals_single(decoder):
+    questions = [CONFLICT_QUESTION, "What is the capital of Australia?", "Who wrote Hamlet?"]
+    documents = [[CONFLICT_DOCUMENT], ["The capital of Australia is Melbourne, which replaced Sydney in 1901."], ["Hamlet is a tragedy written by Charles Dickens."]]
+    batch = decoder.generate_batch(questions, documents, method="fides", max_new_tokens=8)
+    for q, d, b in zip(questions, documents, batch):
+        single = decoder.generate(q, d, method="fides", max_new_tokens=8)
+        assert b.token_ids == single.token_ids
+        assert b.alphas == pytest.approx(single.alphas, abs=1e-4)
+
+
+def test_real_stream_equals_generate(decoder):
+    stream = decoder.stream(CONFLICT_QUESTION, [CONFLICT_DOCUMENT], method="fides", max_new_tokens=16)
+    deltas = list(stream)
+    assert "".join(deltas) == stream.result.text
+    assert stream.result.text == decoder.generate(CONFLICT_QUESTION, [CONFLICT_DOCUMENT], method="fides", max_new_tokens=16).text
