@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,10 +98,16 @@ class PreparedExample:
 
 
 @dataclass
-class _Row:
-    """Decoding state of one example."""
+class _Unit:
+    """Decoding state of one example under one method (a lane), and its rows in the current batch."""
 
+    lane: int
+    example: int
     stop: tuple[str, ...]
+    ctx_row: int
+    no_ctx_row: int
+    """-1 for single-path rules."""
+    generator: torch.Generator | None = None
     generated: list[int] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
     finish_reason: FinishReason | None = None
@@ -288,13 +294,17 @@ class FidesDecoder:
         example.document_tokens = (len(block_ids), keep)
         return example
 
-    def prepare_from_prompts(self, context_prompt: str, no_context_prompt: str, max_new_tokens: int) -> PreparedExample:
-        """Tokenise two raw prompts as the tokenizer does by default (no template, no trimming)."""
+    def prepare_from_prompts(
+        self, context_prompt: str, no_context_prompt: str, max_new_tokens: int, add_special_tokens: bool = True
+    ) -> PreparedExample:
+        """Tokenise two raw prompts as the tokenizer does by default (no template, no trimming).
+
+        Pass add_special_tokens=False for text that already holds them, e.g. from `apply_chat_template`."""
         for name, prompt in (("context_prompt", context_prompt), ("no_context_prompt", no_context_prompt)):
             if not isinstance(prompt, str) or not prompt.strip():
                 raise ValueError(f"{name} must be a non-empty string, got {prompt!r}")
-        ctx_ids = self.tokenizer(context_prompt)["input_ids"]
-        no_ctx_ids = self.tokenizer(no_context_prompt)["input_ids"]
+        ctx_ids = self.tokenizer(context_prompt, add_special_tokens=add_special_tokens)["input_ids"]
+        no_ctx_ids = self.tokenizer(no_context_prompt, add_special_tokens=add_special_tokens)["input_ids"]
         longest = max(len(ctx_ids), len(no_ctx_ids))
         if longest + max_new_tokens > self.context_window:
             raise ValueError(
@@ -352,7 +362,46 @@ class FidesDecoder:
         rule = self.resolve_method(method)
         settings = self._settings(max_new_tokens, stop, **generation_kwargs)
         examples = [self.prepare(q, d, settings.max_new_tokens) for q, d in zip(questions, documents_per_question)]
-        return self._decode_examples(examples, rule, settings)
+        return self._decode_examples(examples, [rule], settings)[0]
+
+    def generate_methods(
+        self,
+        questions: Sequence[str],
+        documents_per_question: Sequence[Sequence[Any] | None] | None,
+        methods: Sequence[str | ContrastRule] | Mapping[str, str | ContrastRule],
+        *,
+        max_new_tokens: int | None = None,
+        stop: Sequence[str] | str | None = None,
+        **generation_kwargs: Any,
+    ) -> dict[str, list[GenerationResult]]:
+        """Answer every question under every method in one decode that shares the prompts' prefill.
+
+        `methods` is a list of names/rules, or a mapping label -> name/rule (needed when two configured
+        rules share a name, e.g. FIDES ablations). Returns label -> one result per question, each identical
+        to what `generate_batch` gives for that method alone.
+        """
+        if isinstance(methods, Mapping):
+            labelled = {str(label): self.resolve_method(m) for label, m in methods.items()}
+        else:
+            rules = [self.resolve_method(m) for m in methods]
+            labels = [r.name for r in rules]
+            if len(set(labels)) != len(labels):
+                raise ValueError(f"methods {labels} repeat a name; pass a mapping label -> method to tell them apart")
+            labelled = dict(zip(labels, rules))
+        if not labelled:
+            raise ValueError("methods must name at least one method")
+        if isinstance(questions, str):
+            raise TypeError("generate_methods takes a list of questions")
+        if documents_per_question is None:
+            documents_per_question = [None] * len(questions)
+        if len(documents_per_question) != len(questions):
+            raise ValueError(
+                f"got {len(questions)} questions but {len(documents_per_question)} document lists; pass one list per question"
+            )
+        settings = self._settings(max_new_tokens, stop, **generation_kwargs)
+        examples = [self.prepare(q, d, settings.max_new_tokens) for q, d in zip(questions, documents_per_question)]
+        per_lane = self._decode_examples(examples, list(labelled.values()), settings)
+        return dict(zip(labelled, per_lane))
 
     def generate_from_prompts(
         self,
@@ -362,13 +411,14 @@ class FidesDecoder:
         method: str | ContrastRule | None = None,
         max_new_tokens: int | None = None,
         stop: Sequence[str] | str | None = None,
+        add_special_tokens: bool = True,
         **generation_kwargs: Any,
     ) -> GenerationResult:
         """Decode from two raw prompt strings (no templating); stops only on EOS, `stop` and the token budget."""
         rule = self.resolve_method(method)
         settings = self._settings(max_new_tokens, stop, **generation_kwargs)
-        example = self.prepare_from_prompts(context_prompt, no_context_prompt, settings.max_new_tokens)
-        return self._decode_examples([example], rule, settings)[0]
+        example = self.prepare_from_prompts(context_prompt, no_context_prompt, settings.max_new_tokens, add_special_tokens)
+        return self._decode_examples([example], [rule], settings)[0][0]
 
     def stream(
         self,
@@ -394,48 +444,54 @@ class FidesDecoder:
         method: str | ContrastRule | None = None,
         max_new_tokens: int | None = None,
         stop: Sequence[str] | str | None = None,
+        add_special_tokens: bool = True,
         **generation_kwargs: Any,
     ) -> TextStream:
         """`stream` for two raw prompt strings."""
         rule = self.resolve_method(method)
         settings = self._settings(max_new_tokens, stop, **generation_kwargs)
-        example = self.prepare_from_prompts(context_prompt, no_context_prompt, settings.max_new_tokens)
+        example = self.prepare_from_prompts(context_prompt, no_context_prompt, settings.max_new_tokens, add_special_tokens)
         return self._stream_example(example, rule, settings)
 
     # -- decoding ---------------------------------------------------------------------------------
 
-    def _effective_rule(self, example: PreparedExample, rule: ContrastRule) -> ContrastRule:
-        if example.has_documents or not rule.needs_no_context:
-            return rule
-        return get_method("standard")
-
     def _decode_examples(
-        self, examples: list[PreparedExample], rule: ContrastRule, settings: GenerationSettings
-    ) -> list[GenerationResult]:
-        results: list[GenerationResult | None] = [None] * len(examples)
-        groups: dict[int, tuple[ContrastRule, list[int]]] = {}
-        for index, example in enumerate(examples):
-            effective = self._effective_rule(example, rule)
-            groups.setdefault(id(effective) if effective is rule else -1, (effective, []))[1].append(index)
-        for effective, indices in groups.values():
-            batch = [examples[i] for i in indices]
-            rows: list[_Row] = []
-            for rows in self._decode_steps(batch, effective, settings):
-                pass
-            for i, row in zip(indices, rows):
-                results[i] = self._result(examples[i], row, effective, rule, settings)
-        return [r for r in results if r is not None]
+        self, examples: list[PreparedExample], rules: list[ContrastRule], settings: GenerationSettings
+    ) -> list[list[GenerationResult]]:
+        """Decode every example under every rule; results[lane][example]. Examples without documents are
+        decoded once with 'standard' on the question alone and reported under every lane."""
+        with_docs = [i for i, e in enumerate(examples) if e.has_documents]
+        without = [i for i, e in enumerate(examples) if not e.has_documents]
+        results: list[list[GenerationResult | None]] = [[None] * len(examples) for _ in rules]
+        if with_docs:
+            units = self._run_to_end([examples[i] for i in with_docs], rules, settings)
+            for lane, rule in enumerate(rules):
+                for i, unit in zip(with_docs, units[lane]):
+                    results[lane][i] = self._result(examples[i], unit, rule, rule, settings)
+        if without:
+            standard = get_method("standard")
+            units = self._run_to_end([examples[i] for i in without], [standard], settings)
+            for lane, rule in enumerate(rules):
+                for i, unit in zip(without, units[0]):
+                    results[lane][i] = self._result(examples[i], unit, standard, rule, settings)
+        return [[r for r in lane if r is not None] for lane in results]
+
+    def _run_to_end(self, examples: list[PreparedExample], rules: list[ContrastRule], settings: GenerationSettings) -> list[list[_Unit]]:
+        units: list[list[_Unit]] = []
+        for units in self._decode_steps(examples, rules, settings):
+            pass
+        return units
 
     def _stream_example(self, example: PreparedExample, rule: ContrastRule, settings: GenerationSettings) -> TextStream:
-        effective = self._effective_rule(example, rule)
+        effective = rule if example.has_documents or not rule.needs_no_context else get_method("standard")
         stops = example.stop + settings.stop
 
         def deltas() -> Iterator[str]:
             emitted = ""
-            row: _Row | None = None
-            for rows in self._decode_steps([example], effective, settings):
-                row = rows[0]
-                text = self._decode_text(row.generated)
+            unit: _Unit | None = None
+            for units in self._decode_steps([example], [effective], settings):
+                unit = units[0][0]
+                text = self._decode_text(unit.generated)
                 cut = first_stop_index(text, stops)
                 if cut is not None:
                     text = text[:cut]
@@ -445,8 +501,8 @@ class FidesDecoder:
                 if len(safe) > len(emitted) and safe.startswith(emitted):
                     yield safe[len(emitted) :]
                     emitted = safe
-            assert row is not None
-            stream.result = self._result(example, row, effective, rule, settings)
+            assert unit is not None
+            stream.result = self._result(example, unit, effective, rule, settings)
             final = stream.result.text
             if final.startswith(emitted):
                 if len(final) > len(emitted):
@@ -461,21 +517,21 @@ class FidesDecoder:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def _result(
-        self, example: PreparedExample, row: _Row, effective: ContrastRule, requested: ContrastRule, settings: GenerationSettings
+        self, example: PreparedExample, unit: _Unit, effective: ContrastRule, requested: ContrastRule, settings: GenerationSettings
     ) -> GenerationResult:
-        text = self._decode_text(row.generated)
+        text = self._decode_text(unit.generated)
         cut = first_stop_index(text, example.stop + settings.stop)
         if cut is not None:
             text = text[:cut]
         two_path = effective.needs_no_context
         return GenerationResult(
             text=text.strip(),
-            token_ids=list(row.generated),
-            steps=row.steps,
+            token_ids=list(unit.generated),
+            steps=list(unit.steps),
             method=effective.name,
             requested_method=requested.name,
             method_options=effective.options(),
-            finish_reason=row.finish_reason or "length",
+            finish_reason=unit.finish_reason or "length",
             context_prompt=example.context_prompt,
             no_context_prompt=example.no_context_prompt if two_path else None,
             prompt_tokens=len(example.context_ids),
@@ -485,35 +541,50 @@ class FidesDecoder:
         )
 
     def _decode_steps(
-        self, examples: list[PreparedExample], rule: ContrastRule, settings: GenerationSettings
-    ) -> Iterator[list[_Row]]:
-        """Run the decoding loop; yield the rows' state after every step."""
+        self, examples: list[PreparedExample], rules: list[ContrastRule], settings: GenerationSettings
+    ) -> Iterator[list[list[_Unit]]]:
+        """Run the decoding loop; yield every unit's state (units[lane][example]) after every step."""
         with self._lock, torch.inference_mode():
-            yield from self._decode_loop(examples, rule, settings)
+            yield from self._decode_loop(examples, rules, settings)
 
     def _decode_loop(
-        self, examples: list[PreparedExample], rule: ContrastRule, settings: GenerationSettings
-    ) -> Iterator[list[_Row]]:
+        self, examples: list[PreparedExample], rules: list[ContrastRule], settings: GenerationSettings
+    ) -> Iterator[list[list[_Unit]]]:
         anatomy, device = self.anatomy, self.device
-        batch = len(examples)
-        two_path = rule.needs_no_context
-        sequences = [e.context_ids for e in examples]
-        if two_path:
-            sequences += [e.no_context_ids for e in examples]
-        num_rows, width = len(sequences), max(len(s) for s in sequences)
-        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        batch, num_layers = len(examples), anatomy.num_layers
+        any_two_path = any(rule.needs_no_context for rule in rules)
 
-        input_ids = torch.full((num_rows, width), pad_id, dtype=torch.long, device=device)
-        attention_mask = torch.zeros((num_rows, width), dtype=torch.long, device=device)
+        # Prefill rows: [ctx_1 .. ctx_B, noctx_1 .. noctx_B], shared by every lane (method).
+        sequences = [e.context_ids for e in examples] + ([e.no_context_ids for e in examples] if any_two_path else [])
+        width = max(len(s) for s in sequences)
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        step_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long, device=device)
+        attention_mask = torch.zeros((len(sequences), width), dtype=torch.long, device=device)
         for i, seq in enumerate(sequences):  # left padding
-            input_ids[i, width - len(seq) :] = torch.tensor(seq, dtype=torch.long, device=device)
+            step_ids[i, width - len(seq) :] = torch.tensor(seq, dtype=torch.long, device=device)
             attention_mask[i, width - len(seq) :] = 1
         position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)  # [R, T], real tokens count from 0
-        context_ids = input_ids[:batch]  # [B, T + t], what logits processors and stopping criteria see
+        prompt_ids = step_ids[:batch]  # [B, T], what logits processors see before the generated tokens
 
-        num_layers = anatomy.num_layers
-        lens_layers = tuple(sorted(set(rule.lens_layers(num_layers)))) if two_path else ()
-        state_layers = set(range(1, num_layers + 1)) if (two_path and rule.needs_layer_states) else set()
+        units = [
+            [
+                _Unit(
+                    lane=lane,
+                    example=b,
+                    stop=e.stop + settings.stop,
+                    ctx_row=b,
+                    no_ctx_row=batch + b if rule.needs_no_context else -1,
+                    generator=torch.Generator(device=device).manual_seed(settings.seed)
+                    if settings.do_sample and settings.seed is not None
+                    else None,
+                )
+                for b, e in enumerate(examples)
+            ]
+            for lane, rule in enumerate(rules)
+        ]
+        lens_by_lane = [rule.lens_layers(num_layers) if rule.needs_no_context else () for rule in rules]
+        states_by_lane = [rule.needs_no_context and rule.needs_layer_states for rule in rules]
+        hooked = set().union(*map(set, lens_by_lane)) | (set(range(1, num_layers + 1)) if any(states_by_lane) else set())
         captured: dict[int, torch.Tensor] = {}
 
         def capture(layer: int):
@@ -523,92 +594,139 @@ class FidesDecoder:
 
             return hook
 
-        handles = [anatomy.layers[l - 1].register_forward_hook(capture(l)) for l in sorted(state_layers | set(lens_layers))]
+        handles = [anatomy.layers[l - 1].register_forward_hook(capture(l)) for l in sorted(hooked)]
         processors = settings.warpers()
-        generator = None
-        if settings.do_sample and settings.seed is not None:
-            generator = torch.Generator(device=device).manual_seed(settings.seed)
-        rows = [_Row(stop=e.stop + settings.stop) for e in examples]
-        unfinished = torch.ones(batch, dtype=torch.bool, device=device)
         cache = None
-        step_ids = input_ids
         try:
             for step in range(settings.max_new_tokens):
                 out = anatomy.backbone(
-                    input_ids=step_ids,
-                    attention_mask=attention_mask,
-                    position_ids=position_ids,
-                    past_key_values=cache,
-                    use_cache=True,
+                    input_ids=step_ids, attention_mask=attention_mask, position_ids=position_ids,
+                    past_key_values=cache, use_cache=True,
                 )
                 cache = out.past_key_values
+                num_rows = step_ids.shape[0]
+                active = [[u for u in lane if u.finish_reason is None] for lane in units]
+
+                # One head matmul: final states of all rows, then logit-lens rows (each (layer, row) once).
+                lens_rows: dict[int, list[int]] = {}
+                for lane, lane_units in enumerate(active):
+                    for layer in lens_by_lane[lane]:
+                        lens_rows.setdefault(layer, [])
+                        lens_rows[layer] += [u.ctx_row for u in lane_units if u.ctx_row not in lens_rows[layer]]
                 head_inputs = [out.last_hidden_state[:, -1, :]]  # [R, H], already final-normed
-                head_inputs += [anatomy.final_norm(captured[l][:batch]) for l in lens_layers]  # [B, H] each
-                logits = anatomy.head_logits(torch.cat(head_inputs, dim=0)).float()  # [R + B·len(lens), V]
+                lens_position: dict[tuple[int, int], int] = {}
+                offset = num_rows
+                for layer, rows in lens_rows.items():
+                    head_inputs.append(anatomy.final_norm(captured[layer][rows]))  # [n, H]
+                    lens_position.update({(layer, row): offset + k for k, row in enumerate(rows)})
+                    offset += len(rows)
+                logits = anatomy.head_logits(torch.cat(head_inputs, dim=0)).float()  # [R + n_lens, V]
                 if not torch.isfinite(logits).all():
                     raise NonFiniteLogitsError(
                         f"the model produced NaN or inf logits at generation step {step}; this usually means the "
                         f"weights or dtype ({self.model.dtype}) overflow: load the model in float32 or bfloat16"
                     )
-                inputs = StepInputs(
-                    ctx_logits=logits[:batch],
-                    no_ctx_logits=logits[batch : 2 * batch] if two_path else None,
-                    lens_logits={l: logits[num_rows + i * batch : num_rows + (i + 1) * batch] for i, l in enumerate(lens_layers)},
-                    num_layers=num_layers,
-                )
-                if state_layers:
-                    states = torch.stack([captured[l] for l in range(1, num_layers + 1)]).float()  # [L, R, H]
-                    inputs.ctx_layer_states, inputs.no_ctx_layer_states = states[:, :batch], states[:, batch:]
-                decided = rule.combine(inputs)
-                scores = decided.logits
-                if processors:
-                    scores = processors(context_ids, scores)
-                if torch.isnan(scores).any():
-                    raise NonFiniteLogitsError(f"the contrast rule {rule.name!r} produced NaN scores at step {step}")
-                if settings.do_sample:
-                    next_tokens = torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator).squeeze(1)
-                else:
-                    next_tokens = scores.argmax(dim=-1)  # [B]
-                next_tokens = torch.where(unfinished, next_tokens, torch.full_like(next_tokens, pad_id))
+                layer_states = None
+                if any(states_by_lane):
+                    layer_states = torch.stack([captured[l] for l in range(1, num_layers + 1)]).float()  # [L, R, H]
 
-                context_ids = torch.cat([context_ids, next_tokens[:, None]], dim=-1)
-                criteria_hit = (
-                    settings.stopping_criteria(context_ids, scores)
-                    if settings.stopping_criteria
-                    else torch.zeros(batch, dtype=torch.bool, device=device)
-                )
-                for b, row in enumerate(rows):
-                    if row.finish_reason is not None:
-                        continue
-                    token_id = int(next_tokens[b])
-                    row.generated.append(token_id)
-                    row.steps.append(
-                        StepRecord(
-                            token_id=token_id,
-                            token=self.tokenizer.decode([token_id]),
-                            alpha=_as_float(decided.alpha, b),
-                            opposition=_as_float(decided.opposition, b),
-                            shift=_as_float(decided.shift, b),
-                            noise=_as_float(decided.noise, b),
-                            score=_as_float(decided.score, b),
+                for lane, rule in enumerate(rules):
+                    lane_units = active[lane]
+                    if lane_units:
+                        self._advance_lane(
+                            rule, lane_units, logits, layer_states, lens_by_lane[lane], lens_position,
+                            prompt_ids, processors, settings, step,
                         )
-                    )
-                    if token_id in self.eos_token_ids:
-                        row.finish_reason = "eos"
-                    elif row.stop and first_stop_index(self._decode_text(row.generated), row.stop) is not None:
-                        row.finish_reason = "stop"
-                    elif bool(criteria_hit[b]):
-                        row.finish_reason = "criteria"
-                    elif len(row.generated) >= settings.max_new_tokens:
-                        row.finish_reason = "length"
-                    if row.finish_reason is not None:
-                        unfinished[b] = False
-                yield rows
-                if not unfinished.any():
+                yield units
+
+                # Next rows: the chosen token on both paths of every unfinished unit; finished rows leave the cache.
+                previous_rows: list[int] = []
+                next_tokens: list[int] = []
+                for lane_units in units:  # per lane: ctx rows, then no-context rows (a single lane stays in place)
+                    running = [u for u in lane_units if u.finish_reason is None]
+                    for path in ("ctx_row", "no_ctx_row"):
+                        for unit in running:
+                            if getattr(unit, path) < 0:
+                                continue
+                            previous_rows.append(getattr(unit, path))
+                            next_tokens.append(unit.generated[-1])
+                            setattr(unit, path, len(previous_rows) - 1)
+                if not previous_rows:
                     break
-                step_ids = torch.cat([next_tokens, next_tokens])[:, None] if two_path else next_tokens[:, None]  # [R, 1]
-                attention_mask = torch.cat([attention_mask, attention_mask.new_ones((num_rows, 1))], dim=-1)
+                if previous_rows != list(range(num_rows)):
+                    keep = torch.tensor(previous_rows, dtype=torch.long, device=device)
+                    cache.batch_select_indices(keep)
+                    attention_mask, position_ids = attention_mask[keep], position_ids[keep]
+                step_ids = torch.tensor(next_tokens, dtype=torch.long, device=device)[:, None]  # [R', 1]
+                attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(previous_rows), 1))], dim=-1)
                 position_ids = position_ids[:, -1:] + 1
         finally:
             for handle in handles:
                 handle.remove()
+
+    def _advance_lane(
+        self,
+        rule: ContrastRule,
+        lane_units: list[_Unit],
+        logits: torch.Tensor,
+        layer_states: torch.Tensor | None,
+        lens_layers: tuple[int, ...],
+        lens_position: dict[tuple[int, int], int],
+        prompt_ids: torch.Tensor,
+        processors: LogitsProcessorList,
+        settings: GenerationSettings,
+        step: int,
+    ) -> None:
+        """Combine one lane's paths, choose each unit's next token, record it and check stopping."""
+        device = logits.device
+        ctx_rows = torch.tensor([u.ctx_row for u in lane_units], device=device)
+        inputs = StepInputs(ctx_logits=logits[ctx_rows], no_ctx_logits=None, num_layers=self.anatomy.num_layers)
+        if rule.needs_no_context:
+            no_ctx_rows = torch.tensor([u.no_ctx_row for u in lane_units], device=device)
+            inputs.no_ctx_logits = logits[no_ctx_rows]
+            inputs.lens_logits = {
+                layer: logits[torch.tensor([lens_position[(layer, u.ctx_row)] for u in lane_units], device=device)]
+                for layer in lens_layers
+            }
+            if rule.needs_layer_states and layer_states is not None:
+                inputs.ctx_layer_states = layer_states[:, ctx_rows]
+                inputs.no_ctx_layer_states = layer_states[:, no_ctx_rows]
+        decided = rule.combine(inputs)
+        scores = decided.logits  # [n, V]
+        examples = torch.tensor([u.example for u in lane_units], device=device)
+        generated = torch.tensor([u.generated for u in lane_units], dtype=torch.long, device=device).reshape(len(lane_units), -1)
+        context_ids = torch.cat([prompt_ids[examples], generated], dim=-1)  # [n, T + t]
+        if processors:
+            scores = processors(context_ids, scores)
+        if torch.isnan(scores).any():
+            raise NonFiniteLogitsError(f"the contrast rule {rule.name!r} produced NaN scores at step {step}")
+        if settings.do_sample:
+            probs = torch.softmax(scores, dim=-1)
+            chosen = [int(torch.multinomial(probs[i], 1, generator=u.generator)) for i, u in enumerate(lane_units)]
+        else:
+            chosen = scores.argmax(dim=-1).tolist()
+        criteria_hit = None
+        if settings.stopping_criteria:
+            with_new = torch.cat([context_ids, torch.tensor(chosen, device=device)[:, None]], dim=-1)
+            criteria_hit = settings.stopping_criteria(with_new, scores)
+        for i, (unit, token_id) in enumerate(zip(lane_units, chosen)):
+            unit.generated.append(token_id)
+            unit.steps.append(
+                StepRecord(
+                    token_id=token_id,
+                    token=self.tokenizer.decode([token_id]),
+                    alpha=_as_float(decided.alpha, i),
+                    opposition=_as_float(decided.opposition, i),
+                    shift=_as_float(decided.shift, i),
+                    noise=_as_float(decided.noise, i),
+                    score=_as_float(decided.score, i),
+                )
+            )
+            if token_id in self.eos_token_ids:
+                unit.finish_reason = "eos"
+            elif unit.stop and first_stop_index(self._decode_text(unit.generated), unit.stop) is not None:
+                unit.finish_reason = "stop"
+            elif criteria_hit is not None and bool(criteria_hit[i]):
+                unit.finish_reason = "criteria"
+            elif len(unit.generated) >= settings.max_new_tokens:
+                unit.finish_reason = "length"

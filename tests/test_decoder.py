@@ -373,3 +373,63 @@ def test_nan_logits_raise_a_clear_error(tokenizer):
     decoder = decoder_for(model, tokenizer)
     with pytest.raises(NonFiniteLogitsError, match="NaN or inf logits at generation step 0"):
         decoder.generate("Q?", ["doc"], max_new_tokens=3)
+
+
+# -- several methods over one shared prefill ------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_generate_methods_equals_each_method_alone(tiny_models, tokenizer, family):
+    decoder = decoder_for(tiny_models[family], tokenizer)
+    methods = {
+        "standard": "standard",
+        "cad": "cad",
+        "adacad": "adacad",
+        "fides": "fides",
+        "fides-no-noise": get_method("fides", config=FidesConfig().without("noise")),
+        "fixed": get_method("fides", fixed_alpha=1.0),
+    }
+    together = decoder.generate_methods(QUESTIONS, DOCUMENTS, methods, max_new_tokens=8, stop=[])
+    assert list(together) == list(methods)
+    for label, method in methods.items():
+        alone = decoder.generate_batch(QUESTIONS, DOCUMENTS, method=method, max_new_tokens=8, stop=[])
+        for a, b in zip(together[label], alone):
+            assert a.token_ids == b.token_ids
+            assert a.alphas == pytest.approx(b.alphas, abs=1e-4)
+            assert a.method == b.method
+
+
+def test_generate_methods_prefills_once_and_prunes_finished_rows(tiny_llama, tokenizer):
+    decoder = decoder_for(tiny_llama, tokenizer)
+    counter = ForwardCounter(decoder.anatomy.backbone)
+    widths = []
+    hook = decoder.anatomy.backbone.register_forward_hook(lambda m, a, kw, o: widths.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        results = decoder.generate_methods(QUESTIONS[:2], DOCUMENTS[:2], ["standard", "cad", "fides"], max_new_tokens=6, stop=[])
+    finally:
+        counter.handle.remove()
+        hook.remove()
+    assert widths[0] > 1 and all(w == 1 for w in widths[1:])  # exactly one prefill
+    assert counter.batch_sizes[0] == 4  # ctx and no-context rows of 2 examples, shared by 3 methods
+    if len(counter.batch_sizes) > 1:
+        still_running = sum((len(r.token_ids) > 1) * (1 if m == "standard" else 2) for m, rs in results.items() for r in rs)
+        assert counter.batch_sizes[1] == still_running  # 2 + 4 + 4 rows when nobody finished at step 0
+    with pytest.raises(ValueError, match="repeat a name"):
+        decoder.generate_methods(["Q?"], [["d"]], ["cad", get_method("cad", alpha=0.5)])
+
+
+def test_generate_methods_without_documents_reports_standard_under_each_label(tiny_llama, tokenizer):
+    decoder = decoder_for(tiny_llama, tokenizer)
+    results = decoder.generate_methods(["Q one?", "Q two?"], [None, ["Lyon."]], ["cad", "fides"], max_new_tokens=3)
+    assert [r.method for r in results["cad"]] == ["standard", "cad"]
+    assert [r.requested_method for r in results["fides"]] == ["fides", "fides"]
+    assert results["cad"][0].token_ids == results["fides"][0].token_ids
+
+
+def test_raw_prompts_can_skip_special_tokens(tiny_llama, chat_tokenizer):
+    decoder = decoder_for(tiny_llama, chat_tokenizer)
+    text = chat_tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
+    example = decoder.prepare_from_prompts(text, text, 4, add_special_tokens=False)
+    assert example.context_ids.count(chat_tokenizer.bos_token_id) == 1
+    result = decoder.generate_from_prompts(text, text, method="standard", max_new_tokens=2, add_special_tokens=False)
+    assert result.prompt_tokens == len(example.context_ids)

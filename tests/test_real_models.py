@@ -43,11 +43,9 @@ def test_standard_matches_transformers_generate(decoder):
     expected = decoder.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16)
     expected = expected[0, ids.shape[1] :].tolist()
     # Same token ids through the decoder's loop (generate_from_prompts would re-tokenise the text).
-    rows = None
-    for rows in decoder._decode_steps([example], decoder.resolve_method("standard"), decoder._settings(16, None)):
-        pass
+    units = decoder._run_to_end([example], [decoder.resolve_method("standard")], decoder._settings(16, None))
     assert len(expected) > 1
-    assert rows[0].generated == expected
+    assert units[0][0].generated == expected
 
 
 def test_real_conflict_contrast_follows_the_document(decoder):
@@ -71,6 +69,15 @@ def test_real_batch_equals_single(decoder):
         single = decoder.generate(q, d, method="fides", max_new_tokens=8)
         assert b.token_ids == single.token_ids
         assert b.alphas == pytest.approx(single.alphas, abs=1e-4)
+
+
+def test_real_generate_methods_equals_each_alone(decoder):
+    questions = [CONFLICT_QUESTION, "Who wrote Hamlet?"]
+    documents = [[CONFLICT_DOCUMENT], ["Hamlet is a tragedy written by Charles Dickens."]]
+    together = decoder.generate_methods(questions, documents, ["standard", "cad", "adacad", "fides"], max_new_tokens=8)
+    for method, results in together.items():
+        alone = decoder.generate_batch(questions, documents, method=method, max_new_tokens=8)
+        assert [r.token_ids for r in results] == [r.token_ids for r in alone]
 
 
 def test_real_stream_equals_generate(decoder):
