@@ -23,11 +23,14 @@ $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(INTEGRATIONS))
 quickstart: setup
 	$(PY) examples/quickstart.py
 
+# Each package's suite runs on its own, with its own pytest settings (partner-package convention).
+PYTEST_ARGS ?=
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+	for pkg in $(INTEGRATIONS); do (cd $$pkg && $(CURDIR)/$(PY) -m pytest tests $(PYTEST_ARGS)) || exit 1; done
 
-test-fast: setup
-	$(PY) -m pytest -m "not slow"
+test-fast:
+	$(MAKE) test PYTEST_ARGS='-m "not slow"'
 
 clean:
 	rm -rf $(VENV) .pytest_cache

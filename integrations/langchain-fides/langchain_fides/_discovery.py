@@ -24,13 +24,15 @@ from langchain_core.tracers.context import register_configure_hook
 _MAX_TRACKED_RUNS = 100_000
 
 
+model_parent_var: ContextVar[UUID | None] = ContextVar("fides_model_parent_run", default=None)
+"""The parent run of the language-model run that started last in this context."""
+
+
 class RetrievalRecorder(BaseCallbackHandler):
     """Records run parentage and retrieved documents per run tree (thread-safe, in-memory)."""
 
     run_inline = True  # record before the next step of the chain runs, also under asyncio
     raise_error = False
-    ignore_llm = True
-    ignore_chat_model = True
     ignore_agent = True
     ignore_retry = True
     ignore_custom_event = True
@@ -84,6 +86,14 @@ class RetrievalRecorder(BaseCallbackHandler):
 
     def on_chain_error(self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
         self._end(run_id, parent_run_id)
+
+    def on_chat_model_start(self, serialized: Any, messages: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+        # langchain-core's BaseChatModel.stream/astream call `_stream` without a run manager; the model
+        # reads its parent run from here instead (set in the caller's context right before `_stream`).
+        model_parent_var.set(parent_run_id)
+
+    def on_llm_start(self, serialized: Any, prompts: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+        model_parent_var.set(parent_run_id)
 
     def on_tool_start(self, serialized: Any, input_str: str, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
         self._start(run_id, parent_run_id)

@@ -1,0 +1,351 @@
+"""What FidesLLM and ChatFides share: the typed options, the decoder, the two-path plan, metadata, async."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fides_rag import FidesConfig, FidesDecoder, GenerationResult, available_methods, load_model
+from fides_rag.rules import ContrastRule
+from fides_rag.rules.fides import FidesRule
+
+logger = logging.getLogger("langchain_fides")
+
+CALL_OPTIONS = frozenset(
+    {"documents", "method", "fides_config", "max_new_tokens", "max_tokens", "do_sample", "temperature", "top_p", "top_k", "seed", "fides_question"}
+)
+"""Keyword arguments accepted per call (invoke/stream/batch/.bind)."""
+
+
+@dataclass
+class Plan:
+    """How one call will be decoded: fides-rag's template (question + documents) or two raw prompts."""
+
+    kind: Literal["template", "prompts"]
+    source: str
+    """Where the documents came from: documents, prompt_value, message, retriever, system_message or none."""
+    question: str | None = None
+    documents: list[str] = field(default_factory=list)
+    context_prompt: str | None = None
+    no_context_prompt: str | None = None
+    method: str | None = None
+    """Forces a method (\"standard\" when there are no documents)."""
+    notes: list[str] = field(default_factory=list)
+    trimmed: bool = False
+    document_tokens: tuple[int, int] | None = None
+
+
+@dataclass
+class CallOptions:
+    method: str | ContrastRule
+    requested: str
+    max_new_tokens: int
+    generation: dict[str, Any]
+    stop: list[str]
+
+
+class FidesParams(BaseModel):
+    """Typed options of a FIDES LangChain model (shared by FidesLLM and ChatFides)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, protected_namespaces=())
+
+    decoder: FidesDecoder | None = Field(default=None, exclude=True)
+    """A ready FidesDecoder (share one between several LangChain objects to load the model once)."""
+    model: Any = Field(default=None, exclude=True)
+    """A Hugging Face causal LM to wrap (with `tokenizer`), when no decoder is given."""
+    tokenizer: Any = Field(default=None, exclude=True)
+    """The tokenizer of `model`."""
+    model_id: str | None = None
+    """Bundled alias (gemma3-270m, smollm2-135m-instruct), hub id or local path; loaded when no decoder/model is given."""
+    method: str = "fides"
+    """Decoding method: fides (default), standard, cad, adacad, or any registered contrast rule."""
+    fides_config: FidesConfig | None = None
+    """FIDES constants (weights, lambda_, alpha_min, ...); None uses the decoder's config."""
+    max_new_tokens: int = 128
+    """Most tokens to generate per call."""
+    max_tokens: int | None = None
+    """LangChain's standard name for max_new_tokens; wins when set."""
+    do_sample: bool = False
+    """Sample instead of greedy decoding."""
+    temperature: float | None = None
+    """Sampling temperature (0 means greedy; only used with do_sample=True)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (only with do_sample=True)."""
+    top_k: int = 0
+    """Top-k sampling (0 disables; only with do_sample=True)."""
+    seed: int | None = None
+    """Seed of the sampler (only with do_sample=True)."""
+    stop: list[str] | None = None
+    """Stop strings of any token length; the answer is cut before the first one."""
+    apply_chat_template: bool | None = None
+    """Wrap raw LangChain prompts in the tokenizer's chat template (None: when the tokenizer has one)."""
+
+    @model_validator(mode="after")
+    def _setup(self) -> Any:
+        if self.method not in available_methods():
+            raise ValueError(f"unknown method {self.method!r}; available methods: {', '.join(available_methods())}")
+        if self.decoder is None:
+            if self.model is not None and self.tokenizer is not None:
+                model, tokenizer = self.model, self.tokenizer
+            elif self.model_id is not None:
+                model, tokenizer = load_model(self.model_id)
+            else:
+                raise ValueError("give a decoder=FidesDecoder(...), a model= and tokenizer=, or a model_id= to load")
+            self.decoder = FidesDecoder(model, tokenizer, method=self.method, config=self.fides_config, max_new_tokens=self.max_new_tokens)
+        if not isinstance(self.decoder, FidesDecoder):
+            raise TypeError(f"decoder must be a FidesDecoder, got {type(self.decoder).__name__}")
+        self._max_new(self.max_tokens if self.max_tokens is not None else self.max_new_tokens)
+        return self
+
+    @classmethod
+    def from_model_id(cls, model_id: str, *, device: str = "auto", dtype: Any = None, **kwargs: Any) -> Any:
+        """Load `model_id` (cached by fides_rag.load_model) and wrap it; kwargs are this class's fields."""
+        model, tokenizer = load_model(model_id, device=device, dtype=dtype)
+        decoder = FidesDecoder(
+            model, tokenizer, method=kwargs.get("method", "fides"), config=kwargs.get("fides_config"), max_new_tokens=kwargs.get("max_new_tokens", 128)
+        )
+        return cls(decoder=decoder, model_id=model_id, **kwargs)
+
+    # -- options ------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _max_new(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {value!r}")
+        return value
+
+    def _fides_params(self) -> dict[str, Any]:
+        return {
+            "model_id": self.model_id,
+            "method": self.method,
+            "fides_config": None if self.fides_config is None else repr(self.fides_config),
+            "max_new_tokens": self.max_tokens if self.max_tokens is not None else self.max_new_tokens,
+            "do_sample": self.do_sample,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "seed": self.seed,
+            "stop": self.stop,
+        }
+
+    def _options(self, stop: Sequence[str] | None, kwargs: dict[str, Any]) -> CallOptions:
+        unknown = sorted(k for k in kwargs if k not in CALL_OPTIONS and not k.startswith("ls_") and k != "model")
+        if unknown:
+            raise TypeError(f"{type(self).__name__} got unsupported call options {unknown}; supported: {sorted(CALL_OPTIONS)}")
+        method = kwargs.get("method", self.method)
+        config = kwargs.get("fides_config", self.fides_config)
+        if config is not None and not isinstance(config, FidesConfig):
+            raise TypeError(f"fides_config must be a FidesConfig, got {type(config).__name__}")
+        requested = method if isinstance(method, str) else getattr(method, "name", type(method).__name__)
+        if method == "fides" and config is not None:
+            method = FidesRule(config)
+        max_new = kwargs.get("max_tokens", kwargs.get("max_new_tokens"))
+        if max_new is None:
+            max_new = self.max_tokens if self.max_tokens is not None else self.max_new_tokens
+        do_sample = bool(kwargs.get("do_sample", self.do_sample))
+        temperature = kwargs.get("temperature", self.temperature)
+        generation: dict[str, Any] = {}
+        if temperature == 0:
+            do_sample = False
+        if do_sample:
+            generation = {
+                "do_sample": True,
+                "temperature": 1.0 if temperature is None else float(temperature),
+                "top_p": kwargs.get("top_p", self.top_p),
+                "top_k": kwargs.get("top_k", self.top_k),
+                "seed": kwargs.get("seed", self.seed),
+            }
+        stops = [s for s in [*(self.stop or []), *(stop or [])] if isinstance(s, str) and s]
+        return CallOptions(method, requested, self._max_new(max_new), generation, list(dict.fromkeys(stops)))
+
+    # -- prompts ------------------------------------------------------------------------------------
+
+    @property
+    def _dec(self) -> FidesDecoder:
+        assert self.decoder is not None
+        return self.decoder
+
+    def _uses_chat_template(self) -> bool:
+        has = bool(getattr(self._dec.tokenizer, "chat_template", None))
+        return has if self.apply_chat_template is None else bool(self.apply_chat_template and has)
+
+    def _strip_bos(self, text: str) -> str:
+        """Drop a BOS the chat template wrote when the tokenizer adds one itself (the core tokenises raw prompts with special tokens)."""
+        tok = self._dec.tokenizer
+        bos = getattr(tok, "bos_token", None)
+        if bos and text.startswith(bos):
+            ids = tok("a")["input_ids"]
+            if ids and ids[0] == tok.bos_token_id:
+                return text[len(bos) :]
+        return text
+
+    def _render_messages(self, messages: list[tuple[str, str]]) -> str:
+        messages = [(r, c) for r, c in messages if c.strip()] or messages[-1:]
+        if self._uses_chat_template():
+            rendered = self._dec.tokenizer.apply_chat_template(
+                [{"role": r, "content": c} for r, c in messages], tokenize=False, add_generation_prompt=True
+            )
+            return self._strip_bos(rendered)
+        if len(messages) == 1 and messages[0][0] == "user":
+            return messages[0][1]
+        return "\n".join(f"{r.capitalize()}: {c}" for r, c in messages) + "\nAssistant:"
+
+    def _n_tokens(self, text: str) -> int:
+        return len(self._dec.tokenizer(text)["input_ids"])
+
+    def _prompt_plan(
+        self, messages: list[tuple[str, str]], texts: list[str], source: str, max_new: int, *, drop_in_no_context: Sequence[int] = ()
+    ) -> Plan:
+        """Context path: the messages as given; no-context path: the same with every document text removed.
+
+        Documents are trimmed (longest first) when the context path would not fit the window.
+        """
+
+        def render(repl: dict[str, str]) -> tuple[str, str]:
+            ctx, noctx = [], []
+            for i, (role, content) in enumerate(messages):
+                c, n = content, content
+                for t in texts:
+                    c = c.replace(t, repl.get(t, t))
+                    n = n.replace(t, "")
+                ctx.append((role, c))
+                if i not in drop_in_no_context:
+                    noctx.append((role, n))
+            return self._render_messages(ctx), self._render_messages(noctx)
+
+        ctx, noctx = render({})
+        plan = Plan("prompts", source, documents=list(texts), context_prompt=ctx, no_context_prompt=noctx)
+        budget = self._dec.context_window - max_new
+        n = self._n_tokens(ctx)
+        if n <= budget:
+            return plan
+        tok = self._dec.tokenizer
+        ids = {t: tok(t, add_special_tokens=False)["input_ids"] for t in texts}
+        keep = {t: len(i) for t, i in ids.items()}
+        before = sum(keep.values())
+        repl: dict[str, str] = {}
+        for _ in range(50):
+            over = n - budget
+            if over <= 0:
+                break
+            longest = max(keep, key=keep.__getitem__)
+            if keep[longest] == 0:
+                raise ValueError(
+                    f"the prompt without its documents does not fit the context window ({self._dec.context_window} tokens "
+                    f"with max_new_tokens={max_new}); shorten the prompt or lower max_new_tokens"
+                )
+            keep[longest] = max(0, keep[longest] - over - 1)
+            repl[longest] = tok.decode(ids[longest][: keep[longest]], skip_special_tokens=True)
+            ctx, noctx = render(repl)
+            n = self._n_tokens(ctx)
+        note = (
+            f"documents trimmed from {before} to {sum(keep.values())} tokens so that the prompt plus "
+            f"max_new_tokens={max_new} fits the context window of {self._dec.context_window}"
+        )
+        logger.warning(note)
+        plan.context_prompt, plan.no_context_prompt = ctx, noctx
+        plan.notes.append(note)
+        plan.trimmed, plan.document_tokens = True, (before, sum(keep.values()))
+        return plan
+
+    def _plain_plan(self, messages: list[tuple[str, str]], why: str) -> Plan:
+        note = f"{why}: decoded with 'standard' on the prompt as given"
+        logger.warning(note)
+        prompt = self._render_messages(messages)
+        return Plan("prompts", "none", context_prompt=prompt, no_context_prompt=prompt, method="standard", notes=[note])
+
+    # -- decoding -----------------------------------------------------------------------------------
+
+    def _decode(self, plan: Plan, opts: CallOptions) -> GenerationResult:
+        method = plan.method or opts.method
+        common = dict(method=method, max_new_tokens=opts.max_new_tokens, stop=opts.stop, **opts.generation)
+        if plan.kind == "template":
+            return self._dec.generate(plan.question or "", plan.documents, **common)
+        return self._dec.generate_from_prompts(plan.context_prompt or "", plan.no_context_prompt or "", **common)
+
+    def _decode_stream(self, plan: Plan, opts: CallOptions) -> Iterator[str | GenerationResult]:
+        """Text deltas, then the GenerationResult as the last item."""
+        method = plan.method or opts.method
+        common = dict(method=method, max_new_tokens=opts.max_new_tokens, stop=opts.stop, **opts.generation)
+        if plan.kind == "template":
+            stream = self._dec.stream(plan.question or "", plan.documents, **common)
+        else:
+            stream = self._dec.stream_from_prompts(plan.context_prompt or "", plan.no_context_prompt or "", **common)
+        try:
+            yield from stream
+        finally:
+            stream.close()
+        assert stream.result is not None
+        yield stream.result
+
+    def _metadata(self, plan: Plan, opts: CallOptions, result: GenerationResult) -> dict[str, Any]:
+        notes = list(dict.fromkeys([*plan.notes, *result.notes]))
+        return {
+            "model_name": self.model_id or type(self._dec.model).__name__,
+            "method": result.method,
+            "requested_method": opts.requested,
+            "finish_reason": result.finish_reason,
+            "alphas": result.alphas,
+            "steps": [s.to_dict() for s in result.steps],
+            "notes": notes,
+            "documents_source": plan.source,
+            "num_documents": len(plan.documents),
+            "documents_trimmed": plan.trimmed or result.documents_trimmed,
+            "document_tokens": plan.document_tokens or result.document_tokens,
+            "context_prompt": result.context_prompt,
+            "no_context_prompt": result.no_context_prompt,
+            "prompt_tokens": result.prompt_tokens,
+            "completion_tokens": len(result.token_ids),
+        }
+
+
+_DONE = object()
+
+
+async def iterate_in_thread(factory: Callable[[], Iterator[Any]]) -> AsyncIterator[Any]:
+    """Run a blocking iterator in a worker thread and hand its items to the event loop through a queue."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    cancelled = threading.Event()
+
+    def put(kind: str, item: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, (kind, item))
+        except RuntimeError:  # the loop closed while we were decoding
+            pass
+
+    def worker() -> None:
+        try:
+            iterator = factory()
+            try:
+                for item in iterator:
+                    if cancelled.is_set():
+                        break
+                    put("item", item)
+            finally:
+                close = getattr(iterator, "close", None)
+                if close is not None:
+                    close()
+        except BaseException as err:  # noqa: BLE001 - re-raised in the consumer
+            put("error", err)
+        else:
+            put("done", _DONE)
+
+    threading.Thread(target=worker, name="fides-astream", daemon=True).start()
+    try:
+        while True:
+            kind, item = await queue.get()
+            if kind == "item":
+                yield item
+            elif kind == "error":
+                raise item
+            else:
+                return
+    finally:
+        cancelled.set()

@@ -1,0 +1,175 @@
+"""ChatFides: a LangChain chat model that decodes with FIDES, taking the documents from the messages."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+from uuid import UUID
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel
+from langchain_core.language_models.base import LangSmithParams
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ChatMessage, HumanMessage, SystemMessage
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+
+from fides_rag import GenerationResult
+from fides_rag.prompts import PromptTemplate, document_texts
+from langchain_fides._base import CallOptions, FidesParams, Plan, iterate_in_thread
+from langchain_fides._discovery import model_parent_var, recorder
+
+_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "user", "function": "user"}
+
+
+def _role(message: BaseMessage) -> str:
+    if isinstance(message, ChatMessage):
+        return {"human": "user", "ai": "assistant"}.get(message.role, message.role)
+    return _ROLES.get(message.type, "user")
+
+
+class ChatFides(FidesParams, BaseChatModel):
+    """FIDES dual-path contrastive decoding as a LangChain chat model.
+
+    The question is the last human message. The documents (first that applies): `documents=` given to
+    invoke/.bind; `additional_kwargs["documents"]` on a message; documents retrieved earlier in the same
+    chain run whose texts occur in the messages; with `system_message_as_context`, the system messages
+    (as in LangChain's RAG tutorials, which put the retrieved context there). Context path: the
+    conversation as given (documents that are not in it yet go into a leading system message, or, for a
+    single question, fides-rag's own template); no-context path: the same with the document texts removed.
+
+    >>> chat = ChatFides.from_model_id("smollm2-135m-instruct", max_new_tokens=32)
+    >>> chat.invoke([("system", "Context: The Eiffel Tower is in Rome."), ("human", "Where is the Eiffel Tower?")])
+    """
+
+    system_message_as_context: bool = True
+    """Treat system messages as the retrieved context when no documents were found otherwise."""
+    documents_instruction: str = "Use the following documents to answer the question."
+    """Heading of the system message that carries documents not already in the conversation."""
+    timeout: float | None = None
+    """Accepted for LangChain's standard parameters; local decoding has no timeout."""
+    max_retries: int | None = None
+    """Accepted for LangChain's standard parameters; local decoding is not retried."""
+
+    @property
+    def _llm_type(self) -> str:
+        return "fides-chat"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {**self._fides_params(), "system_message_as_context": self.system_message_as_context}
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = LangSmithParams(
+            ls_provider="fides",
+            ls_model_name=kwargs.get("model") or self.model_id or type(self._dec.model).__name__,
+            ls_model_type="chat",
+            ls_max_tokens=kwargs.get("max_tokens", self.max_tokens if self.max_tokens is not None else self.max_new_tokens),
+        )
+        temperature = kwargs.get("temperature", self.temperature)
+        if temperature is not None:
+            params["ls_temperature"] = float(temperature)
+        stops = stop or self.stop
+        if stops:
+            params["ls_stop"] = list(stops)
+        return params
+
+    # -- plan ---------------------------------------------------------------------------------------
+
+    def _plan(self, messages: list[BaseMessage], kwargs: dict[str, Any], parent_run_id: UUID | None, max_new: int) -> Plan:
+        humans = [i for i, m in enumerate(messages) if isinstance(m, HumanMessage) or (isinstance(m, ChatMessage) and m.role in ("user", "human"))]
+        if not humans:
+            raise ValueError(
+                f"ChatFides needs a human message (the question); got {[type(m).__name__ for m in messages]}"
+            )
+        turns = [(_role(m), m.text) for m in messages]
+        last = messages[humans[-1]]
+        question = last.text
+        documents, source, fides_question = kwargs.get("documents"), "documents", None
+        if documents is None:
+            for m in reversed(messages):
+                if m.additional_kwargs.get("documents") is not None:
+                    documents, source = m.additional_kwargs["documents"], "message"
+                    fides_question = m.additional_kwargs.get("fides_question") if m is last else None
+                    break
+        single = len(messages) == 1
+        if documents is not None:
+            texts = document_texts(documents)
+            if not texts:
+                return self._plain_plan(turns, "the documents given were empty")
+            if single and fides_question:
+                return Plan("template", "prompt_value", question=fides_question, documents=texts)
+            if all(any(t in c for _, c in turns) for t in texts):
+                return self._prompt_plan(turns, texts, source, max_new)
+            if single:
+                return Plan("template", source, question=question, documents=texts)
+            block = PromptTemplate().document_block(texts)
+            turns = [("system", f"{self.documents_instruction}\n{block}"), *turns]
+            return self._prompt_plan(turns, texts, source, max_new, drop_in_no_context=(0,))
+        found = recorder.documents_for(parent_run_id, [c for _, c in turns])
+        if found:
+            return self._prompt_plan(turns, [d.page_content for d in found], "retriever", max_new)
+        if self.system_message_as_context:
+            systems = [i for i, m in enumerate(messages) if isinstance(m, SystemMessage) and m.text.strip()]
+            if systems:
+                return self._prompt_plan(turns, [turns[i][1] for i in systems], "system_message", max_new, drop_in_no_context=systems)
+        return self._plain_plan(turns, "no documents were given, attached or retrieved in this run")
+
+    # -- hooks ----------------------------------------------------------------------------------------
+
+    def _message_extras(self, plan: Plan, opts: CallOptions, result: GenerationResult) -> tuple[dict[str, Any], UsageMetadata]:
+        meta = self._metadata(plan, opts, result)
+        usage = UsageMetadata(
+            input_tokens=result.prompt_tokens,
+            output_tokens=len(result.token_ids),
+            total_tokens=result.prompt_tokens + len(result.token_ids),
+        )
+        return meta, usage
+
+    def _generate_one(self, messages: list[BaseMessage], stop: list[str] | None, parent: UUID | None, kwargs: dict[str, Any]) -> ChatResult:
+        opts = self._options(stop, kwargs)
+        plan = self._plan(messages, kwargs, parent, opts.max_new_tokens)
+        result = self._decode(plan, opts)
+        meta, usage = self._message_extras(plan, opts, result)
+        message = AIMessage(content=result.text, response_metadata=meta, usage_metadata=usage)
+        return ChatResult(generations=[ChatGeneration(message=message, generation_info=meta)], llm_output={"model_name": meta["model_name"]})
+
+    def _generate(
+        self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any
+    ) -> ChatResult:
+        return self._generate_one(messages, stop, run_manager.parent_run_id if run_manager else None, kwargs)
+
+    async def _agenerate(
+        self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any
+    ) -> ChatResult:
+        parent = run_manager.parent_run_id if run_manager else None
+        return await asyncio.to_thread(self._generate_one, messages, stop, parent, kwargs)
+
+    def _stream_items(self, messages: list[BaseMessage], stop: list[str] | None, parent: UUID | None, kwargs: dict[str, Any]) -> Iterator[ChatGenerationChunk]:
+        opts = self._options(stop, kwargs)
+        plan = self._plan(messages, kwargs, parent, opts.max_new_tokens)
+        for item in self._decode_stream(plan, opts):
+            if isinstance(item, GenerationResult):
+                meta, usage = self._message_extras(plan, opts, item)
+                chunk = AIMessageChunk(content="", response_metadata=meta, usage_metadata=usage, chunk_position="last")
+                yield ChatGenerationChunk(message=chunk, generation_info=meta)
+            else:
+                yield ChatGenerationChunk(message=AIMessageChunk(content=item))
+
+    def _stream(
+        self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any
+    ) -> Iterator[ChatGenerationChunk]:
+        parent = run_manager.parent_run_id if run_manager else model_parent_var.get()
+        for chunk in self._stream_items(messages, stop, parent, kwargs):
+            if run_manager and chunk.text:
+                run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+            yield chunk
+
+    async def _astream(
+        self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        parent = run_manager.parent_run_id if run_manager else model_parent_var.get()
+        async for chunk in iterate_in_thread(lambda: self._stream_items(messages, stop, parent, kwargs)):
+            if run_manager and chunk.text:
+                await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+            yield chunk

