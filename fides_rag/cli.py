@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from fides_rag.config import FidesConfig
 from fides_rag.decoder import FidesDecoder
@@ -39,6 +40,35 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--device", default="auto")
     generate.add_argument("--steps", action="store_true", help="print the per-token alpha and signal table")
     generate.add_argument("--json", action="store_true", help="print results as JSON lines")
+    bench = commands.add_parser("bench", help="latency, time split, context growth and throughput, side by side")
+    bench.add_argument("--models", default="gemma3-270m,smollm2-135m-instruct", help="comma-separated models")
+    bench.add_argument("--sections", default="latency,split,context,throughput")
+    bench.add_argument("--data", help="NQ-Swap parquet/jsonl (default: $FIDES_RAG_DATA or ../shared/data)")
+    bench.add_argument("--samples", type=int, default=20)
+    bench.add_argument("--warmup", type=int, default=3)
+    bench.add_argument("--new-tokens", type=int, default=64)
+    bench.add_argument("--device", default="auto")
+    bench.add_argument("--out", default="runs/bench.json", help="JSON report, rewritten after every section")
+    evaluate = commands.add_parser("eval", help="score methods on a QA dataset (CF, EM, F1, memorisation, accuracy) with significance")
+    evaluate.add_argument("--model", default=DEFAULT_MODEL, help="bundled alias, hub id, local folder or .gguf file")
+    evaluate.add_argument("--dataset", default="nq-swap", help="nq-swap, nq-swap-original, nq-swap-both, nq-open, popqa or jsonl")
+    evaluate.add_argument("--data", help="dataset file (or pminervini/NQ-Swap); default: $FIDES_RAG_DATA or ../shared/data")
+    evaluate.add_argument("--passages", help="PopQA passages file (default: beside --data)")
+    evaluate.add_argument("--methods", type=_methods, default=["standard", "cad", "adacad", "fides"], help="comma-separated")
+    evaluate.add_argument("--limit", type=int, help="first N examples")
+    evaluate.add_argument("--out", required=True, help="run folder (rerun with the same folder to resume)")
+    evaluate.add_argument("--batch-size", type=int, default=8)
+    evaluate.add_argument("--config", help="a FidesConfig JSON file (used by fides and the ablations)")
+    evaluate.add_argument("--ablations", action="store_true", help="add FIDES without each signal, opposition only, fixed alpha 1.0")
+    evaluate.add_argument("--max-new-tokens", type=int, default=32)
+    evaluate.add_argument("--bootstrap", type=int, default=1000, help="paired bootstrap resamples")
+    evaluate.add_argument("--device", default="auto")
+    evaluate.add_argument("--analyze", action="store_true", help="run the analyses on the finished run")
+    evaluate.add_argument("--no-progress", action="store_true")
+    analyze = commands.add_parser("analyze", help="token selectivity, conflict severity, non-conflict control and a trace of a run")
+    analyze.add_argument("run_dir")
+    analyze.add_argument("--method", help="method of the trace (default fides)")
+    analyze.add_argument("--example", help="example id of the trace (default: the first conflict answer with answer tokens)")
     return parser
 
 
@@ -47,6 +77,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "methods":
         print("\n".join(available_methods()))
         return 0
+    if args.command == "bench":
+        from fides_rag.eval.bench import run_bench
+
+        run_bench(
+            [m for m in args.models.split(",") if m], [s for s in args.sections.split(",") if s], data=args.data,
+            samples=args.samples, warmup=args.warmup, new_tokens=args.new_tokens, device=args.device, out=args.out,
+        )
+        print(f"\nJSON report: {args.out}")
+        return 0
+    if args.command == "eval":
+        return _eval(args)
+    if args.command == "analyze":
+        return _analyze(args.run_dir, args.method, args.example)
     config = FidesConfig.from_file(args.config) if args.config else FidesConfig()
     decoder = FidesDecoder.from_pretrained(args.model, device=args.device, config=config)
     for method in args.methods:
@@ -59,6 +102,35 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{'':>10}note: {note}")
         if args.steps:
             print(step_table(result), end="\n\n")
+    return 0
+
+
+def _analyze(run_dir: str, method: str | None = None, example: str | None = None) -> int:
+    from fides_rag.eval.analysis import ANALYSIS_DIR, run_analyses
+
+    report = run_analyses(run_dir, method=method, example_id=example)
+    for label, sel in report["token_selectivity"]["methods"].items():
+        means = ", ".join(f"{c} {v:.3f}" for c, v in sel["mean_alpha"].items() if v is not None)
+        auroc = sel["auroc_answer_vs_rest"]
+        print(f"selectivity {label}: {means}; AUROC {'–' if auroc is None else f'{auroc:.3f}'}")
+    print(f"analyses written to {run_dir}/{ANALYSIS_DIR}/")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from fides_rag.eval.datasets import load_examples
+    from fides_rag.eval.harness import RESULTS_MD, build_methods, run_eval
+
+    config = FidesConfig.from_file(args.config) if args.config else FidesConfig()
+    examples = load_examples(args.dataset, args.data, limit=args.limit, passages=args.passages)
+    methods = build_methods(args.methods, config, ablations=args.ablations)
+    decoder = FidesDecoder.from_pretrained(args.model, device=args.device, config=config)
+    info = {"model": args.model, "dataset": args.dataset, "data": args.data, "config": config.to_dict()}
+    run_eval(decoder, examples, methods, args.out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+             run_info=info, progress=not args.no_progress, bootstrap_samples=args.bootstrap)
+    print((Path(args.out) / RESULTS_MD).read_text())
+    if args.analyze:
+        _analyze(args.out)
     return 0
 
 

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from transformers import (
     LogitsProcessorList,
+    MinNewTokensLengthLogitsProcessor,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     StoppingCriteriaList,
@@ -47,6 +49,8 @@ class GenerationSettings:
     """Per-call generation controls (validated)."""
 
     max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    """EOS is suppressed until this many tokens exist (transformers' semantics; used to force full length)."""
     do_sample: bool = False
     temperature: float = 1.0
     top_p: float = 1.0
@@ -59,6 +63,8 @@ class GenerationSettings:
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if not isinstance(self.min_new_tokens, int) or not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(f"min_new_tokens must be an integer in [0, max_new_tokens], got {self.min_new_tokens!r}")
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0 (use do_sample=False for greedy), got {self.temperature!r}")
         if not 0 < self.top_p <= 1:
@@ -70,8 +76,11 @@ class GenerationSettings:
         if not self.do_sample and (self.temperature != 1.0 or self.top_p != 1.0 or self.top_k != 0):
             warnings.warn("temperature/top_p/top_k have no effect with greedy decoding; pass do_sample=True to sample", stacklevel=4)
 
-    def warpers(self) -> LogitsProcessorList:
-        processors = LogitsProcessorList(self.logits_processor or [])
+    def warpers(self, prompt_width: int, eos_token_ids: set[int]) -> LogitsProcessorList:
+        processors = LogitsProcessorList()
+        if self.min_new_tokens > 0 and eos_token_ids:
+            processors.append(MinNewTokensLengthLogitsProcessor(prompt_width, self.min_new_tokens, sorted(eos_token_ids)))
+        processors.extend(self.logits_processor or [])
         if self.do_sample:
             if self.temperature != 1.0:
                 processors.append(TemperatureLogitsWarper(self.temperature))
@@ -134,6 +143,47 @@ def _held_back_suffix(text: str, stops: Sequence[str]) -> int:
     return longest
 
 
+def _left_padded(sequences: Sequence[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_ids and attention_mask [N, T] for left-padded sequences."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long, device=device)
+    for i, seq in enumerate(sequences):
+        ids[i, width - len(seq) :] = torch.tensor(seq, dtype=torch.long, device=device)
+        mask[i, width - len(seq) :] = 1
+    return ids, mask
+
+
+def _pad_left(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    missing = length - tensor.shape[dim]
+    if missing <= 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+def _mergeable(cache: Any) -> bool:
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers)
+
+
+def _merge_caches(first: Any, second: Any) -> Any:
+    """Stack two left-padded KV caches along the batch, left-padding the shorter one's stored keys (into `first`).
+
+    Sliding-window layers store only their last window-1 positions and count every position seen; the merged
+    layer counts the longer history, and the padded slots fall on positions the attention mask hides.
+    """
+    for a, b in zip(first.layers, second.layers):
+        length = max(a.keys.shape[-2], b.keys.shape[-2])
+        a.keys = torch.cat([_pad_left(a.keys, length, -2), _pad_left(b.keys, length, -2)], dim=0)
+        a.values = torch.cat([_pad_left(a.values, length, -2), _pad_left(b.values, length, -2)], dim=0)
+        if isinstance(a, DynamicSlidingWindowLayer):
+            a.cumulative_length = max(a.cumulative_length, b.cumulative_length)
+    return first
+
+
+
 class TextStream(Iterator[str]):
     """Text deltas of one generation; after exhaustion `result` holds the full GenerationResult."""
 
@@ -171,6 +221,7 @@ class FidesDecoder:
         prompt_template: PromptTemplate | None = None,
         use_chat_template: bool | None = None,
         max_new_tokens: int = 128,
+        split_prefill: bool = True,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -188,6 +239,8 @@ class FidesDecoder:
         self.max_new_tokens = max_new_tokens
         self.eos_token_ids = self._collect_eos_ids()
         self.context_window = self._context_window()
+        self.split_prefill = split_prefill
+        """Encode each path's prompt in its own forward (exact; saves the no-context path's padding)."""
         self._lock = threading.RLock()
 
     @classmethod
@@ -555,17 +608,14 @@ class FidesDecoder:
         any_two_path = any(rule.needs_no_context for rule in rules)
 
         # Prefill rows: [ctx_1 .. ctx_B, noctx_1 .. noctx_B], shared by every lane (method).
-        sequences = [e.context_ids for e in examples] + ([e.no_context_ids for e in examples] if any_two_path else [])
-        width = max(len(s) for s in sequences)
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        step_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long, device=device)
-        attention_mask = torch.zeros((len(sequences), width), dtype=torch.long, device=device)
-        for i, seq in enumerate(sequences):  # left padding
-            step_ids[i, width - len(seq) :] = torch.tensor(seq, dtype=torch.long, device=device)
-            attention_mask[i, width - len(seq) :] = 1
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)  # [R, T], real tokens count from 0
-        prompt_ids = step_ids[:batch]  # [B, T], what logits processors see before the generated tokens
-
+        ctx_ids, ctx_mask = _left_padded([e.context_ids for e in examples], pad_id, device)  # [B, Tc]
+        groups = [(ctx_ids, ctx_mask)]
+        if any_two_path:
+            groups.append(_left_padded([e.no_context_ids for e in examples], pad_id, device))  # [B, Tn]
+        width = max(ids.shape[1] for ids, _ in groups)
+        prompt_ids = ctx_ids  # [B, Tc], what logits processors see before the generated tokens
+        prompt_width = ctx_ids.shape[1]
         units = [
             [
                 _Unit(
@@ -595,16 +645,18 @@ class FidesDecoder:
             return hook
 
         handles = [anatomy.layers[l - 1].register_forward_hook(capture(l)) for l in sorted(hooked)]
-        processors = settings.warpers()
-        cache = None
+        processors = settings.warpers(prompt_width, self.eos_token_ids)
         try:
             for step in range(settings.max_new_tokens):
-                out = anatomy.backbone(
-                    input_ids=step_ids, attention_mask=attention_mask, position_ids=position_ids,
-                    past_key_values=cache, use_cache=True,
-                )
-                cache = out.past_key_values
-                num_rows = step_ids.shape[0]
+                if step == 0:
+                    last_hidden, cache, attention_mask, position_ids = self._prefill(groups, width, captured)
+                else:
+                    out = anatomy.backbone(
+                        input_ids=step_ids, attention_mask=attention_mask, position_ids=position_ids,
+                        past_key_values=cache, use_cache=True,
+                    )
+                    cache, last_hidden = out.past_key_values, out.last_hidden_state[:, -1, :]  # [R, H]
+                num_rows = last_hidden.shape[0]
                 active = [[u for u in lane if u.finish_reason is None] for lane in units]
 
                 # One head matmul: final states of all rows, then logit-lens rows (each (layer, row) once).
@@ -613,7 +665,7 @@ class FidesDecoder:
                     for layer in lens_by_lane[lane]:
                         lens_rows.setdefault(layer, [])
                         lens_rows[layer] += [u.ctx_row for u in lane_units if u.ctx_row not in lens_rows[layer]]
-                head_inputs = [out.last_hidden_state[:, -1, :]]  # [R, H], already final-normed
+                head_inputs = [last_hidden]  # [R, H], already final-normed
                 lens_position: dict[tuple[int, int], int] = {}
                 offset = num_rows
                 for layer, rows in lens_rows.items():
@@ -663,6 +715,42 @@ class FidesDecoder:
         finally:
             for handle in handles:
                 handle.remove()
+
+    def _joint_prefill(
+        self, groups: list[tuple[torch.Tensor, torch.Tensor]], width: int
+    ) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
+        ids = torch.cat([_pad_left(i, width, 1) for i, _ in groups])
+        mask = torch.cat([_pad_left(m, width, 1) for _, m in groups])
+        positions = (mask.cumsum(-1) - 1).clamp_min(0)  # [R, T], real tokens count from 0
+        out = self.anatomy.backbone(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        return out.last_hidden_state[:, -1, :], out.past_key_values, mask, positions[:, -1:]
+
+    def _prefill(
+        self, groups: list[tuple[torch.Tensor, torch.Tensor]], width: int, captured: dict[int, torch.Tensor]
+    ) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
+        """Encode the prompts of all paths; return last hidden states, the KV cache, the attention mask and
+        the last position of every row.
+
+        With `split_prefill`, each path is encoded in its own forward (padded only to its own longest prompt,
+        so the short no-context prompt costs its own length, not the documents') and the caches are merged;
+        otherwise all rows go through one forward padded to the longest prompt. Both give the same states.
+        """
+        if not self.split_prefill or len(groups) == 1:
+            return self._joint_prefill(groups, width)
+        outputs, captures = [], []
+        for ids, mask in groups:
+            positions = (mask.cumsum(-1) - 1).clamp_min(0)  # real tokens count from 0
+            outputs.append(self.anatomy.backbone(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True))
+            captures.append(dict(captured))
+        caches = [o.past_key_values for o in outputs]
+        if not all(_mergeable(c) for c in caches):  # a cache layout we cannot merge: encode again, jointly
+            return self._joint_prefill(groups, width)
+        for layer in captured:
+            captured[layer] = torch.cat([c[layer] for c in captures])
+        mask = torch.cat([_pad_left(m, width, 1) for _, m in groups])
+        last_positions = torch.cat([m.sum(-1, keepdim=True) - 1 for _, m in groups])
+        last_hidden = torch.cat([o.last_hidden_state[:, -1, :] for o in outputs])
+        return last_hidden, _merge_caches(caches[0], caches[1]), mask, last_positions
 
     def _advance_lane(
         self,

@@ -159,25 +159,52 @@ def test_cad_alpha_zero_equals_standard(tiny_llama, tokenizer):
 
 
 class ForwardCounter:
+    """Records (rows, width) of every backbone forward."""
+
     def __init__(self, module):
-        self.batch_sizes: list[int] = []
+        self.calls: list[tuple[int, int]] = []
         self.handle = module.register_forward_hook(lambda m, args, kwargs, out: self.record(kwargs), with_kwargs=True)
 
     def record(self, kwargs):
-        self.batch_sizes.append(kwargs["input_ids"].shape[0])
+        self.calls.append(tuple(kwargs["input_ids"].shape))
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        return [rows for rows, _ in self.calls]
 
 
-@pytest.mark.parametrize("method, rows_per_example", [("standard", 1), ("cad", 2), ("fides", 2)])
-def test_one_forward_per_step_with_all_paths(tiny_llama, tokenizer, method, rows_per_example):
-    decoder = decoder_for(tiny_llama, tokenizer)
+@pytest.mark.parametrize("split_prefill", [True, False])
+@pytest.mark.parametrize("method, paths", [("standard", 1), ("cad", 2), ("fides", 2)])
+def test_one_forward_per_step_with_all_paths(tiny_llama, tokenizer, method, paths, split_prefill):
+    decoder = decoder_for(tiny_llama, tokenizer, split_prefill=split_prefill)
     counter = ForwardCounter(decoder.anatomy.backbone)
     try:
         results = decoder.generate_batch(QUESTIONS[:3], DOCUMENTS[:3], method=method, max_new_tokens=6, stop=[])
     finally:
         counter.handle.remove()
-    longest = max(len(r.token_ids) for r in results)
-    assert len(counter.batch_sizes) == longest
-    assert set(counter.batch_sizes) == {3 * rows_per_example}
+    assert all(len(r.token_ids) == 6 for r in results)  # nobody finished early, so no row was pruned
+    prefill = [call for call in counter.calls if call[1] > 1]
+    decode = [call for call in counter.calls if call[1] == 1]
+    if split_prefill or paths == 1:
+        assert [rows for rows, _ in prefill] == [3] * paths  # one forward per path over the 3 examples
+    else:
+        assert [rows for rows, _ in prefill] == [3 * paths]
+    assert [rows for rows, _ in decode] == [3 * paths] * 5  # every later step: one forward, all paths, all examples
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gemma3_text", "qwen3"])
+def test_split_prefill_equals_joint_prefill(tiny_models, tokenizer, family):
+    """gemma2/gemma3 have a 16-token sliding window here, shorter than the prompts: their caches merge too."""
+    split = decoder_for(tiny_models[family], tokenizer, split_prefill=True)
+    joint = decoder_for(tiny_models[family], tokenizer, split_prefill=False)
+    for method in ("cad", "fides"):
+        a = split.generate_batch(QUESTIONS, DOCUMENTS, method=method, max_new_tokens=8, stop=[])
+        b = joint.generate_batch(QUESTIONS, DOCUMENTS, method=method, max_new_tokens=8, stop=[])
+        for x, y in zip(a, b):
+            assert x.token_ids == y.token_ids
+            assert x.alphas == pytest.approx(y.alphas, abs=1e-4)
+            assert [s.shift for s in x.steps] == pytest.approx([s.shift for s in y.steps], abs=1e-4)
+            assert [s.noise for s in x.steps] == pytest.approx([s.noise for s in y.steps], abs=1e-4)
 
 
 # -- generation controls -----------------------------------------------------------------------
@@ -343,7 +370,7 @@ def test_no_documents_falls_back_to_standard_and_says_so(tiny_llama, tokenizer, 
     assert result.method == "standard" and result.requested_method == "fides"
     assert result.notes and "no documents" in result.notes[0]
     assert "no documents" in caplog.text
-    assert set(counter.batch_sizes) == {1}
+    assert set(counter.batch_sizes) == {1}  # standard on the question alone: no second path
     assert "Document [" not in result.context_prompt
     mixed = decoder.generate_batch(["Q one?", "Q two?"], [None, ["Lyon is the capital of France."]], method="cad", max_new_tokens=3)
     assert [r.method for r in mixed] == ["standard", "cad"]
@@ -402,18 +429,16 @@ def test_generate_methods_equals_each_method_alone(tiny_models, tokenizer, famil
 def test_generate_methods_prefills_once_and_prunes_finished_rows(tiny_llama, tokenizer):
     decoder = decoder_for(tiny_llama, tokenizer)
     counter = ForwardCounter(decoder.anatomy.backbone)
-    widths = []
-    hook = decoder.anatomy.backbone.register_forward_hook(lambda m, a, kw, o: widths.append(kw["input_ids"].shape[1]), with_kwargs=True)
     try:
         results = decoder.generate_methods(QUESTIONS[:2], DOCUMENTS[:2], ["standard", "cad", "fides"], max_new_tokens=6, stop=[])
     finally:
         counter.handle.remove()
-        hook.remove()
-    assert widths[0] > 1 and all(w == 1 for w in widths[1:])  # exactly one prefill
-    assert counter.batch_sizes[0] == 4  # ctx and no-context rows of 2 examples, shared by 3 methods
-    if len(counter.batch_sizes) > 1:
+    prefill = [rows for rows, width in counter.calls if width > 1]
+    decode = [rows for rows, width in counter.calls if width == 1]
+    assert prefill == [2, 2]  # the ctx and no-context prompts of 2 examples, once, shared by 3 methods
+    if decode:
         still_running = sum((len(r.token_ids) > 1) * (1 if m == "standard" else 2) for m, rs in results.items() for r in rs)
-        assert counter.batch_sizes[1] == still_running  # 2 + 4 + 4 rows when nobody finished at step 0
+        assert decode[0] == still_running  # 2 + 4 + 4 rows when nobody finished at step 0
     with pytest.raises(ValueError, match="repeat a name"):
         decoder.generate_methods(["Q?"], [["d"]], ["cad", get_method("cad", alpha=0.5)])
 

@@ -85,3 +85,18 @@ def test_real_stream_equals_generate(decoder):
     deltas = list(stream)
     assert "".join(deltas) == stream.result.text
     assert stream.result.text == decoder.generate(CONFLICT_QUESTION, [CONFLICT_DOCUMENT], method="fides", max_new_tokens=16).text
+
+
+def test_real_split_prefill_equals_joint_past_the_sliding_window(decoder):
+    """~700 prompt tokens: longer than gemma3's 512-token sliding window, so merged sliding caches are exercised."""
+    filler = " ".join(f"Paragraph {i}: the tower was repainted in year {1900 + i}." for i in range(60))
+    documents = [filler, CONFLICT_DOCUMENT]
+    assert len(decoder.prepare(CONFLICT_QUESTION, documents, 8).context_ids) > 600
+    split = decoder.generate(CONFLICT_QUESTION, documents, method="fides", max_new_tokens=8)
+    decoder.split_prefill = False
+    try:
+        joint = decoder.generate(CONFLICT_QUESTION, documents, method="fides", max_new_tokens=8)
+    finally:
+        decoder.split_prefill = True
+    assert split.token_ids == joint.token_ids
+    assert split.alphas == pytest.approx(joint.alphas, abs=1e-4)

@@ -1,0 +1,1 @@
+"""Evaluation on top of the core: datasets, metrics and benchmarks."""

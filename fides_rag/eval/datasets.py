@@ -1,0 +1,322 @@
+"""Benchmark data as one common example type: question, context passages, context answers, memory answers.
+
+Loaders (all return `list[QAExample]`):
+
+- `load_nq_swap(path_or_hub_id, form)`: NQ-Swap (pminervini/NQ-Swap schema), parquet/jsonl or the hub id.
+  form="conflict": substituted passage + answer, memory answer = original answer;
+  form="original": original passage + answer (the non-conflict control).
+- `load_nq_open(path)`: NQ-open oracle (gold passage(s) = the `ctxs` with `isgold`), non-conflict.
+- `load_popqa(path, passages)`: PopQA long-tail; line i of the passages file belongs to question i.
+- `load_qa_jsonl(path)`: any jsonl with the common fields, so users can bring their own data:
+  `question` (str), `contexts` (list[str] or str), `context_answers` (list[str] or str),
+  `memory_answers` (optional list[str]), `id` (optional).
+
+Bad files raise `DatasetError`, whose message names the file, the line (1-based) and the field.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+DATA_ENV = "FIDES_RAG_DATA"
+NQ_SWAP_HUB_ID = "pminervini/NQ-Swap"
+_TAG = re.compile(r"</?[A-Za-z][A-Za-z0-9]*[^>]*>")
+
+
+@dataclass(frozen=True)
+class QAExample:
+    """One question with the passages given as evidence and the answers each source supports."""
+
+    question: str
+    contexts: tuple[str, ...]
+    context_answers: tuple[str, ...]
+    """Answers supported by the passages (what a faithful reader says)."""
+    memory_answers: tuple[str, ...] = ()
+    """Answers the model may have memorised, when they differ from the passages (conflict form)."""
+    id: str = ""
+    meta: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def is_conflict(self) -> bool:
+        """Conflict form: the passages support an answer that differs from the memorised one."""
+        return bool(self.memory_answers)
+
+
+class DatasetError(ValueError):
+    """A bad dataset file; the message names the file, the line and the field."""
+
+    def __init__(self, path: str | Path, line: int | None, field_name: str | None, problem: str) -> None:
+        where = str(path)
+        if line is not None:
+            where += f", line {line}"
+        if field_name is not None:
+            where += f", field '{field_name}'"
+        super().__init__(f"{where}: {problem}")
+        self.path, self.line, self.field = str(path), line, field_name
+
+
+def data_dir() -> Path:
+    """Benchmark data: $FIDES_RAG_DATA, else ../shared/data beside the repository checkout."""
+    env = os.environ.get(DATA_ENV)
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[3] / "shared" / "data"
+
+
+def strip_html(text: str) -> str:
+    """Drop Natural Questions' HTML-like tags (<P>, <Li>, <Td>, ...) and collapse whitespace."""
+    return " ".join(_TAG.sub(" ", text).split())
+
+
+# -- reading helpers ------------------------------------------------------------------------------
+
+
+def _require_file(path: Path, what: str) -> Path:
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} file not found at {path}; pass a path or set ${DATA_ENV} to the data folder")
+    return path
+
+
+def _open_text(path: Path):
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return path.open(encoding="utf-8")
+
+
+def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(1-based line number, object) for every non-blank line; a bad line raises DatasetError naming it."""
+    path = Path(path)
+    with _open_text(path) as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DatasetError(path, number, None, f"not valid JSON ({err.msg} at column {err.colno})") from None
+            if not isinstance(record, dict):
+                raise DatasetError(path, number, None, f"expected a JSON object, got {type(record).__name__}")
+            yield number, record
+
+
+def _text(record: dict[str, Any], name: str, path: Path, line: int) -> str:
+    if name not in record or record[name] is None:
+        raise DatasetError(path, line, name, "missing")
+    value = record[name]
+    if not isinstance(value, str) or not value.strip():
+        raise DatasetError(path, line, name, f"expected a non-empty string, got {value!r:.80}")
+    return value
+
+
+def _strings(record: dict[str, Any], name: str, path: Path, line: int, *, required: bool = True) -> tuple[str, ...]:
+    """A list of non-empty strings (a single string or a numpy array is accepted too)."""
+    if name not in record or record[name] is None:
+        if required:
+            raise DatasetError(path, line, name, "missing")
+        return ()
+    value = record[name]
+    if isinstance(value, str):
+        value = [value]
+    elif hasattr(value, "tolist"):
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise DatasetError(path, line, name, f"expected a list of strings, got {value!r:.80}")
+    value = tuple(v for v in value if v.strip())
+    if required and not value:
+        raise DatasetError(path, line, name, "empty (needs at least one non-empty string)")
+    return value
+
+
+def _take(records: Iterator[tuple[int, dict[str, Any]]], limit: int | None) -> Iterator[tuple[int, dict[str, Any]]]:
+    for i, item in enumerate(records):
+        if limit is not None and i >= limit:
+            return
+        yield item
+
+
+# -- NQ-Swap --------------------------------------------------------------------------------------
+
+_NQ_SWAP_FIELDS = ("question", "org_context", "org_answer", "sub_context", "sub_answer")
+
+
+def _nq_swap_rows(source: str | Path) -> tuple[Path | str, Iterator[tuple[int, dict[str, Any]]]]:
+    """(name for messages, iterator of (line/row number, record)) from a file or the hub id."""
+    path = Path(source)
+    if path.is_file():
+        if path.suffix == ".parquet":
+            import pandas as pd
+
+            frame = pd.read_parquet(path)
+            missing = [f for f in _NQ_SWAP_FIELDS if f not in frame.columns]
+            if missing:
+                raise DatasetError(path, None, missing[0], f"missing NQ-Swap column(s) {missing}")
+            # Parquet has no lines: rows are numbered from 1 like jsonl lines.
+            return path, ((i + 1, row) for i, row in enumerate(frame.to_dict("records")))
+        return path, iter_jsonl(path)
+    if str(source) == NQ_SWAP_HUB_ID or (isinstance(source, str) and "/" in source and not source.startswith((".", "/")) and not path.suffix):
+        try:
+            import datasets  # noqa: F401  (optional dependency, imported only for hub ids)
+            from datasets import load_dataset
+        except ImportError:
+            raise RuntimeError(
+                f"loading {source!r} from the hub needs the `datasets` package (pip install datasets); "
+                "or pass a local parquet/jsonl file with the NQ-Swap schema"
+            ) from None
+        try:
+            data = load_dataset(str(source), split="dev")
+        except Exception as err:  # no network, unknown id, ...
+            raise RuntimeError(f"could not load {source!r} from the hub ({err}); pass a local parquet/jsonl file instead") from None
+        return str(source), ((i + 1, row) for i, row in enumerate(data))
+    raise FileNotFoundError(f"NQ-Swap file not found at {source}; pass a parquet/jsonl path, the hub id {NQ_SWAP_HUB_ID!r}, or set ${DATA_ENV}")
+
+
+def load_nq_swap(
+    path: str | Path | None = None,
+    form: Literal["conflict", "original", "both"] = "conflict",
+    limit: int | None = None,
+) -> list[QAExample]:
+    """NQ-Swap (pminervini/NQ-Swap schema) from a parquet or jsonl file, or the hub id `pminervini/NQ-Swap`.
+
+    conflict: the substituted passage and answer, memory answer = the original answer (id nq-swap-<row>).
+    original: the original passage and answer, no memory answer (no conflict; id nq-swap-<row>).
+    both: each row twice, ids nq-swap-<row>-c (conflict) and nq-swap-<row>-o (original).
+    HTML-like tags are stripped from the passages. `limit` keeps the first rows.
+    """
+    if form not in ("conflict", "original", "both"):
+        raise ValueError(f"form must be 'conflict', 'original' or 'both', got {form!r}")
+    source = path if path is not None else data_dir() / "nq_swap" / "nq_swap_dev_public.parquet"
+    name, rows = _nq_swap_rows(source)
+    examples = []
+    for line, row in _take(rows, limit):
+        question = _text(row, "question", name, line)
+        org_context, sub_context = _text(row, "org_context", name, line), _text(row, "sub_context", name, line)
+        org_answer, sub_answer = _strings(row, "org_answer", name, line), _strings(row, "sub_answer", name, line)
+        base = f"nq-swap-{line - 1}"
+        conflict = QAExample(question, (strip_html(sub_context),), sub_answer, org_answer, base, {"form": "conflict"})
+        original = QAExample(question, (strip_html(org_context),), org_answer, (), base, {"form": "original"})
+        if form == "conflict":
+            examples.append(conflict)
+        elif form == "original":
+            examples.append(original)
+        else:
+            examples.append(replace(conflict, id=base + "-c"))
+            examples.append(replace(original, id=base + "-o"))
+    return examples
+
+
+# -- NQ-open oracle -------------------------------------------------------------------------------
+
+
+def load_nq_open(path: str | Path | None = None, limit: int | None = None) -> list[QAExample]:
+    """NQ-open oracle (non-conflict control): the `ctxs` marked `isgold` are the passages, `answers` the context answers.
+
+    Passages are "title: text" when a title is present. No memory answers (no conflict). id nq-open-<line-1>.
+    """
+    path = _require_file(Path(path) if path is not None else data_dir() / "nq_open" / "nq-open-oracle.jsonl.gz", "NQ-open oracle")
+    examples = []
+    for line, record in _take(iter_jsonl(path), limit):
+        question = _text(record, "question", path, line)
+        answers = _strings(record, "answers", path, line)
+        ctxs = record.get("ctxs")
+        if not isinstance(ctxs, list) or not ctxs:
+            raise DatasetError(path, line, "ctxs", "missing or not a non-empty list of passages")
+        gold = []
+        for k, ctx in enumerate(ctxs):
+            if not isinstance(ctx, dict) or not isinstance(ctx.get("text"), str):
+                raise DatasetError(path, line, f"ctxs[{k}].text", "missing or not a string")
+            if ctx.get("isgold"):
+                title = ctx.get("title") or ""
+                gold.append(f"{title}: {ctx['text']}" if title else ctx["text"])
+        if not gold:
+            raise DatasetError(path, line, "ctxs[].isgold", "no passage is marked as gold")
+        examples.append(QAExample(question, tuple(strip_html(g) for g in gold), answers, (), f"nq-open-{line - 1}", {"form": "original"}))
+    return examples
+
+
+# -- PopQA long-tail ------------------------------------------------------------------------------
+
+
+def load_popqa(path: str | Path | None = None, passages: str | Path | None = None, limit: int | None = None) -> list[QAExample]:
+    """PopQA long-tail with its retrieved passages: line i of `passages` belongs to question i.
+
+    The context answers are the gold aliases (`answers`); no memory answers. The leading '#' of each
+    passage line is dropped. meta holds `pop`, `prop` and `has_answer` (a gold alias occurs in the passage).
+    """
+    from fides_rag.eval.metrics import normalize_answer
+
+    path = _require_file(Path(path) if path is not None else data_dir() / "popqa" / "popqa_longtail.jsonl", "PopQA")
+    passages = Path(passages) if passages is not None else path.with_name(path.stem + "_passages.txt")
+    _require_file(passages, "PopQA passages")
+    texts = passages.read_text(encoding="utf-8").splitlines()
+    examples = []
+    for index, (line, record) in enumerate(_take(iter_jsonl(path), limit)):
+        question = _text(record, "question", path, line)
+        answers = _strings(record, "answers", path, line)
+        if index >= len(texts):
+            raise DatasetError(passages, index + 1, None, f"the passages file has {len(texts)} lines but {path} has more questions")
+        text = texts[index].lstrip("#").strip()
+        if not text:
+            raise DatasetError(passages, index + 1, None, "empty passage line")
+        norm = normalize_answer(text)
+        has_answer = any(normalize_answer(a) and normalize_answer(a) in norm for a in answers)
+        ident = record.get("id", index)
+        meta = {"form": "original", "pop": record.get("pop"), "prop": record.get("prop"), "has_answer": has_answer}
+        examples.append(QAExample(question, (text,), answers, (), f"popqa-{ident}", meta))
+    return examples
+
+
+# -- user jsonl -----------------------------------------------------------------------------------
+
+
+def load_qa_jsonl(path: str | Path, limit: int | None = None) -> list[QAExample]:
+    """Any jsonl with the common fields: question, contexts, context_answers, memory_answers (optional), id (optional).
+
+    A record with memory answers is a conflict-form sample. Missing ids become <file stem>-<line-1>;
+    repeated ids are an error (resuming a run relies on them).
+    """
+    path = _require_file(Path(path), "QA jsonl")
+    examples, seen = [], {}
+    for line, record in _take(iter_jsonl(path), limit):
+        question = _text(record, "question", path, line)
+        contexts = _strings(record, "contexts", path, line)
+        answers = _strings(record, "context_answers", path, line)
+        memory = _strings(record, "memory_answers", path, line, required=False)
+        ident = record.get("id")
+        ident = f"{path.name.split('.')[0]}-{line - 1}" if ident is None else str(ident)
+        if ident in seen:
+            raise DatasetError(path, line, "id", f"repeats the id {ident!r} of line {seen[ident]}")
+        seen[ident] = line
+        meta = {"form": "conflict" if memory else "original"}
+        examples.append(QAExample(question, contexts, answers, memory, ident, meta))
+    return examples
+
+
+# -- one entry point ------------------------------------------------------------------------------
+
+DATASETS = ("nq-swap", "nq-swap-original", "nq-swap-both", "nq-open", "popqa", "jsonl")
+
+
+def load_examples(name: str, path: str | Path | None = None, *, limit: int | None = None, passages: str | Path | None = None) -> list[QAExample]:
+    """Load a dataset by name (see DATASETS); `path` overrides the default file under data_dir()."""
+    if name == "nq-swap":
+        return load_nq_swap(path, "conflict", limit)
+    if name == "nq-swap-original":
+        return load_nq_swap(path, "original", limit)
+    if name == "nq-swap-both":
+        return load_nq_swap(path, "both", None if limit is None else (limit + 1) // 2)[: limit]
+    if name == "nq-open":
+        return load_nq_open(path, limit)
+    if name == "popqa":
+        return load_popqa(path, passages, limit)
+    if name == "jsonl":
+        if path is None:
+            raise ValueError("dataset 'jsonl' needs --data PATH")
+        return load_qa_jsonl(path, limit)
+    raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")

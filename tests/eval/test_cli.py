@@ -1,0 +1,39 @@
+import json
+
+import pytest
+
+from fides_rag.cli import build_parser, main
+from fides_rag.eval.datasets import data_dir
+
+
+def test_eval_parser_defaults_and_validation():
+    args = build_parser().parse_args(["eval", "--out", "runs/x"])
+    assert args.methods == ["standard", "cad", "adacad", "fides"] and args.batch_size == 8 and args.max_new_tokens == 32
+    assert args.bootstrap == 1000 and not args.ablations
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["eval", "--out", "x", "--methods", "standard,nope"])
+
+
+@pytest.mark.slow
+def test_eval_end_to_end_smollm2(tmp_path, capsys):
+    data = data_dir() / "nq_swap" / "nq_swap_dev_public.parquet"
+    if not data.is_file():
+        pytest.skip("NQ-Swap data not available")
+    out = tmp_path / "run"
+    argv = ["eval", "--model", "smollm2-135m-instruct", "--dataset", "nq-swap", "--data", str(data), "--methods", "standard,fides",
+            "--limit", "4", "--batch-size", "4", "--max-new-tokens", "5", "--out", str(out), "--analyze", "--no-progress", "--device", "cpu"]
+    assert main(argv) == 0
+    lines = (out / "predictions.jsonl").read_text().splitlines()
+    assert len(lines) == 4
+    record = json.loads(lines[0])
+    assert set(record["outputs"]) == {"standard", "fides"}
+    assert all(s.get("alpha") is not None for s in record["outputs"]["fides"]["steps"])
+    results = json.loads((out / "results.json").read_text())
+    assert results["metrics"]["fides"]["n_cf"] == 4
+    assert any(c["a"] == "standard" and c["b"] == "fides" and c["metric"] == "cf" for c in results["significance"])
+    assert "| fides |" in (out / "results.md").read_text() and "| fides |" in capsys.readouterr().out
+    for name in ("token_selectivity.png", "conflict_severity.png", "non_conflict_control.png", "trace.png", "trace.html"):
+        assert (out / "analysis" / name).is_file()
+    # a rerun resumes with nothing left to do and keeps the file as it was
+    assert main(argv) == 0
+    assert (out / "predictions.jsonl").read_text().splitlines() == lines

@@ -1,0 +1,147 @@
+import gzip
+import json
+
+import pandas as pd
+import pytest
+
+from fides_rag.eval.datasets import (
+    DatasetError,
+    load_examples,
+    load_nq_open,
+    load_nq_swap,
+    load_popqa,
+    load_qa_jsonl,
+)
+
+SWAP_ROWS = [
+    {"question": "who sings it", "org_context": "<P> Sung by Tim . </P>", "org_answer": ["Tim"],
+     "sub_context": "<P> Sung by <b>Yuliya</b> . </P>", "sub_answer": ["Yuliya"]},
+    {"question": "capital of france", "org_context": "<Li> Paris </Li>", "org_answer": ["Paris"],
+     "sub_context": "<Td> Lyon </Td>", "sub_answer": ["Lyon", "Lyons"]},
+]
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("suffix", ["parquet", "jsonl"])
+def test_nq_swap_forms(tmp_path, suffix):
+    path = tmp_path / f"swap.{suffix}"
+    if suffix == "parquet":
+        pd.DataFrame(SWAP_ROWS).to_parquet(path)
+    else:
+        _jsonl(path, SWAP_ROWS)
+    conflict = load_nq_swap(path)
+    assert [e.id for e in conflict] == ["nq-swap-0", "nq-swap-1"]
+    assert conflict[0].contexts == ("Sung by Yuliya .",)  # tags stripped
+    assert conflict[1].context_answers == ("Lyon", "Lyons") and conflict[1].memory_answers == ("Paris",)
+    assert conflict[0].is_conflict
+    original = load_nq_swap(path, "original")
+    assert original[0].contexts == ("Sung by Tim .",) and original[0].context_answers == ("Tim",)
+    assert not original[0].is_conflict
+    both = load_nq_swap(path, "both", limit=1)
+    assert [e.id for e in both] == ["nq-swap-0-c", "nq-swap-0-o"]
+
+
+def test_nq_swap_bad_field_names_line(tmp_path):
+    rows = [SWAP_ROWS[0], {**SWAP_ROWS[1], "sub_answer": 5}]
+    with pytest.raises(DatasetError, match=r"swap\.jsonl, line 2, field 'sub_answer'"):
+        load_nq_swap(_jsonl(tmp_path / "swap.jsonl", rows))
+    rows = [SWAP_ROWS[0], {k: v for k, v in SWAP_ROWS[1].items() if k != "question"}]
+    with pytest.raises(DatasetError, match=r"line 2, field 'question': missing"):
+        load_nq_swap(_jsonl(tmp_path / "swap.jsonl", rows))
+    pd.DataFrame([{k: v for k, v in r.items() if k != "sub_context"} for r in SWAP_ROWS]).to_parquet(tmp_path / "bad.parquet")
+    with pytest.raises(DatasetError, match=r"bad\.parquet, field 'sub_context'"):
+        load_nq_swap(tmp_path / "bad.parquet")
+
+
+def test_nq_swap_missing_file_and_hub_without_datasets(tmp_path, monkeypatch):
+    with pytest.raises(FileNotFoundError, match="nope.parquet"):
+        load_nq_swap(tmp_path / "nope.parquet")
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_datasets(name, *args, **kwargs):
+        if name == "datasets":
+            raise ImportError("no datasets")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_datasets)
+    with pytest.raises(RuntimeError, match="needs the `datasets` package"):
+        load_nq_swap("pminervini/NQ-Swap")
+
+
+def test_nq_open_gold_passages(tmp_path):
+    path = tmp_path / "oracle.jsonl.gz"
+    rows = [
+        {"question": "q1", "answers": ["A1"], "ctxs": [{"title": "T", "text": "gold text", "isgold": True, "hasanswer": True},
+                                                     {"title": "U", "text": "other", "isgold": False}]},
+        {"question": "q2", "answers": ["A2"], "ctxs": [{"title": "", "text": "no gold", "isgold": False}]},
+    ]
+    with gzip.open(path, "wt") as handle:
+        handle.write("".join(json.dumps(r) + "\n" for r in rows))
+    first = load_nq_open(path, limit=1)
+    assert first[0].contexts == ("T: gold text",) and first[0].context_answers == ("A1",) and not first[0].is_conflict
+    with pytest.raises(DatasetError, match=r"line 2, field 'ctxs\[\]\.isgold'"):
+        load_nq_open(path)
+
+
+def test_popqa_passages_by_line(tmp_path):
+    path = _jsonl(tmp_path / "popqa_longtail.jsonl", [
+        {"question": "What is X's occupation?", "answers": ["politician", "pol"], "id": 7},
+        {"question": "Where was Y born?", "answers": ["Oslo"], "id": 8},
+    ])
+    (tmp_path / "popqa_longtail_passages.txt").write_text("#X was a politician.\n#Y lived in Rome.\n")
+    examples = load_popqa(path)
+    assert [e.id for e in examples] == ["popqa-7", "popqa-8"]
+    assert examples[0].contexts == ("X was a politician.",)
+    assert examples[0].meta["has_answer"] and not examples[1].meta["has_answer"]
+    (tmp_path / "popqa_longtail_passages.txt").write_text("#only one\n")
+    with pytest.raises(DatasetError, match="passages.txt, line 2"):
+        load_popqa(path)
+
+
+def test_user_jsonl(tmp_path):
+    path = _jsonl(tmp_path / "mine.jsonl", [
+        {"question": "q", "contexts": "one passage", "context_answers": ["a"], "memory_answers": ["b"], "id": "x1"},
+        {"question": "q2", "contexts": ["p1", "p2"], "context_answers": "c"},
+    ])
+    examples = load_qa_jsonl(path)
+    assert examples[0].is_conflict and examples[0].id == "x1"
+    assert examples[1].contexts == ("p1", "p2") and examples[1].id == "mine-1" and not examples[1].is_conflict
+    assert load_examples("jsonl", path, limit=1) == examples[:1]
+
+
+@pytest.mark.parametrize(
+    "line, pattern",
+    [
+        ('{"question": "q", "contexts": ["p"]}', r"bad\.jsonl, line 2, field 'context_answers': missing"),
+        ('{"question": "", "contexts": ["p"], "context_answers": ["a"]}', r"line 2, field 'question'"),
+        ('{"question": "q", "contexts": [1], "context_answers": ["a"]}', r"line 2, field 'contexts'"),
+        ('{"question": "q", "contexts": ["p"], "context_answers": []}', r"line 2, field 'context_answers': empty"),
+        ('{"question": "q", "contexts": ["p"], "context_answers": ["a"], "id": "x"}', r"line 2, field 'id': repeats"),
+        ('{"question": "q", ', r"bad\.jsonl, line 2: not valid JSON"),
+        ('[1, 2]', r"line 2: expected a JSON object"),
+    ],
+)
+def test_user_jsonl_errors_name_file_line_field(tmp_path, line, pattern):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"question": "q", "contexts": ["p"], "context_answers": ["a"], "id": "x"}\n' + line + "\n")
+    with pytest.raises(DatasetError, match=pattern):
+        load_qa_jsonl(path)
+
+
+def test_shared_data_loads_when_present():
+    from fides_rag.eval.datasets import data_dir
+
+    if not (data_dir() / "nq_swap").is_dir():
+        pytest.skip("shared data not available")
+    assert len(load_examples("nq-swap", limit=3)) == 3
+    assert len(load_examples("nq-open", limit=3)) == 3
+    popqa = load_examples("popqa", limit=3)
+    assert len(popqa) == 3 and all(e.contexts[0] for e in popqa)
+    both = load_examples("nq-swap-both", limit=4)
+    assert [e.is_conflict for e in both] == [True, False, True, False]

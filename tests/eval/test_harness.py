@@ -1,0 +1,126 @@
+import json
+
+import pytest
+
+from fides_rag.config import FidesConfig
+from fides_rag.decoder import FidesDecoder
+from fides_rag.eval.datasets import QAExample
+from fides_rag.eval.harness import (
+    PREDICTIONS,
+    RESULTS_JSON,
+    RESULTS_MD,
+    ablation_methods,
+    build_methods,
+    read_predictions,
+    run_eval,
+)
+
+EXAMPLES = [
+    QAExample(f"What is the capital number {i}?", (("Lyon is the capital of France. " * (1 + i % 3)).strip(),), ("Lyon",), ("Paris",), f"ex-{i}")
+    for i in range(7)
+]
+
+
+@pytest.fixture
+def decoder(tokenizer, tiny_llama):
+    return FidesDecoder(tiny_llama, tokenizer)
+
+
+def _ids(path):
+    return [json.loads(line)["id"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_ablation_labels():
+    labels = list(ablation_methods(FidesConfig()))
+    assert labels == ["fides-no-opposition", "fides-no-shift", "fides-no-noise", "fides-opposition-only", "fides-fixed-alpha-1.0"]
+    methods = build_methods(["standard", "fides"], FidesConfig(), ablations=True)
+    assert list(methods)[:2] == ["standard", "fides"] and len(methods) == 7
+    assert methods["fides-fixed-alpha-1.0"].config.fixed_alpha == 1.0
+    assert methods["fides-no-shift"].config.weights[1] == 0.0
+
+
+def test_run_eval_writes_everything(decoder, tmp_path):
+    methods = build_methods(["standard", "cad", "fides"])
+    results = run_eval(decoder, EXAMPLES[:3], methods, tmp_path, batch_size=2, max_new_tokens=4, progress=False, bootstrap_samples=50)
+    assert sorted(_ids(tmp_path / PREDICTIONS)) == ["ex-0", "ex-1", "ex-2"]
+    record = read_predictions(tmp_path / PREDICTIONS)[0]
+    fides = record["outputs"]["fides"]
+    assert {"text", "steps", "scores", "mean_alpha"} <= set(fides)
+    assert "context_prompt" not in fides
+    assert all({"alpha", "opposition", "shift", "noise"} <= set(s) for s in fides["steps"])
+    assert "alpha" not in record["outputs"]["standard"]["steps"][0]
+    saved = json.loads((tmp_path / RESULTS_JSON).read_text())
+    assert saved["metrics"]["fides"]["n"] == 3 and saved["metrics"]["fides"]["n_cf"] == 3
+    pairs = {(c["a"], c["b"], c["metric"]) for c in saved["significance"]}
+    assert ("cad", "fides", "cf") in pairs and ("standard", "fides", "em") in pairs
+    assert results["run"]["examples"] == 3
+    table = (tmp_path / RESULTS_MD).read_text()
+    assert "| fides |" in table and "fides vs standard" in table
+
+
+def test_results_match_single_method_decoding(decoder, tmp_path):
+    run_eval(decoder, EXAMPLES[:2], build_methods(["cad", "fides"]), tmp_path, batch_size=2, max_new_tokens=4, progress=False, bootstrap_samples=10)
+    by_id = {r["id"]: r for r in read_predictions(tmp_path / PREDICTIONS)}
+    alone = decoder.generate(EXAMPLES[1].question, list(EXAMPLES[1].contexts), method="fides", max_new_tokens=4)
+    assert by_id["ex-1"]["outputs"]["fides"]["text"] == alone.text
+
+
+def test_resume_after_interrupt(decoder, tmp_path, monkeypatch):
+    methods = build_methods(["standard", "fides"])
+    real = decoder.generate_methods
+    calls = {"n": 0}
+
+    def interrupted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(decoder, "generate_methods", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_eval(decoder, EXAMPLES, methods, tmp_path, batch_size=2, max_new_tokens=3, progress=False)
+    first = _ids(tmp_path / PREDICTIONS)
+    assert len(first) == 4  # two batches of two were flushed
+
+    # a half-written last line (killed mid-write) is dropped and its example redone
+    with (tmp_path / PREDICTIONS).open("a") as handle:
+        handle.write('{"id": "ex-9", "outputs": {"stan')
+
+    seen = []
+
+    def counting(questions, *args, **kwargs):
+        seen.extend(questions)
+        return real(questions, *args, **kwargs)
+
+    monkeypatch.setattr(decoder, "generate_methods", counting)
+    results = run_eval(decoder, EXAMPLES, methods, tmp_path, batch_size=2, max_new_tokens=3, progress=False, bootstrap_samples=20)
+    ids = _ids(tmp_path / PREDICTIONS)
+    assert len(ids) == len(set(ids)) == len(EXAMPLES)  # nothing lost, no duplicates
+    assert set(ids) == {e.id for e in EXAMPLES}
+    assert ids[:4] == first  # earlier lines kept as they were
+    assert len(seen) == len(EXAMPLES) - 4  # only the missing examples were decoded
+    assert results["metrics"]["fides"]["n"] == len(EXAMPLES)
+
+    # a third run has nothing left to decode
+    seen.clear()
+    run_eval(decoder, EXAMPLES, methods, tmp_path, batch_size=2, max_new_tokens=3, progress=False, bootstrap_samples=20)
+    assert seen == []
+
+
+def test_resume_refuses_a_different_run(decoder, tmp_path):
+    run_eval(decoder, EXAMPLES[:1], build_methods(["standard"]), tmp_path, max_new_tokens=2, progress=False, run_info={"model": "a"})
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        run_eval(decoder, EXAMPLES[:1], build_methods(["standard"]), tmp_path, max_new_tokens=3, progress=False, run_info={"model": "a"})
+
+
+def test_new_method_on_resume_redoes_examples(decoder, tmp_path):
+    run_eval(decoder, EXAMPLES[:2], build_methods(["standard"]), tmp_path, max_new_tokens=2, progress=False, bootstrap_samples=10)
+    run_eval(decoder, EXAMPLES[:2], build_methods(["standard", "cad"]), tmp_path, max_new_tokens=2, progress=False, bootstrap_samples=10)
+    records = read_predictions(tmp_path / PREDICTIONS)
+    assert len(records) == 2 and all(set(r["outputs"]) == {"standard", "cad"} for r in records)
+
+
+def test_bad_middle_line_is_an_error(tmp_path):
+    (tmp_path / PREDICTIONS).write_text('{"id": "a", "outputs": {}}\nnot json\n{"id": "b", "outputs": {}}\n')
+    with pytest.raises(ValueError, match="line 2"):
+        read_predictions(tmp_path / PREDICTIONS)
