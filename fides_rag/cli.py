@@ -10,6 +10,7 @@ from pathlib import Path
 
 from fides_rag.config import FidesConfig
 from fides_rag.decoder import FidesDecoder
+from fides_rag.demo.cli import add_demo_parser, run_demo_command
 from fides_rag.report import step_table
 from fides_rag.rules import available_methods
 
@@ -40,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--device", default="auto")
     generate.add_argument("--steps", action="store_true", help="print the per-token alpha and signal table")
     generate.add_argument("--json", action="store_true", help="print results as JSON lines")
+    add_demo_parser(commands)
+
     bench = commands.add_parser("bench", help="latency, time split, context growth and throughput, side by side")
     bench.add_argument("--models", default="gemma3-270m,smollm2-135m-instruct", help="comma-separated models")
     bench.add_argument("--sections", default="latency,split,context,throughput")
@@ -77,6 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "methods":
         print("\n".join(available_methods()))
         return 0
+    if args.command == "demo":
+        return run_demo_command(args)
     if args.command == "bench":
         from fides_rag.eval.bench import run_bench
 

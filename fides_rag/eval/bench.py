@@ -124,7 +124,7 @@ class Bench:
             for label, timings in runs.items()
         }
 
-    def signal_split(self, samples: int = 10, warmup: int = 2, new_tokens: int = 32) -> dict:
+    def signal_split(self, samples: int = 8, warmup: int = 2, new_tokens: int = 32) -> dict:
         """Cost of FIDES's signals: FIDES against exact ablations that skip the lens (Noise) and the layer reads (Shift)."""
         config = self.decoder.config
         variants = [
@@ -136,7 +136,7 @@ class Bench:
         ]
         return self.latency(variants, samples=samples, warmup=warmup, new_tokens=new_tokens)
 
-    def context_growth(self, lengths: Sequence[int] = (256, 512, 1024, 2048), new_tokens: int = 16, repeats: int = 3) -> dict:
+    def context_growth(self, lengths: Sequence[int] = (256, 512, 1024, 2048), new_tokens: int = 16, repeats: int = 2) -> dict:
         """Latency and KV-cache bytes of standard and FIDES as the document block grows."""
         corpus = " ".join(c for e in self.examples for c in e.contexts)
         corpus_ids = self.decoder.tokenizer(corpus, add_special_tokens=False)["input_ids"]
@@ -168,7 +168,7 @@ class Bench:
             cache = self.decoder.anatomy.backbone(input_ids=ids, attention_mask=mask, use_cache=True).past_key_values
         return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
 
-    def throughput(self, batch_sizes: Sequence[int] = (1, 4, 8, 16), n_examples: int = 32, new_tokens: int = 16) -> dict:
+    def throughput(self, batch_sizes: Sequence[int] = (1, 4, 8, 16), n_examples: int = 24, new_tokens: int = 16) -> dict:
         """Examples per second of an evaluation run (real stops), per batch size, and four methods at once."""
         examples = sorted(self.examples[:n_examples], key=lambda e: len(" ".join(e.contexts)))  # length-bucketed batches
         questions = [e.question for e in examples]

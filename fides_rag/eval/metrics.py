@@ -16,8 +16,9 @@ answers (the original answer that the passage contradicts; present only on confl
   undefined (None) on non-conflict samples.
 - **Memorised** = 1 if normalize(prediction) == normalize(m) for some m in M (conflict samples only).
   The memorisation ratio is the share of conflict-form predictions that are memorised.
-- **Accuracy** = 1 if some non-empty normalize(c), c in C, is contained (as a substring) in
-  normalize(prediction), else 0 (the PopQA convention "a gold alias appears in the output").
+- **Accuracy** = 1 if some non-empty normalize(c), c in C, occurs in normalize(prediction) as a
+  contiguous run of whole tokens, else 0 (the PopQA convention "a gold alias appears in the output";
+  whole tokens, so the alias "8" does not match "1889" and "pol" does not match "political").
 
 Aggregates (`aggregate`) are means over the samples where the metric is defined, in percent.
 """
@@ -69,9 +70,9 @@ def token_f1(prediction: str, answers: Iterable[str]) -> float:
 
 
 def contains_answer(prediction: str, answers: Iterable[str]) -> float:
-    """1.0 if some non-empty normalised answer is a substring of the normalised prediction."""
-    pred = normalize_answer(prediction)
-    return float(any((n := normalize_answer(a)) and n in pred for a in answers))
+    """1.0 if some non-empty normalised answer occurs in the normalised prediction as whole tokens."""
+    pred = f" {normalize_answer(prediction)} "
+    return float(any((n := normalize_answer(a)) and f" {n} " in pred for a in answers))
 
 
 def score_prediction(prediction: str, context_answers: Sequence[str], memory_answers: Sequence[str] = ()) -> dict[str, float | None]:

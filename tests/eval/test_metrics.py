@@ -41,6 +41,10 @@ def test_contains_answer():
     assert contains_answer("I think it is the politician.", ["politician", "pol"]) == 1.0
     assert contains_answer("no idea", ["politician"]) == 0.0
     assert contains_answer("anything", ["the"]) == 0.0  # empty alias never counts
+    assert contains_answer("a political scientist", ["pol"]) == 0.0  # whole tokens only
+    assert contains_answer("It opened in 1889.", ["8"]) == 0.0
+    assert contains_answer("It opened in 1889.", ["1889"]) == 1.0
+    assert contains_answer("Born in New York City", ["new york"]) == 1.0
 
 
 def test_score_prediction_conflict_and_control():

@@ -1,0 +1,3 @@
+from fides_rag.demo.cli import main
+
+raise SystemExit(main())
