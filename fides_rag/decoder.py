@@ -632,7 +632,7 @@ class FidesDecoder:
             ]
             for lane, rule in enumerate(rules)
         ]
-        lens_by_lane = [rule.lens_layers(num_layers) if rule.needs_no_context else () for rule in rules]
+        lens_by_lane = [rule.lens_layers(num_layers) for rule in rules]
         states_by_lane = [rule.needs_no_context and rule.needs_layer_states for rule in rules]
         hooked = set().union(*map(set, lens_by_lane)) | (set(range(1, num_layers + 1)) if any(states_by_lane) else set())
         captured: dict[int, torch.Tensor] = {}
@@ -769,13 +769,13 @@ class FidesDecoder:
         device = logits.device
         ctx_rows = torch.tensor([u.ctx_row for u in lane_units], device=device)
         inputs = StepInputs(ctx_logits=logits[ctx_rows], no_ctx_logits=None, num_layers=self.anatomy.num_layers)
+        inputs.lens_logits = {
+            layer: logits[torch.tensor([lens_position[(layer, u.ctx_row)] for u in lane_units], device=device)]
+            for layer in lens_layers
+        }
         if rule.needs_no_context:
             no_ctx_rows = torch.tensor([u.no_ctx_row for u in lane_units], device=device)
             inputs.no_ctx_logits = logits[no_ctx_rows]
-            inputs.lens_logits = {
-                layer: logits[torch.tensor([lens_position[(layer, u.ctx_row)] for u in lane_units], device=device)]
-                for layer in lens_layers
-            }
             if rule.needs_layer_states and layer_states is not None:
                 inputs.ctx_layer_states = layer_states[:, ctx_rows]
                 inputs.no_ctx_layer_states = layer_states[:, no_ctx_rows]

@@ -458,3 +458,31 @@ def test_raw_prompts_can_skip_special_tokens(tiny_llama, chat_tokenizer):
     assert example.context_ids.count(chat_tokenizer.bos_token_id) == 1
     result = decoder.generate_from_prompts(text, text, method="standard", max_new_tokens=2, add_special_tokens=False)
     assert result.prompt_tokens == len(example.context_ids)
+
+
+def test_single_path_rule_gets_logit_lens_rows(tiny_llama, tokenizer):
+    """A single-path rule (DoLa-style) may ask for lens logits; at the last layer they are the model's logits."""
+    from fides_rag import ContrastRule
+    from fides_rag.rules import StepOutput
+
+    seen = []
+
+    class LensProbe(ContrastRule):
+        name = "lens-probe"
+        needs_no_context = False
+
+        def lens_layers(self, num_layers):
+            return (1, num_layers)
+
+        def combine(self, step):
+            seen.append((step.ctx_logits, step.lens_logits))
+            return StepOutput(logits=step.ctx_logits)
+
+    decoder = decoder_for(tiny_llama, tokenizer)
+    probe = decoder.generate_from_prompts(*PROMPT_PAIRS[0], method=LensProbe(), max_new_tokens=3)
+    standard = decoder.generate_from_prompts(*PROMPT_PAIRS[0], method="standard", max_new_tokens=3)
+    assert probe.token_ids == standard.token_ids
+    for ctx_logits, lens in seen:
+        assert set(lens) == {1, 4}
+        torch.testing.assert_close(lens[4], ctx_logits, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(lens[1], ctx_logits)

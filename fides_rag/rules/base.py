@@ -56,7 +56,7 @@ class ContrastRule(ABC):
         return False
 
     def lens_layers(self, num_layers: int) -> tuple[int, ...]:
-        """Which context-path layers (1-based) need logit-lens logits."""
+        """Which context-path layers (1-based) need logit-lens logits (single- or two-path rules alike)."""
         return ()
 
     @abstractmethod
