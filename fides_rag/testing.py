@@ -4,18 +4,12 @@ configs so nothing is downloaded."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from transformers import Gemma2Config, Gemma3TextConfig, GemmaConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 from fides_rag.prompts import DEFAULT_DEMONSTRATIONS
-
-DATA_ENV = "FIDES_RAG_DATA"
-
 
 CORPUS = [
     "Lyon is the capital of France. Paris is a large city on the Seine.",
@@ -32,11 +26,6 @@ CHAT_TEMPLATE = (
 )
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text"]
-
-
-def shared_data_dir() -> Path:
-    """The benchmark data: $FIDES_RAG_DATA, else ../shared/data beside the repository."""
-    return Path(os.environ.get(DATA_ENV) or Path(__file__).resolve().parents[2] / "shared" / "data")
 
 
 def build_tokenizer(chat: bool = False) -> PreTrainedTokenizerFast:

@@ -15,11 +15,11 @@ from importlib import resources
 from pathlib import Path
 
 from fides_rag.demo.metrics import contains_alias
+from fides_rag.eval.datasets import DATA_ENV
 
 EMBEDDED_CORPUS = "demo_corpus.json"
 POPQA_QUESTIONS = "popqa_longtail.jsonl"
 POPQA_PASSAGES = "popqa_longtail_passages.txt"
-DATA_ENV = "FIDES_RAG_DATA"
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[A-Z0-9])")
 
 
