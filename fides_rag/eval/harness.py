@@ -182,8 +182,9 @@ def run_eval(
 ) -> dict[str, Any]:
     """Decode `examples` under every method (one shared prefill per batch), append predictions, write results.
 
-    Examples are batched in order of prompt length to limit padding. Already complete ids in
-    predictions.jsonl are skipped, so rerunning an interrupted run finishes it without duplicates.
+    Examples are batched in order of prompt length to limit padding. Methods an example already has in
+    predictions.jsonl are not decoded again: rerunning an interrupted run finishes it, and rerunning a
+    finished run with an extra method decodes only that method (the merged line replaces the old one).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -198,9 +199,12 @@ def run_eval(
     (out / RUN_INFO).write_text(json.dumps(info, indent=2) + "\n")
 
     pred_path = out / PREDICTIONS
-    done = {r["id"] for r in read_predictions(pred_path, repair=True) if set(labels) <= set(r.get("outputs", {}))}
-    todo = [e for e in examples if e.id not in done]
-    todo.sort(key=lambda e: _prompt_length(decoder, e))
+    existing = {r["id"]: r for r in read_predictions(pred_path, repair=True)}
+    # Per example, the methods it still lacks: a resumed run decodes only those (a new method added to a
+    # finished run costs that method alone), and the merged record replaces the old line.
+    missing = {e.id: [l for l in labels if l not in existing.get(e.id, {}).get("outputs", {})] for e in examples}
+    todo = [e for e in examples if missing[e.id]]
+    todo.sort(key=lambda e: (tuple(missing[e.id]) != tuple(labels), _prompt_length(decoder, e)))
     started = time.perf_counter()
     bar = None
     if progress:
@@ -209,17 +213,22 @@ def run_eval(
         bar = tqdm(total=len(examples), initial=len(examples) - len(todo), unit="ex", desc="eval", dynamic_ncols=True)
     try:
         with pred_path.open("a", encoding="utf-8") as handle:
-            for start in range(0, len(todo), batch_size):
-                batch = todo[start : start + batch_size]
-                outputs = decoder.generate_methods(
-                    [e.question for e in batch], [list(e.contexts) for e in batch], methods, max_new_tokens=max_new_tokens
-                )
-                for i, example in enumerate(batch):
-                    record = example_record(example, {label: outputs[label][i] for label in labels})
-                    handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-                handle.flush()
-                if bar is not None:
-                    bar.update(len(batch))
+            for group_labels in dict.fromkeys(tuple(missing[e.id]) for e in todo):
+                group = [e for e in todo if tuple(missing[e.id]) == group_labels]
+                group_methods = {label: methods[label] for label in group_labels}
+                for start in range(0, len(group), batch_size):
+                    batch = group[start : start + batch_size]
+                    outputs = decoder.generate_methods(
+                        [e.question for e in batch], [list(e.contexts) for e in batch], group_methods,
+                        max_new_tokens=max_new_tokens,
+                    )
+                    for i, example in enumerate(batch):
+                        record = example_record(example, {label: outputs[label][i] for label in group_labels})
+                        record["outputs"] = {**existing.get(example.id, {}).get("outputs", {}), **record["outputs"]}
+                        handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+                    handle.flush()
+                    if bar is not None:
+                        bar.update(len(batch))
     finally:
         if bar is not None:
             bar.close()

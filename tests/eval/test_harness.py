@@ -113,11 +113,25 @@ def test_resume_refuses_a_different_run(decoder, tmp_path):
         run_eval(decoder, EXAMPLES[:1], build_methods(["standard"]), tmp_path, max_new_tokens=3, progress=False, run_info={"model": "a"})
 
 
-def test_new_method_on_resume_redoes_examples(decoder, tmp_path):
+def test_new_method_on_resume_decodes_only_that_method(decoder, tmp_path, monkeypatch):
     run_eval(decoder, EXAMPLES[:2], build_methods(["standard"]), tmp_path, max_new_tokens=2, progress=False, bootstrap_samples=10)
+    first = {r["id"]: r["outputs"]["standard"] for r in read_predictions(tmp_path / PREDICTIONS)}
+    decoded: list[list[str]] = []
+    real = decoder.generate_methods
+
+    def spy(questions, documents, methods, **kwargs):
+        decoded.append(list(methods))
+        return real(questions, documents, methods, **kwargs)
+
+    monkeypatch.setattr(decoder, "generate_methods", spy)
     run_eval(decoder, EXAMPLES[:2], build_methods(["standard", "cad"]), tmp_path, max_new_tokens=2, progress=False, bootstrap_samples=10)
+    assert decoded == [["cad"]]
     records = read_predictions(tmp_path / PREDICTIONS)
-    assert len(records) == 2 and all(set(r["outputs"]) == {"standard", "cad"} for r in records)
+    assert len(records) == 2 and all(list(r["outputs"]) == ["standard", "cad"] for r in records)
+    assert all(r["outputs"]["standard"] == first[r["id"]] for r in records)
+    alone = run_eval(decoder, EXAMPLES[:2], build_methods(["cad"]), tmp_path / "cad-alone", max_new_tokens=2, progress=False, bootstrap_samples=10)
+    merged = json.loads((tmp_path / RESULTS_JSON).read_text())
+    assert merged["metrics"]["cad"] == alone["metrics"]["cad"]
 
 
 def test_bad_middle_line_is_an_error(tmp_path):
