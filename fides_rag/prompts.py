@@ -7,7 +7,7 @@ between the paths' predictions comes from the evidence.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
 
 @dataclass(frozen=True)
@@ -124,3 +124,59 @@ class PromptTemplate:
         return tokenizer.apply_chat_template(
             self.render_messages(question, document_block), tokenize=False, add_generation_prompt=True
         )
+
+
+Rendered = TypeVar("Rendered")
+
+
+@dataclass
+class FittedTexts(Generic[Rendered]):
+    """What `fit_texts` kept: the rendered prompt, the (possibly cut) texts, and their token counts."""
+
+    rendered: Rendered
+    texts: dict[str, str]
+    tokens_before: int
+    tokens_after: int
+
+    @property
+    def trimmed(self) -> bool:
+        return self.tokens_after < self.tokens_before
+
+    def note(self, max_new_tokens: int, context_window: int) -> str:
+        return (
+            f"documents trimmed from {self.tokens_before} to {self.tokens_after} tokens so that the prompt plus "
+            f"max_new_tokens={max_new_tokens} fits the context window of {context_window}"
+        )
+
+
+def fit_texts(
+    texts: Mapping[str, str],
+    render: Callable[[dict[str, str]], Rendered],
+    count: Callable[[Rendered], int],
+    budget: int,
+    tokenizer: Any,
+) -> FittedTexts[Rendered]:
+    """Render a prompt from named texts (documents); while it is over `budget` tokens, cut the longest
+    text's tail by the overflow. One rule for the decoder's template and the integrations' own prompts.
+
+    `render` builds the prompt from the current texts, `count` gives its length in tokens. Raises a
+    ValueError when the prompt does not fit even with every text emptied.
+    """
+    current = dict(texts)
+    ids = {name: tokenizer(text, add_special_tokens=False)["input_ids"] for name, text in current.items()}
+    kept = {name: len(i) for name, i in ids.items()}
+    before = sum(kept.values())
+    rendered = render(current)
+    over = count(rendered) - budget
+    while over > 0:
+        longest = max(kept, key=kept.__getitem__, default=None)
+        if longest is None or kept[longest] == 0:
+            raise ValueError(
+                f"the prompt does not fit even without its documents: {over} tokens over the budget of {budget} "
+                f"(the context window minus max_new_tokens); shorten the question or prompt, or lower max_new_tokens"
+            )
+        kept[longest] = max(0, kept[longest] - over)
+        current[longest] = tokenizer.decode(ids[longest][: kept[longest]], skip_special_tokens=True)
+        rendered = render(current)
+        over = count(rendered) - budget
+    return FittedTexts(rendered, current, before, sum(kept.values()))

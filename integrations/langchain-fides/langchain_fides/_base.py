@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fides_rag import FidesConfig, FidesDecoder, GenerationResult, available_methods, load_model
+from fides_rag.prompts import fit_texts
 from fides_rag.rules import ContrastRule
 from fides_rag.rules.fides import FidesRule
 
@@ -219,39 +220,18 @@ class FidesParams(BaseModel):
                     noctx.append((role, n))
             return self._render_messages(ctx), self._render_messages(noctx)
 
-        ctx, noctx = render({})
-        plan = Plan("prompts", source, documents=list(texts), context_prompt=ctx, no_context_prompt=noctx)
         budget = self._dec.context_window - max_new
-        n = self._n_tokens(ctx)
-        if n <= budget:
-            return plan
-        tok = self._dec.tokenizer
-        ids = {t: tok(t, add_special_tokens=False)["input_ids"] for t in texts}
-        keep = {t: len(i) for t, i in ids.items()}
-        before = sum(keep.values())
-        repl: dict[str, str] = {}
-        for _ in range(50):
-            over = n - budget
-            if over <= 0:
-                break
-            longest = max(keep, key=keep.__getitem__)
-            if keep[longest] == 0:
-                raise ValueError(
-                    f"the prompt without its documents does not fit the context window ({self._dec.context_window} tokens "
-                    f"with max_new_tokens={max_new}); shorten the prompt or lower max_new_tokens"
-                )
-            keep[longest] = max(0, keep[longest] - over - 1)
-            repl[longest] = tok.decode(ids[longest][: keep[longest]], skip_special_tokens=True)
-            ctx, noctx = render(repl)
-            n = self._n_tokens(ctx)
-        note = (
-            f"documents trimmed from {before} to {sum(keep.values())} tokens so that the prompt plus "
-            f"max_new_tokens={max_new} fits the context window of {self._dec.context_window}"
+        fitted = fit_texts(
+            {t: t for t in texts}, lambda kept: render({t: k for t, k in kept.items() if k != t}),
+            lambda pair: self._n_tokens(pair[0]), budget, self._dec.tokenizer,
         )
-        logger.warning(note)
-        plan.context_prompt, plan.no_context_prompt = ctx, noctx
-        plan.notes.append(note)
-        plan.trimmed, plan.document_tokens = True, (before, sum(keep.values()))
+        ctx, noctx = fitted.rendered
+        plan = Plan("prompts", source, documents=list(texts), context_prompt=ctx, no_context_prompt=noctx)
+        if fitted.trimmed:
+            note = fitted.note(max_new, self._dec.context_window)
+            logger.warning(note)
+            plan.notes.append(note)
+            plan.trimmed, plan.document_tokens = True, (fitted.tokens_before, fitted.tokens_after)
         return plan
 
     def _plain_plan(self, messages: list[tuple[str, str]], why: str) -> Plan:

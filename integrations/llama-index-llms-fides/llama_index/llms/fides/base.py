@@ -33,7 +33,7 @@ from llama_index.core.prompts.default_prompt_selectors import DEFAULT_TEXT_QA_PR
 from llama_index.core.types import TokenAsyncGen, TokenGen
 
 from fides_rag import FidesConfig, FidesDecoder, GenerationResult, available_methods, load_model
-from fides_rag.prompts import document_texts
+from fides_rag.prompts import document_texts, fit_texts
 from fides_rag.rules.fides import FidesRule
 
 from llama_index.llms.fides.context import (
@@ -45,7 +45,7 @@ from llama_index.llms.fides.context import (
     split_prompt_args,
     with_context_message,
 )
-from llama_index.llms.fides.rendering import leading_bos, render_messages
+from llama_index.llms.fides.rendering import render_messages
 
 dispatcher = get_dispatcher(__name__)
 
@@ -147,10 +147,14 @@ class FidesLLM(CustomLLM):
         self.fides_config()  # validate the FIDES constants now
 
     @classmethod
-    def from_model_id(cls, model_id: str, *, device: str = "auto", dtype: Any = None, **kwargs: Any) -> FidesLLM:
-        """Load a bundled alias ("gemma3-270m", "smollm2-135m-instruct"), hub id, folder or .gguf and wrap it."""
+    def from_model_id(
+        cls, model_id: str, *, device: str = "auto", dtype: Any = None, config: FidesConfig | None = None, **kwargs: Any
+    ) -> FidesLLM:
+        """Load a bundled alias ("gemma3-270m", "smollm2-135m-instruct"), hub id, folder or .gguf and wrap it.
+
+        config: the FIDES constants, e.g. `FidesConfig.from_file("calibrated.json")` from `fides-rag calibrate`."""
         model, tokenizer = load_model(model_id, device=device, dtype=dtype)
-        decoder = FidesDecoder(model, tokenizer, max_new_tokens=kwargs.get("max_new_tokens", 128))
+        decoder = FidesDecoder(model, tokenizer, config=config, max_new_tokens=kwargs.get("max_new_tokens", 128))
         kwargs.setdefault("model_name", model_id)
         return cls(decoder, **kwargs)
 
@@ -246,29 +250,12 @@ class FidesLLM(CustomLLM):
 
     def _fit(self, render: Callable[[dict[str, str]], str], context: dict[str, str], max_new_tokens: int) -> tuple[str, dict[str, str], dict[str, Any]]:
         """Render the context path, trimming the longest context value until prompt + budget fits the window."""
-        budget = self._decoder.context_window - max_new_tokens
-        text = render(context)
-        if self._count(text) <= budget:
-            return text, context, {}
-        name = max(context, key=lambda k: len(context[k]))
-        tokenizer = self._decoder.tokenizer
-        ids = tokenizer(context[name], add_special_tokens=False)["input_ids"]
-        keep = len(ids) - (self._count(text) - budget)
-        while keep > 0:
-            trimmed = {**context, name: tokenizer.decode(ids[:keep], skip_special_tokens=True)}
-            text = render(trimmed)
-            over = self._count(text) - budget
-            if over <= 0:
-                note = (
-                    f"context trimmed from {len(ids)} to {keep} tokens so that the prompt plus "
-                    f"max_new_tokens={max_new_tokens} fits the context window of {self._decoder.context_window}"
-                )
-                return text, trimmed, {"notes": [note], "documents_trimmed": True, "document_tokens": (len(ids), keep)}
-            keep -= over
-        raise ValueError(
-            f"the prompt without its context already fills the context window ({self._decoder.context_window} tokens "
-            f"with max_new_tokens={max_new_tokens}); lower max_new_tokens or shorten the query"
-        )
+        fitted = fit_texts(context, render, self._count, self._decoder.context_window - max_new_tokens, self._decoder.tokenizer)
+        if not fitted.trimmed:
+            return fitted.rendered, fitted.texts, {}
+        note = fitted.note(max_new_tokens, self._decoder.context_window)
+        trim = {"notes": [note], "documents_trimmed": True, "document_tokens": (fitted.tokens_before, fitted.tokens_after)}
+        return fitted.rendered, fitted.texts, trim
 
     def _template_pair(self, prompt: BasePromptTemplate, template_args: dict[str, Any], max_new_tokens: int) -> _Pair:
         context = find_context(prompt, template_args, self.context_variables, self, self.context_separator)

@@ -1,0 +1,35 @@
+"""fit_texts: the one trimming rule shared by the decoder's template and the integrations' prompts."""
+
+from __future__ import annotations
+
+import pytest
+
+from fides_rag.prompts import fit_texts
+
+
+def _count(tokenizer):
+    return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def test_fitting_prompt_is_untouched(tokenizer):
+    texts = {"a": "Lyon is the capital of France.", "b": "Paris is large."}
+    fitted = fit_texts(texts, lambda t: "Q: " + " ".join(t.values()), _count(tokenizer), 10_000, tokenizer)
+    assert not fitted.trimmed and fitted.texts == texts and fitted.rendered == "Q: " + " ".join(texts.values())
+
+
+def test_longest_text_is_cut_first_until_the_prompt_fits(tokenizer):
+    count = _count(tokenizer)
+    short, long = "Paris is large.", "The quick brown fox jumps over the lazy dog 0123456789. " * 6
+    render = lambda t: "Question: " + t["short"] + " " + t["long"]  # noqa: E731
+    full = count(render({"short": short, "long": long}))
+    budget = full - 12
+    fitted = fit_texts({"short": short, "long": long}, render, count, budget, tokenizer)
+    assert count(fitted.rendered) <= budget
+    assert fitted.texts["short"] == short and long.startswith(fitted.texts["long"]) and fitted.texts["long"] != long
+    assert fitted.trimmed and fitted.tokens_after < fitted.tokens_before
+    assert "trimmed from" in fitted.note(8, 512)
+
+
+def test_prompt_that_cannot_fit_is_an_error(tokenizer):
+    with pytest.raises(ValueError, match="does not fit even without its documents"):
+        fit_texts({"doc": "Lyon is the capital of France."}, lambda t: "A long fixed question " * 5 + t["doc"], _count(tokenizer), 3, tokenizer)
