@@ -90,3 +90,17 @@ def build_tiny_model(family: str, vocab_size: int, seed: int = 0, **overrides):
     return model.eval()
 
 
+
+
+SAMPLE_QUESTIONS = ["What is the capital of France?", "Which city is the capital of Australia?", "Who wrote it?"]
+"""Three short questions for batch-equals-single tests, paired with SAMPLE_DOCUMENTS."""
+SAMPLE_DOCUMENTS = [["Lyon is the capital of France."], ["The capital of Australia is Melbourne."], ["Paris is large."]]
+
+
+def reference_log_softmax(row: list[float]) -> list[float]:
+    """log softmax of one row in plain Python floats (float64), for hand-computed references."""
+    import math
+
+    top = max(row)
+    lse = top + math.log(sum(math.exp(v - top) for v in row))
+    return [v - lse for v in row]

@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 from fides_rag.demo.metrics import contains_alias
-from fides_rag.eval.datasets import DATA_ENV
+from fides_rag.eval.datasets import DATA_ENV, data_dir
 
 EMBEDDED_CORPUS = "demo_corpus.json"
 POPQA_QUESTIONS = "popqa_longtail.jsonl"
@@ -112,14 +112,7 @@ def load_embedded_corpus() -> Corpus:
 
 def default_popqa_folder() -> Path:
     """$FIDES_RAG_DATA/popqa, else ../shared/data/popqa beside the repository checkout."""
-    try:
-        from fides_rag.eval.datasets import data_dir
-    except ImportError:  # the eval package is optional for the demo
-        env = os.environ.get(DATA_ENV)
-        base = Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "data"
-    else:
-        base = data_dir()
-    return base / "popqa"
+    return data_dir() / "popqa"
 
 
 def resolve_popqa_folder(data: str | os.PathLike | None = None) -> Path:

@@ -45,6 +45,22 @@ def _plt():
     return plt
 
 
+def _grouped_bars(path: Path, series: dict[str, list[float]], ticks: list[str], *, ylabel: str, title: str, width: float = 5.5) -> None:
+    """One bar group per method (tick), one bar per series; saved as a PNG."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(width, 3.5))
+    bar = 0.8 / max(1, len(series))
+    for k, (name, values) in enumerate(series.items()):
+        ax.bar(np.arange(len(ticks)) + k * bar, values, bar, label=name)
+    ax.set_xticks(np.arange(len(ticks)) + 0.4 - bar / 2, ticks, fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def load_run(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / PREDICTIONS
     if not path.is_file():
@@ -128,20 +144,15 @@ def token_selectivity(records: Sequence[dict[str, Any]], out_dir: Path | None = 
         }
     if out_dir is not None:
         _write_json(out_dir / "token_selectivity.json", result)
-        plt = _plt()
         labels = list(result["methods"])
-        fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(labels) + 3), 3.5))
-        width = 0.8 / max(1, len(CATEGORIES))
-        for k, cat in enumerate(CATEGORIES):
-            values = [result["methods"][l]["mean_alpha"][cat] or 0.0 for l in labels]
-            ax.bar(np.arange(len(labels)) + k * width, values, width, label=cat)
-        ax.set_xticks(np.arange(len(labels)) + 0.4 - width / 2, [f"{l}\nAUROC {_f(result['methods'][l]['auroc_answer_vs_rest'])}" for l in labels], fontsize=8)
-        ax.set_ylabel("mean α")
-        ax.set_title("Token selectivity: mean α per token category")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out_dir / "token_selectivity.png", dpi=120)
-        plt.close(fig)
+        _grouped_bars(
+            out_dir / "token_selectivity.png",
+            {cat: [result["methods"][l]["mean_alpha"][cat] or 0.0 for l in labels] for cat in CATEGORIES},
+            [f"{l}\nAUROC {_f(result['methods'][l]['auroc_answer_vs_rest'])}" for l in labels],
+            ylabel="mean α",
+            title="Token selectivity: mean α per token category",
+            width=max(5, 1.6 * len(labels) + 3),
+        )
     return result
 
 
@@ -224,18 +235,14 @@ def non_conflict_control(records: Sequence[dict[str, Any]], out_dir: Path | None
         result["note"] = "no non-conflict samples in this run; evaluate --dataset nq-open, nq-swap-original or nq-swap-both"
     if out_dir is not None:
         _write_json(out_dir / "non_conflict_control.json", result)
-        plt = _plt()
-        fig, ax = plt.subplots(figsize=(5.5, 3.5))
         labels = list(methods)
-        for k, metric in enumerate(("em", "f1", "accuracy")):
-            ax.bar(np.arange(len(labels)) + k * 0.27, [methods[l][metric] or 0.0 for l in labels], 0.27, label=metric.upper())
-        ax.set_xticks(np.arange(len(labels)) + 0.27, [f"{l}\nα {_f(methods[l]['mean_alpha'], 2)}" for l in labels], fontsize=8)
-        ax.set_ylabel("%")
-        ax.set_title(f"Non-conflict control ({len(aligned)} examples)")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out_dir / "non_conflict_control.png", dpi=120)
-        plt.close(fig)
+        _grouped_bars(
+            out_dir / "non_conflict_control.png",
+            {metric.upper(): [methods[l][metric] or 0.0 for l in labels] for metric in ("em", "f1", "accuracy")},
+            [f"{l}\nα {_f(methods[l]['mean_alpha'], 2)}" for l in labels],
+            ylabel="%",
+            title=f"Non-conflict control ({len(aligned)} examples)",
+        )
     return result
 
 

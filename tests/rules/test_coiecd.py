@@ -10,16 +10,10 @@ import torch
 from fides_rag import FidesDecoder, get_method
 from fides_rag.rules import StepInputs
 from fides_rag.rules.coiecd import CoiecdRule
-from fides_rag.testing import build_tiny_model, build_tokenizer
+from fides_rag.testing import SAMPLE_DOCUMENTS, SAMPLE_QUESTIONS, build_tiny_model, build_tokenizer, reference_log_softmax
 
-QUESTIONS = ["What is the capital of France?", "Which city is the capital of Australia?", "Who wrote it?"]
-DOCUMENTS = [["Lyon is the capital of France."], ["The capital of Australia is Melbourne."], ["Paris is large."]]
-
-
-def log_softmax(row):
-    m = max(row)
-    lse = m + math.log(sum(math.exp(v - m) for v in row))
-    return [v - lse for v in row]
+QUESTIONS, DOCUMENTS = SAMPLE_QUESTIONS, SAMPLE_DOCUMENTS
+log_softmax = reference_log_softmax
 
 
 def reference_row(ctx, no, alpha=1.0, ratio=4.0):

