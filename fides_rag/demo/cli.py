@@ -33,13 +33,12 @@ def _noise(value: str) -> tuple[float, ...]:
 
 
 def _methods(value: str) -> tuple[str, ...]:
-    from fides_rag.rules import available_methods
+    from fides_rag.rules import parse_method_names
 
-    methods = tuple(m.strip() for m in value.split(",") if m.strip())
-    unknown = [m for m in methods if m not in available_methods()]
-    if unknown or not methods:
-        raise argparse.ArgumentTypeError(f"unknown method(s) {unknown}; available: {', '.join(available_methods())}")
-    return methods
+    try:
+        return tuple(parse_method_names(value))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _positive(value: str) -> int:
@@ -66,7 +65,7 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                            "or ../shared/data/popqa")
     demo.add_argument("--data", help="folder with popqa_longtail.jsonl and popqa_longtail_passages.txt (implies --corpus popqa)")
     demo.add_argument("--model", default=DEFAULT_MODEL, help="bundled alias, hub id, local folder or .gguf file")
-    demo.add_argument("--methods", type=_methods, default=DEFAULT_METHODS, help="comma-separated (default standard,cad,adacad,fides)")
+    demo.add_argument("--methods", type=_methods, default=DEFAULT_METHODS, help="comma-separated, or all (default standard,cad,adacad,fides)")
     demo.add_argument("--k", type=_positive, default=DEFAULT_K, help=f"documents retrieved per question (default {DEFAULT_K})")
     demo.add_argument("--noise", type=_noise, default=DEFAULT_NOISE,
                       help="shares of irrelevant documents, e.g. 0,0.2,0.5 or 0,20,50 (default)")

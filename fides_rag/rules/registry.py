@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 from fides_rag.rules.base import ContrastRule
 
@@ -45,3 +45,22 @@ def get_method(method: str | ContrastRule, **options: Any) -> ContrastRule:
         return cls(**options)
     except TypeError as err:
         raise ValueError(f"bad options for method {method!r}: {err}") from None
+
+
+def parse_method_names(spec: str | Sequence[str]) -> list[str]:
+    """Method names from "standard,cad" or a list; "all" expands to every registered method, in order.
+
+    Raises ValueError naming the unknown methods and the available ones."""
+    names = [m.strip() for m in spec.split(",")] if isinstance(spec, str) else [str(m).strip() for m in spec]
+    names = [m for m in names if m]
+    if not names:
+        raise ValueError(f"no method given; available methods: {', '.join(available_methods())} (or 'all')")
+    expanded: list[str] = []
+    for name in names:
+        for method in available_methods() if name == "all" else [name]:
+            if method not in expanded:
+                expanded.append(method)
+    unknown = [m for m in expanded if m not in _REGISTRY]
+    if unknown:
+        raise ValueError(f"unknown method(s) {', '.join(unknown)}; available methods: {', '.join(available_methods())} (or 'all')")
+    return expanded
