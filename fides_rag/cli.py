@@ -25,6 +25,19 @@ def _methods(value: str) -> list[str]:
     return methods
 
 
+def _integer_at_least(minimum: int):
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
+        if number < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {number}")
+        return number
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fides-rag", description="Faithful RAG decoding with FIDES and its baselines.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -68,6 +81,20 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--device", default="auto")
     evaluate.add_argument("--analyze", action="store_true", help="run the analyses on the finished run")
     evaluate.add_argument("--no-progress", action="store_true")
+    calibrate = commands.add_parser(
+        "calibrate", help="label-free calibration of FIDES's scales and weights for a backbone (writes a FidesConfig JSON)"
+    )
+    calibrate.add_argument("--model", required=True, help="bundled alias, hub id, local folder or .gguf file")
+    calibrate.add_argument("--dataset", default="nq-swap", help="nq-swap, nq-swap-original, nq-swap-both, nq-open, popqa or jsonl (answers are never read)")
+    calibrate.add_argument("--data", help="dataset file; default: $FIDES_RAG_DATA or ../shared/data")
+    calibrate.add_argument("--passages", help="PopQA passages file (default: beside --data)")
+    calibrate.add_argument("--n", type=_integer_at_least(2), required=True, help="number of unlabelled prompts (>= 2)")
+    calibrate.add_argument("--offset", type=_integer_at_least(0), default=0, help="skip the first K examples (keep the pool apart from an eval on the first ones)")
+    calibrate.add_argument("--batch-size", type=_integer_at_least(1), default=8)
+    calibrate.add_argument("--max-new-tokens", type=_integer_at_least(1), default=16)
+    calibrate.add_argument("--out", default="calibrated.json", help="the calibrated FidesConfig; the statistics table goes beside it (.md)")
+    calibrate.add_argument("--device", default="auto")
+    calibrate.add_argument("--no-progress", action="store_true")
     analyze = commands.add_parser("analyze", help="token selectivity, conflict severity, non-conflict control and a trace of a run")
     analyze.add_argument("run_dir")
     analyze.add_argument("--method", help="method of the trace (default fides)")
@@ -95,6 +122,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _eval(args)
     if args.command == "analyze":
         return _analyze(args.run_dir, args.method, args.example)
+    if args.command == "calibrate":
+        try:
+            return _calibrate(args)
+        except (ValueError, FileNotFoundError) as err:
+            print(f"fides-rag calibrate: error: {err}", file=sys.stderr)
+            return 2
     config = FidesConfig.from_file(args.config) if args.config else FidesConfig()
     decoder = FidesDecoder.from_pretrained(args.model, device=args.device, config=config)
     for method in args.methods:
@@ -136,6 +169,44 @@ def _eval(args: argparse.Namespace) -> int:
     print((Path(args.out) / RESULTS_MD).read_text())
     if args.analyze:
         _analyze(args.out)
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    """Decode an unlabelled pool (questions and documents only), write the calibrated config and its statistics."""
+    from fides_rag.calibration import calibrate, check_writable, write_report
+    from fides_rag.eval.datasets import data_dir, load_examples
+
+    check_writable(args.out)  # before any work
+    examples = load_examples(args.dataset, args.data, limit=args.offset + args.n, passages=args.passages)
+    available = len(examples)
+    examples = examples[args.offset :]
+    if not examples:
+        raise ValueError(f"empty calibration pool: {args.dataset} has {available} examples and --offset {args.offset} skips them all")
+    if len(examples) < 2:
+        raise ValueError(f"calibration needs at least 2 prompts; only {len(examples)} remain after --offset {args.offset}")
+    if len(examples) < args.n:
+        print(f"note: only {len(examples)} examples after --offset {args.offset}; calibrating on {len(examples)}, not {args.n}", file=sys.stderr)
+    pairs = [(e.question, list(e.contexts)) for e in examples]  # answers are never read
+    decoder = FidesDecoder.from_pretrained(args.model, device=args.device)
+    source = {
+        "model": args.model,
+        "dataset": args.dataset,
+        "data": args.data if args.data is not None else f"default under {data_dir()}",
+        "n": args.n,
+        "offset": args.offset,
+        "first_id": examples[0].id,
+        "last_id": examples[-1].id,
+        "seed": None,
+        "sampling": "greedy (nothing random: the pool is examples offset..offset+n-1 in file order)",
+        "device": str(decoder.device),
+        "dtype": str(decoder.model.dtype),
+    }
+    report = calibrate(decoder, pairs, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+                       progress=not args.no_progress, source=source)
+    config_path, md_path = write_report(report, args.out)
+    print(report.markdown())
+    print(f"calibrated config: {config_path} (use with --config {config_path}); statistics: {md_path}")
     return 0
 
 

@@ -42,11 +42,15 @@ def hidden_state_shift(ctx_hidden: torch.Tensor, no_ctx_hidden: torch.Tensor, sc
     ctx_hidden, no_ctx_hidden: [L, B, H], the last-position output of each transformer block
     (embedding output excluded).  -> [B]
     """
-    num_layers = ctx_hidden.shape[0]
+    return (layer_mean_unit_distance(ctx_hidden, no_ctx_hidden) / scale).clamp(0.0, 1.0)
+
+
+def layer_mean_unit_distance(ctx_hidden: torch.Tensor, no_ctx_hidden: torch.Tensor) -> torch.Tensor:
+    """(1/L) Σ_l ||ĥ_ctx[l] − ĥ_noctx[l]||₂ in [0, 2]: the raw Shift, before FIDES's 1/scale and clip
+    (used to calibrate `shift_scale`).  [L, B, H], [L, B, H] -> [B]"""
     ctx_unit = torch.nn.functional.normalize(ctx_hidden, p=2.0, dim=-1)
     no_ctx_unit = torch.nn.functional.normalize(no_ctx_hidden, p=2.0, dim=-1)
-    distance = torch.linalg.vector_norm(ctx_unit - no_ctx_unit, ord=2, dim=-1)  # [L, B]
-    return (distance.sum(dim=0) / (scale * num_layers)).clamp(0.0, 1.0)
+    return torch.linalg.vector_norm(ctx_unit - no_ctx_unit, ord=2, dim=-1).mean(dim=0)  # [L, B] -> [B]
 
 
 def logit_lens_noise(mid_lens_logits: torch.Tensor, final_logits: torch.Tensor, scale: float = 5.0) -> torch.Tensor:

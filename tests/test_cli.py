@@ -39,3 +39,96 @@ def test_unknown_method_is_rejected(capsys):
     with pytest.raises(SystemExit):
         cli.main(["generate", "Q?", "--methods", "standard,nope"])
     assert "unknown method(s) ['nope']" in capsys.readouterr().err
+
+
+# -- calibrate ------------------------------------------------------------------------------------------
+
+CALIBRATION_RECORDS = [
+    ("What is the capital of France?", ["Lyon is the capital of France."]),
+    ("Who chose Canberra?", ["The capital of Australia is Melbourne.", "Canberra was chosen as a compromise."]),
+    ("What jumps?", ["The quick brown fox jumps over the lazy dog."]),
+    ("Where is Paris?", ["Paris is a large city on the Seine."]),
+    ("What is the capital of Australia?", ["The capital of Australia is Melbourne."]),
+    ("Which city is on the Seine?", ["Paris is a large city on the Seine."]),
+]
+
+
+def write_pool(path, answers=("Lyon", "Paris")):
+    with path.open("w") as handle:
+        for i, (question, contexts) in enumerate(CALIBRATION_RECORDS):
+            record = {"id": f"q{i}", "question": question, "contexts": contexts,
+                      "context_answers": [f"{answers[0]} {i}"], "memory_answers": [f"{answers[1]} {i}"]}
+            handle.write(json.dumps(record) + "\n")
+    return path
+
+
+def calibrate_args(model, data, out, *extra):
+    return ["calibrate", "--model", str(model), "--dataset", "jsonl", "--data", str(data), "--n", "4", "--offset", "1",
+            "--max-new-tokens", "4", "--batch-size", "2", "--no-progress", "--out", str(out), *extra]
+
+
+def test_calibrate_writes_a_config_that_generate_and_eval_accept(tiny_folder, tmp_path, capsys):
+    from fides_rag import FidesConfig
+
+    data = write_pool(tmp_path / "pool.jsonl")
+    out = tmp_path / "runs" / "calibrated.json"
+    assert cli.main(calibrate_args(tiny_folder, data, out)) == 0
+    printed = capsys.readouterr().out
+    assert "0.533, 0.278, 0.189" in printed and "| Opposition" in printed and str(out) in printed
+    cfg = FidesConfig.from_file(out)
+    assert sum(cfg.weights) == pytest.approx(1.0)
+    src = cfg.source
+    assert (src["n"], src["offset"], src["examples"], src["first_id"], src["last_id"]) == (4, 1, 4, "q1", "q4")
+    assert src["model"] == str(tiny_folder) and src["dataset"] == "jsonl" and src["max_new_tokens"] == 4
+    assert (tmp_path / "runs" / "calibrated.md").read_text().startswith("# FIDES calibration")
+
+    assert cli.main(["generate", "Which city?", "--doc", "Lyon.", "--model", str(tiny_folder), "--config", str(out),
+                     "--max-new-tokens", "2", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out.strip())
+    assert record["method_options"]["weights"] == list(cfg.weights)
+    assert record["method_options"]["noise_scale"] == cfg.noise_scale
+    run = tmp_path / "eval"
+    assert cli.main(["eval", "--model", str(tiny_folder), "--dataset", "jsonl", "--data", str(data), "--methods", "fides",
+                     "--limit", "2", "--out", str(run), "--config", str(out), "--max-new-tokens", "2", "--bootstrap", "10",
+                     "--no-progress"]) == 0
+    assert json.loads((run / "run.json").read_text())["config"]["shift_scale"] == cfg.shift_scale
+
+
+def test_calibrate_never_reads_answers(tiny_folder, tmp_path):
+    from fides_rag import FidesConfig
+
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    assert cli.main(calibrate_args(tiny_folder, write_pool(tmp_path / "a.jsonl"), first)) == 0
+    assert cli.main(calibrate_args(tiny_folder, write_pool(tmp_path / "b.jsonl", answers=("zzz", "qqq")), second)) == 0
+    a, b = FidesConfig.from_file(first).to_dict(), FidesConfig.from_file(second).to_dict()
+    for cfg in (a, b):
+        cfg["source"].pop("date")
+        cfg["source"].pop("data")
+    assert a == b
+
+
+def test_calibrate_argument_errors(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["calibrate", "--model", "m", "--n", "1"])
+    assert "--n: must be at least 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["calibrate", "--model", "m", "--n", "4", "--offset", "-1"])
+    assert "--offset: must be at least 0" in capsys.readouterr().err
+
+
+def test_calibrate_empty_pool(tiny_folder, tmp_path, capsys):
+    data = write_pool(tmp_path / "pool.jsonl")
+    args = calibrate_args(tiny_folder, data, tmp_path / "cal.json")
+    args[args.index("--offset") + 1] = "6"
+    assert cli.main(args) == 2
+    assert "empty calibration pool: jsonl has 6 examples and --offset 6" in capsys.readouterr().err
+    assert not (tmp_path / "cal.json").exists()
+
+
+def test_calibrate_unwritable_out_fails_before_any_work(tmp_path, capsys):
+    (tmp_path / "file.txt").write_text("x")
+    # Neither the model nor the data exist: the output check must come first.
+    args = ["calibrate", "--model", str(tmp_path / "no-model"), "--dataset", "jsonl", "--data", str(tmp_path / "no.jsonl"),
+            "--n", "4", "--out", str(tmp_path / "file.txt" / "cal.json")]
+    assert cli.main(args) == 2
+    assert "cannot write the calibrated config" in capsys.readouterr().err

@@ -1,0 +1,39 @@
+"""A FidesConfig file (e.g. from `fides-rag calibrate`) sets FidesLLM's FIDES constants."""
+
+from __future__ import annotations
+
+import pytest
+
+from fides_rag import FidesConfig, FidesDecoder
+from fides_rag.testing import build_tiny_model, build_tokenizer
+from llama_index.llms.fides import FidesLLM
+
+DOC = "The Eiffel Tower is a wrought-iron lattice tower in Rome, Italy."
+QUERY = "In which city is the Eiffel Tower located?"
+CALIBRATED = FidesConfig(weights=(0.4, 0.35, 0.25), shift_scale=2.5, noise_scale=40.0, fixed_alpha=0.7, source={"model": "tiny"})
+
+
+@pytest.fixture()
+def config_file(tmp_path):
+    return CALIBRATED.to_file(tmp_path / "calibrated.json")
+
+
+def check(llm: FidesLLM) -> None:
+    assert llm.fides_config() == CALIBRATED
+    assert (llm.weights, llm.shift_scale, llm.noise_scale) == ((0.4, 0.35, 0.25), 2.5, 40.0)
+    response = llm.complete(QUERY, documents=[DOC], max_new_tokens=3)
+    assert response.additional_kwargs["alphas"] == pytest.approx([0.7] * len(response.additional_kwargs["alphas"]))
+
+
+def test_decoder_built_with_the_config_file(config_file):
+    tok = build_tokenizer(chat=True)
+    decoder = FidesDecoder(build_tiny_model("llama", len(tok)), tok, config=FidesConfig.from_file(config_file))
+    check(FidesLLM.from_decoder(decoder))
+
+
+def test_from_model_id_takes_the_config(config_file, tmp_path):
+    tok = build_tokenizer(chat=True)
+    folder = tmp_path / "tiny"
+    build_tiny_model("llama", len(tok)).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    check(FidesLLM.from_model_id(str(folder), device="cpu", config=FidesConfig.from_file(config_file)))
