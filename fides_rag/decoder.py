@@ -1,9 +1,11 @@
-"""The dual-path decoder: both paths of every example in one forward call per step, with KV caches.
+"""The dual-path decoder: every path of every example in one forward call per step, with KV caches.
 
-Rows of the batch are laid out as [ctx_1 .. ctx_B, noctx_1 .. noctx_B] (the second half only for
-two-path rules), left-padded, with position ids counted over real tokens only. Each step runs the
-backbone once, then one output-head matmul over the final states of all rows plus any logit-lens
-rows, so the head's weights are read once per step.
+Rows of the batch come in groups, each only when some rule needs it: the context prompts [ctx_1 .. ctx_B],
+the no-context prompts [noctx_1 .. noctx_B] (two-path rules), one prompt per document [d_1,1 .. d_B,N_B]
+(rules with `needs_document_paths`), and a copy of the context rows per set of masked attention heads
+(rules whose `masked_heads` names some). Rows are left-padded, with position ids counted over real tokens
+only. Each step runs the backbone once, then one output-head matmul over the final states of all rows plus
+any logit-lens rows, so the head's weights are read once per step.
 """
 
 from __future__ import annotations
@@ -104,6 +106,14 @@ class PreparedExample:
     notes: list[str] = field(default_factory=list)
     documents_trimmed: bool = False
     document_tokens: tuple[int, int] | None = None
+    document_prompts: list[str] | None = None
+    """One prompt per document [d_n; x] (the context template with that document alone), for rules with
+    `needs_document_paths`; None when they were not asked for (or cannot exist: raw prompts)."""
+    document_ids: list[list[int]] | None = None
+
+
+_PATHS = ("ctx", "no_ctx", "docs", "masked")
+"""The row groups of a decode, in batch order (see the module docstring)."""
 
 
 @dataclass
@@ -113,13 +123,84 @@ class _Unit:
     lane: int
     example: int
     stop: tuple[str, ...]
-    ctx_row: int
-    no_ctx_row: int
-    """-1 for single-path rules."""
+    rows: dict[str, list[int]]
+    """Path ("ctx", "no_ctx", "docs", "masked") -> this unit's batch rows of it; only the paths its rule runs.
+    One row per path, except "docs": one per document."""
     generator: torch.Generator | None = None
     generated: list[int] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+
+    @property
+    def ctx_row(self) -> int:
+        return self.rows["ctx"][0]
+
+    @property
+    def no_ctx_row(self) -> int:
+        """-1 for single-path rules."""
+        rows = self.rows.get("no_ctx")
+        return rows[0] if rows else -1
+
+
+@dataclass
+class _RowGroup:
+    """Prompts encoded together at prefill: one path of every example (or every document of every example)."""
+
+    ids: torch.Tensor
+    """[n, T] left-padded input ids."""
+    mask: torch.Tensor
+    """[n, T] attention mask."""
+    head_set: int = -1
+    """Index of the set of masked attention heads these rows run with; -1 for none."""
+
+
+class _HeadMasker:
+    """Zeroes chosen attention heads' outputs on chosen rows: a forward pre-hook on each affected block's
+    attention output projection, whose input holds the heads' outputs side by side, [R, T, heads * head_dim]."""
+
+    def __init__(self, anatomy: ModelAnatomy, head_sets: Sequence[Mapping[int, tuple[int, ...]]]) -> None:
+        projections = anatomy.attention_output_projections()
+        dim = anatomy.head_dim
+        self._tables: dict[int, torch.Tensor] = {}
+        """layer -> [1 + S, heads * head_dim] multipliers: row 0 keeps every head, row 1 + s zeroes set s's heads."""
+        for layer in sorted(set().union(*head_sets)):
+            weight = projections[layer - 1].weight
+            width = projections[layer - 1].in_features
+            table = torch.ones(1 + len(head_sets), width, dtype=weight.dtype, device=weight.device)
+            for s, heads in enumerate(head_sets, 1):
+                for h in heads.get(layer, ()):
+                    table[s, h * dim : (h + 1) * dim] = 0
+            self._tables[layer] = table
+        self._keep: dict[int, torch.Tensor] = {}
+        self._handles = [projections[layer - 1].register_forward_pre_hook(self._hook(layer)) for layer in self._tables]
+
+    def set_rows(self, row_sets: Sequence[int]) -> None:
+        """The head set (index, or -1 for none) of every row of the forwards that follow."""
+        if all(s < 0 for s in row_sets):
+            self._keep = {}
+            return
+        index = [s + 1 for s in row_sets]
+        self._keep = {
+            layer: table[torch.tensor(index, dtype=torch.long, device=table.device)]  # [R, heads * head_dim]
+            for layer, table in self._tables.items()
+        }
+
+    def _hook(self, layer: int):
+        def hook(_module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+            keep = self._keep.get(layer)
+            if keep is None:
+                return None
+            heads_out = args[0]  # [R, T, heads * head_dim]
+            if heads_out.shape[0] != keep.shape[0]:
+                raise RuntimeError(f"head mask for {keep.shape[0]} rows applied to a forward of {heads_out.shape[0]} rows")
+            return (heads_out * keep[:, None, :].to(heads_out.device, heads_out.dtype), *args[1:])
+
+        return hook
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._keep = {}
 
 
 def _as_float(value: torch.Tensor | None, row: int) -> float | None:
@@ -168,18 +249,20 @@ def _mergeable(cache: Any) -> bool:
     return bool(layers) and all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers)
 
 
-def _merge_caches(first: Any, second: Any) -> Any:
-    """Stack two left-padded KV caches along the batch, left-padding the shorter one's stored keys (into `first`).
+def _merge_caches(caches: Sequence[Any]) -> Any:
+    """Stack left-padded KV caches along the batch, left-padding the shorter ones' stored keys (into the first).
 
     Sliding-window layers store only their last window-1 positions and count every position seen; the merged
-    layer counts the longer history, and the padded slots fall on positions the attention mask hides.
+    layer counts the longest history, and the padded slots fall on positions the attention mask hides.
     """
-    for a, b in zip(first.layers, second.layers):
-        length = max(a.keys.shape[-2], b.keys.shape[-2])
-        a.keys = torch.cat([_pad_left(a.keys, length, -2), _pad_left(b.keys, length, -2)], dim=0)
-        a.values = torch.cat([_pad_left(a.values, length, -2), _pad_left(b.values, length, -2)], dim=0)
-        if isinstance(a, DynamicSlidingWindowLayer):
-            a.cumulative_length = max(a.cumulative_length, b.cumulative_length)
+    first = caches[0]
+    for index, merged in enumerate(first.layers):
+        parts = [cache.layers[index] for cache in caches]
+        length = max(part.keys.shape[-2] for part in parts)
+        merged.keys = torch.cat([_pad_left(part.keys, length, -2) for part in parts], dim=0)
+        merged.values = torch.cat([_pad_left(part.values, length, -2) for part in parts], dim=0)
+        if isinstance(merged, DynamicSlidingWindowLayer):
+            merged.cumulative_length = max(part.cumulative_length for part in parts)
     return first
 
 
@@ -297,8 +380,37 @@ class FidesDecoder:
         text = self.prompt_template.render(self.tokenizer, question, document_block, self.use_chat_template)
         return text, self._encode(text, templated=self.use_chat_template)
 
-    def prepare(self, question: str, documents: Any, max_new_tokens: int) -> PreparedExample:
-        """Render and tokenise both branches of one example, trimming documents that would not fit."""
+    def _render_fitted(
+        self, question: str, texts: Sequence[str], max_new_tokens: int
+    ) -> tuple[str, list[int], tuple[int, int] | None]:
+        """The context-template prompt over `texts`, its ids, and (block tokens given, kept) when the document
+        block had to be cut at its end so that the prompt plus max_new_tokens fits the context window."""
+        budget = self.context_window - max_new_tokens
+        block = self.prompt_template.document_block(texts)
+        prompt, ids = self._render(question, block)
+        if len(ids) <= budget:
+            return prompt, ids, None
+        block_ids = self.tokenizer(block, add_special_tokens=False)["input_ids"]
+        _, empty_ids = self._render(question, "")
+        keep = budget - len(empty_ids)
+        while keep > 0:
+            trimmed_block = self.tokenizer.decode(block_ids[:keep], skip_special_tokens=True)
+            prompt, ids = self._render(question, trimmed_block)
+            if len(ids) <= budget:
+                break
+            keep -= max(1, len(ids) - budget)
+        if keep <= 0:
+            raise ValueError(
+                f"the prompt without documents already fills the context window ({self.context_window} tokens "
+                f"with max_new_tokens={max_new_tokens}); lower max_new_tokens or shorten the question"
+            )
+        return prompt, ids, (len(block_ids), keep)
+
+    def prepare(self, question: str, documents: Any, max_new_tokens: int, *, document_paths: bool = False) -> PreparedExample:
+        """Render and tokenise both branches of one example, trimming documents that would not fit.
+
+        With `document_paths`, also one prompt per document (for rules with `needs_document_paths`), each
+        trimmed on its own in the same way."""
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"question must be a non-empty string, got {question!r}")
         question = question.strip()
@@ -316,35 +428,30 @@ class FidesDecoder:
             logger.warning(note)
             return PreparedExample(no_ctx_prompt, no_ctx_prompt, no_ctx_ids, no_ctx_ids, stop, False, [note])
 
-        block = self.prompt_template.document_block(texts)
-        ctx_prompt, ctx_ids = self._render(question, block)
+        ctx_prompt, ctx_ids, trimmed = self._render_fitted(question, texts, max_new_tokens)
         example = PreparedExample(ctx_prompt, no_ctx_prompt, ctx_ids, no_ctx_ids, stop, True)
-        if len(ctx_ids) <= budget:
-            return example
-
-        block_ids = self.tokenizer(block, add_special_tokens=False)["input_ids"]
-        _, empty_ids = self._render(question, "")
-        keep = budget - len(empty_ids)
-        while keep > 0:
-            trimmed_block = self.tokenizer.decode(block_ids[:keep], skip_special_tokens=True)
-            ctx_prompt, ctx_ids = self._render(question, trimmed_block)
-            if len(ctx_ids) <= budget:
-                break
-            keep -= max(1, len(ctx_ids) - budget)
-        if keep <= 0:
-            raise ValueError(
-                f"the prompt without documents already fills the context window ({self.context_window} tokens "
-                f"with max_new_tokens={max_new_tokens}); lower max_new_tokens or shorten the question"
+        if trimmed is not None:
+            note = (
+                f"documents trimmed from {trimmed[0]} to {trimmed[1]} tokens so that the prompt plus "
+                f"max_new_tokens={max_new_tokens} fits the context window of {self.context_window}"
             )
-        note = (
-            f"documents trimmed from {len(block_ids)} to {keep} tokens so that the prompt plus "
-            f"max_new_tokens={max_new_tokens} fits the context window of {self.context_window}"
-        )
-        logger.warning(note)
-        example.context_prompt, example.context_ids = ctx_prompt, ctx_ids
-        example.notes.append(note)
-        example.documents_trimmed = True
-        example.document_tokens = (len(block_ids), keep)
+            logger.warning(note)
+            example.notes.append(note)
+            example.documents_trimmed = True
+            example.document_tokens = trimmed
+        if document_paths:
+            example.document_prompts, example.document_ids = [], []
+            for number, text in enumerate(texts, 1):
+                prompt, ids, cut = self._render_fitted(question, [text], max_new_tokens)
+                example.document_prompts.append(prompt)
+                example.document_ids.append(ids)
+                if cut is not None:
+                    note = (
+                        f"document {number}'s own prompt trimmed from {cut[0]} to {cut[1]} tokens so that it plus "
+                        f"max_new_tokens={max_new_tokens} fits the context window of {self.context_window}"
+                    )
+                    logger.warning(note)
+                    example.notes.append(note)
         return example
 
     def prepare_from_prompts(
@@ -414,7 +521,10 @@ class FidesDecoder:
             )
         rule = self.resolve_method(method)
         settings = self._settings(max_new_tokens, stop, **generation_kwargs)
-        examples = [self.prepare(q, d, settings.max_new_tokens) for q, d in zip(questions, documents_per_question)]
+        examples = [
+            self.prepare(q, d, settings.max_new_tokens, document_paths=rule.needs_document_paths)
+            for q, d in zip(questions, documents_per_question)
+        ]
         return self._decode_examples(examples, [rule], settings)[0]
 
     def generate_methods(
@@ -452,7 +562,11 @@ class FidesDecoder:
                 f"got {len(questions)} questions but {len(documents_per_question)} document lists; pass one list per question"
             )
         settings = self._settings(max_new_tokens, stop, **generation_kwargs)
-        examples = [self.prepare(q, d, settings.max_new_tokens) for q, d in zip(questions, documents_per_question)]
+        document_paths = any(rule.needs_document_paths for rule in labelled.values())
+        examples = [
+            self.prepare(q, d, settings.max_new_tokens, document_paths=document_paths)
+            for q, d in zip(questions, documents_per_question)
+        ]
         per_lane = self._decode_examples(examples, list(labelled.values()), settings)
         return dict(zip(labelled, per_lane))
 
@@ -469,6 +583,7 @@ class FidesDecoder:
     ) -> GenerationResult:
         """Decode from two raw prompt strings (no templating); stops only on EOS, `stop` and the token budget."""
         rule = self.resolve_method(method)
+        self._refuse_document_paths(rule)
         settings = self._settings(max_new_tokens, stop, **generation_kwargs)
         example = self.prepare_from_prompts(context_prompt, no_context_prompt, settings.max_new_tokens, add_special_tokens)
         return self._decode_examples([example], [rule], settings)[0][0]
@@ -486,7 +601,7 @@ class FidesDecoder:
         """Text deltas as they are decoded; their concatenation equals the final `result.text`."""
         rule = self.resolve_method(method)
         settings = self._settings(max_new_tokens, stop, **generation_kwargs)
-        example = self.prepare(question, documents, settings.max_new_tokens)
+        example = self.prepare(question, documents, settings.max_new_tokens, document_paths=rule.needs_document_paths)
         return self._stream_example(example, rule, settings)
 
     def stream_from_prompts(
@@ -502,11 +617,57 @@ class FidesDecoder:
     ) -> TextStream:
         """`stream` for two raw prompt strings."""
         rule = self.resolve_method(method)
+        self._refuse_document_paths(rule)
         settings = self._settings(max_new_tokens, stop, **generation_kwargs)
         example = self.prepare_from_prompts(context_prompt, no_context_prompt, settings.max_new_tokens, add_special_tokens)
         return self._stream_example(example, rule, settings)
 
     # -- decoding ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _refuse_document_paths(rule: ContrastRule) -> None:
+        if rule.needs_document_paths:
+            raise ValueError(
+                f"method {rule.name!r} runs one path per document, which raw prompts cannot provide; pass the "
+                f"question and its documents to generate / generate_batch / generate_methods / stream instead"
+            )
+
+    @staticmethod
+    def _check_document_paths(
+        examples: Sequence[PreparedExample], rules: Sequence[ContrastRule], skip_without_documents: bool = True
+    ) -> None:
+        """Every example a rule with per-document paths decodes has >= 2 prepared document prompts
+        (`skip_without_documents`: examples without documents, which go to 'standard', are not checked)."""
+        for rule in rules:
+            if not rule.needs_document_paths:
+                continue
+            for i, example in enumerate(examples):
+                if skip_without_documents and not example.has_documents:
+                    continue  # decoded with 'standard' on the question alone, like under every method
+                if example.document_ids is None:
+                    raise ValueError(
+                        f"method {rule.name!r} runs one path per document, but example {i} has no per-document "
+                        f"prompts: raw prompts cannot provide them, and `prepare` makes them only with "
+                        f"document_paths=True; pass the question and its documents to generate / generate_batch / "
+                        f"generate_methods / stream"
+                    )
+                if len(example.document_ids) < 2:
+                    raise ValueError(
+                        f"method {rule.name!r} contrasts a question's documents with each other and needs at least "
+                        f"2 documents per question, but example {i} has {len(example.document_ids)}; give it more "
+                        f"documents or use a method without per-document paths (e.g. 'cad')"
+                    )
+
+    def _lane_heads(self, rules: Sequence[ContrastRule]) -> list[dict[int, tuple[int, ...]] | None]:
+        """Each rule's masked attention heads (asked once per decode call), checked against the model."""
+        lanes: list[dict[int, tuple[int, ...]] | None] = []
+        for rule in rules:
+            asked = rule.masked_heads(self.model, self.tokenizer)
+            heads = self.anatomy.check_heads(asked, f"method {rule.name!r}") if asked is not None else {}
+            if heads:
+                self.anatomy.attention_output_projections()  # refuses a model whose heads cannot be masked
+            lanes.append(heads or None)
+        return lanes
 
     def _decode_examples(
         self, examples: list[PreparedExample], rules: list[ContrastRule], settings: GenerationSettings
@@ -516,8 +677,10 @@ class FidesDecoder:
         with_docs = [i for i, e in enumerate(examples) if e.has_documents]
         without = [i for i, e in enumerate(examples) if not e.has_documents]
         results: list[list[GenerationResult | None]] = [[None] * len(examples) for _ in rules]
+        self._check_document_paths(examples, rules)  # before any decoding, so bad input wastes no work
+        heads = self._lane_heads(rules) if with_docs else None
         if with_docs:
-            units = self._run_to_end([examples[i] for i in with_docs], rules, settings)
+            units = self._run_to_end([examples[i] for i in with_docs], rules, settings, heads)
             for lane, rule in enumerate(rules):
                 for i, unit in zip(with_docs, units[lane]):
                     results[lane][i] = self._result(examples[i], unit, rule, rule, settings)
@@ -529,20 +692,29 @@ class FidesDecoder:
                     results[lane][i] = self._result(examples[i], unit, standard, rule, settings)
         return [[r for r in lane if r is not None] for lane in results]
 
-    def _run_to_end(self, examples: list[PreparedExample], rules: list[ContrastRule], settings: GenerationSettings) -> list[list[_Unit]]:
+    def _run_to_end(
+        self,
+        examples: list[PreparedExample],
+        rules: list[ContrastRule],
+        settings: GenerationSettings,
+        heads: list[dict[int, tuple[int, ...]] | None] | None = None,
+    ) -> list[list[_Unit]]:
         units: list[list[_Unit]] = []
-        for units in self._decode_steps(examples, rules, settings):
+        for units in self._decode_steps(examples, rules, settings, heads):
             pass
         return units
 
     def _stream_example(self, example: PreparedExample, rule: ContrastRule, settings: GenerationSettings) -> TextStream:
-        effective = rule if example.has_documents or not rule.needs_no_context else get_method("standard")
+        extra_path = rule.needs_no_context or rule.needs_document_paths
+        effective = rule if example.has_documents or not extra_path else get_method("standard")
         stops = example.stop + settings.stop
+        self._check_document_paths([example], [effective])  # now, not at the first delta
+        heads = self._lane_heads([effective])
 
         def deltas() -> Iterator[str]:
             emitted = ""
             unit: _Unit | None = None
-            for units in self._decode_steps([example], [effective], settings):
+            for units in self._decode_steps([example], [effective], settings, heads):
                 unit = units[0][0]
                 text = self._decode_text(unit.generated)
                 cut = first_stop_index(text, stops)
@@ -594,36 +766,77 @@ class FidesDecoder:
         )
 
     def _decode_steps(
-        self, examples: list[PreparedExample], rules: list[ContrastRule], settings: GenerationSettings
+        self,
+        examples: list[PreparedExample],
+        rules: list[ContrastRule],
+        settings: GenerationSettings,
+        heads: list[dict[int, tuple[int, ...]] | None] | None = None,
     ) -> Iterator[list[list[_Unit]]]:
-        """Run the decoding loop; yield every unit's state (units[lane][example]) after every step."""
+        """Run the decoding loop; yield every unit's state (units[lane][example]) after every step.
+
+        `heads`: each lane's masked heads from `_lane_heads` (asked here when not given)."""
         with self._lock, torch.inference_mode():
-            yield from self._decode_loop(examples, rules, settings)
+            self._check_document_paths(examples, rules, skip_without_documents=False)
+            if heads is None:
+                heads = self._lane_heads(rules)
+            yield from self._decode_loop(examples, rules, settings, heads)
 
     def _decode_loop(
-        self, examples: list[PreparedExample], rules: list[ContrastRule], settings: GenerationSettings
+        self,
+        examples: list[PreparedExample],
+        rules: list[ContrastRule],
+        settings: GenerationSettings,
+        heads: list[dict[int, tuple[int, ...]] | None],
     ) -> Iterator[list[list[_Unit]]]:
         anatomy, device = self.anatomy, self.device
-        batch, num_layers = len(examples), anatomy.num_layers
-        any_two_path = any(rule.needs_no_context for rule in rules)
-
-        # Prefill rows: [ctx_1 .. ctx_B, noctx_1 .. noctx_B], shared by every lane (method).
+        num_layers = anatomy.num_layers
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        ctx_ids, ctx_mask = _left_padded([e.context_ids for e in examples], pad_id, device)  # [B, Tc]
-        groups = [(ctx_ids, ctx_mask)]
-        if any_two_path:
-            groups.append(_left_padded([e.no_context_ids for e in examples], pad_id, device))  # [B, Tn]
-        width = max(ids.shape[1] for ids, _ in groups)
-        prompt_ids = ctx_ids  # [B, Tc], what logits processors see before the generated tokens
-        prompt_width = ctx_ids.shape[1]
+
+        # Prefill row groups, shared by every lane (method); see the module docstring for the order.
+        groups: list[_RowGroup] = []
+
+        def add_group(sequences: list[list[int]], head_set: int = -1) -> int:
+            start = sum(g.ids.shape[0] for g in groups)
+            groups.append(_RowGroup(*_left_padded(sequences, pad_id, device), head_set=head_set))
+            return start
+
+        add_group([e.context_ids for e in examples])  # rows 0 .. B-1
+        no_ctx_start = add_group([e.no_context_ids for e in examples]) if any(r.needs_no_context for r in rules) else -1
+        doc_first: list[int] = []  # example b's first document row, relative to the group
+        docs_start = -1
+        if any(r.needs_document_paths for r in rules):
+            flat: list[list[int]] = []
+            for e in examples:
+                doc_first.append(len(flat))
+                flat.extend(e.document_ids or [])
+            docs_start = add_group(flat)
+        head_keys = [tuple(h.items()) if h else None for h in heads]
+        distinct = list(dict.fromkeys(k for k in head_keys if k is not None))  # lanes with equal heads share rows
+        lane_set = [distinct.index(k) if k is not None else -1 for k in head_keys]
+        masked_starts = [add_group([e.context_ids for e in examples], head_set=s) for s in range(len(distinct))]
+        row_sets = [g.head_set for g in groups for _ in range(g.ids.shape[0])]  # head set of every row
+        width = max(g.ids.shape[1] for g in groups)
+        prompt_ids = groups[0].ids  # [B, Tc], what logits processors see before the generated tokens
+        prompt_width = prompt_ids.shape[1]
+
+        def first_rows(rule: ContrastRule, lane: int, b: int) -> dict[str, list[int]]:
+            rows = {"ctx": [b]}
+            if rule.needs_no_context:
+                rows["no_ctx"] = [no_ctx_start + b]
+            if rule.needs_document_paths:
+                first = docs_start + doc_first[b]
+                rows["docs"] = list(range(first, first + len(examples[b].document_ids or [])))
+            if lane_set[lane] >= 0:
+                rows["masked"] = [masked_starts[lane_set[lane]] + b]
+            return rows
+
         units = [
             [
                 _Unit(
                     lane=lane,
                     example=b,
                     stop=e.stop + settings.stop,
-                    ctx_row=b,
-                    no_ctx_row=batch + b if rule.needs_no_context else -1,
+                    rows=first_rows(rule, lane, b),
                     generator=torch.Generator(device=device).manual_seed(settings.seed)
                     if settings.do_sample and settings.seed is not None
                     else None,
@@ -645,11 +858,14 @@ class FidesDecoder:
             return hook
 
         handles = [anatomy.layers[l - 1].register_forward_hook(capture(l)) for l in sorted(hooked)]
+        masker = _HeadMasker(anatomy, [dict(k) for k in distinct]) if distinct else None
         processors = settings.warpers(prompt_width, self.eos_token_ids)
         try:
             for step in range(settings.max_new_tokens):
                 if step == 0:
-                    last_hidden, cache, attention_mask, position_ids = self._prefill(groups, width, captured)
+                    last_hidden, cache, attention_mask, position_ids = self._prefill(groups, width, captured, masker)
+                    if masker is not None:
+                        masker.set_rows(row_sets)
                 else:
                     out = anatomy.backbone(
                         input_ids=step_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -691,66 +907,80 @@ class FidesDecoder:
                         )
                 yield units
 
-                # Next rows: the chosen token on both paths of every unfinished unit; finished rows leave the cache.
+                # Next rows: the chosen token on every path of every unfinished unit; finished rows leave the cache.
+                # Per lane, path by path (a single lane with nobody finished keeps its rows in place).
                 previous_rows: list[int] = []
                 next_tokens: list[int] = []
-                for lane_units in units:  # per lane: ctx rows, then no-context rows (a single lane stays in place)
+                for lane_units in units:
                     running = [u for u in lane_units if u.finish_reason is None]
-                    for path in ("ctx_row", "no_ctx_row"):
+                    for path in _PATHS:
                         for unit in running:
-                            if getattr(unit, path) < 0:
+                            rows = unit.rows.get(path)
+                            if rows is None:
                                 continue
-                            previous_rows.append(getattr(unit, path))
-                            next_tokens.append(unit.generated[-1])
-                            setattr(unit, path, len(previous_rows) - 1)
+                            unit.rows[path] = list(range(len(previous_rows), len(previous_rows) + len(rows)))
+                            previous_rows += rows
+                            next_tokens += [unit.generated[-1]] * len(rows)
                 if not previous_rows:
                     break
                 if previous_rows != list(range(num_rows)):
                     keep = torch.tensor(previous_rows, dtype=torch.long, device=device)
                     cache.batch_select_indices(keep)
                     attention_mask, position_ids = attention_mask[keep], position_ids[keep]
+                    if masker is not None:
+                        row_sets = [row_sets[r] for r in previous_rows]
+                        masker.set_rows(row_sets)
                 step_ids = torch.tensor(next_tokens, dtype=torch.long, device=device)[:, None]  # [R', 1]
                 attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(previous_rows), 1))], dim=-1)
                 position_ids = position_ids[:, -1:] + 1
         finally:
             for handle in handles:
                 handle.remove()
+            if masker is not None:
+                masker.remove()
 
     def _joint_prefill(
-        self, groups: list[tuple[torch.Tensor, torch.Tensor]], width: int
+        self, groups: list[_RowGroup], width: int, masker: _HeadMasker | None
     ) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
-        ids = torch.cat([_pad_left(i, width, 1) for i, _ in groups])
-        mask = torch.cat([_pad_left(m, width, 1) for _, m in groups])
+        ids = torch.cat([_pad_left(g.ids, width, 1) for g in groups])
+        mask = torch.cat([_pad_left(g.mask, width, 1) for g in groups])
         positions = (mask.cumsum(-1) - 1).clamp_min(0)  # [R, T], real tokens count from 0
+        if masker is not None:
+            masker.set_rows([g.head_set for g in groups for _ in range(g.ids.shape[0])])
         out = self.anatomy.backbone(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
         return out.last_hidden_state[:, -1, :], out.past_key_values, mask, positions[:, -1:]
 
     def _prefill(
-        self, groups: list[tuple[torch.Tensor, torch.Tensor]], width: int, captured: dict[int, torch.Tensor]
+        self, groups: list[_RowGroup], width: int, captured: dict[int, torch.Tensor], masker: _HeadMasker | None
     ) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
         """Encode the prompts of all paths; return last hidden states, the KV cache, the attention mask and
         the last position of every row.
 
-        With `split_prefill`, each path is encoded in its own forward (padded only to its own longest prompt,
-        so the short no-context prompt costs its own length, not the documents') and the caches are merged;
-        otherwise all rows go through one forward padded to the longest prompt. Both give the same states.
+        With `split_prefill`, each group of rows is encoded in its own forward (padded only to its own longest
+        prompt, so the short no-context prompt costs its own length, not the documents'; masked heads apply to
+        their own group's forward only) and the caches are merged; otherwise all rows go through one forward
+        padded to the longest prompt. Both give the same states.
         """
         if not self.split_prefill or len(groups) == 1:
-            return self._joint_prefill(groups, width)
+            return self._joint_prefill(groups, width, masker)
         outputs, captures = [], []
-        for ids, mask in groups:
-            positions = (mask.cumsum(-1) - 1).clamp_min(0)  # real tokens count from 0
-            outputs.append(self.anatomy.backbone(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True))
+        for group in groups:
+            if masker is not None:
+                masker.set_rows([group.head_set] * group.ids.shape[0])
+            positions = (group.mask.cumsum(-1) - 1).clamp_min(0)  # real tokens count from 0
+            outputs.append(
+                self.anatomy.backbone(input_ids=group.ids, attention_mask=group.mask, position_ids=positions, use_cache=True)
+            )
             captures.append(dict(captured))
         caches = [o.past_key_values for o in outputs]
         if not all(_mergeable(c) for c in caches):  # a cache layout we cannot merge: encode again, jointly
-            return self._joint_prefill(groups, width)
+            return self._joint_prefill(groups, width, masker)
         for layer in captured:
             captured[layer] = torch.cat([c[layer] for c in captures])
-        mask = torch.cat([_pad_left(m, width, 1) for _, m in groups])
-        last_positions = torch.cat([m.sum(-1, keepdim=True) - 1 for _, m in groups])
+        mask = torch.cat([_pad_left(g.mask, width, 1) for g in groups])
+        last_positions = torch.cat([g.mask.sum(-1, keepdim=True) - 1 for g in groups])
         last_hidden = torch.cat([o.last_hidden_state[:, -1, :] for o in outputs])
-        return last_hidden, _merge_caches(caches[0], caches[1]), mask, last_positions
+        return last_hidden, _merge_caches(caches), mask, last_positions
 
     def _advance_lane(
         self,
@@ -779,6 +1009,15 @@ class FidesDecoder:
             if rule.needs_layer_states and layer_states is not None:
                 inputs.ctx_layer_states = layer_states[:, ctx_rows]
                 inputs.no_ctx_layer_states = layer_states[:, no_ctx_rows]
+        if rule.needs_document_paths:
+            docs = [u.rows["docs"] for u in lane_units]
+            most = max(len(d) for d in docs)
+            index = torch.tensor([d + d[:1] * (most - len(d)) for d in docs], device=device)  # [n, N], pads repeat a row
+            present = torch.tensor([[True] * len(d) + [False] * (most - len(d)) for d in docs], device=device)  # [n, N]
+            inputs.document_logits = logits[index].masked_fill(~present[..., None], 0.0)  # [n, N, V]
+            inputs.document_mask = present
+        if "masked" in lane_units[0].rows:
+            inputs.masked_logits = logits[torch.tensor([u.rows["masked"][0] for u in lane_units], device=device)]
         decided = rule.combine(inputs)
         scores = decided.logits  # [n, V]
         examples = torch.tensor([u.example for u in lane_units], device=device)

@@ -8,7 +8,9 @@ model's own logits, see tests/test_lens.py) are accepted.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -41,10 +43,69 @@ class ModelAnatomy:
     final_norm: nn.Module
     head: nn.Module
     softcap: float | None
+    config: Any = None
 
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    @property
+    def num_heads(self) -> int:
+        """Attention (query) heads per layer."""
+        heads = getattr(self.config, "num_attention_heads", None)
+        if not isinstance(heads, int) or heads <= 0:
+            raise UnsupportedArchitectureError(f"{self.model_type}: the config has no positive num_attention_heads")
+        return heads
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one head's output, the slice [h*head_dim:(h+1)*head_dim] of the attention output projection's input."""
+        dim = getattr(self.config, "head_dim", None) or getattr(self.config, "hidden_size", 0) // self.num_heads
+        if not isinstance(dim, int) or dim <= 0:
+            raise UnsupportedArchitectureError(f"{self.model_type}: cannot tell the attention head width from the config")
+        return dim
+
+    def attention_output_projections(self) -> list[nn.Linear]:
+        """Each block's attention output projection `self_attn.o_proj`, whose input is the heads' outputs side by
+        side ([..., num_heads * head_dim]); checked against the config."""
+        width = self.num_heads * self.head_dim
+        projections = []
+        for index, layer in enumerate(self.layers, 1):
+            proj = getattr(getattr(layer, "self_attn", None), "o_proj", None)
+            if not isinstance(proj, nn.Linear) or proj.in_features != width:
+                raise UnsupportedArchitectureError(
+                    f"{self.model_type}: block {index} has no self_attn.o_proj linear layer over num_heads x head_dim = "
+                    f"{self.num_heads} x {self.head_dim} inputs, so attention heads cannot be masked on this model"
+                )
+            projections.append(proj)
+        return projections
+
+    def check_heads(self, heads: Mapping[int, Iterable[int]], owner: str) -> dict[int, tuple[int, ...]]:
+        """Validate {layer (1-based): head indices (0-based)} against this model; sorted, without repeats or
+        empty layers. `owner` names who asked (for the error message)."""
+        if not isinstance(heads, Mapping):
+            raise ValueError(
+                f"{owner}: masked heads must be a mapping {{layer (1-based): head indices}}, got {type(heads).__name__}"
+            )
+        checked: dict[int, tuple[int, ...]] = {}
+        for layer, indices in heads.items():
+            if isinstance(layer, bool) or not isinstance(layer, int) or not 1 <= layer <= self.num_layers:
+                raise ValueError(
+                    f"{owner}: masked-heads layer {layer!r} is not a block of this {self.num_layers}-layer model "
+                    f"(layers are 1-based: 1..{self.num_layers})"
+                )
+            if isinstance(indices, (str, bytes)) or not isinstance(indices, Iterable):
+                raise ValueError(f"{owner}: the heads of layer {layer} must be a list of head indices, got {indices!r}")
+            indices = list(indices)
+            bad = [h for h in indices if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < self.num_heads]
+            if bad:
+                raise ValueError(
+                    f"{owner}: heads {bad} of layer {layer} are not heads of this model (head indices are 0-based: "
+                    f"0..{self.num_heads - 1})"
+                )
+            if indices:
+                checked[layer] = tuple(sorted(set(indices)))
+        return dict(sorted(checked.items()))
 
     @classmethod
     def of(cls, model: nn.Module) -> ModelAnatomy:
@@ -67,7 +128,7 @@ class ModelAnatomy:
             )
         softcap_attr = SUPPORTED_FAMILIES[model_type]
         softcap = getattr(config, softcap_attr, None) if softcap_attr else None
-        return cls(model_type, backbone, layers, norm, head, float(softcap) if softcap else None)
+        return cls(model_type, backbone, layers, norm, head, float(softcap) if softcap else None, config)
 
     def head_logits(self, normed_hidden: torch.Tensor) -> torch.Tensor:
         """Output head plus soft-capping on states that already went through the final norm.  [N, H] -> [N, V]"""

@@ -41,3 +41,34 @@ def test_unsupported_architecture_is_refused():
     model = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50))
     with pytest.raises(UnsupportedArchitectureError, match="unsupported architecture 'gpt2'"):
         ModelAnatomy.of(model)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_attention_heads_and_output_projections(tiny_models, family):
+    """Every family exposes num_heads x head_dim as the input width of each block's o_proj."""
+    anatomy = ModelAnatomy.of(tiny_models[family])
+    assert (anatomy.num_heads, anatomy.head_dim) == (4, 8)
+    projections = anatomy.attention_output_projections()
+    assert len(projections) == anatomy.num_layers
+    assert all(p is layer.self_attn.o_proj and p.in_features == 32 for p, layer in zip(projections, anatomy.layers))
+
+
+def test_check_heads(tiny_llama):
+    anatomy = ModelAnatomy.of(tiny_llama)
+    assert anatomy.check_heads({3: [2, 0, 2], 1: (1,), 2: []}, "x") == {1: (1,), 3: (0, 2)}
+    assert anatomy.check_heads({}, "x") == {}
+    with pytest.raises(ValueError, match="x: masked-heads layer 5 is not a block of this 4-layer model"):
+        anatomy.check_heads({5: [0]}, "x")
+    with pytest.raises(ValueError, match=r"x: heads \[4\] of layer 2 are not heads of this model"):
+        anatomy.check_heads({2: [0, 4]}, "x")
+    with pytest.raises(ValueError, match="x: masked heads must be a mapping"):
+        anatomy.check_heads([1, 2], "x")
+
+
+def test_output_projection_of_the_wrong_width_is_refused(tokenizer):
+    from fides_rag.testing import build_tiny_model
+
+    model = build_tiny_model("llama", len(tokenizer))
+    model.model.layers[0].self_attn.o_proj = torch.nn.Linear(16, 32)
+    with pytest.raises(UnsupportedArchitectureError, match="block 1 has no self_attn.o_proj linear layer over num_heads x head_dim = 4 x 8"):
+        ModelAnatomy.of(model).attention_output_projections()

@@ -24,6 +24,13 @@ class StepInputs:
     lens_logits: dict[int, torch.Tensor] | None = None
     """layer l (1-based) -> [B, V] logit-lens logits of the context path (if the rule asked)."""
     num_layers: int = 0
+    document_logits: torch.Tensor | None = None
+    """[B, N, V] logits of the per-document paths [d_n; x; y<t] (if `needs_document_paths`), padded over
+    examples to the largest document count N; padded entries are zeros and False in `document_mask`."""
+    document_mask: torch.Tensor | None = None
+    """[B, N] bool, True where example b has a document n."""
+    masked_logits: torch.Tensor | None = None
+    """[B, V] logits of the context path run with the heads of `masked_heads` zeroed (if it returned any)."""
 
 
 @dataclass
@@ -54,6 +61,14 @@ class ContrastRule(ABC):
     def needs_layer_states(self) -> bool:
         """Whether `combine` reads the per-layer states of both paths."""
         return False
+
+    needs_document_paths: ClassVar[bool] = False
+    """Whether the decoder also runs one path per document, [d_n; x; y<t] (DVD). Needs >= 2 documents."""
+
+    def masked_heads(self, model: Any, tokenizer: Any) -> dict[int, tuple[int, ...]] | None:
+        """Attention heads (1-based layer -> head indices) whose outputs are zeroed on an extra copy of the
+        context path (DeCoRe); None means the rule needs no such path. Called once per decode call."""
+        return None
 
     def lens_layers(self, num_layers: int) -> tuple[int, ...]:
         """Which context-path layers (1-based) need logit-lens logits (single- or two-path rules alike)."""
