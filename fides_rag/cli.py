@@ -12,16 +12,23 @@ from fides_rag.config import FidesConfig
 from fides_rag.decoder import FidesDecoder
 from fides_rag.demo.cli import add_demo_parser, run_demo_command
 from fides_rag.report import step_table
-from fides_rag.rules import available_methods
+from fides_rag.rules import available_methods, parse_method_names
 
 DEFAULT_MODEL = "gemma3-270m"
 
 
-def _methods(value: str) -> list[str]:
-    methods = [m.strip() for m in value.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in available_methods()]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown method(s) {unknown}; available: {', '.join(available_methods())}")
+class MethodList(list):
+    """Parsed --methods: the names, and whether they came from 'all' (which skips methods a dataset cannot run)."""
+
+    from_all: bool = False
+
+
+def _methods(value: str) -> MethodList:
+    try:
+        methods = MethodList(parse_method_names(value))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    methods.from_all = "all" in [m.strip() for m in value.split(",")]
     return methods
 
 
@@ -70,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--dataset", default="nq-swap", help="nq-swap, nq-swap-original, nq-swap-both, nq-open, popqa or jsonl")
     evaluate.add_argument("--data", help="dataset file (or pminervini/NQ-Swap); default: $FIDES_RAG_DATA or ../shared/data")
     evaluate.add_argument("--passages", help="PopQA passages file (default: beside --data)")
-    evaluate.add_argument("--methods", type=_methods, default=["standard", "cad", "adacad", "fides"], help="comma-separated")
+    evaluate.add_argument("--methods", type=_methods, default=["standard", "cad", "adacad", "fides"],
+                          help="comma-separated, or all (every registered method the dataset can run)")
     evaluate.add_argument("--limit", type=int, help="first N examples")
     evaluate.add_argument("--out", required=True, help="run folder (rerun with the same folder to resume)")
     evaluate.add_argument("--batch-size", type=int, default=8)
@@ -119,7 +127,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\nJSON report: {args.out}")
         return 0
     if args.command == "eval":
-        return _eval(args)
+        try:
+            return _eval(args)
+        except (ValueError, FileNotFoundError) as err:
+            print(f"fides-rag eval: error: {err}", file=sys.stderr)
+            return 2
     if args.command == "analyze":
         return _analyze(args.run_dir, args.method, args.example)
     if args.command == "calibrate":
@@ -157,13 +169,18 @@ def _analyze(run_dir: str, method: str | None = None, example: str | None = None
 
 def _eval(args: argparse.Namespace) -> int:
     from fides_rag.eval.datasets import load_examples
-    from fides_rag.eval.harness import RESULTS_MD, build_methods, run_eval
+    from fides_rag.eval.harness import RESULTS_MD, build_methods, run_eval, runnable_methods
 
     config = FidesConfig.from_file(args.config) if args.config else FidesConfig()
     examples = load_examples(args.dataset, args.data, limit=args.limit, passages=args.passages)
-    methods = build_methods(args.methods, config, ablations=args.ablations)
+    names, skipped = runnable_methods(args.methods, examples, skip=getattr(args.methods, "from_all", False))
+    for name, why in skipped.items():
+        print(f"--methods all: skipping {name}: {why}", file=sys.stderr)
+    methods = build_methods(names, config, ablations=args.ablations)
     decoder = FidesDecoder.from_pretrained(args.model, device=args.device, config=config)
     info = {"model": args.model, "dataset": args.dataset, "data": args.data, "config": config.to_dict()}
+    if skipped:
+        info["skipped_methods"] = skipped
     run_eval(decoder, examples, methods, args.out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
              run_info=info, progress=not args.no_progress, bootstrap_samples=args.bootstrap)
     print((Path(args.out) / RESULTS_MD).read_text())

@@ -38,7 +38,7 @@ def test_generate_json_lines(tiny_folder, capsys):
 def test_unknown_method_is_rejected(capsys):
     with pytest.raises(SystemExit):
         cli.main(["generate", "Q?", "--methods", "standard,nope"])
-    assert "unknown method(s) ['nope']" in capsys.readouterr().err
+    assert "unknown method(s) nope; available methods: standard, cad" in capsys.readouterr().err
 
 
 # -- calibrate ------------------------------------------------------------------------------------------
@@ -132,3 +132,22 @@ def test_calibrate_unwritable_out_fails_before_any_work(tmp_path, capsys):
             "--n", "4", "--out", str(tmp_path / "file.txt" / "cal.json")]
     assert cli.main(args) == 2
     assert "cannot write the calibrated config" in capsys.readouterr().err
+
+
+def test_methods_all_parses_to_every_registered_method():
+    from fides_rag.rules import available_methods
+
+    args = cli.build_parser().parse_args(["eval", "--out", "x", "--methods", "all"])
+    assert list(args.methods) == available_methods() and args.methods.from_all
+    named = cli.build_parser().parse_args(["eval", "--out", "x", "--methods", "cad,all"])
+    assert list(named.methods)[0] == "cad" and len(named.methods) == len(available_methods())
+
+
+def test_eval_named_method_that_cannot_run_is_an_error_before_loading(tmp_path, capsys):
+    data = write_pool(tmp_path / "pool.jsonl")
+    code = cli.main(["eval", "--model", str(tmp_path / "no-such-model"), "--dataset", "jsonl", "--data", str(data),
+                     "--methods", "standard,dvd", "--out", str(tmp_path / "run"), "--no-progress"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "method 'dvd' cannot run on this dataset" in err and "at least 2 documents" in err
+    assert not (tmp_path / "run").exists()

@@ -47,6 +47,26 @@ def ablation_methods(config: FidesConfig | None = None) -> dict[str, ContrastRul
     return methods
 
 
+def runnable_methods(names: Sequence[str], examples: Sequence[QAExample], *, skip: bool = False) -> tuple[list[str], dict[str, str]]:
+    """The methods that can run on every example, and why the others cannot (DVD needs >= 2 documents).
+
+    With skip=False (methods named explicitly) an unrunnable method is a ValueError, raised before any
+    model is loaded; with skip=True (from --methods all) it is dropped and reported.
+    """
+    few = sum(1 for e in examples if len(e.contexts) < 2)
+    runnable, skipped = [], {}
+    for name in names:
+        if few and get_method(name).needs_document_paths:
+            why = (f"it needs at least 2 documents per example and {few} of the {len(examples)} examples have fewer "
+                   f"(use a multi-document dataset, e.g. the retrieval demo: fides-rag demo --methods {name})")
+            if not skip:
+                raise ValueError(f"method {name!r} cannot run on this dataset: {why}")
+            skipped[name] = why
+        else:
+            runnable.append(name)
+    return runnable, skipped
+
+
 def build_methods(names: Sequence[str], config: FidesConfig | None = None, ablations: bool = False) -> dict[str, str | ContrastRule]:
     """label -> method for `generate_methods`: the named methods ("fides" uses `config`), plus the ablations."""
     config = config or FidesConfig()

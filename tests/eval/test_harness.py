@@ -13,6 +13,7 @@ from fides_rag.eval.harness import (
     build_methods,
     read_predictions,
     run_eval,
+    runnable_methods,
 )
 
 EXAMPLES = [
@@ -138,3 +139,12 @@ def test_bad_middle_line_is_an_error(tmp_path):
     (tmp_path / PREDICTIONS).write_text('{"id": "a", "outputs": {}}\nnot json\n{"id": "b", "outputs": {}}\n')
     with pytest.raises(ValueError, match="line 2"):
         read_predictions(tmp_path / PREDICTIONS)
+
+
+def test_methods_needing_several_documents_are_skipped_or_refused():
+    two_docs = QAExample("Q?", ("a", "b"), ("a",), (), "two")
+    assert runnable_methods(["standard", "dvd"], [two_docs]) == (["standard", "dvd"], {})
+    names, skipped = runnable_methods(["standard", "dvd"], [two_docs, EXAMPLES[0]], skip=True)
+    assert names == ["standard"] and "1 of the 2 examples" in skipped["dvd"]
+    with pytest.raises(ValueError, match="method 'dvd' cannot run on this dataset: it needs at least 2 documents"):
+        runnable_methods(["standard", "dvd"], [two_docs, EXAMPLES[0]])
