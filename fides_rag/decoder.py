@@ -32,7 +32,7 @@ from transformers import (
 
 from fides_rag.config import FidesConfig
 from fides_rag.lens import ModelAnatomy
-from fides_rag.prompts import PromptTemplate, document_texts
+from fides_rag.prompts import PromptTemplate, document_texts, fit_texts
 from fides_rag.result import FinishReason, GenerationResult, StepRecord
 from fides_rag.rules import ContrastRule, StepInputs, get_method
 from fides_rag.rules.fides import FidesRule
@@ -385,26 +385,15 @@ class FidesDecoder:
     ) -> tuple[str, list[int], tuple[int, int] | None]:
         """The context-template prompt over `texts`, its ids, and (block tokens given, kept) when the document
         block had to be cut at its end so that the prompt plus max_new_tokens fits the context window."""
-        budget = self.context_window - max_new_tokens
-        block = self.prompt_template.document_block(texts)
-        prompt, ids = self._render(question, block)
-        if len(ids) <= budget:
-            return prompt, ids, None
-        block_ids = self.tokenizer(block, add_special_tokens=False)["input_ids"]
-        _, empty_ids = self._render(question, "")
-        keep = budget - len(empty_ids)
-        while keep > 0:
-            trimmed_block = self.tokenizer.decode(block_ids[:keep], skip_special_tokens=True)
-            prompt, ids = self._render(question, trimmed_block)
-            if len(ids) <= budget:
-                break
-            keep -= max(1, len(ids) - budget)
-        if keep <= 0:
-            raise ValueError(
-                f"the prompt without documents already fills the context window ({self.context_window} tokens "
-                f"with max_new_tokens={max_new_tokens}); lower max_new_tokens or shorten the question"
-            )
-        return prompt, ids, (len(block_ids), keep)
+        fitted = fit_texts(
+            {"documents": self.prompt_template.document_block(texts)},
+            lambda kept: self._render(question, kept["documents"]),
+            lambda rendered: len(rendered[1]),
+            self.context_window - max_new_tokens,
+            self.tokenizer,
+        )
+        prompt, ids = fitted.rendered
+        return prompt, ids, (fitted.tokens_before, fitted.tokens_after) if fitted.trimmed else None
 
     def prepare(self, question: str, documents: Any, max_new_tokens: int, *, document_paths: bool = False) -> PreparedExample:
         """Render and tokenise both branches of one example, trimming documents that would not fit.
