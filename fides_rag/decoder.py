@@ -571,10 +571,7 @@ class FidesDecoder:
         **generation_kwargs: Any,
     ) -> GenerationResult:
         """Decode from two raw prompt strings (no templating); stops only on EOS, `stop` and the token budget."""
-        rule = self.resolve_method(method)
-        self._refuse_document_paths(rule)
-        settings = self._settings(max_new_tokens, stop, **generation_kwargs)
-        example = self.prepare_from_prompts(context_prompt, no_context_prompt, settings.max_new_tokens, add_special_tokens)
+        example, rule, settings = self._raw_request(context_prompt, no_context_prompt, method, max_new_tokens, stop, add_special_tokens, generation_kwargs)
         return self._decode_examples([example], [rule], settings)[0][0]
 
     def stream(
@@ -605,13 +602,21 @@ class FidesDecoder:
         **generation_kwargs: Any,
     ) -> TextStream:
         """`stream` for two raw prompt strings."""
+        example, rule, settings = self._raw_request(context_prompt, no_context_prompt, method, max_new_tokens, stop, add_special_tokens, generation_kwargs)
+        return self._stream_example(example, rule, settings)
+
+    # -- decoding ---------------------------------------------------------------------------------
+
+    def _raw_request(
+        self, context_prompt: str, no_context_prompt: str, method: str | ContrastRule | None,
+        max_new_tokens: int | None, stop: Sequence[str] | str | None, add_special_tokens: bool, generation_kwargs: dict[str, Any],
+    ) -> tuple[PreparedExample, ContrastRule, GenerationSettings]:
+        """The rule, settings and tokenised example of a raw-prompt call (shared by generate_ and stream_from_prompts)."""
         rule = self.resolve_method(method)
         self._refuse_document_paths(rule)
         settings = self._settings(max_new_tokens, stop, **generation_kwargs)
         example = self.prepare_from_prompts(context_prompt, no_context_prompt, settings.max_new_tokens, add_special_tokens)
-        return self._stream_example(example, rule, settings)
-
-    # -- decoding ---------------------------------------------------------------------------------
+        return example, rule, settings
 
     @staticmethod
     def _refuse_document_paths(rule: ContrastRule) -> None:
