@@ -126,20 +126,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(f"\nJSON report: {args.out}")
         return 0
-    if args.command == "eval":
+    if args.command in ("eval", "calibrate"):  # long runs: bad input is a clean one-line error, before any work
         try:
-            return _eval(args)
+            return (_eval if args.command == "eval" else _calibrate)(args)
         except (ValueError, FileNotFoundError) as err:
-            print(f"fides-rag eval: error: {err}", file=sys.stderr)
+            print(f"fides-rag {args.command}: error: {err}", file=sys.stderr)
             return 2
     if args.command == "analyze":
         return _analyze(args.run_dir, args.method, args.example)
-    if args.command == "calibrate":
-        try:
-            return _calibrate(args)
-        except (ValueError, FileNotFoundError) as err:
-            print(f"fides-rag calibrate: error: {err}", file=sys.stderr)
-            return 2
     config = FidesConfig.from_file(args.config) if args.config else FidesConfig()
     decoder = FidesDecoder.from_pretrained(args.model, device=args.device, config=config)
     for method in args.methods:

@@ -395,6 +395,11 @@ class FidesDecoder:
         prompt, ids = fitted.rendered
         return prompt, ids, (fitted.tokens_before, fitted.tokens_after) if fitted.trimmed else None
 
+    def _note(self, example: PreparedExample, what: str, max_new_tokens: int) -> None:
+        note = f"{what} so that the prompt plus max_new_tokens={max_new_tokens} fits the context window of {self.context_window}"
+        logger.warning(note)
+        example.notes.append(note)
+
     def prepare(self, question: str, documents: Any, max_new_tokens: int, *, document_paths: bool = False) -> PreparedExample:
         """Render and tokenise both branches of one example, trimming documents that would not fit.
 
@@ -420,12 +425,7 @@ class FidesDecoder:
         ctx_prompt, ctx_ids, trimmed = self._render_fitted(question, texts, max_new_tokens)
         example = PreparedExample(ctx_prompt, no_ctx_prompt, ctx_ids, no_ctx_ids, stop, True)
         if trimmed is not None:
-            note = (
-                f"documents trimmed from {trimmed[0]} to {trimmed[1]} tokens so that the prompt plus "
-                f"max_new_tokens={max_new_tokens} fits the context window of {self.context_window}"
-            )
-            logger.warning(note)
-            example.notes.append(note)
+            self._note(example, f"documents trimmed from {trimmed[0]} to {trimmed[1]} tokens", max_new_tokens)
             example.documents_trimmed = True
             example.document_tokens = trimmed
         if document_paths:
@@ -435,12 +435,7 @@ class FidesDecoder:
                 example.document_prompts.append(prompt)
                 example.document_ids.append(ids)
                 if cut is not None:
-                    note = (
-                        f"document {number}'s own prompt trimmed from {cut[0]} to {cut[1]} tokens so that it plus "
-                        f"max_new_tokens={max_new_tokens} fits the context window of {self.context_window}"
-                    )
-                    logger.warning(note)
-                    example.notes.append(note)
+                    self._note(example, f"document {number}'s own prompt trimmed from {cut[0]} to {cut[1]} tokens", max_new_tokens)
         return example
 
     def prepare_from_prompts(
