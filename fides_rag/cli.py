@@ -12,7 +12,7 @@ from fides_rag.config import FidesConfig
 from fides_rag.decoder import FidesDecoder
 from fides_rag.demo.cli import add_demo_parser, run_demo_command
 from fides_rag.report import step_table
-from fides_rag.rules import available_methods, parse_method_names
+from fides_rag.rules import available_methods, get_method, parse_method_names
 
 DEFAULT_MODEL = "gemma3-270m"
 
@@ -30,6 +30,16 @@ def _methods(value: str) -> MethodList:
         raise argparse.ArgumentTypeError(str(err)) from None
     methods.from_all = "all" in [m.strip() for m in value.split(",")]
     return methods
+
+
+def _labelled_config(value: str) -> tuple[str, FidesConfig]:
+    label, sep, path = value.partition("=")
+    if not sep or not label.strip() or not path.strip():
+        raise argparse.ArgumentTypeError(f"expected LABEL=FILE (e.g. calibrated=cal.json), got {value!r}")
+    try:
+        return label.strip(), FidesConfig.from_file(path.strip())
+    except (OSError, ValueError) as err:
+        raise argparse.ArgumentTypeError(f"cannot read the FidesConfig in {path.strip()!r}: {err}") from None
 
 
 def _integer_at_least(minimum: int):
@@ -84,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--batch-size", type=int, default=8)
     evaluate.add_argument("--config", help="a FidesConfig JSON file (used by fides and the ablations)")
     evaluate.add_argument("--ablations", action="store_true", help="add FIDES without each signal, opposition only, fixed alpha 1.0")
+    evaluate.add_argument("--fides-config", action="append", default=[], type=_labelled_config, metavar="LABEL=FILE",
+                          help="add FIDES with another FidesConfig as method 'fides-LABEL' (repeatable), e.g. calibrated=cal.json")
     evaluate.add_argument("--max-new-tokens", type=int, default=32)
     evaluate.add_argument("--bootstrap", type=int, default=1000, help="paired bootstrap resamples")
     evaluate.add_argument("--device", default="auto")
@@ -171,8 +183,16 @@ def _eval(args: argparse.Namespace) -> int:
     for name, why in skipped.items():
         print(f"--methods all: skipping {name}: {why}", file=sys.stderr)
     methods = build_methods(names, config, ablations=args.ablations)
+    variants = {}
+    for label, variant in args.fides_config:
+        if f"fides-{label}" in methods:
+            raise ValueError(f"--fides-config label {label!r} clashes with the method 'fides-{label}'; pick another label")
+        methods[f"fides-{label}"] = get_method("fides", config=variant)
+        variants[f"fides-{label}"] = variant.to_dict()
     decoder = FidesDecoder.from_pretrained(args.model, device=args.device, config=config)
     info = {"model": args.model, "dataset": args.dataset, "data": args.data, "config": config.to_dict()}
+    if variants:
+        info["fides_variants"] = variants
     if skipped:
         info["skipped_methods"] = skipped
     run_eval(decoder, examples, methods, args.out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,

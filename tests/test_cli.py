@@ -151,3 +151,25 @@ def test_eval_named_method_that_cannot_run_is_an_error_before_loading(tmp_path, 
     err = capsys.readouterr().err
     assert "method 'dvd' cannot run on this dataset" in err and "at least 2 documents" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_fides_config_variant_adds_a_lane_to_an_existing_run(tiny_folder, tmp_path):
+    from fides_rag import FidesConfig
+
+    data = write_pool(tmp_path / "pool.jsonl")
+    variant = tmp_path / "variant.json"
+    FidesConfig(noise_scale=20.0, weights=(0.2, 0.5, 0.3)).to_file(variant)
+    run = tmp_path / "run"
+    base = ["eval", "--model", str(tiny_folder), "--dataset", "jsonl", "--data", str(data), "--limit", "2", "--out", str(run),
+            "--max-new-tokens", "2", "--bootstrap", "5", "--no-progress"]
+    assert cli.main([*base, "--methods", "standard,fides"]) == 0
+    assert cli.main([*base, "--methods", "standard,fides", "--fides-config", f"calibrated={variant}"]) == 0
+    info = json.loads((run / "run.json").read_text())
+    assert info["methods"] == ["standard", "fides", "fides-calibrated"]
+    assert info["fides_variants"]["fides-calibrated"]["noise_scale"] == 20.0
+    record = json.loads((run / "predictions.jsonl").read_text().splitlines()[-1])
+    assert all(s["alpha"] is not None for s in record["outputs"]["fides-calibrated"]["steps"])
+    results = json.loads((run / "results.json").read_text())
+    assert any({c["a"], c["b"]} == {"fides", "fides-calibrated"} for c in results["significance"])
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["eval", "--out", "x", "--fides-config", "no-equals-sign"])
