@@ -144,6 +144,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (ValueError, FileNotFoundError) as err:
             print(f"fides-rag {args.command}: error: {err}", file=sys.stderr)
             return 2
+        except KeyboardInterrupt:
+            if args.command == "eval":
+                print(f"\nfides-rag eval: interrupted; the answers so far are in {args.out}; rerun the same command to resume",
+                      file=sys.stderr)
+                return 130
+            raise
     if args.command == "analyze":
         return _analyze(args.run_dir, args.method, args.example)
     config = FidesConfig.from_file(args.config) if args.config else FidesConfig()

@@ -80,7 +80,9 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     demo.add_argument("--doc-order", choices=["best-last", "best-first"], default="best-last",
                       help="prompt order of the retrieved documents (default best-last: the most similar next to the question)")
     demo.add_argument("--device", default="auto")
-    demo.add_argument("--out", default="runs/demo", help="folder for results.json and accuracy.png (default runs/demo)")
+    demo.add_argument("--out", default=None,
+                      help="folder for results.json, accuracy.png and the decoded answers; rerun with the same folder to "
+                           "resume (default runs/demo/<corpus>-<model>)")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
     return demo
 
@@ -102,12 +104,18 @@ def run_demo_command(args: argparse.Namespace) -> int:
     """Run `fides-rag demo` from parsed arguments; print the table; return the exit code."""
     from fides_rag.demo.run import format_table, run_demo
 
+    settings = None
     try:
         settings = settings_from_args(args)
         report = run_demo(settings, progress=not args.quiet, log=lambda m: print(m, file=sys.stderr))
     except (FileNotFoundError, ValueError) as error:
         print(f"fides-rag demo: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        where = settings.out_folder() if settings is not None else "the run folder"
+        print(f"\nfides-rag demo: interrupted; the answers so far are in {where}; rerun the same command to resume",
+              file=sys.stderr)
+        return 130
     print(format_table(report))
     print(f"JSON: {report['files']['json']}\nplot: {report['files']['plot']}\n"
           f"time: {report['timing_s']['total']:.0f} s (decoding {report['timing_s']['decoding']:.0f} s)")

@@ -2,7 +2,9 @@
 every method over one shared prefill per batch, and score alias accuracy.
 
 `run_demo(DemoSettings(...))` returns the report (a JSON-ready dict) and writes `results.json` and
-`accuracy.png` into `settings.out`; `format_table(report)` renders the terminal table.
+`accuracy.png` into the run folder (`settings.out_folder()`); `format_table(report)` renders the terminal table.
+Answers are appended to `decoded.jsonl` batch by batch, so rerunning an interrupted run with the same
+--out decodes only what is missing (and a run with an extra method decodes only that method).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import logging
 import platform
 import random
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -20,6 +23,8 @@ from typing import Any
 from fides_rag.demo.corpus import Corpus, DemoQuestion, Passage, load_embedded_corpus, load_popqa_corpus
 from fides_rag.demo.metrics import contains_alias, is_correct, recall_at_k
 from fides_rag.demo.noise import inject_noise, noise_count
+from fides_rag.eval.harness import read_predictions
+from fides_rag.eval.significance import paired_bootstrap
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +34,10 @@ DEFAULT_NOISE = (0.0, 0.2, 0.5)
 DEFAULT_K = 4
 DEFAULT_LIMITS = {"demo": 24, "popqa": 24}
 """Questions per run when --limit is not given (None: all of them)."""
+DECODED = "decoded.jsonl"
+DECODED_INFO = "decoded.json"
+# What a resumed run must share with the run that wrote decoded.jsonl (the documents are checked per prompt).
+_RESUME_KEYS = ("model", "corpus", "max_new_tokens")
 
 
 @dataclass
@@ -46,7 +55,8 @@ class DemoSettings:
     batch_size: int = 8
     max_new_tokens: int = 16
     device: str = "auto"
-    out: str = "runs/demo"
+    out: str | None = None
+    """Run folder; None: runs/demo/<corpus>-<model>, so runs of other models or corpora do not collide."""
     protect_gold: bool = False
     """Replace documents that contain a gold alias only after all others (default: positions fully random)."""
     doc_order: str = "best-last"
@@ -70,6 +80,12 @@ class DemoSettings:
         self.noise = tuple(sorted(set(float(s) for s in self.noise)))
         for share in self.noise:
             noise_count(share, self.k)  # validates the range
+
+    def out_folder(self) -> Path:
+        if self.out is not None:
+            return Path(self.out)
+        model = re.sub(r"[^A-Za-z0-9._-]+", "-", self.model.rstrip("/")).strip("-.") or "model"
+        return Path("runs") / "demo" / f"{self.corpus}-{model}"
 
     def effective_limit(self) -> int | None:
         return self.limit if self.limit is not None else DEFAULT_LIMITS[self.corpus]
@@ -106,7 +122,28 @@ class _Item:
     question: int
     level: int
     documents: tuple[Passage, ...]
-    result: dict[str, Any] = field(default_factory=dict)
+    key: str = ""
+    """'<question id>@<level>': the line of decoded.jsonl that holds this prompt's answers."""
+    result: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """method -> {'text': answer, 'documents_trimmed': bool}."""
+
+
+def _open_checkpoint(out: Path, info: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The answers an earlier run in `out` already decoded, by prompt key; refuses a run made with another
+    model, corpus or answer budget (their answers would not be this run's)."""
+    out.mkdir(parents=True, exist_ok=True)
+    info_path = out / DECODED_INFO
+    if info_path.is_file():
+        old = json.loads(info_path.read_text(encoding="utf-8"))
+        changed = [k for k in _RESUME_KEYS if old.get(k) != info.get(k)]
+        if changed:
+            raise ValueError(
+                f"{out} holds demo answers decoded with different {', '.join(changed)} "
+                f"({'; '.join(f'{k}: {old.get(k)!r} -> {info.get(k)!r}' for k in changed)}); "
+                f"use a new --out folder, or delete {out / DECODED} to start over"
+            )
+    info_path.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    return {r["id"]: r for r in read_predictions(out / DECODED, repair=True)}
 
 
 def _batches(items: list[_Item], questions: Sequence[DemoQuestion], batch_size: int) -> list[list[_Item]]:
@@ -123,7 +160,7 @@ def run_demo(
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Run the experiment; write results.json and accuracy.png into settings.out; return the report."""
+    """Run the experiment; write results.json and accuracy.png into the run folder; return the report."""
     from tqdm.auto import tqdm
 
     started = time.perf_counter()
@@ -152,27 +189,50 @@ def run_demo(
     ]
     items = [_Item(qi, li, level.documents) for qi, levels in enumerate(noisy) for li, level in enumerate(levels)]
 
-    # Decoding: every method over one shared prefill per batch.
+    # Decoding: every method over one shared prefill per batch; answers already in decoded.jsonl are kept.
+    out = settings.out_folder()
+    corpus_id = {k: v for k, v in corpus.describe().items() if k in ("name", "passages_sha256")}
+    decoded = _open_checkpoint(out, {"model": settings.model, "corpus": corpus_id,
+                                     "max_new_tokens": settings.max_new_tokens})
+    kept: dict[str, dict[str, Any]] = {}  # prompt key -> every answer decoded.jsonl holds for these documents
+    for it in items:
+        it.key = f"{questions[it.question].id}@{level_label(noisy[it.question][it.level].share)}"
+        record = decoded.get(it.key)
+        if record is not None and record.get("documents") == [d.id for d in it.documents]:
+            kept[it.key] = record["outputs"]
+            it.result = {m: o for m, o in record["outputs"].items() if m in settings.methods}
+    todo = [it for it in items if len(it.result) < len(settings.methods)]
+    if len(todo) < len(items):
+        log(f"resuming from {out / DECODED}: {len(items) - len(todo)} of {len(items)} prompts already decoded")
     t0 = time.perf_counter()
-    if decoder is None:
+    if decoder is None and todo:
         from fides_rag import FidesDecoder, load_model
 
         model, tokenizer = load_model(settings.model, device=settings.device)
         decoder = FidesDecoder(model, tokenizer)
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    bar = tqdm(total=len(items), desc=f"decoding {len(settings.methods)} methods", unit="prompt", disable=not progress)
-    for batch in _batches(items, questions, settings.batch_size):
-        outputs = decoder.generate_methods(
-            [questions[it.question].question for it in batch],
-            [[d.text for d in it.documents] for it in batch],
-            list(settings.methods),
-            max_new_tokens=settings.max_new_tokens,
-        )
-        for method, results in outputs.items():
-            for it, res in zip(batch, results):
-                it.result[method] = res
-        bar.update(len(batch))
+    bar = tqdm(total=len(items), initial=len(items) - len(todo), desc=f"decoding {len(settings.methods)} methods",
+               unit="prompt", disable=not progress)
+    with (out / DECODED).open("a", encoding="utf-8") as handle:
+        for missing in dict.fromkeys(tuple(m for m in settings.methods if m not in it.result) for it in todo):
+            group = [it for it in todo if tuple(m for m in settings.methods if m not in it.result) == missing]
+            for batch in _batches(group, questions, settings.batch_size):
+                outputs = decoder.generate_methods(
+                    [questions[it.question].question for it in batch],
+                    [[d.text for d in it.documents] for it in batch],
+                    list(missing),
+                    max_new_tokens=settings.max_new_tokens,
+                )
+                for i, it in enumerate(batch):
+                    for method in missing:
+                        res = outputs[method][i]
+                        it.result[method] = {"text": res.text, "documents_trimmed": bool(res.documents_trimmed)}
+                    all_outputs = {**kept.get(it.key, {}), **it.result}
+                    handle.write(json.dumps({"id": it.key, "documents": [d.id for d in it.documents],
+                                             "outputs": all_outputs}, ensure_ascii=False) + "\n")
+                handle.flush()
+                bar.update(len(batch))
     bar.close()
     decode_s = time.perf_counter() - t0
 
@@ -199,12 +259,12 @@ def run_demo(
         }
         for method in settings.methods:
             res = it.result[method]
-            ok = is_correct(res.text, q.answers)
+            ok = is_correct(res["text"], q.answers)
             correct[method][it.level][it.question] = ok
-            pred = {"text": res.text, "correct": ok}
+            pred = {"text": res["text"], "correct": ok}
             if q.memory_answers:
-                pred["memory"] = is_correct(res.text, q.memory_answers)
-            if res.documents_trimmed:
+                pred["memory"] = is_correct(res["text"], q.memory_answers)
+            if res["documents_trimmed"]:
                 pred["documents_trimmed"] = True
             entry["predictions"][method] = pred
         per_question[it.question]["levels"][level_label(level.share)] = entry
@@ -225,6 +285,7 @@ def run_demo(
             m: {level_label(s): 100.0 * sum(correct[m][li][i] for i in idx) / len(idx) for li, s in enumerate(settings.noise)}
             for m in settings.methods
         }
+    significance = compare_methods(correct, settings.methods, [level_label(s) for s in settings.noise])
     wall_s = time.perf_counter() - started
 
     import fides_rag
@@ -249,19 +310,48 @@ def run_demo(
         "drop": drop,
         "drop_between": [first, last],
         "accuracy_by_kind": by_kind,
+        "significance": significance,
         "metric": "accuracy = a gold alias, SQuAD-normalised, occurs as whole tokens in the normalised answer (percent)",
         "timing_s": {"total": round(wall_s, 1), "retrieval": round(retrieval_s, 1), "model_load": round(load_s, 1),
                      "decoding": round(decode_s, 1)},
+        "decoded_now": len(todo),
+        "decoded_before": len(items) - len(todo),
         "environment": {"fides_rag": getattr(fides_rag, "__version__", "?"), "torch": torch.__version__,
                         "python": platform.python_version(), "device": str(getattr(decoder, "device", "?"))},
         "per_question": per_question,
     }
-    out = Path(settings.out)
-    out.mkdir(parents=True, exist_ok=True)
     report["files"] = {"json": str(out / "results.json"), "plot": str(out / "accuracy.png")}
     plot_accuracy(report, out / "accuracy.png")
     (out / "results.json").write_text(json.dumps(report, indent=1, ensure_ascii=False), encoding="utf-8")
     return report
+
+
+def compare_methods(
+    correct: dict[str, list[list[bool]]], methods: Sequence[str], levels: Sequence[str], *, samples: int = 1000, seed: int = 0
+) -> dict[str, Any]:
+    """Paired bootstrap (over questions) of the reference method (fides if run, else the last method)
+    against each other method: accuracy at every noise level, and the drop from the first level to the last.
+
+    `correct[method][level][question]`; differences are reference − other, in percentage points.
+    """
+    reference = "fides" if "fides" in methods else methods[-1]
+
+    def points(result: dict[str, Any]) -> dict[str, Any]:
+        return {**result, **{k: 100.0 * result[k] for k in ("diff", "ci_low", "ci_high") if result[k] is not None}}
+
+    def drops(method: str) -> list[float]:
+        return [float(a) - float(b) for a, b in zip(correct[method][0], correct[method][-1])]
+
+    pairs: dict[str, Any] = {}
+    for other in methods:
+        if other == reference:
+            continue
+        pairs[other] = {
+            "accuracy": {lv: points(paired_bootstrap(correct[reference][li], correct[other][li], samples=samples, seed=seed))
+                         for li, lv in enumerate(levels)},
+            "drop": points(paired_bootstrap(drops(reference), drops(other), samples=samples, seed=seed)),
+        }
+    return {"reference": reference, "samples": samples, "confidence": 0.95, "versus": pairs}
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -286,7 +376,20 @@ def format_table(report: dict[str, Any]) -> str:
         row = report["answer_in_documents"]
         lines.append(f"{'gold doc':<10}" + "".join(f"{row[lv]:>8.1f}" for lv in levels)
                      + "   (% of prompts whose documents still hold a gold alias)")
+    sig = report.get("significance")
+    if sig and sig["versus"]:
+        ref = sig["reference"]
+        lines.append(f"paired bootstrap, {ref} − other in points [95% CI] (B={sig['samples']}):")
+        for other, pair in sig["versus"].items():
+            cells = [f"{lv} {_ci(pair['accuracy'][lv])}" for lv in levels] + [f"drop {_ci(pair['drop'])}"]
+            lines.append(f"  vs {other:<9}" + "  ".join(cells))
     return "\n".join(lines)
+
+
+def _ci(result: dict[str, Any]) -> str:
+    if result["diff"] is None:
+        return "n/a"
+    return f"{result['diff']:+.1f} [{result['ci_low']:+.1f},{result['ci_high']:+.1f}]"
 
 
 def plot_accuracy(report: dict[str, Any], path: str | Path) -> Path:

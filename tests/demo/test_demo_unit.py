@@ -302,3 +302,118 @@ def test_table_and_plot(tmp_path):
     assert "gold doc" in table
     path = plot_accuracy(report, tmp_path / "a.png")
     assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+# -- run_demo with a stub retriever and decoder: checkpointing and significance --------------------
+
+
+class _StubRetriever:
+    """The k passages that share most words with the question (no embeddings: logic only)."""
+
+    def __init__(self, corpus):
+        self.passages = corpus.passages
+        self.embedder = argparse.Namespace(name="stub")
+        self.from_cache, self.cache_path = True, "nowhere"
+
+    def search(self, questions, k):
+        def overlap(q, p):
+            return len(set(q.lower().split()) & set(p.text.lower().split()))
+
+        return [[(p, float(overlap(q, p))) for p in sorted(self.passages, key=lambda p: -overlap(q, p))[:k]] for q in questions]
+
+
+class _StubDecoder:
+    """Answers with the first document's first word; counts what it was asked to decode."""
+
+    def __init__(self, fail_after_batches=None):
+        self.calls: list[tuple[int, tuple[str, ...]]] = []
+        self.fail_after_batches = fail_after_batches
+
+    def generate_methods(self, questions, documents, methods, max_new_tokens):
+        if self.fail_after_batches is not None and len(self.calls) >= self.fail_after_batches:
+            raise KeyboardInterrupt
+        self.calls.append((len(questions), tuple(methods)))
+        return {m: [argparse.Namespace(text=docs[0].split()[0], documents_trimmed=False) for docs in documents] for m in methods}
+
+
+def _demo(tmp_path, **kw):
+    from fides_rag.demo.run import run_demo
+
+    settings = DemoSettings(out=str(tmp_path / "run"), limit=6, batch_size=4, **kw)
+    return lambda decoder: run_demo(settings, decoder=decoder, retriever=_StubRetriever(load_embedded_corpus()),
+                                    progress=False, log=lambda _: None)
+
+
+def test_interrupted_demo_resumes_without_redecoding(tmp_path):
+    run = _demo(tmp_path, methods=("standard", "fides"))
+    with pytest.raises(KeyboardInterrupt):
+        run(_StubDecoder(fail_after_batches=2))
+    lines = (tmp_path / "run" / "decoded.jsonl").read_text().splitlines()
+    assert len(lines) == 8  # two batches of 4 prompts survived the interruption
+
+    resumed = _StubDecoder()
+    report = run(resumed)
+    assert sum(n for n, _ in resumed.calls) == 18 - 8  # 6 questions x 3 levels, minus what was kept
+    assert report["decoded_before"] == 8 and report["decoded_now"] == 10
+
+    fresh = _demo(tmp_path / "fresh", methods=("standard", "fides"))(_StubDecoder())
+    assert fresh["accuracy"] == report["accuracy"]
+    assert [q["levels"] for q in fresh["per_question"]] == [q["levels"] for q in report["per_question"]]
+
+
+def test_demo_with_an_extra_method_decodes_only_that_method(tmp_path):
+    _demo(tmp_path, methods=("standard", "fides"))(_StubDecoder())
+    extra = _StubDecoder()
+    report = _demo(tmp_path, methods=("standard", "cad", "fides"))(extra)
+    assert {methods for _, methods in extra.calls} == {("cad",)}
+    assert sum(n for n, _ in extra.calls) == 18
+    assert set(report["accuracy"]) == {"standard", "cad", "fides"}
+    record = json.loads((tmp_path / "run" / "decoded.jsonl").read_text().splitlines()[-1])
+    assert set(record["outputs"]) == {"standard", "cad", "fides"}
+
+
+def test_demo_refuses_to_resume_a_run_of_another_model(tmp_path):
+    _demo(tmp_path)(_StubDecoder())
+    with pytest.raises(ValueError, match="different model.*new --out"):
+        _demo(tmp_path, model="smollm2-135m-instruct")(_StubDecoder())
+
+
+def test_demo_report_has_paired_bootstrap_against_fides(tmp_path):
+    report = _demo(tmp_path)(_StubDecoder())
+    sig = report["significance"]
+    assert sig["reference"] == "fides" and set(sig["versus"]) == {"standard", "cad", "adacad"}
+    pair = sig["versus"]["standard"]
+    assert set(pair["accuracy"]) == {"0%", "20%", "50%"}
+    assert pair["accuracy"]["0%"]["diff"] == 0.0  # the stub answers the same under every method
+    assert pair["drop"]["n"] == 6
+    assert "paired bootstrap, fides − other" in format_table(report)
+
+
+def test_compare_methods_by_hand():
+    from fides_rag.demo.run import compare_methods
+
+    correct = {"fides": [[True, True, False, True], [True, False, False, True]],
+               "standard": [[True, False, False, True], [False, False, False, True]]}
+    sig = compare_methods(correct, ["standard", "fides"], ["0%", "50%"])
+    assert sig["versus"]["standard"]["accuracy"]["0%"]["diff"] == pytest.approx(25.0)
+    assert sig["versus"]["standard"]["accuracy"]["50%"]["diff"] == pytest.approx(25.0)
+    # drops: fides (0, 1, 0, 0), standard (1, 0, 0, 0) -> equal mean drop
+    assert sig["versus"]["standard"]["drop"]["diff"] == pytest.approx(0.0)
+
+
+def test_default_run_folder_is_per_corpus_and_model():
+    assert str(DemoSettings().out_folder()) == "runs/demo/demo-gemma3-270m"
+    assert str(DemoSettings(corpus="popqa", model="HuggingFaceTB/SmolLM2-135M-Instruct").out_folder()) == \
+        "runs/demo/popqa-HuggingFaceTB-SmolLM2-135M-Instruct"
+    assert str(DemoSettings(out="x/y").out_folder()) == "x/y"
+
+
+def test_interrupted_demo_command_says_how_to_resume(tmp_path, monkeypatch, capsys):
+    from fides_rag.demo import cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("fides_rag.demo.run.run_demo", interrupted)
+    assert cli.run_demo_command(_parse(["--out", str(tmp_path / "r"), "--quiet"])) == 130
+    assert f"answers so far are in {tmp_path / 'r'}; rerun the same command to resume" in capsys.readouterr().err

@@ -37,3 +37,12 @@ def test_eval_end_to_end_smollm2(tmp_path, capsys):
     # a rerun resumes with nothing left to do and keeps the file as it was
     assert main(argv) == 0
     assert (out / "predictions.jsonl").read_text().splitlines() == lines
+
+
+def test_interrupted_eval_says_how_to_resume(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("fides_rag.cli._eval", interrupted)
+    assert main(["eval", "--out", "runs/somewhere"]) == 130
+    assert "answers so far are in runs/somewhere; rerun the same command to resume" in capsys.readouterr().err
