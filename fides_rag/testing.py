@@ -95,6 +95,13 @@ def build_tiny_model(family: str, vocab_size: int, seed: int = 0, **overrides):
 SAMPLE_QUESTIONS = ["What is the capital of France?", "Which city is the capital of Australia?", "Who wrote it?"]
 """Three short questions for batch-equals-single tests, paired with SAMPLE_DOCUMENTS."""
 SAMPLE_DOCUMENTS = [["Lyon is the capital of France."], ["The capital of Australia is Melbourne."], ["Paris is large."]]
+MULTI_DOCUMENT_QUESTIONS = ["What is the capital of France?", "Who chose Canberra?", "What jumps?"]
+"""Three questions with 2, 3 and 4 documents (MULTI_DOCUMENTS), for the per-document paths."""
+MULTI_DOCUMENTS = [
+    ["Lyon is the capital of France.", "Paris is a large city on the Seine."],
+    ["The capital of Australia is Melbourne.", "Canberra was chosen as a compromise.", "The quick brown fox jumps."],
+    ["The quick brown fox jumps over the lazy dog.", "Paris is large.", "Lyon.", "Canberra was chosen."],
+]
 
 
 def reference_log_softmax(row: list[float]) -> list[float]:

@@ -12,14 +12,9 @@ from fides_rag import ContrastRule, FidesDecoder, PromptTemplate, UnsupportedArc
 from fides_rag.lens import ModelAnatomy
 from fides_rag.rules import StepOutput
 from fides_rag.rules.dvd import DvdRule
-from fides_rag.testing import build_tiny_model
+from fides_rag.testing import MULTI_DOCUMENT_QUESTIONS, MULTI_DOCUMENTS, build_tiny_model
 
-QUESTIONS = ["What is the capital of France?", "Who chose Canberra?", "What jumps?"]
-DOCUMENTS = [
-    ["Lyon is the capital of France.", "Paris is a large city on the Seine."],
-    ["The capital of Australia is Melbourne.", "Canberra was chosen as a compromise.", "The quick brown fox jumps."],
-    ["The quick brown fox jumps over the lazy dog.", "Paris is large.", "Lyon.", "Canberra was chosen."],
-]
+QUESTIONS, DOCUMENTS = MULTI_DOCUMENT_QUESTIONS, MULTI_DOCUMENTS
 NO_STOP = PromptTemplate(stop=())  # no "\n" stop, and (with no_eos) no EOS: every generation runs its full length
 HEADS = {1: (0, 2), 3: (1,)}
 

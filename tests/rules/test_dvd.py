@@ -10,15 +10,10 @@ import torch
 from fides_rag import FidesDecoder, PromptTemplate, get_method
 from fides_rag.rules import StepInputs
 from fides_rag.rules.dvd import DvdRule, nucleus_log_probs
-from fides_rag.testing import build_tiny_model, build_tokenizer, reference_log_softmax
+from fides_rag.testing import MULTI_DOCUMENT_QUESTIONS, MULTI_DOCUMENTS, build_tiny_model, build_tokenizer, reference_log_softmax
 
 INF = math.inf
-QUESTIONS = ["What is the capital of France?", "Who chose Canberra?", "What jumps?"]
-DOCUMENTS = [
-    ["Lyon is the capital of France.", "Paris is a large city on the Seine."],
-    ["The capital of Australia is Melbourne.", "Canberra was chosen as a compromise.", "The quick brown fox jumps."],
-    ["The quick brown fox jumps over the lazy dog.", "Paris is large.", "Lyon.", "Canberra was chosen."],
-]
+QUESTIONS, DOCUMENTS = MULTI_DOCUMENT_QUESTIONS, MULTI_DOCUMENTS
 
 
 # -- the reference, by hand ----------------------------------------------------------------------
