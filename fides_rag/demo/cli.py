@@ -117,7 +117,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 130
     print(format_table(report))
-    print(f"JSON: {report['files']['json']}\nplot: {report['files']['plot']}\n"
+    print(f"JSON: {report['files']['json']}\nmarkdown: {report['files']['markdown']}\nplot: {report['files']['plot']}\n"
           f"time: {report['timing_s']['total']:.0f} s (decoding {report['timing_s']['decoding']:.0f} s)")
     return 0
 

@@ -320,8 +320,9 @@ def run_demo(
                         "python": platform.python_version(), "device": str(getattr(decoder, "device", "?"))},
         "per_question": per_question,
     }
-    report["files"] = {"json": str(out / "results.json"), "plot": str(out / "accuracy.png")}
+    report["files"] = {"json": str(out / "results.json"), "markdown": str(out / "results.md"), "plot": str(out / "accuracy.png")}
     plot_accuracy(report, out / "accuracy.png")
+    (out / "results.md").write_text(results_markdown(report), encoding="utf-8")
     (out / "results.json").write_text(json.dumps(report, indent=1, ensure_ascii=False), encoding="utf-8")
     return report
 
@@ -384,6 +385,43 @@ def format_table(report: dict[str, Any]) -> str:
             cells = [f"{lv} {_ci(pair['accuracy'][lv])}" for lv in levels] + [f"drop {_ci(pair['drop'])}"]
             lines.append(f"  vs {other:<9}" + "  ".join(cells))
     return "\n".join(lines)
+
+
+def results_markdown(report: dict[str, Any]) -> str:
+    """The accuracy table and the paired bootstrap as markdown (written to results.md beside results.json)."""
+    levels = report["noise_levels"]
+    first, last = report["drop_between"]
+    lines = [
+        f"{report['corpus']['name']}, {report['questions']} questions, model {report['model']}, k = {report['k']}, "
+        f"seed {report['seed']}, documents {report.get('doc_order', 'best-first')}; retrieval recall@{report['k']} "
+        f"{report['recall_at_k']:.1f}%. Accuracy (%): a gold alias in the answer.",
+        "",
+        "| method | " + " | ".join(levels) + f" | drop {first} → {last} |",
+        "|---" * (len(levels) + 2) + "|",
+    ]
+    for method in report["methods"]:
+        row = report["accuracy"][method]
+        lines.append(f"| {method} | " + " | ".join(f"{row[lv]:.1f}" for lv in levels) + f" | {report['drop'][method]:+.1f} |")
+    if "answer_in_documents" in report:
+        row = report["answer_in_documents"]
+        lines.append("| *prompts still holding a gold passage* | " + " | ".join(f"*{row[lv]:.1f}*" for lv in levels) + " | |")
+    sig = report.get("significance")
+    if sig and sig["versus"]:
+        lines += ["", f"Paired bootstrap over questions (B = {sig['samples']}, two-sided 95% CI), {sig['reference']} minus "
+                      "the other method, in points:", "",
+                  f"| {sig['reference']} vs | " + " | ".join(levels) + " | drop |", "|---" * (len(levels) + 2) + "|"]
+        for other, pair in sig["versus"].items():
+            cells = [_ci_p(pair["accuracy"][lv]) for lv in levels] + [_ci_p(pair["drop"])]
+            lines.append(f"| {other} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _ci_p(result: dict[str, Any]) -> str:
+    if result["diff"] is None:
+        return "n/a"
+    p = result["p_value"]
+    text = f"{result['diff']:+.1f} [{result['ci_low']:+.1f}, {result['ci_high']:+.1f}], p = {p:.2g}"
+    return f"**{text}**" if result["ci_low"] > 0 or result["ci_high"] < 0 else text
 
 
 def _ci(result: dict[str, Any]) -> str:

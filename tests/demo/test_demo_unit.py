@@ -387,6 +387,10 @@ def test_demo_report_has_paired_bootstrap_against_fides(tmp_path):
     assert pair["accuracy"]["0%"]["diff"] == 0.0  # the stub answers the same under every method
     assert pair["drop"]["n"] == 6
     assert "paired bootstrap, fides − other" in format_table(report)
+    markdown = (tmp_path / "run" / "results.md").read_text()
+    assert "| method | 0% | 20% | 50% | drop 0% → 50% |" in markdown
+    assert "| standard | " in markdown and "| fides vs | 0% | 20% | 50% | drop |" in markdown
+    assert "+0.0 [+0.0, +0.0], p = 1" in markdown  # identical answers: no difference, not significant
 
 
 def test_compare_methods_by_hand():
