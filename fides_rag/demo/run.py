@@ -276,6 +276,14 @@ def run_demo(
                                     for qi, q in enumerate(questions)) / n
         for li, s in enumerate(settings.noise)
     }
+    # Accuracy on the prompts that still hold an answering passage: reading, apart from retrieval's misses.
+    with_gold = [[qi for qi, q in enumerate(questions) if any(contains_alias(d.text, q.answers) for d in noisy[qi][li].documents)]
+                 for li in range(len(settings.noise))]
+    accuracy_given_gold = {
+        m: {level_label(s): (100.0 * sum(correct[m][li][qi] for qi in with_gold[li]) / len(with_gold[li]) if with_gold[li] else None)
+            for li, s in enumerate(settings.noise)}
+        for m in settings.methods
+    }
     first, last = level_label(settings.noise[0]), level_label(settings.noise[-1])
     drop = {m: accuracy[m][first] - accuracy[m][last] for m in settings.methods}
     by_kind: dict[str, dict[str, dict[str, float]]] = {}
@@ -306,6 +314,7 @@ def run_demo(
         "questions": n,
         "recall_at_k": 100.0 * recall,
         "answer_in_documents": answer_in_documents,
+        "accuracy_given_gold": accuracy_given_gold,
         "accuracy": accuracy,
         "drop": drop,
         "drop_between": [first, last],
@@ -405,6 +414,12 @@ def results_markdown(report: dict[str, Any]) -> str:
     if "answer_in_documents" in report:
         row = report["answer_in_documents"]
         lines.append("| *prompts still holding a gold passage* | " + " | ".join(f"*{row[lv]:.1f}*" for lv in levels) + " | |")
+    if "accuracy_given_gold" in report:
+        lines += ["", "Accuracy (%) on the prompts that still hold a gold passage (reading, apart from retrieval misses):", "",
+                  "| method | " + " | ".join(levels) + " |", "|---" * (len(levels) + 1) + "|"]
+        for method in report["methods"]:
+            row = report["accuracy_given_gold"][method]
+            lines.append(f"| {method} | " + " | ".join("–" if row[lv] is None else f"{row[lv]:.1f}" for lv in levels) + " |")
     sig = report.get("significance")
     if sig and sig["versus"]:
         lines += ["", f"Paired bootstrap over questions (B = {sig['samples']}, two-sided 95% CI), {sig['reference']} minus "

@@ -391,6 +391,17 @@ def test_demo_report_has_paired_bootstrap_against_fides(tmp_path):
     assert "| method | 0% | 20% | 50% | drop 0% → 50% |" in markdown
     assert "| standard | " in markdown and "| fides vs | 0% | 20% | 50% | drop |" in markdown
     assert "+0.0 [+0.0, +0.0], p = 1" in markdown  # identical answers: no difference, not significant
+    assert "on the prompts that still hold a gold passage" in markdown
+
+
+def test_accuracy_given_gold_counts_only_prompts_with_an_answering_passage(tmp_path):
+    report = _demo(tmp_path)(_StubDecoder())
+    for method in report["methods"]:
+        for level in report["noise_levels"]:
+            flags = [q["levels"][level]["predictions"][method]["correct"] for q in report["per_question"]
+                     if q["levels"][level]["gold_in_documents"]]
+            expected = 100.0 * sum(flags) / len(flags) if flags else None
+            assert report["accuracy_given_gold"][method][level] == (pytest.approx(expected) if flags else None)
 
 
 def test_compare_methods_by_hand():
