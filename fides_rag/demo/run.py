@@ -23,7 +23,7 @@ from typing import Any
 from fides_rag.demo.corpus import Corpus, DemoQuestion, Passage, load_embedded_corpus, load_popqa_corpus
 from fides_rag.demo.metrics import contains_alias, is_correct, recall_at_k
 from fides_rag.demo.noise import inject_noise, noise_count
-from fides_rag.eval.harness import read_predictions
+from fides_rag.eval.harness import check_resume, read_predictions
 from fides_rag.eval.significance import paired_bootstrap
 
 logger = logging.getLogger(__name__)
@@ -133,15 +133,8 @@ def _open_checkpoint(out: Path, info: dict[str, Any]) -> dict[str, dict[str, Any
     model, corpus or answer budget (their answers would not be this run's)."""
     out.mkdir(parents=True, exist_ok=True)
     info_path = out / DECODED_INFO
-    if info_path.is_file():
-        old = json.loads(info_path.read_text(encoding="utf-8"))
-        changed = [k for k in _RESUME_KEYS if old.get(k) != info.get(k)]
-        if changed:
-            raise ValueError(
-                f"{out} holds demo answers decoded with different {', '.join(changed)} "
-                f"({'; '.join(f'{k}: {old.get(k)!r} -> {info.get(k)!r}' for k in changed)}); "
-                f"use a new --out folder, or delete {out / DECODED} to start over"
-            )
+    check_resume(info_path, info, _RESUME_KEYS, what="demo answers decoded",
+                 fix=f", or delete {out / DECODED} to start over")
     info_path.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     return {r["id"]: r for r in read_predictions(out / DECODED, repair=True)}
 
@@ -214,9 +207,10 @@ def run_demo(
     t0 = time.perf_counter()
     bar = tqdm(total=len(items), initial=len(items) - len(todo), desc=f"decoding {len(settings.methods)} methods",
                unit="prompt", disable=not progress)
+    missing_of = {it.key: tuple(m for m in settings.methods if m not in it.result) for it in todo}
     with (out / DECODED).open("a", encoding="utf-8") as handle:
-        for missing in dict.fromkeys(tuple(m for m in settings.methods if m not in it.result) for it in todo):
-            group = [it for it in todo if tuple(m for m in settings.methods if m not in it.result) == missing]
+        for missing in dict.fromkeys(missing_of.values()):
+            group = [it for it in todo if missing_of[it.key] == missing]
             for batch in _batches(group, questions, settings.batch_size):
                 outputs = decoder.generate_methods(
                     [questions[it.question].question for it in batch],
@@ -248,13 +242,16 @@ def run_demo(
             "gold_in_top_k": any(contains_alias(p.text, q.answers) for p in retrieved[qi]),
             "levels": {},
         })
+    # gold[level][question]: the prompt's documents still hold a gold alias.
+    gold = [[any(contains_alias(d.text, q.answers) for d in noisy[qi][li].documents) for qi, q in enumerate(questions)]
+            for li in range(len(settings.noise))]
     for it in items:
         q = questions[it.question]
         level = noisy[it.question][it.level]
         entry: dict[str, Any] = {
             "documents": [d.id for d in it.documents],  # prompt order
             "replaced_positions": list(level.replaced),
-            "gold_in_documents": any(contains_alias(d.text, q.answers) for d in it.documents),
+            "gold_in_documents": gold[it.level][it.question],
             "predictions": {},
         }
         for method in settings.methods:
@@ -271,14 +268,9 @@ def run_demo(
 
     n = len(questions)
     accuracy = {m: {level_label(s): 100.0 * sum(correct[m][li]) / n for li, s in enumerate(settings.noise)} for m in settings.methods}
-    answer_in_documents = {
-        level_label(s): 100.0 * sum(any(contains_alias(d.text, q.answers) for d in noisy[qi][li].documents)
-                                    for qi, q in enumerate(questions)) / n
-        for li, s in enumerate(settings.noise)
-    }
+    answer_in_documents = {level_label(s): 100.0 * sum(gold[li]) / n for li, s in enumerate(settings.noise)}
     # Accuracy on the prompts that still hold an answering passage: reading, apart from retrieval's misses.
-    with_gold = [[qi for qi, q in enumerate(questions) if any(contains_alias(d.text, q.answers) for d in noisy[qi][li].documents)]
-                 for li in range(len(settings.noise))]
+    with_gold = [[qi for qi, has in enumerate(gold[li]) if has] for li in range(len(settings.noise))]
     accuracy_given_gold = {
         m: {level_label(s): (100.0 * sum(correct[m][li][qi] for qi in with_gold[li]) / len(with_gold[li]) if with_gold[li] else None)
             for li, s in enumerate(settings.noise)}
@@ -426,23 +418,19 @@ def results_markdown(report: dict[str, Any]) -> str:
                       "the other method, in points:", "",
                   f"| {sig['reference']} vs | " + " | ".join(levels) + " | drop |", "|---" * (len(levels) + 2) + "|"]
         for other, pair in sig["versus"].items():
-            cells = [_ci_p(pair["accuracy"][lv]) for lv in levels] + [_ci_p(pair["drop"])]
+            cells = [_ci(pair["accuracy"][lv], markdown=True) for lv in levels] + [_ci(pair["drop"], markdown=True)]
             lines.append(f"| {other} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def _ci_p(result: dict[str, Any]) -> str:
+def _ci(result: dict[str, Any], markdown: bool = False) -> str:
+    """One bootstrap result as 'diff [low,high]'; as markdown also its p, in bold when the CI excludes 0."""
     if result["diff"] is None:
         return "n/a"
-    p = result["p_value"]
-    text = f"{result['diff']:+.1f} [{result['ci_low']:+.1f}, {result['ci_high']:+.1f}], p = {p:.2g}"
+    if not markdown:
+        return f"{result['diff']:+.1f} [{result['ci_low']:+.1f},{result['ci_high']:+.1f}]"
+    text = f"{result['diff']:+.1f} [{result['ci_low']:+.1f}, {result['ci_high']:+.1f}], p = {result['p_value']:.2g}"
     return f"**{text}**" if result["ci_low"] > 0 or result["ci_high"] < 0 else text
-
-
-def _ci(result: dict[str, Any]) -> str:
-    if result["diff"] is None:
-        return "n/a"
-    return f"{result['diff']:+.1f} [{result['ci_low']:+.1f},{result['ci_high']:+.1f}]"
 
 
 def plot_accuracy(report: dict[str, Any], path: str | Path) -> Path:

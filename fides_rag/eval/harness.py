@@ -174,16 +174,17 @@ def _prompt_length(decoder: Any, example: QAExample) -> int:
     return len(decoder.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def _check_resume(out: Path, info: dict[str, Any]) -> None:
-    path = out / RUN_INFO
-    if not path.is_file():
+def check_resume(info_path: Path, info: Mapping[str, Any], keys: Sequence[str], *, what: str = "a run", fix: str = "") -> None:
+    """Refuse to resume a run folder whose recorded `info_path` differs from `info` on any of `keys`
+    (answers decoded under other settings would not be this run's); the error names each change and the fix."""
+    if not info_path.is_file():
         return
-    old = json.loads(path.read_text())
-    changed = [k for k in _RESUME_KEYS if old.get(k) != info.get(k)]
+    old = json.loads(info_path.read_text(encoding="utf-8"))
+    changed = [k for k in keys if old.get(k) != info.get(k)]
     if changed:
         raise ValueError(
-            f"{out} holds a run with different {', '.join(changed)} "
-            f"({', '.join(f'{k}: {old.get(k)!r} -> {info.get(k)!r}' for k in changed)}); use a new --out folder"
+            f"{info_path.parent} holds {what} with different {', '.join(changed)} "
+            f"({'; '.join(f'{k}: {old.get(k)!r} -> {info.get(k)!r}' for k in changed)}); use a new --out folder{fix}"
         )
 
 
@@ -215,7 +216,7 @@ def run_eval(
     out.mkdir(parents=True, exist_ok=True)
     labels = list(methods)
     info = {**dict(run_info or {}), "methods": labels, "max_new_tokens": max_new_tokens, "batch_size": batch_size}
-    _check_resume(out, info)
+    check_resume(out / RUN_INFO, info, _RESUME_KEYS)
     (out / RUN_INFO).write_text(json.dumps(info, indent=2) + "\n")
 
     pred_path = out / PREDICTIONS
