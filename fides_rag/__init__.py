@@ -1,7 +1,7 @@
 """fides-rag: faithful retrieval-augmented generation by dual-path contrastive decoding (FIDES)."""
 
 from fides_rag.config import FidesConfig
-from fides_rag.decoder import FidesDecoder, GenerationSettings, NonFiniteLogitsError, TextStream
+from fides_rag.decoder import AsyncTextStream, FidesDecoder, GenerationSettings, NonFiniteLogitsError, TextStream
 from fides_rag.lens import UnsupportedArchitectureError
 from fides_rag.loading import load_model, select_device
 from fides_rag.prompts import Demonstration, PromptTemplate
@@ -11,6 +11,7 @@ from fides_rag.rules import ContrastRule, available_methods, get_method, registe
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncTextStream",
     "ContrastRule",
     "Demonstration",
     "FidesConfig",

@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from fides_rag.config import SIGNAL_NAMES, FidesConfig
 from fides_rag.prompts import document_texts
-from fides_rag.rules.base import StepInputs, StepOutput
+from fides_rag.rules.base import CONTEXT, NO_CONTEXT, StepInputs, StepOutput
 from fides_rag.rules.fides import FidesRule, noise_layer
 from fides_rag.signals import kl_divergence, layer_mean_unit_distance
 
@@ -64,8 +64,8 @@ class RawSignalsRule(FidesRule):
     name = "fides-raw-signals"
 
     @property
-    def needs_layer_states(self) -> bool:
-        return True
+    def layer_state_paths(self) -> tuple[str, ...]:
+        return (CONTEXT, NO_CONTEXT)
 
     def lens_layers(self, num_layers: int) -> tuple[int, ...]:
         return (noise_layer(num_layers, self.config.noise_layer_ratio),)
@@ -73,11 +73,11 @@ class RawSignalsRule(FidesRule):
     def combine(self, step: StepInputs) -> StepOutput:
         decided = super().combine(step)
         mid = noise_layer(step.num_layers, self.config.noise_layer_ratio)
-        return replace(
-            decided,
-            shift=layer_mean_unit_distance(step.ctx_layer_states, step.no_ctx_layer_states),
-            noise=kl_divergence(step.lens_logits[mid], step.ctx_logits),
-        )
+        raw = {
+            "shift": layer_mean_unit_distance(step.ctx_layer_states, step.no_ctx_layer_states),
+            "noise": kl_divergence(step.lens_logits[mid], step.ctx_logits),
+        }
+        return replace(decided, records={**decided.records, **raw})
 
 
 # -- pure statistics -------------------------------------------------------------------------------

@@ -159,20 +159,28 @@ def load_model(
     *,
     device: str | torch.device = "auto",
     dtype: torch.dtype | str | None = None,
+    device_map: str | dict[str, Any] | None = None,
     trust_remote_code: bool = False,
     **from_pretrained_kwargs: Any,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load (model, tokenizer) from a bundled alias (`gemma3-270m`, `smollm2-135m-instruct`), a hub id,
-    a local folder, or a .gguf file. The model is put in eval mode on `device` ("auto": CUDA, MPS, CPU)."""
+    a local folder, or a .gguf file. The model is put in eval mode on `device` ("auto": CUDA, MPS, CPU), or,
+    with `device_map` (e.g. "auto"), dispatched by accelerate over the available devices (a 70B model over
+    several GPUs, with CPU or disk offload past them); `device` is then ignored."""
     source = resolve_model_source(name_or_path)
     target = select_device(device)
     if isinstance(dtype, str):
+        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise ValueError(f"dtype {dtype!r} is not a torch dtype; use e.g. 'float32', 'bfloat16' or 'float16'")
         dtype = getattr(torch, dtype)
     dtype = dtype or default_dtype(target)
     tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    if device_map is not None:
+        from_pretrained_kwargs["device_map"] = device_map
     model = AutoModelForCausalLM.from_pretrained(
         source, dtype=dtype, trust_remote_code=trust_remote_code, **from_pretrained_kwargs
     )
-    model.to(target)
+    if device_map is None:
+        model.to(target)
     model.eval()
     return model, tokenizer

@@ -10,10 +10,9 @@ def _fmt(value: float | None) -> str:
 
 
 def step_table(result: GenerationResult) -> str:
-    """One line per generated token: the token and its alpha, signals and fused score."""
-    lines = [f"{'token':>16} {'alpha':>7} {'opp':>7} {'shift':>7} {'noise':>7} {'score':>7}"]
+    """One line per generated token: the token and every value its rule recorded (alpha, signals, ...)."""
+    names = list(dict.fromkeys(name for s in result.steps for name in s.values))
+    lines = [" ".join([f"{'token':>16}", *(f"{name[:9]:>9}" for name in names)])]
     for s in result.steps:
-        lines.append(
-            f"{s.token!r:>16} {_fmt(s.alpha):>7} {_fmt(s.opposition):>7} {_fmt(s.shift):>7} {_fmt(s.noise):>7} {_fmt(s.score):>7}"
-        )
+        lines.append(" ".join([f"{s.token!r:>16}", *(f"{_fmt(s.values.get(name)):>9}" for name in names)]))
     return "\n".join(lines)

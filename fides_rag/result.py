@@ -6,22 +6,34 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 FinishReason = Literal["eos", "stop", "length", "criteria"]
+SIGNAL_NAMES = ("alpha", "opposition", "shift", "noise", "score")
+"""FIDES's recorded values, readable as `StepRecord` attributes."""
 
 
 @dataclass
 class StepRecord:
-    """One generated token and the quantities that decided it. Fields a method does not compute are None."""
+    """One generated token and the per-token values its rule recorded (`StepOutput.records`), by name:
+    FIDES records alpha, opposition, shift, noise and score; DVD beta and gamma; standard nothing."""
 
     token_id: int
     token: str
-    alpha: float | None = None
-    opposition: float | None = None
-    shift: float | None = None
-    noise: float | None = None
-    score: float | None = None
+    values: dict[str, float] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> float | None:
+        # FIDES's signal names read as attributes (step.alpha, step.noise, ...); None where not recorded.
+        if name in SIGNAL_NAMES:
+            return self.__dict__.get("values", {}).get(name)
+        raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """token_id, token and every recorded value as flat keys."""
+        return {"token_id": self.token_id, "token": self.token, **self.values}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StepRecord:
+        """Inverse of `to_dict` (None values are dropped)."""
+        values = {k: float(v) for k, v in data.items() if k not in ("token_id", "token") and v is not None}
+        return cls(int(data["token_id"]), str(data["token"]), values)
 
 
 @dataclass

@@ -469,7 +469,7 @@ def test_single_path_rule_gets_logit_lens_rows(tiny_llama, tokenizer):
 
     class LensProbe(ContrastRule):
         name = "lens-probe"
-        needs_no_context = False
+        paths = ("context",)
 
         def lens_layers(self, num_layers):
             return (1, num_layers)

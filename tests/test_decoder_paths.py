@@ -23,8 +23,7 @@ class DocumentProbe(ContrastRule):
     """Standard decoding that records the per-document logits of every step."""
 
     name = "document-probe"
-    needs_no_context = False
-    needs_document_paths = True
+    paths = ("context", "documents")
 
     def __init__(self) -> None:
         self.seen: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -38,7 +37,7 @@ class HeadProbe(ContrastRule):
     """Decodes from the masked-heads path (or the context path) and records both of every step."""
 
     name = "head-probe"
-    needs_no_context = False
+    paths = ("context", "masked_heads")
 
     def __init__(self, heads, follow_masked: bool = True) -> None:
         self.heads, self.follow_masked = heads, follow_masked
@@ -153,7 +152,7 @@ def test_document_prompts_are_trimmed_like_the_context(tokenizer):
     assert any(note.startswith("document 1's own prompt trimmed") for note in example.notes)
     assert not any(note.startswith("document 2's") for note in example.notes)
     block = decoder.prompt_template.document_block([short_doc])
-    assert example.document_prompts[1] == decoder._render("What is the capital?", block)[0]
+    assert example.document_prompts[1] == decoder.prompts.render("What is the capital?", block)[0]
     result = decoder.generate("What is the capital?", [long_doc, short_doc], method="dvd", max_new_tokens=20)
     assert result.method == "dvd" and result.documents_trimmed
 
@@ -319,10 +318,10 @@ def test_raw_prompts_cannot_run_document_paths(tiny_llama, tokenizer):
         decoder.stream_from_prompts("Doc. Q? A:", "Q? A:", method=DvdRule())
     raw = decoder.prepare_from_prompts("Doc. Q? A:", "Q? A:", 4)
     with pytest.raises(ValueError, match="example 0 has no per-document prompts"):
-        decoder._decode_examples([raw], [DvdRule()], decoder._settings(4, None))
+        decoder.generate_prepared([raw], method=DvdRule(), max_new_tokens=4)
     plain = decoder.prepare("Q?", ["a", "b"], 4)  # prepared without document_paths
     with pytest.raises(ValueError, match="document_paths=True"):
-        decoder._run_to_end([plain], [DvdRule()], decoder._settings(4, None))
+        decoder.generate_prepared([plain], method=DvdRule(), max_new_tokens=4)
 
 
 @pytest.mark.parametrize(

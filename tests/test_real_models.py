@@ -43,9 +43,9 @@ def test_standard_matches_transformers_generate(decoder):
     expected = decoder.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16)
     expected = expected[0, ids.shape[1] :].tolist()
     # Same token ids through the decoder's loop (generate_from_prompts would re-tokenise the text).
-    units = decoder._run_to_end([example], [decoder.resolve_method("standard")], decoder._settings(16, None))
+    result = decoder.generate_prepared([example], method="standard", max_new_tokens=16)[0]
     assert len(expected) > 1
-    assert units[0][0].generated == expected
+    assert result.token_ids == expected
 
 
 def test_real_conflict_contrast_follows_the_document(decoder):

@@ -23,8 +23,7 @@ class AdaCadRule(ContrastRule):
         alpha = jsd.clamp_min(self.floor)
         return StepOutput(
             logits=contrast_logits(step.ctx_logits, step.no_ctx_logits, alpha),
-            alpha=alpha,
-            opposition=jsd,
+            records={"alpha": alpha, "opposition": jsd},
         )
 
     def options(self) -> dict:

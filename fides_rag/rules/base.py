@@ -1,36 +1,92 @@
-"""The interface every contrast rule implements: what it needs from a step, and how it combines it."""
+"""The contract between a contrast rule and the decoder: the paths a rule declares, what one step hands it
+keyed by path, and what it gives back (final logits plus named per-row values to record)."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 
+CONTEXT = "context"
+"""[d; x; y<t]: the documents, the question and the generated tokens. Every rule runs it."""
+NO_CONTEXT = "no_context"
+"""[x; y<t]: the question alone (CAD-style rules)."""
+DOCUMENTS = "documents"
+"""[d_n; x; y<t]: one path per document (DVD); needs >= 2 documents per question."""
+MASKED_HEADS = "masked_heads"
+"""The context path with the attention heads of `ContrastRule.masked_heads` zeroed (DeCoRe)."""
+PATHS = (CONTEXT, NO_CONTEXT, DOCUMENTS, MASKED_HEADS)
+"""Every path kind, in the order their rows sit in the decoder's batch."""
+
 
 @dataclass
 class StepInputs:
-    """What one decoding step computed for a batch of B examples, in float32."""
+    """What one decoding step computed for a batch of B examples, keyed by path, in float32.
 
-    ctx_logits: torch.Tensor
-    """[B, V] next-token logits of the context path [d; x; y<t]."""
-    no_ctx_logits: torch.Tensor | None
-    """[B, V] logits of the no-context path [x; y<t]; None for single-path rules."""
-    ctx_layer_states: torch.Tensor | None = None
-    """[L, B, H] last-position output of each transformer block, context path (if the rule asked)."""
-    no_ctx_layer_states: torch.Tensor | None = None
-    """[L, B, H] the same for the no-context path."""
-    lens_logits: dict[int, torch.Tensor] | None = None
-    """layer l (1-based) -> [B, V] logit-lens logits of the context path (if the rule asked)."""
+    Build it with `StepInputs.from_tensors(...)` in tests; the decoder fills the dicts directly."""
+
+    logits: dict[str, torch.Tensor]
+    """path -> [B, V] next-token logits; DOCUMENTS -> [B, N, V], padded over examples to the largest document
+    count N (padded entries are zeros and False in `document_mask`). Only the paths the rule declared."""
+    layer_states: dict[str, torch.Tensor] = field(default_factory=dict)
+    """path -> [L, B, H] last-position output of each transformer block (paths of `layer_state_paths`)."""
+    lens_logits: dict[int, torch.Tensor] = field(default_factory=dict)
+    """layer l (1-based) -> [B, V] logit-lens logits of the context path (layers of `lens_layers`)."""
     num_layers: int = 0
-    document_logits: torch.Tensor | None = None
-    """[B, N, V] logits of the per-document paths [d_n; x; y<t] (if `needs_document_paths`), padded over
-    examples to the largest document count N; padded entries are zeros and False in `document_mask`."""
     document_mask: torch.Tensor | None = None
     """[B, N] bool, True where example b has a document n."""
-    masked_logits: torch.Tensor | None = None
-    """[B, V] logits of the context path run with the heads of `masked_heads` zeroed (if it returned any)."""
+
+    @classmethod
+    def from_tensors(
+        cls,
+        ctx_logits: torch.Tensor,
+        no_ctx_logits: torch.Tensor | None = None,
+        *,
+        ctx_layer_states: torch.Tensor | None = None,
+        no_ctx_layer_states: torch.Tensor | None = None,
+        lens_logits: Mapping[int, torch.Tensor] | None = None,
+        num_layers: int = 0,
+        document_logits: torch.Tensor | None = None,
+        document_mask: torch.Tensor | None = None,
+        masked_logits: torch.Tensor | None = None,
+    ) -> StepInputs:
+        """Inputs from named tensors (None: the path was not run)."""
+        logits = {CONTEXT: ctx_logits, NO_CONTEXT: no_ctx_logits, DOCUMENTS: document_logits, MASKED_HEADS: masked_logits}
+        states = {CONTEXT: ctx_layer_states, NO_CONTEXT: no_ctx_layer_states}
+        return cls(
+            logits={k: v for k, v in logits.items() if v is not None},
+            layer_states={k: v for k, v in states.items() if v is not None},
+            lens_logits=dict(lens_logits or {}),
+            num_layers=num_layers,
+            document_mask=document_mask,
+        )
+
+    @property
+    def ctx_logits(self) -> torch.Tensor:
+        return self.logits[CONTEXT]
+
+    @property
+    def no_ctx_logits(self) -> torch.Tensor | None:
+        return self.logits.get(NO_CONTEXT)
+
+    @property
+    def document_logits(self) -> torch.Tensor | None:
+        return self.logits.get(DOCUMENTS)
+
+    @property
+    def masked_logits(self) -> torch.Tensor | None:
+        return self.logits.get(MASKED_HEADS)
+
+    @property
+    def ctx_layer_states(self) -> torch.Tensor | None:
+        return self.layer_states.get(CONTEXT)
+
+    @property
+    def no_ctx_layer_states(self) -> torch.Tensor | None:
+        return self.layer_states.get(NO_CONTEXT)
 
 
 @dataclass
@@ -39,48 +95,53 @@ class StepOutput:
 
     logits: torch.Tensor
     """[B, V] final logits."""
-    alpha: torch.Tensor | None = None
-    opposition: torch.Tensor | None = None
-    shift: torch.Tensor | None = None
-    noise: torch.Tensor | None = None
-    score: torch.Tensor | None = None
+    records: dict[str, torch.Tensor] = field(default_factory=dict)
+    """name -> [B] per-row values (e.g. FIDES's alpha and signals, DVD's beta and gamma). They stay on the
+    device during decoding and reach `StepRecord.values` once, at the end of the call."""
 
 
 class ContrastRule(ABC):
     """One decoding rule (standard, CAD, AdaCAD, FIDES, ...). Subclasses register with `@register_method`.
 
-    A rule is a small configured object; the decoder asks it what to compute (`needs_*`, `lens_layers`)
-    and then calls `combine` once per step with all paths of all examples.
+    A rule is a small configured object. It declares what the decoder must compute (`paths`,
+    `layer_state_paths`, `lens_layers`, `masked_heads`), and `combine` turns one step of it into logits.
     """
 
     name: ClassVar[str] = ""
-    needs_no_context: ClassVar[bool] = True
-    """Whether the no-context path [x; y<t] must be run at all."""
+    paths: ClassVar[tuple[str, ...]] = (CONTEXT, NO_CONTEXT)
+    """The paths `combine` reads, from `PATHS`. CONTEXT is always run."""
 
     @property
-    def needs_layer_states(self) -> bool:
-        """Whether `combine` reads the per-layer states of both paths."""
-        return False
-
-    needs_document_paths: ClassVar[bool] = False
-    """Whether the decoder also runs one path per document, [d_n; x; y<t] (DVD). Needs >= 2 documents."""
-
-    def masked_heads(self, model: Any, tokenizer: Any) -> dict[int, tuple[int, ...]] | None:
-        """Attention heads (1-based layer -> head indices) whose outputs are zeroed on an extra copy of the
-        context path (DeCoRe); None means the rule needs no such path. Called once per decode call."""
-        return None
+    def layer_state_paths(self) -> tuple[str, ...]:
+        """Paths whose per-layer last-position states `combine` reads (FIDES's Shift)."""
+        return ()
 
     def lens_layers(self, num_layers: int) -> tuple[int, ...]:
         """Which context-path layers (1-based) need logit-lens logits (single- or two-path rules alike)."""
         return ()
 
+    def masked_heads(self, model: Any, tokenizer: Any) -> dict[int, tuple[int, ...]] | None:
+        """Setup hook of the MASKED_HEADS path, called once per decode call before the prefill: the attention
+        heads (1-based layer -> head indices) to zero on that path. None or empty: the path is not run and
+        `StepInputs.masked_logits` is None. Model-dependent work (DeCoRe's head discovery) belongs here,
+        never in `combine`."""
+        return None
+
     @abstractmethod
     def combine(self, step: StepInputs) -> StepOutput:
-        """Turn one step's path outputs into final logits."""
+        """Turn one step's path outputs into final logits. Runs on the device: no host synchronisation."""
 
     def options(self) -> dict[str, Any]:
         """The rule's settings, recorded with every result."""
         return {}
+
+    @property
+    def needs_no_context(self) -> bool:
+        return NO_CONTEXT in self.paths
+
+    @property
+    def needs_document_paths(self) -> bool:
+        return DOCUMENTS in self.paths
 
     def __repr__(self) -> str:
         settings = ", ".join(f"{k}={v!r}" for k, v in self.options().items())

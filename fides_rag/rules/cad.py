@@ -27,8 +27,7 @@ class CadRule(ContrastRule):
         alpha = torch.full((step.ctx_logits.shape[0],), self.alpha, dtype=step.ctx_logits.dtype, device=step.ctx_logits.device)
         return StepOutput(
             logits=contrast_logits(step.ctx_logits, step.no_ctx_logits, alpha),
-            alpha=alpha,
-            opposition=opposition(step.ctx_logits, step.no_ctx_logits),
+            records={"alpha": alpha, "opposition": opposition(step.ctx_logits, step.no_ctx_logits)},
         )
 
     def options(self) -> dict:

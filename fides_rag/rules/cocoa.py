@@ -28,8 +28,8 @@ This module computes steps 1-4 exactly (per row), with every constant an option 
 value; `alpha="adaptive"` uses the computed global_alpha the reference overwrites (a non-finite D2n, from
 p_ctx underflowing to 0, is taken as its limit 1 instead of NaN). Deviations: the unused/no-op terms of
 step 2 are left out; step 5 is not reproduced (no EOS lock, no doubling by the all-reduce, no projection):
-the returned S_reg are scores that the decoder argmaxes or samples like any rule's. `StepOutput.alpha`
-records the global blend a, `score` ΔH, `opposition` JSD(p_ctx, p_noctx).
+the returned S_reg are scores that the decoder argmaxes or samples like any rule's. It records
+`alpha` (the global blend a), `entropy_gap` (ΔH) and `opposition` (JSD(p_ctx, p_noctx)).
 """
 
 from __future__ import annotations
@@ -137,9 +137,11 @@ class CocoaRule(ContrastRule):
         scores = final.clamp_min(floor)  # [B, V]
         return StepOutput(
             logits=scores,
-            alpha=alpha.squeeze(-1),
-            opposition=opposition(step.ctx_logits, step.no_ctx_logits),
-            score=delta_h.squeeze(-1),
+            records={
+                "alpha": alpha.squeeze(-1),
+                "opposition": opposition(step.ctx_logits, step.no_ctx_logits),
+                "entropy_gap": delta_h.squeeze(-1),
+            },
         )
 
     def options(self) -> dict[str, Any]:

@@ -26,7 +26,7 @@ With the shipped a = 1 the typical tokens get lc (a·cond + (1 − a)·uncond), 
 2·lc − lu on log-probs. The masks are computed exactly as the reference does (same chain of log_softmax
 and comparisons), per row. Deviation: the reference ran one example at a time, and its
 "only one token above the threshold" test summed over the whole batch; here it is per row.
-`StepOutput.alpha` records a; `opposition` the JSD of the two paths (for comparison with other rules).
+It records `alpha` (a) and `opposition` the JSD of the two paths (for comparison with other rules).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class CoiecdRule(ContrastRule):
         cad = coiecd_cad_mask(cond, uncond, self.threshold_ratio).to(cond.dtype)  # [B, V], 1 = CAD branch
         merged = cad * cond + (1 - cad) * uncond + self.alpha * (cond - uncond)
         alpha = torch.full((cond.shape[0],), self.alpha, dtype=cond.dtype, device=cond.device)
-        return StepOutput(logits=merged, alpha=alpha, opposition=opposition(step.ctx_logits, step.no_ctx_logits))
+        return StepOutput(logits=merged, records={"alpha": alpha, "opposition": opposition(step.ctx_logits, step.no_ctx_logits)})
 
     def options(self) -> dict[str, Any]:
         return {"alpha": self.alpha, "threshold_ratio": self.threshold_ratio}

@@ -54,7 +54,7 @@ import torch
 
 from fides_rag.heads import DiscoverySettings, retrieval_heads
 from fides_rag.lens import ModelAnatomy
-from fides_rag.rules.base import ContrastRule, StepInputs, StepOutput
+from fides_rag.rules.base import CONTEXT, MASKED_HEADS, ContrastRule, StepInputs, StepOutput
 from fides_rag.rules.registry import register_method
 from fides_rag.signals import contrast_logits
 
@@ -108,7 +108,7 @@ class DecoreRule(ContrastRule):
     >>> rule = DecoreRule(variant="vanilla", alpha=0.5, num_heads=20)
     """
 
-    needs_no_context = False
+    paths = (CONTEXT, MASKED_HEADS)
 
     def __init__(
         self,
@@ -196,7 +196,7 @@ class DecoreRule(ContrastRule):
                 alpha = alpha.clamp(max=self.alpha_cap)
         else:
             alpha = torch.full((base.shape[0],), self.alpha, dtype=base.dtype, device=base.device)
-        return StepOutput(logits=contrast_logits(base, masked, alpha), alpha=alpha)
+        return StepOutput(logits=contrast_logits(base, masked, alpha), records={"alpha": alpha})
 
     def options(self) -> dict[str, Any]:
         options: dict[str, Any] = {"variant": self.variant}

@@ -39,7 +39,7 @@ Deviations, and why:
   we use block 1. A 1-layer model has no premature block and is refused. Index i ≥ 1 of `hidden_states`
   is the output of block i, so the bucket numbers are our 1-based block indices unchanged.
 - An explicit `layers` entry ≥ L is an error here (transformers silently dropped it).
-- `StepOutput.score` records j of the chosen layer (the selection statistic exactly as transformers
+- It records `layer_jsd`: j of the chosen layer (the selection statistic exactly as transformers
   computed it, not the textbook JSD); `alpha` stays None.
 """
 
@@ -50,7 +50,7 @@ from typing import Any, Sequence
 
 import torch
 
-from fides_rag.rules.base import ContrastRule, StepInputs, StepOutput
+from fides_rag.rules.base import CONTEXT, ContrastRule, StepInputs, StepOutput
 from fides_rag.rules.registry import register_method
 
 BUCKETS = ("high", "low")
@@ -113,7 +113,7 @@ def relative_top_contrast(
 class DolaRule(ContrastRule):
     """score = log p_L − log p_l* on tokens with p_L ≥ rt·max p_L (else -inf), l* = argmax_l JSD(p_L, p_l)."""
 
-    needs_no_context = False
+    paths = (CONTEXT,)
 
     def __init__(self, layers: str | Sequence[int] = "high", relative_top: float = 0.1, min_tokens_to_keep: int = 1) -> None:
         if isinstance(layers, str):
@@ -154,7 +154,7 @@ class DolaRule(ContrastRule):
         rows = torch.arange(final.shape[0], device=final.device)
         base = stacked[chosen, rows]  # [B, V]
         logits = relative_top_contrast(final, base, self.relative_top, min(self.min_tokens_to_keep, final.shape[-1]))
-        return StepOutput(logits=logits, score=divergence[chosen, rows])
+        return StepOutput(logits=logits, records={"layer_jsd": divergence[chosen, rows]})
 
     def options(self) -> dict[str, Any]:
         layers = self.layers if isinstance(self.layers, str) else list(self.layers)

@@ -46,8 +46,10 @@ Deviations, and why:
 - A question with fewer than 2 documents is refused (the decoder checks before decoding; with one
   document d⁺ = d⁻ and the document term is void). With no documents the decoder falls back to 'standard'
   on the question alone, as for every method (the reference's `doc_num == 0` also decodes closed-book).
-- `StepOutput.alpha` records β where the CAD term is applied (0 in the closed-book-confident branch and on
-  fallback rows), `score` γ (0 on fallback rows).
+- It records `beta` (β where the CAD term is applied: 0 in the closed-book-confident branch and on
+  fallback rows) and `gamma` (γ, 0 on fallback rows).
+- Fewer than 2 documents is refused by the decoder before decoding, not in `combine` (which must not
+  synchronise with the host).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from typing import Any
 import torch
 from transformers import TopPLogitsWarper
 
-from fides_rag.rules.base import ContrastRule, StepInputs, StepOutput
+from fides_rag.rules.base import CONTEXT, DOCUMENTS, NO_CONTEXT, ContrastRule, StepInputs, StepOutput
 from fides_rag.rules.registry import register_method
 
 SELECTIONS = ("entropy", "retrieval")
@@ -99,8 +101,7 @@ class DvdRule(ContrastRule):
     >>> rule = DvdRule(dynamic_weight=False, beta=0.25, gamma=0.2)
     """
 
-    needs_no_context = True
-    needs_document_paths = True
+    paths = (CONTEXT, NO_CONTEXT, DOCUMENTS)
 
     def __init__(
         self,
@@ -136,10 +137,8 @@ class DvdRule(ContrastRule):
     def combine(self, step: StepInputs) -> StepOutput:
         if step.no_ctx_logits is None or step.document_logits is None or step.document_mask is None:
             raise ValueError("dvd: combine needs the no-context logits and the per-document logits and mask")
-        present = step.document_mask  # [B, N]
+        present = step.document_mask  # [B, N]; the decoder refused < 2 documents before decoding
         counts = present.sum(dim=-1)  # [B]
-        if bool((counts < 2).any()):
-            raise ValueError(f"dvd: needs at least 2 documents per example, got counts {counts.tolist()}")
         full = nucleus_log_probs(step.ctx_logits, self.top_p)  # [B, V]
         closed = nucleus_log_probs(step.no_ctx_logits, self.top_p)  # [B, V]
         docs = nucleus_log_probs(step.document_logits, self.top_p)  # [B, N, V]
@@ -174,8 +173,7 @@ class DvdRule(ContrastRule):
         zero = torch.zeros_like(beta)
         return StepOutput(
             logits=final,
-            alpha=torch.where(closed_confident | fallback, zero, beta),
-            score=torch.where(fallback, zero, gamma),
+            records={"beta": torch.where(closed_confident | fallback, zero, beta), "gamma": torch.where(fallback, zero, gamma)},
         )
 
     def options(self) -> dict[str, Any]:

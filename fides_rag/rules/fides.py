@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from fides_rag.config import FidesConfig
-from fides_rag.rules.base import ContrastRule, StepInputs, StepOutput
+from fides_rag.rules.base import CONTEXT, NO_CONTEXT, ContrastRule, StepInputs, StepOutput
 from fides_rag.rules.registry import register_method
 from fides_rag.signals import (
     adaptive_alpha,
@@ -41,8 +41,8 @@ class FidesRule(ContrastRule):
         self.config = config
 
     @property
-    def needs_layer_states(self) -> bool:
-        return self.config.weights[1] > 0
+    def layer_state_paths(self) -> tuple[str, ...]:
+        return (CONTEXT, NO_CONTEXT) if self.config.weights[1] > 0 else ()
 
     def lens_layers(self, num_layers: int) -> tuple[int, ...]:
         if self.config.weights[2] == 0:
@@ -64,13 +64,10 @@ class FidesRule(ContrastRule):
             alpha = torch.full_like(score, cfg.fixed_alpha)
         else:
             alpha = adaptive_alpha(score, cfg.lambda_, cfg.alpha_min)
+        signals = {"alpha": alpha, "opposition": opp, "shift": shift, "noise": noise, "score": score}
         return StepOutput(
             logits=contrast_logits(step.ctx_logits, step.no_ctx_logits, alpha),
-            alpha=alpha,
-            opposition=opp,
-            shift=shift,
-            noise=noise,
-            score=score,
+            records={name: value for name, value in signals.items() if value is not None},
         )
 
     def options(self) -> dict:

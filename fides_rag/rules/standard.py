@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fides_rag.rules.base import ContrastRule, StepInputs, StepOutput
+from fides_rag.rules.base import CONTEXT, ContrastRule, StepInputs, StepOutput
 from fides_rag.rules.registry import register_method
 
 
@@ -10,7 +10,7 @@ from fides_rag.rules.registry import register_method
 class StandardRule(ContrastRule):
     """z_final = z_ctx. Runs no no-context forward pass at all."""
 
-    needs_no_context = False
+    paths = (CONTEXT,)
 
     def combine(self, step: StepInputs) -> StepOutput:
         return StepOutput(logits=step.ctx_logits)

@@ -60,18 +60,18 @@ def test_cocoa_defaults_reduce_to_fixed_contrast(rows):
     assert rule.options() == {"alpha": 0.5, "gamma": 1.0, "kappa_h2": 0.0, "lambda_pm": 100.0, "eps0": 0.05,
                               "kappa_s": 1.0, "eps_max": 0.2, "lambda2": 0.1, "kappa_min": 1e-4}
     fixed = 1.5 * torch.log_softmax(ctx, -1) - 0.5 * torch.log_softmax(no, -1)
-    out = rule.combine(StepInputs(ctx_logits=ctx, no_ctx_logits=no))
+    out = rule.combine(StepInputs.from_tensors(ctx_logits=ctx, no_ctx_logits=no))
     assert torch.equal(out.logits.argmax(-1), fixed.argmax(-1))
-    assert out.alpha.tolist() == [0.5] * 5
+    assert out.records.get("alpha").tolist() == [0.5] * 5
     # with the amplifier and safeguards switched off, the scores are exactly log softmax(1.5 lc − 0.5 lp) (+1e-12)
-    plain = CocoaRule(lambda_pm=0, eps0=0, lambda2=0, kappa_min=0).combine(StepInputs(ctx_logits=ctx, no_ctx_logits=no))
+    plain = CocoaRule(lambda_pm=0, eps0=0, lambda2=0, kappa_min=0).combine(StepInputs.from_tensors(ctx_logits=ctx, no_ctx_logits=no))
     assert torch.allclose(plain.logits.exp() - 1e-12, torch.softmax(fixed, -1), atol=1e-14)
     # and the shaping keeps the order of every token, not just the top one, on these rows
     gen = torch.Generator().manual_seed(7)
     for _ in range(20):
         c, n = torch.randn(3, 40, generator=gen, dtype=torch.float64) * 3, torch.randn(3, 40, generator=gen, dtype=torch.float64) * 3
         f = 1.5 * torch.log_softmax(c, -1) - 0.5 * torch.log_softmax(n, -1)
-        assert torch.equal(rule.combine(StepInputs(ctx_logits=c, no_ctx_logits=n)).logits.argmax(-1), f.argmax(-1))
+        assert torch.equal(rule.combine(StepInputs.from_tensors(ctx_logits=c, no_ctx_logits=n)).logits.argmax(-1), f.argmax(-1))
 
 
 @pytest.mark.parametrize(
@@ -86,19 +86,19 @@ def test_cocoa_defaults_reduce_to_fixed_contrast(rows):
 )
 def test_cocoa_hand_computation(rows, options):
     ctx, no = rows
-    out = CocoaRule(**options).combine(StepInputs(ctx_logits=ctx, no_ctx_logits=no))
+    out = CocoaRule(**options).combine(StepInputs.from_tensors(ctx_logits=ctx, no_ctx_logits=no))
     for b in range(5):
         want, alpha, dh = reference_row(ctx[b].tolist(), no[b].tolist(), **options)
         assert out.logits[b].tolist() == pytest.approx(want, abs=1e-9)
-        assert out.alpha[b].item() == pytest.approx(alpha, abs=1e-12)
-        assert out.score[b].item() == pytest.approx(dh, abs=1e-12)
+        assert out.records.get("alpha")[b].item() == pytest.approx(alpha, abs=1e-12)
+        assert out.records.get("entropy_gap")[b].item() == pytest.approx(dh, abs=1e-12)
 
 
 def test_cocoa_non_default_without_shaping_is_hand_contrast(rows):
     """a = 0.3, γ = 2: S = (a + γ)·lc + (1 − a − γ)·lp = 2.3·lc − 1.3·lp."""
     ctx, no = rows
     rule = CocoaRule(alpha=0.3, gamma=2.0, lambda_pm=0, eps0=0, lambda2=0, kappa_min=0)
-    out = rule.combine(StepInputs(ctx_logits=ctx, no_ctx_logits=no))
+    out = rule.combine(StepInputs.from_tensors(ctx_logits=ctx, no_ctx_logits=no))
     for b in range(5):
         s = [2.3 * c - 1.3 * p for c, p in zip(log_softmax(ctx[b].tolist()), log_softmax(no[b].tolist()))]
         want = [math.log(math.exp(v) + 1e-12) for v in log_softmax(s)]

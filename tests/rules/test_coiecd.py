@@ -34,7 +34,7 @@ def reference_row(ctx, no, alpha=1.0, ratio=4.0):
 def run(rule, ctx, no):
     ctx = torch.tensor(ctx, dtype=torch.float64)
     no = torch.tensor(no, dtype=torch.float64)
-    return rule.combine(StepInputs(ctx_logits=ctx, no_ctx_logits=no))
+    return rule.combine(StepInputs.from_tensors(ctx_logits=ctx, no_ctx_logits=no))
 
 
 @pytest.mark.parametrize("alpha, ratio", [(1.0, 4.0), (0.5, 4.0), (2.0, 2.5)])
@@ -49,7 +49,7 @@ def test_coiecd_random_rows(alpha, ratio):
         branches += branch
         assert out.logits[b].tolist() == pytest.approx(want, abs=1e-12)
     assert any(branches) and not all(branches)  # both branches exercised
-    assert out.alpha.tolist() == [alpha] * 6
+    assert out.records.get("alpha").tolist() == [alpha] * 6
 
 
 def test_coiecd_hand_cases():

@@ -35,7 +35,7 @@ def make_step(batch=4, vocab=13, seed=0):
     gen = torch.Generator().manual_seed(seed)
     base = torch.randn(batch, vocab, generator=gen, dtype=torch.float64) * 3
     base[0] *= 0.05  # a flat row: entropy near log V
-    return StepInputs(
+    return StepInputs.from_tensors(
         ctx_logits=base, no_ctx_logits=None, masked_logits=torch.randn(batch, vocab, generator=gen, dtype=torch.float64) * 3
     )
 
@@ -47,19 +47,19 @@ def test_entropy_variant_matches_hand_loop(scale, cap):
     for b in range(4):
         base, masked = step.ctx_logits[b].tolist(), step.masked_logits[b].tolist()
         alpha = reference_alpha(base, scale, cap)
-        assert out.alpha[b].item() == pytest.approx(alpha, abs=1e-12)
+        assert out.records.get("alpha")[b].item() == pytest.approx(alpha, abs=1e-12)
         want = [(1 + alpha) * x - alpha * y for x, y in zip(base, masked)]
         assert out.logits[b].tolist() == pytest.approx(want, abs=1e-10)
     if cap is not None:
-        assert out.alpha.max().item() == pytest.approx(cap, abs=1e-12)  # the flat row is capped
-    assert out.opposition is None and out.score is None
+        assert out.records.get("alpha").max().item() == pytest.approx(cap, abs=1e-12)  # the flat row is capped
+    assert out.records.get("opposition") is None and out.records.get("score") is None
 
 
 def test_vanilla_variant_and_alpha_zero():
     step = make_step()
     out = DecoreRule(variant="vanilla", alpha=0.7).combine(step)
     assert torch.allclose(out.logits, 1.7 * step.ctx_logits - 0.7 * step.masked_logits, atol=1e-12)
-    assert out.alpha.tolist() == [0.7] * 4
+    assert out.records.get("alpha").tolist() == [0.7] * 4
     assert DecoreRule(variant="vanilla").alpha == 0.5  # the reference's default
     assert torch.equal(DecoreRule(variant="vanilla", alpha=0).combine(step).logits, step.ctx_logits)
 
@@ -70,14 +70,14 @@ def test_combine_batch_equals_single(rule):
     batched = rule.combine(step)
     for b in range(5):
         single = rule.combine(
-            StepInputs(ctx_logits=step.ctx_logits[b : b + 1], no_ctx_logits=None, masked_logits=step.masked_logits[b : b + 1])
+            StepInputs.from_tensors(ctx_logits=step.ctx_logits[b : b + 1], no_ctx_logits=None, masked_logits=step.masked_logits[b : b + 1])
         )
-        assert torch.equal(single.logits[0], batched.logits[b]) and torch.equal(single.alpha[0], batched.alpha[b])
+        assert torch.equal(single.logits[0], batched.logits[b]) and torch.equal(single.records.get("alpha")[0], batched.records.get("alpha")[b])
 
 
 def test_combine_needs_the_masked_path():
     with pytest.raises(RuntimeError, match="no masked_logits"):
-        DecoreRule().combine(StepInputs(ctx_logits=torch.zeros(1, 3), no_ctx_logits=None))
+        DecoreRule().combine(StepInputs.from_tensors(ctx_logits=torch.zeros(1, 3), no_ctx_logits=None))
 
 
 def test_options_and_defaults():

@@ -37,7 +37,7 @@ def reference_step(final, premature, relative_top=0.1, keep=1):
 
 def make_step(layers, batch=4, vocab=13, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    return StepInputs(
+    return StepInputs.from_tensors(
         ctx_logits=torch.randn(batch, vocab, generator=gen, dtype=torch.float64) * 3,
         no_ctx_logits=None,
         lens_logits={l: torch.randn(batch, vocab, generator=gen, dtype=torch.float64) * 3 for l in layers},
@@ -61,8 +61,8 @@ def test_dola_matches_hand_loop(relative_top, keep):
         assert [math.isinf(v) for v in got] == [math.isinf(v) for v in want]
         assert sum(not math.isinf(v) for v in got) >= keep
         assert [v for v in got if not math.isinf(v)] == pytest.approx([v for v in want if not math.isinf(v)], abs=1e-12)
-        assert out.score[b].item() == pytest.approx(js, abs=1e-12)
-    assert out.alpha is None
+        assert out.records.get("layer_jsd")[b].item() == pytest.approx(js, abs=1e-12)
+    assert out.records.get("alpha") is None
     assert len(chosen_layers) > 1  # the choice really is per row
 
 
@@ -129,5 +129,5 @@ def test_dola_batch_equals_single(decoder, rule):
         assert batched.method == ("dola" if docs else "standard")  # no documents: the decoder falls back
         if docs:
             assert batched.no_context_prompt is None
-            assert all(s.score is not None and s.alpha is None for s in batched.steps)
-            assert [s.score for s in batched.steps] == pytest.approx([s.score for s in single.steps], abs=1e-5)
+            assert all(s.values.get("layer_jsd") is not None and "alpha" not in s.values for s in batched.steps)
+            assert [s.values.get("layer_jsd") for s in batched.steps] == pytest.approx([s.values.get("layer_jsd") for s in single.steps], abs=1e-5)

@@ -28,7 +28,7 @@ def jsd(p, q):
 def step():
     torch.manual_seed(0)
     batch, vocab, layers, hidden = 3, 11, 4, 6
-    return StepInputs(
+    return StepInputs.from_tensors(
         ctx_logits=torch.randn(batch, vocab, dtype=torch.float64) * 3,
         no_ctx_logits=torch.randn(batch, vocab, dtype=torch.float64) * 3,
         ctx_layer_states=torch.randn(layers, batch, hidden, dtype=torch.float64),
@@ -65,7 +65,7 @@ def test_cad_hand_computation(step):
     out = get_method("cad", alpha=0.7).combine(step)
     want = 1.7 * step.ctx_logits - 0.7 * step.no_ctx_logits
     assert torch.allclose(out.logits, want, atol=1e-12)
-    assert out.alpha.tolist() == [0.7, 0.7, 0.7]
+    assert out.records.get("alpha").tolist() == [0.7, 0.7, 0.7]
 
 
 def test_cad_alpha_zero_is_standard(step):
@@ -75,16 +75,16 @@ def test_cad_alpha_zero_is_standard(step):
 def test_adacad_alpha_is_jsd_with_floor(step):
     expected = [jsd(softmax(p), softmax(q)) for p, q in zip(step.ctx_logits.tolist(), step.no_ctx_logits.tolist())]
     out = get_method("adacad").combine(step)
-    assert out.alpha.tolist() == pytest.approx(expected, abs=1e-12)
-    want = (1 + out.alpha[:, None]) * step.ctx_logits - out.alpha[:, None] * step.no_ctx_logits
+    assert out.records.get("alpha").tolist() == pytest.approx(expected, abs=1e-12)
+    want = (1 + out.records.get("alpha")[:, None]) * step.ctx_logits - out.records.get("alpha")[:, None] * step.no_ctx_logits
     assert torch.allclose(out.logits, want, atol=1e-12)
     floored = get_method("adacad", floor=0.3).combine(step)
-    assert floored.alpha.tolist() == pytest.approx([max(0.3, e) for e in expected], abs=1e-12)
+    assert floored.records.get("alpha").tolist() == pytest.approx([max(0.3, e) for e in expected], abs=1e-12)
 
 
 def test_fides_hand_computation(step):
     rule = FidesRule()
-    assert rule.needs_layer_states and rule.lens_layers(4) == (2,)
+    assert rule.layer_state_paths == ("context", "no_context") and rule.lens_layers(4) == (2,)
     out = rule.combine(step)
     ctx, no = step.ctx_logits.tolist(), step.no_ctx_logits.tolist()
     for b in range(3):
@@ -100,25 +100,25 @@ def test_fides_hand_computation(step):
         noise = min(1.0, sum(p * math.log(p / q) for p, q in zip(lens, final)) / 5)
         score = 0.5 * opp + 0.3 * shift + 0.2 * noise
         alpha = max(0.1, 1.5 * score)
-        assert out.opposition[b].item() == pytest.approx(opp, abs=1e-12)
-        assert out.shift[b].item() == pytest.approx(shift, abs=1e-12)
-        assert out.noise[b].item() == pytest.approx(noise, abs=1e-12)
-        assert out.score[b].item() == pytest.approx(score, abs=1e-12)
-        assert out.alpha[b].item() == pytest.approx(alpha, abs=1e-12)
+        assert out.records.get("opposition")[b].item() == pytest.approx(opp, abs=1e-12)
+        assert out.records.get("shift")[b].item() == pytest.approx(shift, abs=1e-12)
+        assert out.records.get("noise")[b].item() == pytest.approx(noise, abs=1e-12)
+        assert out.records.get("score")[b].item() == pytest.approx(score, abs=1e-12)
+        assert out.records.get("alpha")[b].item() == pytest.approx(alpha, abs=1e-12)
         want = [(1 + alpha) * c - alpha * n for c, n in zip(ctx[b], no[b])]
         assert out.logits[b].tolist() == pytest.approx(want, abs=1e-10)
 
 
 def test_fides_ablations_skip_signals(step):
     only_opp = FidesRule(FidesConfig().with_signals("opposition"))
-    assert not only_opp.needs_layer_states and only_opp.lens_layers(4) == ()
-    out = only_opp.combine(StepInputs(step.ctx_logits, step.no_ctx_logits, num_layers=4))
-    assert out.shift is None and out.noise is None
-    assert torch.allclose(out.alpha, (1.5 * out.opposition).clamp_min(0.1))
+    assert not only_opp.layer_state_paths and only_opp.lens_layers(4) == ()
+    out = only_opp.combine(StepInputs.from_tensors(step.ctx_logits, step.no_ctx_logits, num_layers=4))
+    assert out.records.get("shift") is None and out.records.get("noise") is None
+    assert torch.allclose(out.records.get("alpha"), (1.5 * out.records.get("opposition")).clamp_min(0.1))
     fixed = FidesRule(weights=(0.5, 0.3, 0.2), fixed_alpha=1.0).combine(step)
     cad = get_method("cad", alpha=1.0).combine(step)
     assert torch.equal(fixed.logits, cad.logits)
-    assert fixed.score is not None  # signals are still recorded
+    assert fixed.records.get("score") is not None  # signals are still recorded
 
 
 def test_noise_layer_is_floor_and_never_embedding():
@@ -131,7 +131,7 @@ def test_noise_layer_is_floor_and_never_embedding():
 def test_new_rule_is_one_registered_class():
     @register_method("test-ctx-only")
     class ContextOnly(ContrastRule):
-        needs_no_context = False
+        paths = ("context",)
 
         def combine(self, step: StepInputs) -> StepOutput:
             return StepOutput(logits=step.ctx_logits * 2)

@@ -1,0 +1,2 @@
+"""The decoder's rooms, one job each: settings, prompting, layout, gather, kv_cache, hooks, choosing,
+stopping, streaming, results and validation. `fides_rag.decoder.FidesDecoder` ties them into the loop."""

@@ -1,0 +1,87 @@
+"""The generation settings of one call: budget, sampling, stop strings, user processors and criteria."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from transformers import (
+    LogitsProcessorList,
+    MinNewTokensLengthLogitsProcessor,
+    StoppingCriteriaList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+MAX_SEED = 2**63 - 1
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """Per-call generation controls (validated)."""
+
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    """EOS is suppressed until this many tokens exist (transformers' semantics; used to force full length)."""
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logits_processor: LogitsProcessorList | None = None
+    stopping_criteria: StoppingCriteriaList | None = None
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.max_new_tokens) or self.max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if not _is_int(self.min_new_tokens) or not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(f"min_new_tokens must be an integer in [0, max_new_tokens], got {self.min_new_tokens!r}")
+        if not isinstance(self.do_sample, bool):
+            raise ValueError(f"do_sample must be True or False, got {self.do_sample!r}")
+        if not _is_number(self.temperature) or not math.isfinite(self.temperature) or not self.temperature > 0:
+            raise ValueError(f"temperature must be a finite number > 0 (use do_sample=False for greedy), got {self.temperature!r}")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
+            raise ValueError(f"seed must be None or an integer in [0, 2**63 - 1], got {self.seed!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop strings must be non-empty strings, got {self.stop!r}")
+        if not self.do_sample and (self.temperature != 1.0 or self.top_p != 1.0 or self.top_k != 0):
+            warnings.warn("temperature/top_p/top_k have no effect with greedy decoding; pass do_sample=True to sample", stacklevel=5)
+
+    @classmethod
+    def build(cls, default_max_new_tokens: int, max_new_tokens: int | None, stop: Sequence[str] | str | None, **kwargs: Any) -> GenerationSettings:
+        """Settings of one public call: its token budget (or the decoder's default) and stop strings."""
+        if isinstance(stop, str):
+            stop = [stop]
+        return cls(max_new_tokens=default_max_new_tokens if max_new_tokens is None else max_new_tokens, stop=tuple(stop or ()), **kwargs)
+
+    def warpers(self, prompt_width: int, eos_token_ids: set[int]) -> LogitsProcessorList:
+        """transformers' processors for min_new_tokens, the user's processors, then the sampling warpers."""
+        processors = LogitsProcessorList()
+        if self.min_new_tokens > 0 and eos_token_ids:
+            processors.append(MinNewTokensLengthLogitsProcessor(prompt_width, self.min_new_tokens, sorted(eos_token_ids)))
+        processors.extend(self.logits_processor or [])
+        if self.do_sample:
+            if self.temperature != 1.0:
+                processors.append(TemperatureLogitsWarper(self.temperature))
+            if self.top_k > 0:
+                processors.append(TopKLogitsWarper(self.top_k))
+            if self.top_p < 1.0:
+                processors.append(TopPLogitsWarper(self.top_p))
+        return processors
