@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
 from fides_rag.generation.hooks import HeadMasker, LayerCapture
 from fides_rag.lens import ModelAnatomy
@@ -37,6 +37,19 @@ class Prefilled:
     """[R, T] over the merged cache."""
     positions: torch.Tensor
     """[R, 1] position id of every row's last prompt token (real tokens count from 0)."""
+
+
+class DecodeCache(DynamicCache):
+    """A DynamicCache whose decode steps never synchronise with the host in mask creation.
+
+    transformers' SDPA mask builder tests on every one-token step whether the padding mask is all ones, to
+    skip building the mask (`fast_all(padding_mask)`: a host sync per forward). It skips that test for caches
+    that say `is_compileable`, its only use of the flag, and builds the [R, 1, 1, T] boolean mask instead,
+    which our left-padded batches need anyway."""
+
+    @property
+    def is_compileable(self) -> bool:
+        return True
 
 
 def left_padded(sequences: Sequence[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,7 +107,8 @@ def _joint(anatomy: ModelAnatomy, groups: list[RowGroup], masker: HeadMasker | N
     positions = (mask.cumsum(-1) - 1).clamp_min(0)  # [R, T], real tokens count from 0
     if masker is not None:
         masker.set_rows([g.head_set for g in groups for _ in range(g.ids.shape[0])])
-    out = anatomy.backbone(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+    cache = DecodeCache(config=anatomy.config)
+    out = anatomy.backbone(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
     return Prefilled(out.last_hidden_state[:, -1, :].clone(), out.past_key_values, mask, positions[:, -1:])
 
 
@@ -115,7 +129,10 @@ def prefill(
         if masker is not None:
             masker.set_rows([group.head_set] * group.ids.shape[0])
         positions = (group.mask.cumsum(-1) - 1).clamp_min(0)  # real tokens count from 0
-        out = anatomy.backbone(input_ids=group.ids, attention_mask=group.mask, position_ids=positions, use_cache=True)
+        cache = DecodeCache(config=anatomy.config)
+        out = anatomy.backbone(
+            input_ids=group.ids, attention_mask=group.mask, position_ids=positions, past_key_values=cache, use_cache=True
+        )
         outputs.append((out.last_hidden_state[:, -1, :].clone(), out.past_key_values))
         captures.append(dict(capture.states))
         del out

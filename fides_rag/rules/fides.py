@@ -35,7 +35,9 @@ class FidesRule(ContrastRule):
     """
 
     def __init__(self, config: FidesConfig | None = None, **overrides: Any) -> None:
-        config = config or FidesConfig()
+        config = FidesConfig() if config is None else config
+        if not isinstance(config, FidesConfig):
+            raise TypeError(f"config must be a FidesConfig, got {type(config).__name__}")
         if overrides:
             config = FidesConfig.from_dict({**config.to_dict(), **overrides})
         self.config = config

@@ -1,0 +1,59 @@
+"""The hot loop's host-sync budget: one device-to-host transfer per step (the chosen ids), counted on CPU."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from torch.overrides import TorchFunctionMode
+
+from fides_rag import FidesDecoder, PromptTemplate
+
+SYNCING = {"item", "tolist", "__bool__", "cpu", "__int__", "__float__", "__index__", "numpy"}
+
+
+class SyncCounter(TorchFunctionMode):
+    """Counts tensor calls that move values to the host (or block on them) while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: Counter[str] = Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        to_cpu = name == "to" and any(isinstance(a, str) and a == "cpu" for a in [*args[1:], *kwargs.values()])
+        if name in SYNCING or to_cpu:
+            self.calls[name] += 1
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("method", ["fides", "cad", "standard"])
+def test_greedy_decode_makes_one_host_transfer_per_step(tiny_llama, tokenizer, method):
+    decoder = FidesDecoder(tiny_llama, tokenizer, prompt_template=PromptTemplate(stop=()))
+    decoder.eos_token_ids = set()  # every generation runs its full length
+    for new_tokens in (6, 12):
+        with SyncCounter() as counter:
+            result = decoder.generate("What is the capital?", ["Lyon is the capital of France."], method=method, max_new_tokens=new_tokens)
+        assert len(result.token_ids) == new_tokens
+        total = sum(counter.calls.values())
+        # N chosen-id transfers, one transfer of every recorded value at the end, and transformers' mask check
+        # in each prefill forward (one per path with split prefill).
+        assert total <= new_tokens + 4, counter.calls
+    if method == "fides":
+        assert all(step.alpha is not None and step.noise is not None for step in result.steps)
+
+
+def test_non_finite_logits_still_raise_naming_the_step(tokenizer):
+    from fides_rag import NonFiniteLogitsError
+    from fides_rag.testing import build_tiny_model
+
+    model = build_tiny_model("llama", len(tokenizer))
+    decoder = FidesDecoder(model, tokenizer)
+    import torch
+
+    with torch.no_grad():
+        model.lm_head.weight[7, 1] = float("inf")
+        model.lm_head.weight[7, 2] = float("-inf")
+    with pytest.raises(NonFiniteLogitsError, match="at generation step 0"):
+        decoder.generate("Q?", ["doc"], method="fides", max_new_tokens=3)

@@ -1,0 +1,47 @@
+"""Generation settings refuse bad values with a message that names the setting."""
+
+from __future__ import annotations
+
+import pytest
+
+from fides_rag import GenerationSettings
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"temperature": float("inf")}, "temperature must be a finite number > 0"),
+        ({"temperature": float("nan")}, "temperature must be a finite number > 0"),
+        ({"temperature": "hot"}, "temperature must be a finite number > 0"),
+        ({"temperature": 0}, "temperature must be a finite number > 0"),
+        ({"do_sample": "yes"}, "do_sample must be True or False"),
+        ({"seed": "42"}, "seed must be None or an integer"),
+        ({"seed": 4.2}, "seed must be None or an integer"),
+        ({"seed": -1}, "seed must be None or an integer"),
+        ({"seed": 2**64}, "seed must be None or an integer"),
+        ({"top_p": "0.9"}, "top_p must lie in"),
+        ({"top_k": 1.5}, "top_k must be an integer"),
+        ({"max_new_tokens": True}, "max_new_tokens must be a positive integer"),
+        ({"stop": ("",)}, "stop strings must be non-empty"),
+    ],
+)
+def test_bad_settings_name_the_setting(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        GenerationSettings(**kwargs)
+
+
+def test_good_settings_pass():
+    settings = GenerationSettings(do_sample=True, temperature=0.7, top_p=0.9, top_k=5, seed=2**63 - 1, stop=("\n",))
+    assert [type(p).__name__ for p in settings.warpers(10, {2})] == ["TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper"]
+
+
+def test_lone_surrogates_are_refused_with_their_position(tiny_llama, tokenizer):
+    from fides_rag import FidesDecoder
+
+    decoder = FidesDecoder(tiny_llama, tokenizer)
+    with pytest.raises(ValueError, match=r"question holds a lone surrogate character .* at position 4"):
+        decoder.generate("What\ud800?", ["doc"])
+    with pytest.raises(ValueError, match=r"document 2 holds a lone surrogate character .* at position 1"):
+        decoder.generate("What?", ["fine", "b\udc80ad"])
+    with pytest.raises(ValueError, match=r"no_context_prompt holds a lone surrogate"):
+        decoder.generate_from_prompts("ok", "n\ud83do")
