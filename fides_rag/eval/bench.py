@@ -21,6 +21,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 
 from fides_rag.config import FidesConfig
 from fides_rag.decoder import FidesDecoder
+from fides_rag.generation.kv_cache import prompt_cache_bytes
 from fides_rag.eval.datasets import QAExample, load_nq_swap
 from fides_rag.rules import get_method
 
@@ -158,15 +159,10 @@ class Bench:
         return out
 
     def kv_cache_bytes(self, context_ids: list[int], no_context_ids: list[int] | None) -> int:
-        """Bytes of the KV cache after prefilling the path(s), as they are laid out by the decoder (left-padded)."""
-        rows = [context_ids] + ([no_context_ids] if no_context_ids is not None else [])
-        width = max(len(r) for r in rows)
+        """Bytes of the KV cache after prefilling the path(s), laid out exactly as the decoder lays them out."""
+        groups = [[context_ids]] + ([[no_context_ids]] if no_context_ids is not None else [])
         pad = self.decoder.tokenizer.pad_token_id or 0
-        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=self.decoder.device)
-        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self.decoder.device)
-        with torch.inference_mode():
-            cache = self.decoder.anatomy.backbone(input_ids=ids, attention_mask=mask, use_cache=True).past_key_values
-        return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
+        return prompt_cache_bytes(self.decoder.anatomy, groups, pad, split=self.decoder.split_prefill)
 
     def throughput(self, batch_sizes: Sequence[int] = (1, 4, 8, 16), n_examples: int = 24, new_tokens: int = 16) -> dict:
         """Examples per second of an evaluation run (real stops), per batch size, and four methods at once."""

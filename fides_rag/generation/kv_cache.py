@@ -1,14 +1,26 @@
-"""The KV cache of a decode: prefill of every row group (jointly, or one forward per group and the caches
-merged), and pruning of finished rows."""
+"""The KV cache of a decode: prefill of every row group (jointly, or one forward per group), the ragged
+cache that holds each group at its own length, and pruning of finished rows.
+
+Why ragged: the context prompt is longer than the no-context prompt (by the documents). Stacking both into
+one [R, kv_heads, T, d] tensor left-pads the short rows to the long ones, so FIDES held 2x standard's KV
+bytes when the no-context prompt is short. A `RaggedLayer` keeps each group of rows (a segment) in its own
+tensor at its own length, appends every step's keys to each segment, and pads them to a common length
+only for the attention call of that layer (a transient, one layer at a time). The attention sees exactly
+the tensor the merged cache held, so results are unchanged, and one batched forward per step is kept.
+Per-path caches run as separate forwards would cost about 1.3x per step on a 2-core CPU (batch 2 vs two
+batch-1 forwards) and read the weights twice on a GPU; transformers' paged cache needs flattened inputs
+and its paged attention kernels, which the logit lens and head hooks do not fit.
+"""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import CacheLayerMixin, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
 from fides_rag.generation.hooks import HeadMasker, LayerCapture
 from fides_rag.lens import ModelAnatomy
@@ -73,31 +85,118 @@ def pad_left(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
 
 
 def mergeable(cache: Any) -> bool:
-    """Whether `merge_caches` knows the cache's layer types (dynamic, sliding-window)."""
+    """Whether a `RaggedLayer` can hold the cache's layer types (dynamic, sliding-window)."""
     layers = getattr(cache, "layers", None)
     return bool(layers) and all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers)
 
 
-def merge_caches(caches: Sequence[Any]) -> Any:
-    """Stack left-padded KV caches along the batch, left-padding the shorter ones' stored keys (into the first).
+class RaggedLayer(CacheLayerMixin):
+    """One attention layer's KV cache held as segments: consecutive rows with their own length each.
 
-    Sliding-window layers store only their last window-1 positions and count every position seen; the merged
-    layer counts the longest history, and the padded slots fall on positions the attention mask hides.
-    """
-    first = caches[0]
-    for index, merged in enumerate(first.layers):
-        parts = [cache.layers[index] for cache in caches]
-        length = max(part.keys.shape[-2] for part in parts)
-        merged.keys = torch.cat([pad_left(part.keys, length, -2) for part in parts], dim=0)  # [R, kv_heads, T, d]
-        merged.values = torch.cat([pad_left(part.values, length, -2) for part in parts], dim=0)
-        if isinstance(merged, DynamicSlidingWindowLayer):
-            merged.cumulative_length = max(part.cumulative_length for part in parts)
-    return first
+    Every segment is a transformers `DynamicLayer` or `DynamicSlidingWindowLayer`, which does its own
+    appending and window truncation; this class only splits the step's new states by segment and pads the
+    segments' states to a common length for the attention call."""
+
+    is_compileable = True
+
+    def __init__(self, segments: list[DynamicLayer]) -> None:  # no super().__init__: keys/values are views here
+        self.segments = segments
+        self.is_sliding = segments[0].is_sliding
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        raise RuntimeError("a RaggedLayer is built from prefilled segments")
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """[R, kv_heads, T, d], padded (a copy; for inspection, not used by the attention)."""
+        return _stack([seg.keys for seg in self.segments])
+
+    @property
+    def values(self) -> torch.Tensor:
+        return _stack([seg.values for seg in self.segments])
+
+    def _rows(self) -> list[int]:
+        return [seg.keys.shape[0] for seg in self.segments]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if len(self.segments) == 1:
+            return self.segments[0].update(key_states, value_states, *args, **kwargs)
+        keys, values, at = [], [], 0
+        for seg, rows in zip(self.segments, self._rows()):
+            k, v = seg.update(key_states[at : at + rows], value_states[at : at + rows], *args, **kwargs)
+            keys.append(k)
+            values.append(v)
+            at += rows
+        return _stack(keys), _stack(values)  # [R, kv_heads, T_max + q, d] for this layer's attention only
+
+    def _longest(self) -> DynamicLayer:
+        return max(self.segments, key=lambda seg: seg.get_seq_length())
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self._longest().get_mask_sizes(query_length)
+
+    def get_seq_length(self) -> int:
+        return self._longest().get_seq_length()
+
+    def get_max_length(self) -> int:
+        return self.segments[0].get_max_length()
+
+    def batch_select_indices(self, indices: Sequence[int]) -> None:
+        """Keep rows `indices` (in that order, repeats allowed); consecutive rows of one segment stay together."""
+        owner = [(s, r) for s, rows in enumerate(self._rows()) for r in range(rows)]
+        runs: list[tuple[int, list[int]]] = []
+        for index in indices:  # a host list: no device sync
+            segment, row = owner[index]
+            if runs and runs[-1][0] == segment:
+                runs[-1][1].append(row)
+            else:
+                runs.append((segment, [row]))
+        kept = []
+        for segment, rows in runs:
+            part = copy.copy(self.segments[segment])
+            select = torch.tensor(rows, dtype=torch.long)
+            part.keys, part.values = part.keys[select.to(part.keys.device)], part.values[select.to(part.values.device)]
+            kept.append(part)
+        self.segments = _merge_equal_lengths(kept)
+
+
+def _stack(parts: list[torch.Tensor]) -> torch.Tensor:
+    if len(parts) == 1:
+        return parts[0]
+    length = max(part.shape[-2] for part in parts)
+    return torch.cat([pad_left(part, length, -2) for part in parts], dim=0)
+
+
+def _merge_equal_lengths(segments: list[DynamicLayer]) -> list[DynamicLayer]:
+    """Join neighbouring segments that hold the same length and history (they need no padding)."""
+    merged = [segments[0]]
+    for seg in segments[1:]:
+        last = merged[-1]
+        same = last.keys.shape[-2] == seg.keys.shape[-2] and getattr(last, "cumulative_length", 0) == getattr(seg, "cumulative_length", 0)
+        if same:
+            joined = copy.copy(last)
+            joined.keys, joined.values = torch.cat([last.keys, seg.keys]), torch.cat([last.values, seg.values])
+            merged[-1] = joined
+        else:
+            merged.append(seg)
+    return merged
+
+
+def ragged_cache(caches: Sequence[Any], config: Any) -> DecodeCache:
+    """One cache over the row groups of `caches` (in order), each kept at its own length."""
+    cache = DecodeCache(config=config)
+    cache.layers = [RaggedLayer([c.layers[i] for c in caches]) for i in range(len(caches[0].layers))]
+    return cache
 
 
 def cache_bytes(cache: Any) -> int:
-    """Bytes held by a cache's key and value tensors."""
-    return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values) if t is not None)
+    """Bytes held by a cache's key and value tensors (every segment of a ragged layer)."""
+    total = 0
+    for layer in cache.layers:
+        for part in getattr(layer, "segments", [layer]):
+            total += sum(t.numel() * t.element_size() for t in (part.keys, part.values) if t is not None)
+    return total
 
 
 def _joint(anatomy: ModelAnatomy, groups: list[RowGroup], masker: HeadMasker | None) -> Prefilled:
@@ -137,7 +236,7 @@ def prefill(
         captures.append(dict(capture.states))
         del out
     caches = [cache for _, cache in outputs]
-    if not all(mergeable(c) for c in caches):  # a cache layout we cannot merge: encode again, jointly
+    if not all(mergeable(c) for c in caches):  # a cache layout we cannot hold ragged: encode again, jointly
         return _joint(anatomy, groups, masker)
     for layer in capture.states:
         capture.states[layer] = torch.cat([c[layer] for c in captures])
@@ -145,12 +244,21 @@ def prefill(
     mask = torch.cat([pad_left(g.mask, width, 1) for g in groups])
     last_positions = torch.cat([g.mask.sum(-1, keepdim=True) - 1 for g in groups])
     last_hidden = torch.cat([hidden for hidden, _ in outputs])
-    return Prefilled(last_hidden, merge_caches(caches), mask, last_positions)
+    return Prefilled(last_hidden, ragged_cache(caches, anatomy.config), mask, last_positions)
 
 
 def prune(cache: Any, attention_mask: torch.Tensor, positions: torch.Tensor, keep: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Keep rows `keep` (in that order, repeats allowed) of the cache, mask and positions; return mask and positions."""
-    index = torch.tensor(keep, dtype=torch.long)
-    cache.batch_select_indices(index)
-    index = index.to(attention_mask.device)
+    cache.batch_select_indices(keep)  # a host list: indexes tensors on any device, with no device sync
+    index = torch.tensor(keep, dtype=torch.long).to(attention_mask.device)
     return attention_mask[index], positions[index]
+
+
+def prompt_cache_bytes(anatomy: ModelAnatomy, groups: Sequence[Sequence[list[int]]], pad_id: int, split: bool = True) -> int:
+    """Bytes of the KV cache a decode holds right after prefilling these row groups (e.g. [[ctx_ids]] for
+    standard, [[ctx_ids], [no_ctx_ids]] for FIDES), laid out exactly as the decoder lays them out."""
+    device = anatomy.layers[0].self_attn.o_proj.weight.device if hasattr(anatomy.layers[0], "self_attn") else torch.device("cpu")
+    rows = [RowGroup(*left_padded(list(g), pad_id, device if device.type != "meta" else torch.device("cpu"))) for g in groups]
+    with torch.inference_mode(), LayerCapture(anatomy, ()) as capture:
+        state = prefill(anatomy, rows, capture, None, split)
+    return cache_bytes(state.cache)

@@ -4,7 +4,7 @@ and compaction when rows finish.
 At prefill the rows come in groups, each only when some lane needs it (see `PATHS`): the context prompts
 [ctx_1 .. ctx_B], the no-context prompts [noctx_1 .. noctx_B], one prompt per document [d_1,1 .. d_B,N_B],
 and one copy of the context prompts per distinct set of masked heads. Lanes share these rows at prefill;
-from the first step on each lane owns its rows (lane by lane, path by path, unit by unit), and the rows of
+from the first step on each lane owns its rows (path by path, lane by lane, unit by unit), and the rows of
 finished units leave the batch.
 """
 
@@ -105,12 +105,13 @@ class RowLayout:
         return [[u for u in lane if u.finish_reason is None] for lane in self.units]
 
     def compact(self) -> list[int] | None:
-        """Give every unfinished unit its own rows, lane by lane and path by path; drop finished ones.
+        """Give every unfinished unit its own rows, path by path and lane by lane; drop finished ones.
 
         Returns the previous row of every new row (None when nothing moved, e.g. one lane, nobody finished)."""
         previous: list[int] = []
-        for lane_units in self.active():
-            for path in PATHS:
+        active = self.active()
+        for path in PATHS:  # path-major, so each path's rows stay one segment of the ragged cache
+            for lane_units in active:
                 for unit in lane_units:
                     rows = unit.rows.get(path)
                     if rows is None:
