@@ -63,25 +63,34 @@ class Bench:
         self.decoder = decoder
         self.examples = list(examples)
         self.templated = decoder.use_chat_template
+        self.raw = False
+        """Time raw prompt pairs (`raw_prompts`) instead of the template's."""
 
     def prompts(self, example: QAExample, new_tokens: int) -> tuple[str, str]:
         prepared = self.decoder.prepare(example.question, list(example.contexts), new_tokens)
         return prepared.context_prompt, prepared.no_context_prompt
+
+    @staticmethod
+    def raw_prompts(example: QAExample) -> tuple[str, str]:
+        """A raw prompt pair whose no-context prompt is much shorter (the question alone, about 20 tokens)."""
+        question = f"Question: {example.question}\nAnswer:"
+        return f"{' '.join(example.contexts)}\n{question}", question
 
     def time_ours(self, method: Any, context_prompt: str, no_context_prompt: str, new_tokens: int) -> Timing:
         clock = StepClock()
         start = time.perf_counter()
         result = self.decoder.generate_from_prompts(
             context_prompt, no_context_prompt, method=method, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-            add_special_tokens=not self.templated, stopping_criteria=StoppingCriteriaList([clock]),
+            add_special_tokens=not self.templated or self.raw, stopping_criteria=StoppingCriteriaList([clock]),
         )
         return self._timing(start, clock, len(result.token_ids))
 
     def time_peer(self, context_prompt: str, no_context_prompt: str, new_tokens: int, guidance_scale: float = 2.0) -> Timing:
         """transformers' classifier-free guidance: CAD on log-probs with a second, separate forward per step."""
         tok, model = self.decoder.tokenizer, self.decoder.model
-        ids = tok(context_prompt, return_tensors="pt", add_special_tokens=not self.templated).to(model.device)
-        negative = tok(no_context_prompt, return_tensors="pt", add_special_tokens=not self.templated).to(model.device)
+        special = not self.templated or self.raw
+        ids = tok(context_prompt, return_tensors="pt", add_special_tokens=special).to(model.device)
+        negative = tok(no_context_prompt, return_tensors="pt", add_special_tokens=special).to(model.device)
         clock = StepClock()
         start = time.perf_counter()
         with torch.inference_mode():
@@ -107,7 +116,7 @@ class Bench:
 
     def latency(self, methods: Sequence[Any] = LATENCY_METHODS, samples: int = 20, warmup: int = 3, new_tokens: int = 64) -> dict:
         """The source's protocol: batch 1, greedy, `new_tokens` forced, `warmup` discarded runs, paired prompts."""
-        prompts = [self.prompts(e, new_tokens) for e in self.examples[: samples + warmup]]
+        prompts = [self.raw_prompts(e) if self.raw else self.prompts(e, new_tokens) for e in self.examples[: samples + warmup]]
         labels = [m if isinstance(m, str) else m[0] for m in methods]
         runs: dict[str, list[Timing]] = {label: [] for label in labels}
         for i, (ctx, no_ctx) in enumerate(prompts):
@@ -144,7 +153,7 @@ class Bench:
         question = self.examples[0].question
         out: dict[str, Any] = {}
         for target in lengths:
-            _, base_ids = self.decoder._render(question, "")
+            _, base_ids = self.decoder.prompts.render(question, "")
             doc = self.decoder.tokenizer.decode(corpus_ids[: max(1, target - len(base_ids))])
             prepared = self.decoder.prepare(question, [doc], new_tokens)
             row: dict[str, Any] = {"prompt_tokens": len(prepared.context_ids), "no_context_tokens": len(prepared.no_context_ids)}
@@ -231,6 +240,10 @@ def run_bench(
             log(f"[{name}] {section} ...")
             if section == "latency":
                 result["latency"] = bench.latency(samples=samples, warmup=warmup, new_tokens=new_tokens)
+            elif section == "raw":
+                bench.raw = True
+                result["raw"] = bench.latency(("standard", "cad", "fides"), samples=samples, warmup=warmup, new_tokens=new_tokens)
+                bench.raw = False
             elif section == "split":
                 result["split"] = bench.signal_split()
             elif section == "context":
@@ -238,7 +251,7 @@ def run_bench(
             elif section == "throughput":
                 result["throughput"] = bench.throughput()
             else:
-                raise ValueError(f"unknown bench section {section!r}; choose from latency, split, context, throughput")
+                raise ValueError(f"unknown bench section {section!r}; choose from latency, raw, split, context, throughput")
             report["machine"] = machine()
             if out:
                 Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -254,7 +267,7 @@ def _ratio(a: float, b: float) -> str:
 def format_section(model: str, section: str, data: dict) -> str:
     """Markdown tables for one section's results."""
     lines = [f"\n### {model}: {section}\n"]
-    if section in ("latency", "split"):
+    if section in ("latency", "raw", "split"):
         lines.append("| method | decode ms/token (median [q1, q3]) | first token ms | total ms/token |")
         lines.append("|---|---|---|---|")
         for label, d in data.items():
@@ -272,6 +285,13 @@ def format_section(model: str, section: str, data: dict) -> str:
                 f"CAD/peer {_ratio(med['cad'], med[PEER])}, peer/standard {_ratio(med[PEER], med['standard'])}. "
                 f"End-to-end (prefill included): FIDES/standard {_ratio(tot['fides'], tot['standard'])}, "
                 f"FIDES/CAD {_ratio(tot['fides'], tot['cad'])}, CAD/peer {_ratio(tot['cad'], tot[PEER])}."
+            )
+        elif section == "raw":
+            lines.append("")
+            lines.append(
+                f"Raw prompts (no-context prompt the question alone): FIDES/CAD {_ratio(med['fides'], med['cad'])}, "
+                f"FIDES/standard {_ratio(med['fides'], med['standard'])} per decoded token; end to end FIDES/CAD "
+                f"{_ratio(tot['fides'], tot['cad'])}."
             )
         else:
             lines.append("")
