@@ -10,7 +10,6 @@ gather, kv_cache, hooks, choosing, stopping, streaming, results.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -18,20 +17,19 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from fides_rag.generation.choosing import NonFiniteLogitsError, choose, history
-from fides_rag.generation.gather import StepPlan
-from fides_rag.generation.hooks import HeadMasker, LayerCapture
-from fides_rag.generation.kv_cache import RowGroup, left_padded, prefill, prune
-from fides_rag.generation.layout import LaneNeeds, RowLayout, Unit
+from fides_rag.generation.choosing import NonFiniteLogitsError
+from fides_rag.generation.layout import Unit
+from fides_rag.generation.loop import decode_loop
 from fides_rag.generation.prompting import PreparedExample, PromptPreparer, context_window
-from fides_rag.generation.results import RecordBuffer, assemble
-from fides_rag.generation.settings import GenerationSettings
-from fides_rag.generation.stopping import finish_reason, first_stop_index
+from fides_rag.generation.results import assemble
+from fides_rag.generation.run import DecodeRun
+from fides_rag.generation.settings import GenerationSettings, RowSettings
+from fides_rag.generation.stopping import first_stop_index
 from fides_rag.generation.streaming import AsyncTextStream, DeltaTracker, TextStream
 from fides_rag.generation.validation import check_document_paths, refuse_document_paths
 from fides_rag.lens import ModelAnatomy
 from fides_rag.prompts import PromptTemplate
-from fides_rag.result import GenerationResult, StepRecord
+from fides_rag.result import GenerationResult
 from fides_rag.rules import ContrastRule, get_method
 from fides_rag.rules.base import DOCUMENTS, MASKED_HEADS
 
@@ -343,13 +341,13 @@ class FidesDecoder:
             units = self._run_to_end([examples[i] for i in with_docs], rules, settings, self._lane_heads(rules))
             for lane, rule in enumerate(rules):
                 for i, unit in zip(with_docs, units[lane]):
-                    results[lane][i] = assemble(examples[i], unit, rule, rule, unit.stop, self._decode_text)
+                    results[lane][i] = assemble(examples[i], unit, rule, rule, unit.stop, self.decode_text)
         if without:
             standard = get_method("standard")
             units = self._run_to_end([examples[i] for i in without], [standard], settings, [None])
             for lane, rule in enumerate(rules):
                 for i, unit in zip(without, units[0]):
-                    results[lane][i] = assemble(examples[i], unit, standard, rule, unit.stop, self._decode_text)
+                    results[lane][i] = assemble(examples[i], unit, standard, rule, unit.stop, self.decode_text)
         return [[r for r in lane if r is not None] for lane in results]
 
     def _run_to_end(
@@ -363,18 +361,15 @@ class FidesDecoder:
     def _stream_example(self, example: PreparedExample, rule: ContrastRule, settings: GenerationSettings) -> TextStream:
         effective = rule if example.has_documents else get_method("standard")  # as generate does
         check_document_paths([example], [effective])  # now, not at the first delta
-        heads = self._lane_heads([effective])
+        run = DecodeRun(self, [example], effective, rule, settings)
         tracker = DeltaTracker(example.stop + settings.stop)
 
         def deltas() -> Iterator[str]:
-            unit: Unit | None = None
-            for units in self._decode_steps([example], [effective], settings, heads):
-                unit = units[0][0]
-                delta = tracker.update(self._decode_text(unit.generated))
+            for _ in run:
+                delta = tracker.update(run.text(0))
                 if delta:
                     yield delta
-            assert unit is not None
-            stream.result = assemble(example, unit, effective, rule, unit.stop, self._decode_text)
+            stream.result = run.result(0)
             final = tracker.finish(stream.result.text)
             if final:
                 yield final
@@ -382,120 +377,18 @@ class FidesDecoder:
         stream = TextStream(deltas())
         return stream
 
-    def _decode_text(self, token_ids: list[int]) -> str:
+    def decode_text(self, token_ids: list[int]) -> str:
+        """Generated ids as text (special tokens dropped, spacing kept as generated)."""
         return self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     # -- the decode loop --------------------------------------------------------------------------
 
     def _decode_steps(
-        self, examples: list[PreparedExample], rules: list[ContrastRule], settings: GenerationSettings, heads: list[Heads | None]
+        self, examples: list[PreparedExample], rules: list[ContrastRule], settings: GenerationSettings,
+        heads: list[Heads | None], rows: Sequence[RowSettings] | None = None,
     ) -> Iterator[list[list[Unit]]]:
-        """Run the decoding loop; yield every unit's state (units[lane][example]) after every step."""
+        """Run the decoding loop (`generation/loop.py`); yield every unit's state (units[lane][example]) after every step."""
         with self._lock, torch.inference_mode():
             check_document_paths(examples, rules, skip_without_documents=False)
-            yield from self._decode_loop(examples, rules, settings, heads)
-
-    def _decode_loop(
-        self, examples: list[PreparedExample], rules: list[ContrastRule], settings: GenerationSettings, heads: list[Heads | None]
-    ) -> Iterator[list[list[Unit]]]:
-        anatomy, num_layers, input_device = self.anatomy, self.anatomy.num_layers, self.device
-        head_sets = list(dict.fromkeys(tuple(h.items()) for h in heads if h))  # lanes with equal heads share rows
-        lanes = [
-            LaneNeeds(tuple(rule.paths), head_sets.index(tuple(h.items())) if h else -1) for rule, h in zip(rules, heads)
-        ]
-        layout = RowLayout(examples, lanes, [e.stop + settings.stop for e in examples])
-        lens_by_lane = [rule.lens_layers(num_layers) for rule in rules]
-        state_layers = tuple(range(1, num_layers + 1)) if any(rule.layer_state_paths for rule in rules) else ()
-        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        groups = [RowGroup(*left_padded(g.sequences, pad_id, input_device), head_set=g.head_set) for g in layout.groups]
-        prompt_ids = groups[0].ids  # [B, Tc], what logits processors see before the generated tokens
-        processors = settings.warpers(prompt_ids.shape[1], self.eos_token_ids)
-        track_history = bool(processors) or bool(settings.stopping_criteria)
-        records = RecordBuffer()
-        masking = HeadMasker(anatomy, [dict(h) for h in head_sets]) if head_sets else contextlib.nullcontext()
-        with LayerCapture(anatomy, {*state_layers, *(l for ls in lens_by_lane for l in ls)}) as capture, masking as masker:
-            state = prefill(anatomy, groups, capture, masker, self.split_prefill)
-            hidden, cache, mask, positions = state.last_hidden, state.cache, state.attention_mask, state.positions
-            if masker is not None:
-                masker.set_rows(layout.row_head_sets)
-            plan: StepPlan | None = None
-            for step in range(settings.max_new_tokens):
-                if step > 0:
-                    out = anatomy.backbone(
-                        input_ids=step_ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
-                    )
-                    cache, hidden = out.past_key_values, out.last_hidden_state[:, -1, :]  # [R, H]
-                if plan is None or plan.version != layout.version:
-                    plan = StepPlan(layout, rules, lens_by_lane)
-                logits = self._head_logits(hidden, capture, plan)  # [R + n_lens, V], float32
-                layer_states = capture.stacked(state_layers, logits.device) if state_layers else None  # [L, R, H]
-                packed = [(~torch.isfinite(logits).all()).long()[None]]  # [1]: the NaN/inf flag
-                chosen_by_lane = []
-                for lane, rule in enumerate(rules):
-                    lane_plan = plan.lanes[lane]
-                    if lane_plan is None:
-                        continue
-                    decided = rule.combine(plan.inputs(lane, logits, layer_states, num_layers))
-                    ids = history(prompt_ids, plan.examples(lane, input_device), lane_plan.units) if track_history else None
-                    chosen, has_nan, scores = choose(decided.logits, lane_plan.units, settings, processors, ids)
-                    packed += [chosen, has_nan.long()[None]]  # [n], [1]
-                    if settings.stopping_criteria:
-                        with_new = torch.cat([ids.to(chosen.device), chosen[:, None]], dim=-1)  # [n, T + t + 1]
-                        packed.append(settings.stopping_criteria(with_new, scores).long().to(chosen.device))  # [n]
-                    chosen_by_lane.append((lane, rule, lane_plan.units, decided.records))
-                device = packed[0].device
-                host = torch.cat([p.to(device) for p in packed]).tolist()  # the step's one device-to-host transfer
-                self._advance(host, step, chosen_by_lane, settings, records)
-                yield layout.units
-                if not any(layout.active()):
-                    break
-                keep = layout.compact()
-                if keep is not None:
-                    mask, positions = prune(cache, mask, positions, keep)
-                    if masker is not None:
-                        masker.set_rows(layout.row_head_sets)
-                step_ids = torch.tensor(layout.next_tokens(), dtype=torch.long).to(input_device)[:, None]  # [R', 1]
-                mask = torch.cat([mask, mask.new_ones((layout.num_rows, 1))], dim=-1)  # [R', T + 1]
-                positions = positions[:, -1:] + 1
-        records.flush()
-
-    def _head_logits(self, hidden: torch.Tensor, capture: LayerCapture, plan: StepPlan) -> torch.Tensor:
-        """One output-head matmul over the final states of all rows, then the logit-lens rows.  -> [R + n_lens, V]"""
-        inputs = [hidden]  # [R, H], already final-normed
-        for layer, rows in plan.lens_rows.items():
-            states = capture.states[layer]
-            inputs.append(self.anatomy.final_norm(states[rows.on(states.device)].to(hidden.device)))  # [n, H]
-        return self.anatomy.head_logits(torch.cat(inputs, dim=0)).float()
-
-    def _advance(
-        self,
-        host: list[int],
-        step: int,
-        lanes: list[tuple[int, ContrastRule, list[Unit], dict[str, torch.Tensor]]],
-        settings: GenerationSettings,
-        records: RecordBuffer,
-    ) -> None:
-        """Unpack the step's host values; raise on NaN/inf; append each unit's token, record and finish reason."""
-        if host[0]:
-            raise NonFiniteLogitsError(
-                f"the model produced NaN or inf logits at generation step {step}; this usually means the "
-                f"weights or dtype ({self.model.dtype}) overflow: load the model in float32 or bfloat16"
-            )
-        at = 1
-        for _lane, rule, units, values in lanes:
-            n = len(units)
-            chosen, has_nan = host[at : at + n], host[at + n]
-            at += n + 1
-            hits = [False] * n
-            if settings.stopping_criteria:
-                hits, at = [bool(h) for h in host[at : at + n]], at + n
-            if has_nan:
-                raise NonFiniteLogitsError(f"the contrast rule {rule.name!r} produced NaN scores at step {step}")
-            step_records = []
-            for unit, token_id, hit in zip(units, chosen, hits):
-                unit.generated.append(token_id)
-                record = StepRecord(token_id=token_id, token=self.tokenizer.decode([token_id]))
-                unit.steps.append(record)
-                step_records.append(record)
-                unit.finish_reason = finish_reason(unit, self.eos_token_ids, self._decode_text, hit, settings.max_new_tokens)
-            records.add(step_records, values)
+            rows = rows or [RowSettings(settings.max_new_tokens, settings.stop, settings.seed)] * len(examples)
+            yield from decode_loop(self, examples, rules, settings, heads, rows)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-FinishReason = Literal["eos", "stop", "length", "criteria"]
+FinishReason = Literal["eos", "stop", "length", "criteria", "cancelled"]
 SIGNAL_NAMES = ("alpha", "opposition", "shift", "noise", "score")
 """FIDES's recorded values, readable as `StepRecord` attributes."""
 

@@ -37,7 +37,7 @@ def choose(
     probs = torch.softmax(scores.nan_to_num(nan=0.0, posinf=0.0, neginf=float("-inf")), dim=-1)  # [n, V]; NaN is reported, not drawn
     chosen = []
     for i, unit in enumerate(units):
-        if unit.generator is None and settings.seed is not None:
-            unit.generator = torch.Generator(device=probs.device).manual_seed(settings.seed)
+        if unit.generator is None and unit.seed is not None:
+            unit.generator = torch.Generator(device=probs.device).manual_seed(unit.seed)
         chosen.append(torch.multinomial(probs[i], 1, generator=unit.generator))  # [1], per unit: reproducible alone or batched
     return torch.cat(chosen), has_nan, scores

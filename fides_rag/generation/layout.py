@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fides_rag.generation.prompting import PreparedExample
+from fides_rag.generation.settings import RowSettings
 from fides_rag.result import FinishReason, StepRecord
 from fides_rag.rules.base import CONTEXT, DOCUMENTS, MASKED_HEADS, NO_CONTEXT, PATHS
 
@@ -29,6 +30,8 @@ class Unit:
     stop: tuple[str, ...]
     rows: dict[str, list[int]]
     """path -> this unit's batch rows of it (only the paths its rule runs); one row per path but DOCUMENTS."""
+    max_new_tokens: int = 128
+    seed: int | None = None
     generator: torch.Generator | None = None
     generated: list[int] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
@@ -56,7 +59,7 @@ class GroupSpec:
 class RowLayout:
     """Rows of every path of every unit; `compact` reorders them after each step."""
 
-    def __init__(self, examples: Sequence[PreparedExample], lanes: Sequence[LaneNeeds], stops: Sequence[tuple[str, ...]]) -> None:
+    def __init__(self, examples: Sequence[PreparedExample], lanes: Sequence[LaneNeeds], settings: Sequence[RowSettings]) -> None:
         wanted = {path for lane in lanes for path in lane.paths}
         self.groups: list[GroupSpec] = [GroupSpec(CONTEXT, [e.context_ids for e in examples])]
         start: dict[tuple[str, int], int] = {(CONTEXT, -1): 0}
@@ -86,7 +89,10 @@ class RowLayout:
             return rows
 
         self.units = [
-            [Unit(lane=i, example=b, stop=stops[b], rows=first_rows(lane, b)) for b in range(len(examples))]
+            [
+                Unit(i, b, examples[b].stop + row.stop, first_rows(lane, b), row.max_new_tokens, row.seed)
+                for b, row in enumerate(settings)
+            ]
             for i, lane in enumerate(lanes)
         ]
         self.row_head_sets = [g.head_set for g in self.groups for _ in g.sequences]

@@ -85,3 +85,17 @@ class GenerationSettings:
             if self.top_p < 1.0:
                 processors.append(TopPLogitsWarper(self.top_p))
         return processors
+
+
+@dataclass(frozen=True)
+class RowSettings:
+    """What one example (request) of a batch may hold on its own: its token budget, extra stop strings and
+    seed. Everything else in `GenerationSettings` is shared by the batch."""
+
+    max_new_tokens: int
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    @classmethod
+    def of(cls, settings: GenerationSettings) -> RowSettings:
+        return cls(settings.max_new_tokens, settings.stop, settings.seed)
