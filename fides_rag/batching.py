@@ -112,7 +112,7 @@ class RequestBatcher:
             example = decoder.prepare(question, documents, settings.max_new_tokens, document_paths=rule.needs_document_paths)
         effective = rule if example.has_documents else get_method("standard")
         check_document_paths([example], [effective])
-        decoder._lane_heads([effective])  # bad heads fail here, not inside a shared batch
+        decoder.setup_rules([effective])  # bad heads fail here, not inside a shared batch
         return _Pending(example, rule, effective, settings, Future())
 
     def submit(self, question: str | None = None, documents: Any = None, **kwargs: Any) -> Future:

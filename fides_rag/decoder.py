@@ -10,6 +10,7 @@ gather, kv_cache, hooks, choosing, stopping, streaming, results.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -296,6 +297,15 @@ class FidesDecoder:
         example, rule, settings = self._raw_request(context_prompt, no_context_prompt, method, max_new_tokens, stop, add_special_tokens, generation_kwargs)
         return self._stream_example(example, rule, settings)
 
+    async def agenerate(self, question: str, documents: Sequence[Any] | None = None, **kwargs: Any) -> GenerationResult:
+        """`generate` without blocking the event loop (decodes on a worker thread). For many concurrent
+        callers, `fides_rag.batching.RequestBatcher` decodes them in shared batches instead."""
+        return await asyncio.to_thread(self.generate, question, documents, **kwargs)
+
+    async def agenerate_from_prompts(self, context_prompt: str, no_context_prompt: str, **kwargs: Any) -> GenerationResult:
+        """`generate_from_prompts` without blocking the event loop."""
+        return await asyncio.to_thread(self.generate_from_prompts, context_prompt, no_context_prompt, **kwargs)
+
     def astream(self, question: str, documents: Sequence[Any] | None = None, **kwargs: Any) -> AsyncTextStream:
         """`stream` as an async iterator (decoding runs on a worker thread; the event loop stays free)."""
         return AsyncTextStream(self.stream(question, documents, **kwargs))
@@ -317,8 +327,9 @@ class FidesDecoder:
         example = self.prepare_from_prompts(context_prompt, no_context_prompt, settings.max_new_tokens, add_special_tokens)
         return example, rule, settings
 
-    def _lane_heads(self, rules: Sequence[ContrastRule]) -> list[Heads | None]:
-        """Each rule's masked attention heads (its setup hook, asked once per decode call), checked against the model."""
+    def setup_rules(self, rules: Sequence[ContrastRule]) -> list[Heads | None]:
+        """Run each rule's setup hook once per decode call, before any decoding: its masked attention heads
+        (DeCoRe's head discovery), checked against the model. None where a rule masks no heads."""
         lanes: list[Heads | None] = []
         for rule in rules:
             asked = rule.masked_heads(self.model, self.tokenizer) if MASKED_HEADS in rule.paths else None
@@ -338,7 +349,7 @@ class FidesDecoder:
         results: list[list[GenerationResult | None]] = [[None] * len(examples) for _ in rules]
         check_document_paths(examples, rules)  # before any decoding, so bad input wastes no work
         if with_docs:
-            units = self._run_to_end([examples[i] for i in with_docs], rules, settings, self._lane_heads(rules))
+            units = self._run_to_end([examples[i] for i in with_docs], rules, settings, self.setup_rules(rules))
             for lane, rule in enumerate(rules):
                 for i, unit in zip(with_docs, units[lane]):
                     results[lane][i] = assemble(examples[i], unit, rule, rule, unit.stop, self.decode_text)

@@ -278,14 +278,7 @@ def run_bench(
                 bench.raw = False
             elif section == "split":
                 result["split"] = bench.signal_split()
-            elif section == "concurrency":
-        rate = data["examples_per_s"]
-        lines.append(
-            f"{data['requests']} requests: concurrent through the batcher {rate['concurrent']:.2f} ex/s, sequential "
-            f"{rate['sequential']:.2f} ex/s ({_ratio(rate['concurrent'], rate['sequential'])}); batch sizes {data['batches']}; "
-            f"identical outputs: {data['identical_outputs']}."
-        )
-    elif section == "context":
+            elif section == "context":
                 result["context"] = bench.context_growth()
             elif section == "concurrency":
                 result["concurrency"] = bench.concurrency()
@@ -340,6 +333,13 @@ def format_section(model: str, section: str, data: dict) -> str:
                 f"FIDES step over CAD: {med['fides'] - med['cad']:+.2f} ms; of which Noise (lens) ≈ {med['fides'] - med['fides-no-noise']:+.2f} ms, "
                 f"Shift (layer reads) ≈ {med['fides'] - med['fides-no-shift']:+.2f} ms."
             )
+    elif section == "concurrency":
+        rate = data["examples_per_s"]
+        lines.append(
+            f"{data['requests']} requests: concurrent through the batcher {rate['concurrent']:.2f} ex/s, sequential "
+            f"{rate['sequential']:.2f} ex/s ({_ratio(rate['concurrent'], rate['sequential'])}); batch sizes {data['batches']}; "
+            f"identical outputs: {data['identical_outputs']}."
+        )
     elif section == "context":
         lines.append("| context tokens | standard first-token ms | FIDES first-token ms | standard decode ms/tok | FIDES decode ms/tok | standard KV bytes/token | FIDES KV bytes/context token |")
         lines.append("|---|---|---|---|---|---|---|")

@@ -41,7 +41,7 @@ class DecodeRun:
         self.requested = list(requested) if isinstance(requested, Sequence) else [requested] * len(self.examples)
         self.settings = settings
         self.rows = list(rows) if rows is not None else [RowSettings.of(settings)] * len(self.examples)
-        self._heads = decoder._lane_heads([effective])  # the rule's setup hook, once, before any decoding
+        self._heads = decoder.setup_rules([effective])  # the rule's setup hook, once, before any decoding
         self._units: list[Unit] | None = None
 
     def __iter__(self) -> Iterator[DecodeRun]:

@@ -46,3 +46,9 @@ def test_closing_an_async_stream_early_releases_the_decoder(tiny_llama, tokenize
 
     asyncio.run(first_then_close())
     assert decoder.generate(QUESTION, DOCUMENTS, max_new_tokens=2).token_ids  # the lock was released
+
+
+def test_agenerate_equals_generate(tiny_llama, tokenizer):
+    decoder = FidesDecoder(tiny_llama, tokenizer)
+    result = asyncio.run(decoder.agenerate(QUESTION, DOCUMENTS, method="cad", max_new_tokens=6))
+    assert result.token_ids == decoder.generate(QUESTION, DOCUMENTS, method="cad", max_new_tokens=6).token_ids
