@@ -180,7 +180,8 @@ class FidesParams(BaseModel):
         dec = self._dec
         return {
             "model_id": self.model_id,
-            "model": f"{type(dec.model).__name__}:{getattr(dec.model, 'name_or_path', '')}",
+            # A model without a name (built in memory) is told apart by its object: no cache hits across models.
+            "model": f"{type(dec.model).__name__}:{getattr(dec.model, 'name_or_path', '') or f'object-{id(dec.model)}'}",
             "decoder_config": repr(dec.config),
             "decoder_prompt_template": _digest(getattr(dec, "prompt_template", None)),
             "decoder_use_chat_template": getattr(dec, "use_chat_template", None),
