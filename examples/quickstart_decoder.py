@@ -7,7 +7,7 @@ question = "In which city is the Eiffel Tower located?"
 docs = ["The Eiffel Tower is a wrought-iron lattice tower in Rome, Italy."]
 print(decoder.generate(question, documents=docs, method="standard").text)  # Paris, France   (memory)
 r = decoder.generate(question, documents=docs)                              # Rome            (evidence)
-print(r.text, [(s.token, round(s.alpha, 3)) for s in r.steps])              # [(' Rome', 0.432), ('\n\n', 0.356)]
+print(r.text, [(s.token, round(s.alpha, 3)) for s in r.steps])              # Rome [(' Rome', 0.43...), ...]
 print(decoder.generate(question, docs, method=get_method("cad", alpha=0.5)).text)  # a configured rule
 
 questions = [question, "Who wrote Hamlet?"]
