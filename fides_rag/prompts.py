@@ -180,3 +180,94 @@ def fit_texts(
         rendered = render(current)
         over = count(rendered) - budget
     return FittedTexts(rendered, current, before, sum(kept.values()))
+
+
+# -- template leftovers in answers ---------------------------------------------------------------
+
+
+def template_stops(template: PromptTemplate) -> tuple[str, ...]:
+    """Stop strings that end an answer where the model starts writing the template's next line.
+
+    After answering, a model sometimes copies the template on ("Rome.\\nDocument [3]: ...",
+    "\\nUsing only the references ..."). Plain-text prompts already stop at a newline; these also
+    hold under a chat template. Each starts with a newline, so an answer is never cut to nothing.
+    """
+    heads = [fmt.split("{", 1)[0].strip() for fmt in (template.document_format, template.question_format)]
+    lines = [*heads, template.context_instruction.strip(), template.no_context_instruction.strip()]
+    return tuple(dict.fromkeys(f"\n{line}" for line in lines if line))
+
+
+class TemplateLeftovers:
+    """Removes what an answer copied from fides-rag's template: a leading document label such as
+    "Document [2]:" (contrastive decoding pushes a model towards the documents' own first tokens), and
+    at a truncated end, the start of a template line that `template_stops` would have stopped at.
+
+    `clean(text)` is for a finished answer; `visible(text)` is the part of a growing answer that is
+    safe to stream (a possible label at the start, or a possible stop at the end, is held back).
+    """
+
+    def __init__(self, template: PromptTemplate) -> None:
+        self.stops = template_stops(template)
+        head = template.document_format.split("{text}", 1)[0]
+        before, index, after = head.partition("{index}")
+        self._label: tuple[str, str] | None = None
+        if index and "{" not in before + after and before.strip():
+            self._label = (before.lstrip(), after.strip())
+
+    def _lead(self, text: str) -> tuple[str, int | None]:
+        """("match", end) / ("maybe", None) / ("no", None) for a document label at the start of `text`."""
+        if self._label is None:
+            return "no", None
+        before, after = self._label
+        start = len(text) - len(text.lstrip())
+        s = text[start:]
+        if len(s) < len(before):
+            return ("maybe" if before.startswith(s) else "no"), None
+        if not s.startswith(before):
+            return "no", None
+        i = len(before)
+        digits = i
+        while digits < len(s) and s[digits].isdigit():
+            digits += 1
+        if digits == i:
+            return ("maybe" if digits == len(s) else "no"), None
+        rest = s[digits:]
+        if rest.startswith(after):
+            end = start + digits + len(after)
+            return "match", end + (len(text[end:]) - len(text[end:].lstrip()))
+        return ("maybe" if after.startswith(rest) else "no"), None
+
+    def _partial_stop(self, text: str) -> int:
+        """Length of the longest suffix of `text` that is the start of a stop string."""
+        best = 0
+        for stop in self.stops:
+            for n in range(min(len(stop) - 1, len(text)), best, -1):
+                if stop.startswith(text[-n:]):
+                    best = n
+                    break
+        return best
+
+    def clean(self, text: str, *, truncated: bool = False) -> tuple[str, list[str]]:
+        """The answer without leftovers, and a note for each removal. `truncated`: it ended at the token limit."""
+        notes = []
+        state, end = self._lead(text)
+        if state == "maybe" and truncated and text.strip():
+            return "", [f"removed the template leftover {text.strip()!r}, all the truncated answer held"]
+        if state == "match":
+            notes.append(f"removed the template leftover {text[:end].strip()!r} from the start of the answer")
+            text = text[end:]
+        cut = self._partial_stop(text) if truncated else 0
+        if cut:
+            notes.append(f"removed the start of a template line {text[-cut:]!r} from the end of the truncated answer")
+            text = text[:-cut]
+        return text.strip(), notes
+
+    def visible(self, text: str) -> str:
+        """The part of a growing answer that can be streamed now."""
+        state, end = self._lead(text)
+        if state == "maybe":
+            return ""
+        if state == "match":
+            text = text[end:]
+        cut = self._partial_stop(text)
+        return (text[:-cut] if cut else text).strip()

@@ -3,25 +3,54 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from fides_rag import FidesConfig, FidesDecoder, GenerationResult, available_methods, load_model
-from fides_rag.prompts import fit_texts
+from fides_rag.prompts import TemplateLeftovers, document_texts, fit_texts, template_stops
 from fides_rag.rules import ContrastRule
 from fides_rag.rules.fides import FidesRule
 
 logger = logging.getLogger("langchain_fides")
 
 CALL_OPTIONS = frozenset(
-    {"documents", "method", "fides_config", "max_new_tokens", "max_tokens", "do_sample", "temperature", "top_p", "top_k", "seed", "fides_question"}
+    {
+        "documents", "method", "fides_config", "max_new_tokens", "max_tokens", "do_sample", "temperature", "top_p", "top_k", "seed",
+        "strict", "fides_question",
+    }
 )
 """Keyword arguments accepted per call (invoke/stream/batch/.bind)."""
+
+
+class FidesFallbackError(ValueError):
+    """Raised with `strict=True` where FIDES would otherwise fall back (to `standard`, or to guessing the context)."""
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(repr(value).encode()).hexdigest()[:16]
+
+
+def cache_key_options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call options of one invoke/.bind, as plain values for LangChain's LLM cache key."""
+    options: dict[str, Any] = {}
+    for name in sorted(k for k in kwargs if k in CALL_OPTIONS):
+        value = kwargs[name]
+        if name == "documents":
+            try:
+                value = document_texts(value)
+            except TypeError:  # reported by the call itself
+                value = repr(value)
+        elif name == "fides_config" or (name == "method" and not isinstance(value, str)):
+            value = repr(value)
+        options[name] = value
+    return options
 
 
 @dataclass
@@ -37,9 +66,17 @@ class Plan:
     no_context_prompt: str | None = None
     method: str | None = None
     """Forces a method (\"standard\" when there are no documents)."""
+    fallback: str | None = None
+    """Why the documents could not be used as asked (None: they were); `strict=True` raises with this."""
     notes: list[str] = field(default_factory=list)
     trimmed: bool = False
     document_tokens: tuple[int, int] | None = None
+
+    def fall_back(self, why: str, consequence: str) -> Plan:
+        """Record a fallback: `why` for strict mode's error, `why: consequence` as the note and the warning."""
+        self.fallback = why
+        self.notes.insert(0, f"{why}: {consequence}")
+        return self
 
 
 @dataclass
@@ -49,6 +86,7 @@ class CallOptions:
     max_new_tokens: int
     generation: dict[str, Any]
     stop: list[str]
+    strict: bool = False
 
 
 class FidesParams(BaseModel):
@@ -86,6 +124,10 @@ class FidesParams(BaseModel):
     """Stop strings of any token length; the answer is cut before the first one."""
     apply_chat_template: bool | None = None
     """Wrap raw LangChain prompts in the tokenizer's chat template (None: when the tokenizer has one)."""
+    strict: bool = False
+    """Raise FidesFallbackError instead of falling back (to `standard`, or to guessing the context)."""
+
+    _last_result: GenerationResult | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _setup(self) -> Any:
@@ -101,6 +143,9 @@ class FidesParams(BaseModel):
             self.decoder = FidesDecoder(model, tokenizer, method=self.method, config=self.fides_config, max_new_tokens=self.max_new_tokens)
         if not isinstance(self.decoder, FidesDecoder):
             raise TypeError(f"decoder must be a FidesDecoder, got {type(self.decoder).__name__}")
+        if "max_new_tokens" not in self.model_fields_set:
+            # A shared decoder's budget (e.g. ChatFides(decoder=llm.decoder)) is the default, not 128.
+            object.__setattr__(self, "max_new_tokens", self.decoder.max_new_tokens)
         self._max_new(self.max_tokens if self.max_tokens is not None else self.max_new_tokens)
         return self
 
@@ -121,9 +166,27 @@ class FidesParams(BaseModel):
             raise ValueError(f"max_new_tokens must be a positive integer, got {value!r}")
         return value
 
+    @property
+    def last_result(self) -> GenerationResult | None:
+        """The GenerationResult of this object's most recent decoding (alphas, steps, prompts, notes).
+
+        None before the first call. A call answered from LangChain's LLM cache decodes nothing and
+        leaves it unchanged. Objects shared between threads see whichever call finished last.
+        """
+        return self._last_result
+
     def _fides_params(self) -> dict[str, Any]:
+        """Everything that changes the output; LangChain's LLM cache key and traces are built from it."""
+        dec = self._dec
         return {
             "model_id": self.model_id,
+            # A model without a name (built in memory) is told apart by its object: no cache hits across models.
+            "model": f"{type(dec.model).__name__}:{getattr(dec.model, 'name_or_path', '') or f'object-{id(dec.model)}'}",
+            "decoder_config": repr(dec.config),
+            "decoder_prompt_template": _digest(getattr(dec, "prompt_template", None)),
+            "decoder_use_chat_template": getattr(dec, "use_chat_template", None),
+            "apply_chat_template": self.apply_chat_template,
+            "strict": self.strict,
             "method": self.method,
             "fides_config": None if self.fides_config is None else repr(self.fides_config),
             "max_new_tokens": self.max_tokens if self.max_tokens is not None else self.max_new_tokens,
@@ -163,7 +226,10 @@ class FidesParams(BaseModel):
                 "seed": kwargs.get("seed", self.seed),
             }
         stops = [s for s in [*(self.stop or []), *(stop or [])] if isinstance(s, str) and s]
-        return CallOptions(method, requested, self._max_new(max_new), generation, list(dict.fromkeys(stops)))
+        strict = kwargs.get("strict", self.strict)
+        if not isinstance(strict, bool):
+            raise TypeError(f"strict must be True or False, got {strict!r}")
+        return CallOptions(method, requested, self._max_new(max_new), generation, list(dict.fromkeys(stops)), strict)
 
     # -- prompts ------------------------------------------------------------------------------------
 
@@ -235,34 +301,76 @@ class FidesParams(BaseModel):
         return plan
 
     def _plain_plan(self, messages: list[tuple[str, str]], why: str) -> Plan:
-        note = f"{why}: decoded with 'standard' on the prompt as given"
-        logger.warning(note)
         prompt = self._render_messages(messages)
-        return Plan("prompts", "none", context_prompt=prompt, no_context_prompt=prompt, method="standard", notes=[note])
+        plan = Plan("prompts", "none", context_prompt=prompt, no_context_prompt=prompt, method="standard")
+        return plan.fall_back(why, "decoded with 'standard' on the prompt as given")
+
+    def _check_fallback(self, plan: Plan, opts: CallOptions) -> None:
+        """Raise under strict mode, else log a warning, when the plan does not use the documents as asked."""
+        if plan.kind == "template" and not plan.documents and plan.fallback is None:
+            plan.fall_back("the documents given were empty", "decoded with 'standard' on the question alone")
+        if plan.fallback is None or opts.requested == "standard":
+            return
+        if opts.strict:
+            raise FidesFallbackError(
+                f"strict=True: {plan.fallback}, so method {opts.requested!r} cannot contrast the documents as asked. "
+                f"Pass documents= with the texts as they appear in the prompt, use fides_rag_prompt(), or set strict=False "
+                f"to accept the fallback (it is then logged and recorded in the metadata's notes)"
+            )
+        logger.warning(plan.notes[0])
 
     # -- decoding -----------------------------------------------------------------------------------
 
-    def _decode(self, plan: Plan, opts: CallOptions) -> GenerationResult:
-        method = plan.method or opts.method
-        common = dict(method=method, max_new_tokens=opts.max_new_tokens, stop=opts.stop, **opts.generation)
+    def _common(self, plan: Plan, opts: CallOptions) -> dict[str, Any]:
+        self._check_fallback(plan, opts)
+        stop = list(opts.stop)
         if plan.kind == "template":
-            return self._dec.generate(plan.question or "", plan.documents, **common)
-        return self._dec.generate_from_prompts(plan.context_prompt or "", plan.no_context_prompt or "", **common)
+            stop += [s for s in template_stops(self._dec.prompt_template) if s not in stop]
+        return dict(method=plan.method or opts.method, max_new_tokens=opts.max_new_tokens, stop=stop, **opts.generation)
+
+    def _finish(self, plan: Plan, result: GenerationResult) -> GenerationResult:
+        """Clean template leftovers from an answer to fides-rag's template; remember the result."""
+        if plan.kind == "template":
+            text, notes = TemplateLeftovers(self._dec.prompt_template).clean(result.text, truncated=result.finish_reason == "length")
+            if notes:
+                result = dataclasses.replace(result, text=text, notes=[*result.notes, *notes])
+        self._last_result = result
+        return result
+
+    def _decode(self, plan: Plan, opts: CallOptions) -> GenerationResult:
+        common = self._common(plan, opts)
+        if plan.kind == "template":
+            result = self._dec.generate(plan.question or "", plan.documents, **common)
+        else:
+            result = self._dec.generate_from_prompts(plan.context_prompt or "", plan.no_context_prompt or "", **common)
+        return self._finish(plan, result)
 
     def _decode_stream(self, plan: Plan, opts: CallOptions) -> Iterator[str | GenerationResult]:
         """Text deltas, then the GenerationResult as the last item."""
-        method = plan.method or opts.method
-        common = dict(method=method, max_new_tokens=opts.max_new_tokens, stop=opts.stop, **opts.generation)
+        common = self._common(plan, opts)
         if plan.kind == "template":
             stream = self._dec.stream(plan.question or "", plan.documents, **common)
         else:
             stream = self._dec.stream_from_prompts(plan.context_prompt or "", plan.no_context_prompt or "", **common)
+        leftovers = TemplateLeftovers(self._dec.prompt_template) if plan.kind == "template" else None
+        raw, emitted = "", ""
         try:
-            yield from stream
+            for delta in stream:
+                if leftovers is None:
+                    yield delta
+                    continue
+                raw += delta
+                visible = leftovers.visible(raw)
+                if len(visible) > len(emitted) and visible.startswith(emitted):
+                    yield visible[len(emitted) :]
+                    emitted = visible
         finally:
             stream.close()
         assert stream.result is not None
-        yield stream.result
+        result = self._finish(plan, stream.result)
+        if leftovers is not None and result.text.startswith(emitted) and len(result.text) > len(emitted):
+            yield result.text[len(emitted) :]
+        yield result
 
     def _metadata(self, plan: Plan, opts: CallOptions, result: GenerationResult) -> dict[str, Any]:
         notes = list(dict.fromkeys([*plan.notes, *result.notes]))

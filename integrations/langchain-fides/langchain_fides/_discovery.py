@@ -43,13 +43,15 @@ class RetrievalRecorder(BaseCallbackHandler):
         self._root: dict[UUID, UUID] = {}
         self._members: dict[UUID, list[UUID]] = {}
         self._documents: dict[UUID, list[Document]] = {}
+        self._retrieved: set[UUID] = set()
+        """Runs under which a retriever ended (also with no documents) or Documents were given as input."""
 
     # -- bookkeeping ------------------------------------------------------------------------------
 
     def _start(self, run_id: UUID, parent_run_id: UUID | None) -> None:
         with self._lock:
             if len(self._parent) > _MAX_TRACKED_RUNS:  # roots that never ended (abandoned streams)
-                self._parent.clear(), self._root.clear(), self._members.clear(), self._documents.clear()
+                self._parent.clear(), self._root.clear(), self._members.clear(), self._documents.clear(), self._retrieved.clear()
             self._parent[run_id] = parent_run_id
             root = self._root.get(parent_run_id, parent_run_id) if parent_run_id is not None else run_id
             self._root[run_id] = root
@@ -63,12 +65,14 @@ class RetrievalRecorder(BaseCallbackHandler):
                 self._parent.pop(member, None)
                 self._root.pop(member, None)
                 self._documents.pop(member, None)
+                self._retrieved.discard(member)
 
     def _file(self, start: UUID | None, documents: list[Document]) -> None:
         with self._lock:
             run, seen = start, 0
             while run is not None and seen < 1000:
                 self._documents.setdefault(run, []).extend(documents)
+                self._retrieved.add(run)
                 run, seen = self._parent.get(run), seen + 1
 
     # -- callbacks --------------------------------------------------------------------------------
@@ -80,6 +84,7 @@ class RetrievalRecorder(BaseCallbackHandler):
                 if isinstance(value, list) and value and all(isinstance(d, Document) for d in value):
                     with self._lock:
                         self._documents.setdefault(run_id, []).extend(value)
+                        self._retrieved.add(run_id)
 
     def on_chain_end(self, outputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
         self._end(run_id, parent_run_id)
@@ -108,9 +113,7 @@ class RetrievalRecorder(BaseCallbackHandler):
         self._start(run_id, parent_run_id)
 
     def on_retriever_end(self, documents: Sequence[Document], *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
-        docs = [d for d in documents if isinstance(d, Document)]
-        if docs:
-            self._file(parent_run_id, docs)
+        self._file(parent_run_id, [d for d in documents if isinstance(d, Document)])  # an empty retrieval is recorded too
         self._end(run_id, parent_run_id)
 
     def on_retriever_error(self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
@@ -137,6 +140,20 @@ class RetrievalRecorder(BaseCallbackHandler):
                     return found
                 run, seen = self._parent.get(run), seen + 1
         return []
+
+
+    def retrieved_for(self, parent_run_id: UUID | None) -> list[Document] | None:
+        """Everything retrieved under the nearest ancestor of a model run where a retriever ended (or
+        Documents were given as a chain input), whether or not it reached the prompt; [] for an empty
+        retrieval, None when no retriever ran above this run. Duplicates are dropped."""
+        with self._lock:
+            run, seen = parent_run_id, 0
+            while run is not None and seen < 1000:
+                if run in self._retrieved:
+                    unique = {d.page_content: d for d in self._documents.get(run, ()) if d.page_content.strip()}
+                    return list(unique.values())
+                run, seen = self._parent.get(run), seen + 1
+        return None
 
 
 recorder = RetrievalRecorder()

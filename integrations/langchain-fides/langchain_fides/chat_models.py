@@ -16,8 +16,9 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 
 from fides_rag import GenerationResult
 from fides_rag.prompts import PromptTemplate, document_texts
-from langchain_fides._base import CallOptions, FidesParams, Plan, iterate_in_thread
+from langchain_fides._base import CallOptions, FidesParams, Plan, iterate_in_thread, logger
 from langchain_fides._discovery import model_parent_var, recorder
+from langchain_fides.llms import _missing, _why_no_documents
 
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "user", "function": "user"}
 
@@ -38,6 +39,11 @@ class ChatFides(FidesParams, BaseChatModel):
     conversation as given (documents that are not in it yet go into a leading system message, or, for a
     single question, fides-rag's own template); no-context path: the same with the document texts removed.
 
+    An empty retrieval decodes with `standard` (the system message then holds only an instruction), and
+    retrieved documents that are not verbatim in the messages make the system messages the context;
+    both log a warning and leave a note in `response_metadata["notes"]`, and `strict=True` raises
+    FidesFallbackError instead.
+
     >>> chat = ChatFides.from_model_id("smollm2-135m-instruct", max_new_tokens=32)
     >>> chat.invoke([("system", "Context: The Eiffel Tower is in Rome."), ("human", "Where is the Eiffel Tower?")])
     """
@@ -57,7 +63,12 @@ class ChatFides(FidesParams, BaseChatModel):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        return {**self._fides_params(), "system_message_as_context": self.system_message_as_context}
+        # BaseChatModel's cache key adds the call's kwargs (.bind(method=...), documents=...) to these.
+        return {
+            **self._fides_params(),
+            "system_message_as_context": self.system_message_as_context,
+            "documents_instruction": self.documents_instruction,
+        }
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = LangSmithParams(
@@ -106,14 +117,37 @@ class ChatFides(FidesParams, BaseChatModel):
             block = PromptTemplate().document_block(texts)
             turns = [("system", f"{self.documents_instruction}\n{block}"), *turns]
             return self._prompt_plan(turns, texts, source, max_new, drop_in_no_context=(0,))
-        found = recorder.documents_for(parent_run_id, [c for _, c in turns])
+        contents = [c for _, c in turns]
+        found = recorder.documents_for(parent_run_id, contents)
+        retrieved = recorder.retrieved_for(parent_run_id)
         if found:
-            return self._prompt_plan(turns, [d.page_content for d in found], "retriever", max_new)
-        if self.system_message_as_context:
-            systems = [i for i, m in enumerate(messages) if isinstance(m, SystemMessage) and m.text.strip()]
-            if systems:
-                return self._prompt_plan(turns, [turns[i][1] for i in systems], "system_message", max_new, drop_in_no_context=systems)
-        return self._plain_plan(turns, "no documents were given, attached or retrieved in this run")
+            plan = self._prompt_plan(turns, [d.page_content for d in found], "retriever", max_new)
+            missing = _missing(retrieved, found)
+            if missing:
+                note = (
+                    f"{missing} of the {missing + len(found)} documents retrieved in this run were not found verbatim in the messages "
+                    f"(rewritten by a formatter?); their text, if any, stays in both paths"
+                )
+                logger.warning(note)
+                plan.notes.append(note)
+            return plan
+        systems = [i for i, m in enumerate(messages) if isinstance(m, SystemMessage) and m.text.strip()]
+        use_systems = self.system_message_as_context and bool(systems)
+        if retrieved is not None and not retrieved:
+            # An empty retrieval: the system message holds only its instruction, nothing to contrast.
+            return self._plain_plan(turns, _why_no_documents(retrieved, "the messages"))
+        if use_systems:
+            plan = self._prompt_plan(turns, [turns[i][1] for i in systems], "system_message", max_new, drop_in_no_context=systems)
+            if retrieved:
+                return plan.fall_back(
+                    _why_no_documents(retrieved, "the messages"),
+                    "took the whole system message(s) as the context instead (system_message_as_context=True)",
+                )
+            note = "no documents were given, attached or retrieved: the system message(s) were taken as the context (system_message_as_context=True)"
+            logger.info(note)
+            plan.notes.insert(0, note)
+            return plan
+        return self._plain_plan(turns, _why_no_documents(retrieved, "the messages") if retrieved else "no documents were given, attached or retrieved in this run")
 
     # -- hooks ----------------------------------------------------------------------------------------
 

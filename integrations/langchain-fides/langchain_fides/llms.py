@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
+from contextvars import ContextVar
 from typing import Any
 from uuid import UUID
 
@@ -14,9 +15,12 @@ from langchain_core.runnables import Runnable, RunnableConfig
 
 from fides_rag import GenerationResult
 from fides_rag.prompts import document_texts
-from langchain_fides._base import FidesParams, Plan, iterate_in_thread
+from langchain_fides._base import FidesParams, Plan, cache_key_options, iterate_in_thread, logger
 from langchain_fides._discovery import recorder
 from langchain_fides.prompts import FidesPromptValue
+
+_CALL_OPTIONS_VAR: ContextVar[dict[str, Any] | None] = ContextVar("fides_llm_call_options", default=None)
+"""The call options of the generate/agenerate running in this context (part of the LLM cache key)."""
 
 
 class FidesLLM(FidesParams, BaseLLM):
@@ -29,7 +33,13 @@ class FidesLLM(FidesParams, BaseLLM):
        the prompt with those texts removed;
     3. documents retrieved earlier in the same chain run (found through callbacks) whose texts occur in
        the prompt: as in 2;
-    4. none: plain 'standard' decoding of the prompt, with a logged warning.
+    4. none: plain 'standard' decoding of the prompt, with a logged warning and a note saying why (no
+       documents given, an empty retrieval, or retrieved documents not found verbatim in the prompt);
+       with `strict=True` a FidesFallbackError instead.
+
+    LangChain's LLM cache keys on `_identifying_params`, which include the model, every decoding option
+    and the options of the current call (`.bind(method=...)`, `invoke(..., documents=...)`).
+    `last_result` holds the GenerationResult of the latest decoding.
 
     >>> llm = FidesLLM.from_model_id("gemma3-270m", max_new_tokens=32)
     >>> llm.invoke("In which city is the Eiffel Tower?", documents=["The Eiffel Tower is in Rome."])
@@ -41,7 +51,24 @@ class FidesLLM(FidesParams, BaseLLM):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        return self._fides_params()
+        # BaseLLM builds its cache key (and the traced invocation params) from this alone; the options
+        # of the call being generated (method, documents, ...) are added from a context variable.
+        call = _CALL_OPTIONS_VAR.get()
+        return {**self._fides_params(), **({"call_options": call} if call else {})}
+
+    def generate(self, prompts: list[str], stop: list[str] | None = None, callbacks: Any = None, **kwargs: Any) -> LLMResult:
+        token = _CALL_OPTIONS_VAR.set(cache_key_options(kwargs))
+        try:
+            return super().generate(prompts, stop, callbacks, **kwargs)
+        finally:
+            _CALL_OPTIONS_VAR.reset(token)
+
+    async def agenerate(self, prompts: list[str], stop: list[str] | None = None, callbacks: Any = None, **kwargs: Any) -> LLMResult:
+        token = _CALL_OPTIONS_VAR.set(cache_key_options(kwargs))
+        try:
+            return await super().agenerate(prompts, stop, callbacks, **kwargs)
+        finally:
+            _CALL_OPTIONS_VAR.reset(token)
 
     # -- public entry points: keep question and documents apart before BaseLLM flattens them ----------
 
@@ -103,9 +130,19 @@ class FidesLLM(FidesParams, BaseLLM):
                 return Plan("template", "documents", question=question if question is not None else prompt, documents=texts)
             return self._prompt_plan(messages, texts, "documents", max_new)
         found = recorder.documents_for(parent_run_id, [prompt])
+        retrieved = recorder.retrieved_for(parent_run_id)
         if found:
-            return self._prompt_plan(messages, [d.page_content for d in found], "retriever", max_new)
-        return self._plain_plan(messages, "no documents were given or retrieved in this run")
+            plan = self._prompt_plan(messages, [d.page_content for d in found], "retriever", max_new)
+            missing = _missing(retrieved, found)
+            if missing:
+                note = (
+                    f"{missing} of the {missing + len(found)} documents retrieved in this run were not found verbatim in the prompt "
+                    f"(rewritten by a formatter?); their text, if any, stays in both paths"
+                )
+                logger.warning(note)
+                plan.notes.append(note)
+            return plan
+        return self._plain_plan(messages, _why_no_documents(retrieved, "the prompt"))
 
     def _generate_one(self, prompt: str, stop: list[str] | None, parent_run_id: UUID | None, kwargs: dict[str, Any]) -> Generation:
         opts = self._options(stop, kwargs)
@@ -154,3 +191,20 @@ class FidesLLM(FidesParams, BaseLLM):
             if run_manager and chunk.text:
                 await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
+
+
+def _missing(retrieved: list[Any] | None, found: list[Any]) -> int:
+    contents = {d.page_content for d in found}
+    return len({d.page_content for d in retrieved or [] if d.page_content.strip()} - contents)
+
+
+def _why_no_documents(retrieved: list[Any] | None, where: str) -> str:
+    """Why a call has no documents to contrast: what the run-tree recorder saw."""
+    if retrieved is None:
+        return "no documents were given (documents=) and no retriever ran in this chain run"
+    if not retrieved:
+        return "the retriever in this chain run returned no documents"
+    return (
+        f"{len(retrieved)} document(s) were retrieved in this chain run but none was found verbatim in {where} "
+        f"(a formatter rewrote them, e.g. numbering or cleaning their text)"
+    )

@@ -1,5 +1,6 @@
 """LlamaIndex LLM integration of fides-rag (FIDES dual-path contrastive decoding)."""
 
-from llama_index.llms.fides.base import CALL_OPTIONS, GENERATION_OPTIONS, FidesLLM
+from llama_index.llms.fides.base import CALL_OPTIONS, GENERATION_OPTIONS, FidesFallbackError, FidesLLM
+from llama_index.llms.fides.prompts import fides_rag_qa_template
 
-__all__ = ["CALL_OPTIONS", "FidesLLM", "GENERATION_OPTIONS"]
+__all__ = ["CALL_OPTIONS", "FidesFallbackError", "FidesLLM", "GENERATION_OPTIONS", "fides_rag_qa_template"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
+import logging
 import threading
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
@@ -29,11 +31,10 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.custom import CustomLLM
 from llama_index.core.llms.llm import astream_completion_response_to_tokens, stream_completion_response_to_tokens
 from llama_index.core.prompts.base import BasePromptTemplate
-from llama_index.core.prompts.default_prompt_selectors import DEFAULT_TEXT_QA_PROMPT_SEL
 from llama_index.core.types import TokenAsyncGen, TokenGen
 
 from fides_rag import FidesConfig, FidesDecoder, GenerationResult, available_methods, load_model
-from fides_rag.prompts import document_texts, fit_texts
+from fides_rag.prompts import TemplateLeftovers, document_texts, fit_texts, template_stops
 from fides_rag.rules.fides import FidesRule
 
 from llama_index.llms.fides.context import (
@@ -45,22 +46,45 @@ from llama_index.llms.fides.context import (
     split_prompt_args,
     with_context_message,
 )
+from llama_index.llms.fides.prompts import is_fides_rag_template
 from llama_index.llms.fides.rendering import render_messages
 
 dispatcher = get_dispatcher(__name__)
+logger = logging.getLogger("llama_index.llms.fides")
 
 GENERATION_OPTIONS: tuple[str, ...] = ("method", "max_new_tokens", "stop", "do_sample", "temperature", "top_p", "top_k", "seed")
 """Per-call overrides accepted by complete/chat/predict and their stream/async forms."""
-CALL_OPTIONS: tuple[str, ...] = (*GENERATION_OPTIONS, "documents", "no_context_prompt")
+CALL_OPTIONS: tuple[str, ...] = (*GENERATION_OPTIONS, "strict", "documents", "no_context_prompt")
+
+
+class FidesFallbackError(ValueError):
+    """Raised with `strict=True` where FidesLLM would otherwise decode with `standard` for want of a context."""
 
 
 class _Pair:
-    """The two prompts of one call and how they were found."""
+    """The two prompts of one call and how they were found.
 
-    def __init__(self, context_prompt: str, no_context_prompt: str | None, info: dict[str, Any]) -> None:
+    With `question` and `documents` set, fides-rag's own 2-shot template builds both prompts (the
+    decoder renders them); otherwise `context_prompt` / `no_context_prompt` are decoded as they are.
+    `fallback` says why there is nothing to contrast (None: there is).
+    """
+
+    def __init__(
+        self, context_prompt: str, no_context_prompt: str | None, info: dict[str, Any], *,
+        question: str | None = None, documents: list[str] | None = None, fallback: str | None = None,
+    ) -> None:
         self.context_prompt = context_prompt
         self.no_context_prompt = no_context_prompt
         self.info = info
+        self.question = question
+        self.documents = documents
+        self.fallback = fallback
+        if fallback is not None:
+            info.setdefault("notes", []).insert(0, f"{fallback}: decoded with 'standard'")
+
+    @property
+    def uses_template(self) -> bool:
+        return self.documents is not None
 
 
 class FidesLLM(CustomLLM):
@@ -107,6 +131,11 @@ class FidesLLM(CustomLLM):
         "already-rendered messages; the first also wraps chat(documents=...).",
     )
     history_size: int = Field(default=16, ge=0, description="How many recent generations `history` keeps.")
+    strict: bool = Field(
+        default=False,
+        description="Raise FidesFallbackError instead of decoding with 'standard' when a call has no context to contrast "
+        "(also per call: strict=True).",
+    )
 
     _decoder: FidesDecoder = PrivateAttr()
     _custom_formatting: bool = PrivateAttr(default=False)
@@ -260,23 +289,34 @@ class FidesLLM(CustomLLM):
     def _template_pair(self, prompt: BasePromptTemplate, template_args: dict[str, Any], max_new_tokens: int) -> _Pair:
         context = find_context(prompt, template_args, self.context_variables, self, self.context_separator)
         info: dict[str, Any] = {"prompt_type": prompt_type(prompt, self), "context_variables": sorted(context)}
+        if is_fides_rag_template(prompt):
+            known = {**(getattr(prompt, "kwargs", None) or {}), **template_args}
+            question = str(known.get("query_str", ""))
+            texts = [t for t in context.values() if t.strip()]
+            info["prompt_type"] = "fides_rag"
+            fallback = None if texts else "the retrieved context (context_str) was empty"
+            return _Pair("", None, info, question=question, documents=texts, fallback=fallback)
         if not any(v.strip() for v in context.values()):
-            info["notes"] = ["no context variable in the prompt: decoded with 'standard' on the prompt alone"]
-            return _Pair(self._render_template(prompt, {**template_args, **context}), None, info)
+            what = "was empty" if context else "is not in the prompt"
+            why = f"the context variable ({', '.join(self.context_variables)}) {what}"
+            return _Pair(self._render_template(prompt, {**template_args, **context}), None, info, fallback=why)
         ctx_text, used, trim = self._fit(lambda c: self._render_template(prompt, {**template_args, **c}), context, max_new_tokens)
         no_ctx_text = self._render_template(prompt, {**template_args, **{k: "" for k in context}})
         info.update(trim)
         info["context"] = self.context_separator.join(used.values())
         return _Pair(ctx_text, no_ctx_text, info)
 
-    def _documents_pair(self, query: str, documents: Any, max_new_tokens: int) -> _Pair:
-        """complete(query, documents=...): LlamaIndex's text-QA prompt with the documents as context_str."""
+    def _documents_pair(self, query: str, documents: Any) -> _Pair:
+        """complete(query, documents=...): fides-rag's own 2-shot template (as langchain-fides' documents=)."""
         texts = document_texts(documents)
-        qa = DEFAULT_TEXT_QA_PROMPT_SEL.partial_format(query_str=query)
-        return self._template_pair(qa, {"context_str": self.context_separator.join(texts)}, max_new_tokens)
+        fallback = None if texts else "the documents given were empty"
+        return _Pair("", None, {"prompt_type": "fides_rag", "context_variables": []}, question=query, documents=texts, fallback=fallback)
 
     def _chat_pair(self, messages: Sequence[ChatMessage], documents: Any, max_new_tokens: int) -> _Pair:
         check_has_user_message(messages)
+        if documents is not None and len(messages) == 1 and not self.system_prompt:
+            # One question: fides-rag's template, as complete(documents=) and langchain-fides' ChatFides.
+            return self._documents_pair(messages[0].content or "", documents)
         messages = self._extend_messages(list(messages))
         template = self.chat_context_templates[0] if self.chat_context_templates else DEFAULT_CONTEXT_TEMPLATE
         if documents is not None:
@@ -291,8 +331,8 @@ class FidesLLM(CustomLLM):
             emptied, context = found
             info = {"prompt_type": "chat", "context_variables": ["system message"], "context": context}
             return _Pair(self._messages_text(messages), self._messages_text(emptied), info)
-        note = "no documents and no context in the messages: decoded with 'standard'"
-        return _Pair(self._messages_text(messages), None, {"prompt_type": "chat", "notes": [note]})
+        why = "the documents given were empty" if documents is not None else "no documents= and no context system message in the chat"
+        return _Pair(self._messages_text(messages), None, {"prompt_type": "chat"}, fallback=why)
 
     # -- decoding -----------------------------------------------------------------------------------
 
@@ -302,21 +342,49 @@ class FidesLLM(CustomLLM):
             raise TypeError(f"FidesLLM got unsupported keyword argument(s) {sorted(unknown)}; supported: {list(CALL_OPTIONS)}")
         options = {name: getattr(self, name) for name in GENERATION_OPTIONS}
         options.update({k: v for k, v in kwargs.items() if k in GENERATION_OPTIONS})
+        options["strict"] = kwargs.get("strict", self.strict)
+        if not isinstance(options["strict"], bool):
+            raise TypeError(f"strict must be True or False, got {options['strict']!r}")
         if options["method"] not in available_methods() and not hasattr(options["method"], "combine"):
             raise ValueError(f"unknown method {options['method']!r}; choose one of {available_methods()}")
         return options
 
+    def _check_fallback(self, pair: _Pair, options: dict[str, Any]) -> None:
+        """Raise under strict mode, else log a warning, when a contrastive method has no context to contrast."""
+        requested = options["method"] if isinstance(options["method"], str) else getattr(options["method"], "name", "custom")
+        if pair.fallback is None or requested == "standard":
+            return
+        if options["strict"]:
+            raise FidesFallbackError(
+                f"strict=True: {pair.fallback}, so method {requested!r} has nothing to contrast. Pass documents=[...], "
+                f"give the prompt a non-empty context_str/context_msg, or set strict=False to decode with 'standard' "
+                f"(logged and recorded in the response's notes)"
+            )
+        logger.warning(pair.info["notes"][0])
+
     def _decode_args(self, pair: _Pair, options: dict[str, Any]) -> tuple[tuple[str, str], dict[str, Any]]:
+        self._check_fallback(pair, options)
         method = options["method"]
         rule: Any = FidesRule(self.fides_config()) if method == "fides" else method
-        if pair.no_context_prompt is None:
+        if pair.fallback is not None:
             rule = "standard"
-        args = {k: v for k, v in options.items() if k != "method"}
+        args = {k: v for k, v in options.items() if k not in ("method", "strict")}
         if not args["do_sample"]:  # sampling knobs would only warn under greedy decoding
             args.update(temperature=1.0, top_p=1.0, top_k=0)
         args["method"] = rule
+        if pair.uses_template:
+            stops = list(args["stop"] or [])
+            args["stop"] = stops + [s for s in template_stops(self._decoder.prompt_template) if s not in stops]
+            return (pair.question or "", pair.documents or []), args
         no_ctx = pair.no_context_prompt if pair.no_context_prompt is not None else pair.context_prompt
         return (pair.context_prompt, no_ctx), args
+
+    def _clean(self, pair: _Pair, result: GenerationResult) -> GenerationResult:
+        """fides-rag's template: drop template leftovers ("Document [2]:") from the answer, with a note."""
+        if not pair.uses_template:
+            return result
+        text, notes = TemplateLeftovers(self._decoder.prompt_template).clean(result.text, truncated=result.finish_reason == "length")
+        return dataclasses.replace(result, text=text, notes=[*result.notes, *notes]) if notes else result
 
     def _report(self, pair: _Pair, options: dict[str, Any], result: GenerationResult) -> dict[str, Any]:
         requested = options["method"] if isinstance(options["method"], str) else getattr(options["method"], "name", "custom")
@@ -326,14 +394,17 @@ class FidesLLM(CustomLLM):
             "alphas": result.alphas,
             "steps": [s.to_dict() for s in result.steps],
             "finish_reason": result.finish_reason,
-            "notes": [*pair.info.get("notes", []), *result.notes],
+            "notes": list(dict.fromkeys([*pair.info.get("notes", []), *result.notes])),
             "documents_trimmed": bool(pair.info.get("documents_trimmed", False)),
             "document_tokens": pair.info.get("document_tokens"),
             "prompt_type": pair.info.get("prompt_type"),
             "context_variables": pair.info.get("context_variables", []),
-            "context_prompt": pair.context_prompt,
-            "no_context_prompt": pair.no_context_prompt,
+            "context_prompt": result.context_prompt if pair.uses_template else pair.context_prompt,
+            "no_context_prompt": result.no_context_prompt if pair.uses_template else pair.no_context_prompt,
         }
+        if pair.uses_template:
+            info["documents_trimmed"] = bool(result.documents_trimmed)
+            info["document_tokens"] = result.document_tokens
         with self._history_lock:
             self._history.append({"result": result, "info": info})
         return info
@@ -345,22 +416,34 @@ class FidesLLM(CustomLLM):
                 raise TypeError("pass documents= or no_context_prompt=, not both")
             return _Pair(prompt if formatted else self._completion_text(prompt, False), no_ctx, {"prompt_type": "explicit"})
         if documents is not None:
-            return self._documents_pair(prompt, documents, options["max_new_tokens"])
-        note = "no documents: decoded with 'standard' on the prompt alone"
-        return _Pair(self._completion_text(prompt, formatted), None, {"prompt_type": "completion", "notes": [note]})
+            return self._documents_pair(prompt, documents)
+        return _Pair(self._completion_text(prompt, formatted), None, {"prompt_type": "completion"}, fallback="no documents= were given")
 
     def _generate(self, pair: _Pair, options: dict[str, Any]) -> CompletionResponse:
         prompts, args = self._decode_args(pair, options)
-        result = self._decoder.generate_from_prompts(*prompts, **args)
+        if pair.uses_template:
+            result = self._clean(pair, self._decoder.generate(*prompts, **args))
+        else:
+            result = self._decoder.generate_from_prompts(*prompts, **args)
         info = self._report(pair, options, result)
         return CompletionResponse(text=result.text, raw=result.to_dict(), additional_kwargs=info)
 
     def _stream(self, pair: _Pair, options: dict[str, Any]) -> CompletionResponseGen:
         prompts, args = self._decode_args(pair, options)
-        stream = self._decoder.stream_from_prompts(*prompts, **args)
-        text, held = "", None  # one delta is held back so that the last response can carry the signals
+        if pair.uses_template:
+            stream = self._decoder.stream(*prompts, **args)
+        else:
+            stream = self._decoder.stream_from_prompts(*prompts, **args)
+        leftovers = TemplateLeftovers(self._decoder.prompt_template) if pair.uses_template else None
+        raw, text, held = "", "", None  # one delta is held back so that the last response can carry the signals
         try:
             for delta in stream:
+                if leftovers is not None:  # stream only what cannot turn out to be a template leftover
+                    raw += delta
+                    visible = leftovers.visible(raw)
+                    if not (len(visible) > len(text + (held or "")) and visible.startswith(text + (held or ""))):
+                        continue
+                    delta = visible[len(text + (held or "")) :]
                 if held is not None:
                     text += held
                     yield CompletionResponse(text=text, delta=held)
@@ -368,9 +451,12 @@ class FidesLLM(CustomLLM):
         finally:
             stream.close()
         assert stream.result is not None
-        info = self._report(pair, options, stream.result)
-        text += held or ""
-        yield CompletionResponse(text=text, delta=held or "", raw=stream.result.to_dict(), additional_kwargs=info)
+        result = self._clean(pair, stream.result)
+        info = self._report(pair, options, result)
+        pending = held or ""
+        if result.text.startswith(text + pending) and len(result.text) > len(text + pending):  # a held-back tail
+            pending = result.text[len(text) :]
+        yield CompletionResponse(text=text + pending, delta=pending, raw=result.to_dict(), additional_kwargs=info)
 
     # -- LlamaIndex hooks: completion ---------------------------------------------------------------
 
@@ -487,7 +573,7 @@ class FidesLLM(CustomLLM):
 
 
 def _call_kwargs(call: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in call.items() if k in GENERATION_OPTIONS}
+    return {k: v for k, v in call.items() if k in GENERATION_OPTIONS or k == "strict"}
 
 
 def _to_chat(response: CompletionResponse) -> ChatResponse:
