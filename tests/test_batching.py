@@ -143,13 +143,3 @@ def test_bad_batcher_settings():
     with pytest.raises(ValueError, match="window_s"):
         RequestBatcher(object(), window_s=-1)
 
-
-@pytest.mark.slow
-def test_the_batching_quick_start_runs_as_written():
-    import pathlib
-    import runpy
-
-    example = pathlib.Path(__file__).resolve().parents[1] / "examples" / "quickstart_batching.py"
-    readme = (example.parents[1] / "README.md").read_text()
-    assert example.read_text() in readme  # the README quotes the file verbatim
-    runpy.run_path(str(example), run_name="__main__")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -62,3 +63,11 @@ def test_decoder_quick_start_runs_and_prints_what_it_says():
     assert "Paris" in lines[0]  # the comment says: the model's memory
     assert lines[1].startswith("Rome [(' Rome', 0.43")  # the comment says: the evidence, and its alpha
     assert len(lines) == 6
+
+
+@pytest.mark.slow
+def test_batching_quick_start_runs_and_answers_every_question():
+    lines = run_example(ROOT / "examples/quickstart_batching.py")
+    answers = ast.literal_eval(lines[0])  # the printed list of answers, one per question
+    assert len(answers) == 2 and all(isinstance(a, str) and a for a in answers)
+    assert lines[1].strip()  # the streamed answer
