@@ -10,7 +10,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from fides_rag.prompts import PromptTemplate, document_texts, fit_texts
+from fides_rag.prompts import PromptTemplate, document_texts, fit_texts, template_stops
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +109,9 @@ class PromptPreparer:
                 f"the question alone takes {len(no_ctx_ids)} prompt tokens, more than the context window "
                 f"({self.context_window}) minus max_new_tokens ({max_new_tokens}); shorten it or lower max_new_tokens"
             )
-        stop = () if self.use_chat_template else tuple(self.template.stop)
+        # Plain text stops at the template's stops (a newline); a chat turn ends at EOS, but an answer that
+        # runs on into the template's next line ("\nDocument [2]: ...") stops there too.
+        stop = template_stops(self.template) if self.use_chat_template else tuple(self.template.stop)
         if not texts:
             note = "no documents were given: decoded with 'standard' on the question alone"
             logger.warning(note)
