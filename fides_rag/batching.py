@@ -15,6 +15,7 @@ import json
 import queue
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -24,12 +25,25 @@ from fides_rag.decoder import FidesDecoder
 from fides_rag.generation.prompting import PreparedExample
 from fides_rag.generation.run import DecodeRun
 from fides_rag.generation.settings import GenerationSettings, RowSettings
-from fides_rag.generation.streaming import DeltaTracker
+from fides_rag.generation.streaming import DeltaTracker, TextStream
 from fides_rag.generation.validation import check_document_paths, refuse_document_paths
 from fides_rag.result import GenerationResult
 from fides_rag.rules import ContrastRule, get_method
 
 _END = object()
+_SHARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_batcher(decoder: FidesDecoder, *, max_batch_size: int = 8, window_s: float = 0.005) -> RequestBatcher:
+    """The batcher that every caller of `decoder` with these settings shares (one per decoder and settings),
+    so that LangChain and LlamaIndex objects wrapping one decoder batch their concurrent calls together."""
+    with _SHARED_LOCK:
+        batchers = _SHARED.setdefault(decoder, {})
+        key = (max_batch_size, float(window_s))
+        if key not in batchers:
+            batchers[key] = RequestBatcher(decoder, max_batch_size=max_batch_size, window_s=window_s)
+        return batchers[key]
 
 
 @dataclass
@@ -139,8 +153,9 @@ class RequestBatcher:
         """Submit and await without blocking the event loop; cancelling the task drops its row from the batch."""
         return await asyncio.wrap_future(self.submit(question, documents, **kwargs))
 
-    def stream(self, question: str | None = None, documents: Any = None, **kwargs: Any) -> Iterator[str]:
-        """Text deltas of one request decoded in a shared batch; they concatenate to the final text."""
+    def stream(self, question: str | None = None, documents: Any = None, **kwargs: Any) -> TextStream:
+        """Text deltas of one request decoded in a shared batch; they concatenate to the final text, and
+        `result` holds the GenerationResult once the stream is exhausted. Closing it drops the request."""
         pending = self._prepare(question, documents, **kwargs)
         deltas: queue.Queue = queue.Queue()
         pending.deltas, pending.tracker = deltas.put, DeltaTracker(pending.example.stop + pending.settings.stop)
@@ -150,11 +165,12 @@ class RequestBatcher:
             try:
                 while (delta := deltas.get()) is not _END:
                     yield delta
-                future.result()  # re-raises a failed decode
+                stream.result = future.result()  # re-raises a failed decode
             finally:
-                future.cancel()  # a closed stream leaves the batch
+                future.cancel()  # a stream closed early leaves the batch
 
-        return iterate()
+        stream = TextStream(iterate())
+        return stream
 
     async def astream(self, question: str | None = None, documents: Any = None, **kwargs: Any) -> AsyncIterator[str]:
         """`stream` for asyncio: deltas arrive without blocking the event loop; cancelling drops the row."""

@@ -1,11 +1,12 @@
-"""The dual-path decoder: every path of every example, under every method, in one forward call per step.
+"""The dual-path decoder's public API: every path of every example, under every method, in one forward
+call per step (the loop itself is `generation/loop.py`).
 
 Each step: the backbone runs once over all rows (context, no-context, per-document, masked-heads copies:
 see `generation/layout.py`), one output-head matmul covers every row's final state and the logit-lens rows,
 each rule's `combine` turns its lane's paths into scores, a token is chosen per unit, and finished rows
 leave the KV cache. Per step, exactly one device-to-host transfer: the chosen ids (with the NaN/inf flags
 and stopping-criteria verdicts packed beside them). The rooms: `generation/` settings, prompting, layout,
-gather, kv_cache, hooks, choosing, stopping, streaming, results.
+gather, kv_cache, hooks, choosing, stopping, streaming, results, validation, loop and run.
 """
 
 from __future__ import annotations

@@ -162,10 +162,87 @@ class RaggedLayer(CacheLayerMixin):
 
 
 def _stack(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Segments' states, left-padded with zeros to the longest, in one new tensor (one copy of each)."""
     if len(parts) == 1:
         return parts[0]
     length = max(part.shape[-2] for part in parts)
-    return torch.cat([pad_left(part, length, -2) for part in parts], dim=0)
+    first = parts[0]
+    out = first.new_empty((sum(part.shape[0] for part in parts), *first.shape[1:-2], length, first.shape[-1]))
+    at = 0
+    for part in parts:
+        rows, pad = part.shape[0], length - part.shape[-2]
+        out[at : at + rows, ..., :pad, :].zero_()
+        out[at : at + rows, ..., pad:, :] = part
+        at += rows
+    return out
+
+
+class GrowableLayer(DynamicLayer):
+    """A full-attention cache layer that appends each step's states in place, into spare room grown by
+    max(16, 1/16) positions at a time, where transformers' DynamicLayer copies the whole history on
+    every step (torch.cat). `keys`/`values` are views of the filled part."""
+
+    SPARE_MIN = 16
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self._keys = self._values = None
+        self._length = 0
+        super().__init__()
+        self.keys, self.values = keys, values
+        self.dtype, self.device = keys.dtype, keys.device
+        self.is_initialized = True
+
+    @property
+    def keys(self) -> torch.Tensor | None:  # type: ignore[override]
+        return None if self._keys is None else self._keys[..., : self._length, :]
+
+    @keys.setter
+    def keys(self, tensor: torch.Tensor | None) -> None:
+        self._keys = tensor
+        self._length = 0 if tensor is None else tensor.shape[-2]
+
+    @property
+    def values(self) -> torch.Tensor | None:  # type: ignore[override]
+        return None if self._values is None else self._values[..., : self._length, :]
+
+    @values.setter
+    def values(self, tensor: torch.Tensor | None) -> None:
+        self._values = tensor
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held, spare room included."""
+        return sum(t.numel() * t.element_size() for t in (self._keys, self._values) if t is not None)
+
+    def _reserve(self, needed: int) -> None:
+        if needed <= self._keys.shape[-2]:
+            return
+        capacity = needed + max(self.SPARE_MIN, needed // 16)
+        grown = []
+        for buffer in (self._keys, self._values):
+            bigger = buffer.new_empty((*buffer.shape[:-2], capacity, buffer.shape[-1]))
+            bigger[..., : self._length, :] = buffer[..., : self._length, :]
+            grown.append(bigger)
+        self._keys, self._values = grown
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        new = key_states.shape[-2]
+        self._reserve(self._length + new)
+        self._keys[..., self._length : self._length + new, :] = key_states
+        self._values[..., self._length : self._length + new, :] = value_states
+        self._length += new
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self._length
+
+    def batch_select_indices(self, indices: Any) -> None:
+        length = self._length
+        self._keys, self._values = self._keys[indices, ...], self._values[indices, ...]
+        self._length = length
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("fides-rag's decode cache is never cropped")
 
 
 def _merge_equal_lengths(segments: list[DynamicLayer]) -> list[DynamicLayer]:
@@ -183,10 +260,15 @@ def _merge_equal_lengths(segments: list[DynamicLayer]) -> list[DynamicLayer]:
     return merged
 
 
+def _growable(layer: DynamicLayer) -> DynamicLayer:
+    """Full-attention layers append in place from now on; sliding-window layers stay as they are (bounded)."""
+    return GrowableLayer(layer.keys, layer.values) if type(layer) is DynamicLayer else layer
+
+
 def ragged_cache(caches: Sequence[Any], config: Any) -> DecodeCache:
     """One cache over the row groups of `caches` (in order), each kept at its own length."""
     cache = DecodeCache(config=config)
-    cache.layers = [RaggedLayer([c.layers[i] for c in caches]) for i in range(len(caches[0].layers))]
+    cache.layers = [RaggedLayer([_growable(c.layers[i]) for c in caches]) for i in range(len(caches[0].layers))]
     return cache
 
 
@@ -195,7 +277,8 @@ def cache_bytes(cache: Any) -> int:
     total = 0
     for layer in cache.layers:
         for part in getattr(layer, "segments", [layer]):
-            total += sum(t.numel() * t.element_size() for t in (part.keys, part.values) if t is not None)
+            held = getattr(part, "nbytes", None)
+            total += held if held is not None else sum(t.numel() * t.element_size() for t in (part.keys, part.values) if t is not None)
     return total
 
 

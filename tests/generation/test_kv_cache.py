@@ -68,7 +68,9 @@ def test_ragged_decode_equals_padded_decode_and_stays_ragged(tiny_models, family
         assert grown < cache_bytes(padded.cache)
         if getattr(tiny_models[family].config, "sliding_window", None) is None:
             per_row_token = before // (2 * 160 + 20)  # the two context rows share one segment, padded to 160
-            assert grown == before + per_row_token * 3 * 3  # three rows grew by three tokens each, nothing else
+            assert before == per_row_token * (2 * 160 + 20)  # nothing but the prompts' tokens after prefill
+            spare = lambda n: n + max(16, n // 16)  # noqa: E731 - room a segment grows by at most
+            assert grown <= per_row_token * (2 * spare(163) + spare(23))  # the new tokens and bounded room only
         keep = [2, 0, 2, 1]  # reorder, repeat and drop rows across segments
         ragged.attention_mask, ragged.positions = prune(ragged.cache, ragged.attention_mask, ragged.positions, keep)
         padded.attention_mask, padded.positions = prune(padded.cache, padded.attention_mask, padded.positions, keep)

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from fides_rag import FidesConfig, FidesDecoder, GenerationResult, available_methods, load_model
+from fides_rag.batching import RequestBatcher, shared_batcher
 from fides_rag.prompts import TemplateLeftovers, document_texts, fit_texts, template_stops
 from fides_rag.rules import ContrastRule
 from fides_rag.rules.fides import FidesRule
@@ -126,6 +127,10 @@ class FidesParams(BaseModel):
     """Wrap raw LangChain prompts in the tokenizer's chat template (None: when the tokenizer has one)."""
     strict: bool = False
     """Raise FidesFallbackError instead of falling back (to `standard`, or to guessing the context)."""
+    max_batch_size: int = Field(default=8, ge=1)
+    """Most concurrent calls (batch/abatch, concurrent invoke/ainvoke/stream) decoded together in one batch."""
+    batch_window_s: float = Field(default=0.005, ge=0, le=10)
+    """How long a call waits for concurrent calls to share its batch, in seconds."""
 
     _last_result: GenerationResult | None = PrivateAttr(default=None)
 
@@ -140,7 +145,8 @@ class FidesParams(BaseModel):
                 model, tokenizer = load_model(self.model_id)
             else:
                 raise ValueError("give a decoder=FidesDecoder(...), a model= and tokenizer=, or a model_id= to load")
-            self.decoder = FidesDecoder(model, tokenizer, method=self.method, config=self.fides_config, max_new_tokens=self.max_new_tokens)
+            # fides_config is applied per call (_options), so any method can be the default.
+            self.decoder = FidesDecoder(model, tokenizer, method=self.method, max_new_tokens=self.max_new_tokens)
         if not isinstance(self.decoder, FidesDecoder):
             raise TypeError(f"decoder must be a FidesDecoder, got {type(self.decoder).__name__}")
         if "max_new_tokens" not in self.model_fields_set:
@@ -153,9 +159,7 @@ class FidesParams(BaseModel):
     def from_model_id(cls, model_id: str, *, device: str = "auto", dtype: Any = None, **kwargs: Any) -> Any:
         """Load `model_id` (cached by fides_rag.load_model) and wrap it; kwargs are this class's fields."""
         model, tokenizer = load_model(model_id, device=device, dtype=dtype)
-        decoder = FidesDecoder(
-            model, tokenizer, method=kwargs.get("method", "fides"), config=kwargs.get("fides_config"), max_new_tokens=kwargs.get("max_new_tokens", 128)
-        )
+        decoder = FidesDecoder(model, tokenizer, method=kwargs.get("method", "fides"), max_new_tokens=kwargs.get("max_new_tokens", 128))
         return cls(decoder=decoder, model_id=model_id, **kwargs)
 
     # -- options ------------------------------------------------------------------------------------
@@ -337,21 +341,26 @@ class FidesParams(BaseModel):
         self._last_result = result
         return result
 
+    @property
+    def _batcher(self) -> RequestBatcher:
+        """The request batcher every LangChain object on this decoder shares: concurrent calls decode together."""
+        return shared_batcher(self._dec, max_batch_size=self.max_batch_size, window_s=self.batch_window_s)
+
     def _decode(self, plan: Plan, opts: CallOptions) -> GenerationResult:
         common = self._common(plan, opts)
         if plan.kind == "template":
-            result = self._dec.generate(plan.question or "", plan.documents, **common)
+            result = self._batcher.generate(plan.question or "", plan.documents, **common)
         else:
-            result = self._dec.generate_from_prompts(plan.context_prompt or "", plan.no_context_prompt or "", **common)
+            result = self._batcher.generate(context_prompt=plan.context_prompt or "", no_context_prompt=plan.no_context_prompt or "", **common)
         return self._finish(plan, result)
 
     def _decode_stream(self, plan: Plan, opts: CallOptions) -> Iterator[str | GenerationResult]:
         """Text deltas, then the GenerationResult as the last item."""
         common = self._common(plan, opts)
         if plan.kind == "template":
-            stream = self._dec.stream(plan.question or "", plan.documents, **common)
+            stream = self._batcher.stream(plan.question or "", plan.documents, **common)
         else:
-            stream = self._dec.stream_from_prompts(plan.context_prompt or "", plan.no_context_prompt or "", **common)
+            stream = self._batcher.stream(context_prompt=plan.context_prompt or "", no_context_prompt=plan.no_context_prompt or "", **common)
         leftovers = TemplateLeftovers(self._dec.prompt_template) if plan.kind == "template" else None
         raw, emitted = "", ""
         try:

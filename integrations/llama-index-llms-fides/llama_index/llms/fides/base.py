@@ -34,6 +34,7 @@ from llama_index.core.prompts.base import BasePromptTemplate
 from llama_index.core.types import TokenAsyncGen, TokenGen
 
 from fides_rag import FidesConfig, FidesDecoder, GenerationResult, available_methods, load_model
+from fides_rag.batching import RequestBatcher, shared_batcher
 from fides_rag.prompts import TemplateLeftovers, document_texts, fit_texts, template_stops
 from fides_rag.rules.fides import FidesRule
 
@@ -135,6 +136,12 @@ class FidesLLM(CustomLLM):
         default=False,
         description="Raise FidesFallbackError instead of decoding with 'standard' when a call has no context to contrast "
         "(also per call: strict=True).",
+    )
+    max_batch_size: int = Field(
+        default=8, ge=1, description="Most concurrent calls (async queries, acomplete, threads) decoded together in one batch."
+    )
+    batch_window_s: float = Field(
+        default=0.005, ge=0, le=10, description="How long a call waits for concurrent calls to share its batch, in seconds."
     )
 
     _decoder: FidesDecoder = PrivateAttr()
@@ -362,6 +369,11 @@ class FidesLLM(CustomLLM):
             )
         logger.warning(pair.info["notes"][0])
 
+    @property
+    def _batcher(self) -> RequestBatcher:
+        """The request batcher every LLM on this decoder shares: concurrent calls decode together."""
+        return shared_batcher(self._decoder, max_batch_size=self.max_batch_size, window_s=self.batch_window_s)
+
     def _decode_args(self, pair: _Pair, options: dict[str, Any]) -> tuple[tuple[str, str], dict[str, Any]]:
         self._check_fallback(pair, options)
         method = options["method"]
@@ -422,18 +434,18 @@ class FidesLLM(CustomLLM):
     def _generate(self, pair: _Pair, options: dict[str, Any]) -> CompletionResponse:
         prompts, args = self._decode_args(pair, options)
         if pair.uses_template:
-            result = self._clean(pair, self._decoder.generate(*prompts, **args))
+            result = self._clean(pair, self._batcher.generate(*prompts, **args))
         else:
-            result = self._decoder.generate_from_prompts(*prompts, **args)
+            result = self._batcher.generate(context_prompt=prompts[0], no_context_prompt=prompts[1], **args)
         info = self._report(pair, options, result)
         return CompletionResponse(text=result.text, raw=result.to_dict(), additional_kwargs=info)
 
     def _stream(self, pair: _Pair, options: dict[str, Any]) -> CompletionResponseGen:
         prompts, args = self._decode_args(pair, options)
         if pair.uses_template:
-            stream = self._decoder.stream(*prompts, **args)
+            stream = self._batcher.stream(*prompts, **args)
         else:
-            stream = self._decoder.stream_from_prompts(*prompts, **args)
+            stream = self._batcher.stream(context_prompt=prompts[0], no_context_prompt=prompts[1], **args)
         leftovers = TemplateLeftovers(self._decoder.prompt_template) if pair.uses_template else None
         raw, text, held = "", "", None  # one delta is held back so that the last response can carry the signals
         try:
