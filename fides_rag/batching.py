@@ -6,6 +6,8 @@ Requests are batched together when they share what the decoder holds per batch (
 settings, min_new_tokens, user processors and criteria); token budgets, stop strings and seeds are held
 per row. A greedy result equals the same request decoded alone. Bad input fails its own request at
 submission; a cancelled request (a cancelled future or asyncio task) leaves the batch after the step.
+Streams get their deltas step by step; results (with every recorded value) are handed over when the
+batch's decode ends, because recorded values reach the host in one transfer at the end.
 """
 
 from __future__ import annotations
@@ -239,9 +241,11 @@ class RequestBatcher:
                         self._close_stream(pending)
                     elif pending.deltas is not None and (delta := pending.tracker.update(run.text(i))):
                         pending.deltas(delta)
-                    if not delivered[i] and run.finished(i):
-                        self._deliver(pending, run.result(i))
-                        delivered[i] = True
+            # Results leave once the run has ended: the values rules recorded reach the host then, in one transfer.
+            for i, pending in enumerate(batch):
+                if not delivered[i]:
+                    self._deliver(pending, run.result(i))
+                    delivered[i] = True
         except BaseException as error:  # one batch's failure fails its own requests only
             for i, pending in enumerate(batch):
                 if not delivered[i]:

@@ -143,3 +143,12 @@ def test_bad_batcher_settings():
     with pytest.raises(ValueError, match="window_s"):
         RequestBatcher(object(), window_s=-1)
 
+
+
+def test_batched_results_carry_their_recorded_values(decoder):
+    batcher = RequestBatcher(decoder, max_batch_size=4, window_s=0.2)
+    short = batcher.submit("What jumps?", ["The quick brown fox jumps."], method="fides", max_new_tokens=2)
+    long = batcher.submit("Who chose Canberra?", ["Canberra was chosen as a compromise."], method="fides", max_new_tokens=9)
+    for future in (short, long):
+        result = future.result()
+        assert result.steps and all(s.alpha is not None and s.opposition is not None for s in result.steps)
