@@ -10,6 +10,7 @@ from pathlib import Path
 
 from fides_rag.config import FidesConfig
 from fides_rag.decoder import FidesDecoder
+from fides_rag.extras import MissingExtraError, check_extra
 from fides_rag.demo.cli import add_demo_parser, run_demo_command
 from fides_rag.report import step_table
 from fides_rag.rules import available_methods, get_method, parse_method_names
@@ -122,8 +123,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Sub-commands that need an optional extra, checked before any work so that a missing one is a one-line message.
+_EXTRA_OF_COMMAND = {"eval": "eval", "analyze": "eval", "demo": "demo"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `fides-rag` command; returns the exit code."""
     args = build_parser().parse_args(argv)
+    try:
+        if args.command in _EXTRA_OF_COMMAND:
+            check_extra(_EXTRA_OF_COMMAND[args.command], command=args.command)
+        return _dispatch(args)
+    except MissingExtraError as err:
+        print(f"fides-rag {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "methods":
         print("\n".join(available_methods()))
         return 0
