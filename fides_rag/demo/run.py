@@ -23,8 +23,10 @@ from typing import Any
 from fides_rag.demo.corpus import Corpus, DemoQuestion, Passage, load_embedded_corpus, load_popqa_corpus
 from fides_rag.demo.metrics import contains_alias, is_correct, recall_at_k
 from fides_rag.demo.noise import inject_noise, noise_count
+from fides_rag.extras import require
 from fides_rag.eval.harness import check_resume, read_predictions
 from fides_rag.eval.significance import paired_bootstrap
+from fides_rag.eval.tables import markdown_table, terminal_table
 
 logger = logging.getLogger(__name__)
 
@@ -357,34 +359,26 @@ def compare_methods(
 
 
 def format_table(report: dict[str, Any]) -> str:
-    """The accuracy table: one row per method, one column per noise level, and the drop."""
+    """The accuracy table for the terminal (rich): one row per method, one column per noise level, and the drop."""
     levels = report["noise_levels"]
     first, last = report["drop_between"]
-    head = f"{'method':<10}" + "".join(f"{lv:>8}" for lv in levels) + f"{'drop ' + first + '->' + last:>16}"
-    rule = "-" * len(head)
     lines = [
         f"Noisy retrieval: {report['corpus']['name']}, {report['questions']} questions, model {report['model']}, "
         f"k={report['k']}, seed={report['seed']}, documents {report.get('doc_order', 'best-first')}",
         f"retrieval recall@{report['k']}: {report['recall_at_k']:.1f}%  "
         f"(irrelevant documents per level: " + ", ".join(f"{lv}={c}" for lv, c in report["noise_counts"].items()) + ")",
-        "accuracy (%): a gold alias in the answer",
-        rule, head, rule,
     ]
-    for method in report["methods"]:
-        row = report["accuracy"][method]
-        lines.append(f"{method:<10}" + "".join(f"{row[lv]:>8.1f}" for lv in levels) + f"{report['drop'][method]:>+16.1f}")
-    lines.append(rule)
-    if "answer_in_documents" in report:
-        row = report["answer_in_documents"]
-        lines.append(f"{'gold doc':<10}" + "".join(f"{row[lv]:>8.1f}" for lv in levels)
-                     + "   (% of prompts whose documents still hold a gold alias)")
+    rows = [[m] + [f"{report['accuracy'][m][lv]:.1f}" for lv in levels] + [f"{report['drop'][m]:+.1f}"] for m in report["methods"]]
+    if "answer_in_documents" in report:  # % of prompts whose documents still hold a gold alias
+        rows.append(["gold doc"] + [f"{report['answer_in_documents'][lv]:.1f}" for lv in levels] + [""])
+    lines.append(terminal_table(["method", *levels, f"drop {first}->{last}"], rows,
+                                title="accuracy (%): a gold alias in the answer; gold doc: % of prompts still holding one"))
     sig = report.get("significance")
     if sig and sig["versus"]:
-        ref = sig["reference"]
-        lines.append(f"paired bootstrap, {ref} − other in points [95% CI] (B={sig['samples']}):")
-        for other, pair in sig["versus"].items():
-            cells = [f"{lv} {_ci(pair['accuracy'][lv])}" for lv in levels] + [f"drop {_ci(pair['drop'])}"]
-            lines.append(f"  vs {other:<9}" + "  ".join(cells))
+        sig_rows = [[f"vs {other}"] + [_ci(pair["accuracy"][lv]) for lv in levels] + [_ci(pair["drop"])]
+                    for other, pair in sig["versus"].items()]
+        lines.append(terminal_table([sig["reference"], *levels, "drop"], sig_rows,
+                                    title=f"paired bootstrap, {sig['reference']} − other in points [95% CI] (B={sig['samples']})"))
     return "\n".join(lines)
 
 
@@ -397,29 +391,23 @@ def results_markdown(report: dict[str, Any]) -> str:
         f"seed {report['seed']}, documents {report.get('doc_order', 'best-first')}; retrieval recall@{report['k']} "
         f"{report['recall_at_k']:.1f}%. Accuracy (%): a gold alias in the answer.",
         "",
-        "| method | " + " | ".join(levels) + f" | drop {first} → {last} |",
-        "|---" * (len(levels) + 2) + "|",
     ]
-    for method in report["methods"]:
-        row = report["accuracy"][method]
-        lines.append(f"| {method} | " + " | ".join(f"{row[lv]:.1f}" for lv in levels) + f" | {report['drop'][method]:+.1f} |")
+    rows = [[m] + [f"{report['accuracy'][m][lv]:.1f}" for lv in levels] + [f"{report['drop'][m]:+.1f}"] for m in report["methods"]]
     if "answer_in_documents" in report:
-        row = report["answer_in_documents"]
-        lines.append("| *prompts still holding a gold passage* | " + " | ".join(f"*{row[lv]:.1f}*" for lv in levels) + " | |")
+        rows.append(["*prompts still holding a gold passage*"] + [f"*{report['answer_in_documents'][lv]:.1f}*" for lv in levels] + [""])
+    lines.append(markdown_table(["method", *levels, f"drop {first} → {last}"], rows))
     if "accuracy_given_gold" in report:
-        lines += ["", "Accuracy (%) on the prompts that still hold a gold passage (reading, apart from retrieval misses):", "",
-                  "| method | " + " | ".join(levels) + " |", "|---" * (len(levels) + 1) + "|"]
-        for method in report["methods"]:
-            row = report["accuracy_given_gold"][method]
-            lines.append(f"| {method} | " + " | ".join("–" if row[lv] is None else f"{row[lv]:.1f}" for lv in levels) + " |")
+        lines += ["", "Accuracy (%) on the prompts that still hold a gold passage (reading, apart from retrieval misses):", ""]
+        given = report["accuracy_given_gold"]
+        lines.append(markdown_table(["method", *levels], [[m] + ["–" if given[m][lv] is None else f"{given[m][lv]:.1f}" for lv in levels]
+                                                          for m in report["methods"]]))
     sig = report.get("significance")
     if sig and sig["versus"]:
-        lines += ["", f"Paired bootstrap over questions (B = {sig['samples']}, two-sided 95% CI), {sig['reference']} minus "
-                      "the other method, in points:", "",
-                  f"| {sig['reference']} vs | " + " | ".join(levels) + " | drop |", "|---" * (len(levels) + 2) + "|"]
-        for other, pair in sig["versus"].items():
-            cells = [_ci(pair["accuracy"][lv], markdown=True) for lv in levels] + [_ci(pair["drop"], markdown=True)]
-            lines.append(f"| {other} | " + " | ".join(cells) + " |")
+        lines += ["", f"Paired bootstrap over questions (B = {sig['samples']}, two-sided 95% CI; p from a paired permutation test), "
+                      f"{sig['reference']} minus the other method, in points:", ""]
+        sig_rows = [[other] + [_ci(pair["accuracy"][lv], markdown=True) for lv in levels] + [_ci(pair["drop"], markdown=True)]
+                    for other, pair in sig["versus"].items()]
+        lines.append(markdown_table([f"{sig['reference']} vs", *levels, "drop"], sig_rows))
     return "\n".join(lines) + "\n"
 
 
@@ -435,8 +423,7 @@ def _ci(result: dict[str, Any], markdown: bool = False) -> str:
 
 def plot_accuracy(report: dict[str, Any], path: str | Path) -> Path:
     """Accuracy against the share of irrelevant documents, one line per method (matplotlib, Agg)."""
-    import matplotlib
-
+    matplotlib = require("matplotlib", purpose="the demo's plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

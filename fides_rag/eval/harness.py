@@ -22,6 +22,7 @@ from fides_rag.config import FidesConfig
 from fides_rag.eval.datasets import QAExample
 from fides_rag.eval.metrics import METRIC_LABELS, METRICS, aggregate, score_prediction
 from fides_rag.eval.significance import paired_bootstrap
+from fides_rag.eval.tables import markdown_table
 from fides_rag.result import GenerationResult
 from fides_rag.rules import ContrastRule, get_method
 
@@ -312,27 +313,25 @@ def results_markdown(results: Mapping[str, Any]) -> str:
         lines.append(f"Model `{run.get('model')}`, dataset `{run.get('dataset')}`, {run.get('examples')} examples, "
                      f"max_new_tokens {run.get('max_new_tokens')}.\n")
     head = ["method", "n"] + [METRIC_LABELS[m] for m in METRICS] + ["mean α", "tokens"]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for label in labels:
-        m = metrics[label]
-        row = [label, str(m["n"])] + [_fmt(m[k]) for k in METRICS] + [_fmt(m["mean_alpha"], 3), _fmt(m["mean_new_tokens"])]
-        lines.append("| " + " | ".join(row) + " |")
-    lines.append("")
+    rows = [[label, str(metrics[label]["n"])] + [_fmt(metrics[label][k]) for k in METRICS]
+            + [_fmt(metrics[label]["mean_alpha"], 3), _fmt(metrics[label]["mean_new_tokens"])] for label in labels]
+    lines += [markdown_table(head, rows), ""]
     lines.append("CF = EM against the context answers on conflict-form samples; EM/F1 against the context answers; "
                  "MemR = share of conflict-form predictions equal to the memory answer; Acc = a context answer is "
                  "contained in the output. All in %, SQuAD normalisation.")
     reference = "fides" if "fides" in labels else labels[0]
-    rows = [c for c in results["significance"] if reference in (c["a"], c["b"])]
-    if rows:
-        lines += ["", f"Paired bootstrap ({rows[0]['samples']} resamples, two-sided {int(rows[0]['confidence'] * 100)}% CI), "
-                  f"difference {reference} − other in points:", "",
-                  "| comparison | metric | n | diff | 95% CI | p |", "|---|---|---|---|---|---|"]
-        for c in rows:
+    compared = [c for c in results["significance"] if reference in (c["a"], c["b"])]
+    if compared:
+        lines += ["", f"Paired bootstrap ({compared[0]['samples']} resamples, two-sided {int(compared[0]['confidence'] * 100)}% CI; "
+                  f"p from a paired permutation test), difference {reference} − other in points:", ""]
+        rows = []
+        for c in compared:
             sign = 1 if c["a"] == reference else -1
             other = c["b"] if c["a"] == reference else c["a"]
             low, high = sorted((sign * c["ci_low"] + 0.0, sign * c["ci_high"] + 0.0))
-            lines.append(f"| {reference} vs {other} | {METRIC_LABELS[c['metric']]} | {c['n']} | {sign * c['diff'] + 0.0:+.1f} | "
-                         f"[{low:+.1f}, {high:+.1f}] | {c['p_value']:.3f} |")
+            rows.append([f"{reference} vs {other}", METRIC_LABELS[c["metric"]], str(c["n"]), f"{sign * c['diff'] + 0.0:+.1f}",
+                         f"[{low:+.1f}, {high:+.1f}]", f"{c['p_value']:.3f}"])
+        lines.append(markdown_table(["comparison", "metric", "n", "diff", "95% CI", "p"], rows))
     return "\n".join(lines) + "\n"
 
 

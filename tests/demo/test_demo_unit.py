@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections import Counter
 
 import pytest
@@ -388,8 +389,8 @@ def test_demo_report_has_paired_bootstrap_against_fides(tmp_path):
     assert pair["drop"]["n"] == 6
     assert "paired bootstrap, fides − other" in format_table(report)
     markdown = (tmp_path / "run" / "results.md").read_text()
-    assert "| method | 0% | 20% | 50% | drop 0% → 50% |" in markdown
-    assert "| standard | " in markdown and "| fides vs | 0% | 20% | 50% | drop |" in markdown
+    assert re.search(r"\| method +\| +0% \| +20% \| +50% \| +drop 0% → 50% \|", markdown)
+    assert re.search(r"^\| standard +\| ", markdown, re.M) and re.search(r"\| fides vs +\| +0% \| +20% \| +50% \| +drop \|", markdown)
     assert "+0.0 [+0.0, +0.0], p = 1" in markdown  # identical answers: no difference, not significant
     assert "on the prompts that still hold a gold passage" in markdown
 
