@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 from fides_rag.demo.metrics import contains_alias
-from fides_rag.eval.datasets import DATA_ENV, data_dir
+from fides_rag.eval.datasets import DATA_ENV, data_dir, load_popqa
 
 EMBEDDED_CORPUS = "demo_corpus.json"
 POPQA_QUESTIONS = "popqa_longtail.jsonl"
@@ -139,25 +139,20 @@ def load_popqa_corpus(data: str | os.PathLike | None = None, max_words: int = 60
     """PopQA long-tail: the questions and aliases, and every line of the passages file split into
     passages (duplicate texts kept once). Line i of the passages file belongs to question i."""
     folder = resolve_popqa_folder(data)
-    records = [json.loads(line) for line in (folder / POPQA_QUESTIONS).read_text(encoding="utf-8").splitlines() if line.strip()]
-    lines = (folder / POPQA_PASSAGES).read_text(encoding="utf-8").split("\n")
-    if lines and lines[-1] == "":
-        lines = lines[:-1]
-    if len(lines) != len(records):
-        raise ValueError(f"{folder}: {len(records)} questions but {len(lines)} passage lines; line i must belong to question i")
+    examples = load_popqa(folder / POPQA_QUESTIONS, folder / POPQA_PASSAGES)  # the one PopQA reader, eval's
     passages: list[Passage] = []
     seen: dict[str, str] = {}
     questions: list[DemoQuestion] = []
-    for i, (record, line) in enumerate(zip(records, lines)):
-        answers = tuple(a for a in record.get("answers", ()) if a.strip())
+    for i, example in enumerate(examples):
+        answers = example.context_answers
         own: list[str] = []
-        for j, text in enumerate(split_passage(line, max_words)):
+        for j, text in enumerate(split_passage(example.contexts[0], max_words)):
             pid = seen.get(text)
             if pid is None:
                 pid = seen[text] = f"popqa-{i}-{j}"
                 passages.append(Passage(pid, text))
             if contains_alias(text, answers):
                 own.append(pid)
-        qid = str(record.get("question_id", i))
-        questions.append(DemoQuestion(f"popqa-{qid}", record["question"], answers, record.get("prop", ""), (), tuple(own)))
+        questions.append(DemoQuestion(f"popqa-{example.meta['question_id']}", example.question, answers,
+                                      example.meta.get("prop") or "", (), tuple(own)))
     return Corpus("popqa-longtail", questions, passages, str(folder), {"max_words": max_words})
