@@ -3,7 +3,7 @@ every method over one shared prefill per batch, and score alias accuracy.
 
 `run_demo(DemoSettings(...))` returns the report (a JSON-ready dict) and writes `results.json` and
 `accuracy.png` into the run folder (`settings.out_folder()`); `format_table(report)` renders the terminal table.
-Answers are appended to `decoded.jsonl` batch by batch, so rerunning an interrupted run with the same
+Answers are appended to `predictions.jsonl` batch by batch (the eval's store, `fides_rag.eval.store`), so rerunning an interrupted run with the same
 --out decodes only what is missing (and a run with an extra method decodes only that method).
 """
 
@@ -24,7 +24,8 @@ from fides_rag.demo.corpus import Corpus, DemoQuestion, Passage, load_embedded_c
 from fides_rag.demo.metrics import contains_alias, is_correct, recall_at_k
 from fides_rag.demo.noise import inject_noise, noise_count
 from fides_rag.extras import require
-from fides_rag.eval.harness import check_resume, read_predictions
+from fides_rag.eval.datasets import QAExample
+from fides_rag.eval.store import PredictionStore
 from fides_rag.eval.significance import paired_bootstrap
 from fides_rag.eval.tables import markdown_table, terminal_table
 
@@ -36,9 +37,7 @@ DEFAULT_NOISE = (0.0, 0.2, 0.5)
 DEFAULT_K = 4
 DEFAULT_LIMITS = {"demo": 24, "popqa": 24}
 """Questions per run when --limit is not given (None: all of them)."""
-DECODED = "decoded.jsonl"
-DECODED_INFO = "decoded.json"
-# What a resumed run must share with the run that wrote decoded.jsonl (the documents are checked per prompt).
+# What a resumed run must share with the run that wrote predictions.jsonl (the documents are checked per prompt).
 _RESUME_KEYS = ("model", "corpus", "max_new_tokens")
 
 
@@ -125,26 +124,15 @@ class _Item:
     level: int
     documents: tuple[Passage, ...]
     key: str = ""
-    """'<question id>@<level>': the line of decoded.jsonl that holds this prompt's answers."""
+    """'<question id>@<level>': the id of this prompt's line in predictions.jsonl."""
     result: dict[str, dict[str, Any]] = field(default_factory=dict)
     """method -> {'text': answer, 'documents_trimmed': bool}."""
 
 
-def _open_checkpoint(out: Path, info: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The answers an earlier run in `out` already decoded, by prompt key; refuses a run made with another
-    model, corpus or answer budget (their answers would not be this run's)."""
-    out.mkdir(parents=True, exist_ok=True)
-    info_path = out / DECODED_INFO
-    check_resume(info_path, info, _RESUME_KEYS, what="demo answers decoded",
-                 fix=f", or delete {out / DECODED} to start over")
-    info_path.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-    return {r["id"]: r for r in read_predictions(out / DECODED, repair=True)}
-
-
-def _batches(items: list[_Item], questions: Sequence[DemoQuestion], batch_size: int) -> list[list[_Item]]:
-    """Items sorted by prompt length (characters), cut into batches, so each batch pads little."""
-    order = sorted(items, key=lambda it: len(questions[it.question].question) + sum(len(d.text) for d in it.documents))
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+def prompt_example(question: DemoQuestion, level: Any, documents: Sequence[Passage]) -> QAExample:
+    """One demo prompt as the common example type: id '<question id>@<noise level>', its documents in prompt order."""
+    return QAExample(question.question, tuple(d.text for d in documents), question.answers, question.memory_answers,
+                     f"{question.id}@{level_label(level.share)}", {"documents": [d.id for d in documents], "form": "conflict" if question.memory_answers else "original"})
 
 
 def run_demo(
@@ -184,21 +172,15 @@ def run_demo(
     ]
     items = [_Item(qi, li, level.documents) for qi, levels in enumerate(noisy) for li, level in enumerate(levels)]
 
-    # Decoding: every method over one shared prefill per batch; answers already in decoded.jsonl are kept.
+    # Decoding: every prompt is one eval example (id '<question id>@<level>'), decoded and stored by the eval's store.
     out = settings.out_folder()
     corpus_id = {k: v for k, v in corpus.describe().items() if k in ("name", "passages_sha256")}
-    decoded = _open_checkpoint(out, {"model": settings.model, "corpus": corpus_id,
-                                     "max_new_tokens": settings.max_new_tokens})
-    kept: dict[str, dict[str, Any]] = {}  # prompt key -> every answer decoded.jsonl holds for these documents
-    for it in items:
-        it.key = f"{questions[it.question].id}@{level_label(noisy[it.question][it.level].share)}"
-        record = decoded.get(it.key)
-        if record is not None and record.get("documents") == [d.id for d in it.documents]:
-            kept[it.key] = record["outputs"]
-            it.result = {m: o for m, o in record["outputs"].items() if m in settings.methods}
-    todo = [it for it in items if len(it.result) < len(settings.methods)]
-    if len(todo) < len(items):
-        log(f"resuming from {out / DECODED}: {len(items) - len(todo)} of {len(items)} prompts already decoded")
+    examples = [prompt_example(questions[it.question], noisy[it.question][it.level], it.documents) for it in items]
+    store = PredictionStore(out, {"model": settings.model, "corpus": corpus_id, "max_new_tokens": settings.max_new_tokens},
+                            _RESUME_KEYS, what="demo answers decoded")
+    todo = len(store.missing(examples, settings.methods))
+    if todo < len(items):
+        log(f"resuming from {store.path}: {len(items) - todo} of {len(items)} prompts already decoded")
     t0 = time.perf_counter()
     if decoder is None and todo:
         from fides_rag import FidesDecoder, load_model
@@ -207,30 +189,18 @@ def run_demo(
         decoder = FidesDecoder(model, tokenizer)
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    bar = tqdm(total=len(items), initial=len(items) - len(todo), desc=f"decoding {len(settings.methods)} methods",
+    bar = tqdm(total=len(items), initial=len(items) - todo, desc=f"decoding {len(settings.methods)} methods",
                unit="prompt", disable=not progress)
-    missing_of = {it.key: tuple(m for m in settings.methods if m not in it.result) for it in todo}
-    with (out / DECODED).open("a", encoding="utf-8") as handle:
-        for missing in dict.fromkeys(missing_of.values()):
-            group = [it for it in todo if missing_of[it.key] == missing]
-            for batch in _batches(group, questions, settings.batch_size):
-                outputs = decoder.generate_methods(
-                    [questions[it.question].question for it in batch],
-                    [[d.text for d in it.documents] for it in batch],
-                    list(missing),
-                    max_new_tokens=settings.max_new_tokens,
-                )
-                for i, it in enumerate(batch):
-                    for method in missing:
-                        res = outputs[method][i]
-                        it.result[method] = {"text": res.text, "documents_trimmed": bool(res.documents_trimmed)}
-                    all_outputs = {**kept.get(it.key, {}), **it.result}
-                    handle.write(json.dumps({"id": it.key, "documents": [d.id for d in it.documents],
-                                             "outputs": all_outputs}, ensure_ascii=False) + "\n")
-                handle.flush()
-                bar.update(len(batch))
-    bar.close()
+    try:
+        store.decode(decoder, examples, {m: m for m in settings.methods}, batch_size=settings.batch_size,
+                     max_new_tokens=settings.max_new_tokens, on_batch=bar.update,
+                     prompt_length=lambda e: len(e.question) + sum(len(c) for c in e.contexts))  # characters
+    finally:
+        bar.close()
     decode_s = time.perf_counter() - t0
+    for it, example in zip(items, examples):
+        it.key = example.id
+        it.result = {m: o for m, o in store.kept_outputs(example).items() if m in settings.methods}
 
     # Scoring.
     correct = {m: [[False] * len(questions) for _ in settings.noise] for m in settings.methods}
@@ -317,8 +287,8 @@ def run_demo(
         "metric": "accuracy = a gold alias, SQuAD-normalised, occurs as whole tokens in the normalised answer (percent)",
         "timing_s": {"total": round(wall_s, 1), "retrieval": round(retrieval_s, 1), "model_load": round(load_s, 1),
                      "decoding": round(decode_s, 1)},
-        "decoded_now": len(todo),
-        "decoded_before": len(items) - len(todo),
+        "decoded_now": todo,
+        "decoded_before": len(items) - todo,
         "environment": {"fides_rag": getattr(fides_rag, "__version__", "?"), "torch": torch.__version__,
                         "python": platform.python_version(), "device": str(getattr(decoder, "device", "?"))},
         "per_question": per_question,

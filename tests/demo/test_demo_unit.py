@@ -23,6 +23,7 @@ from fides_rag.demo import (
 from fides_rag.demo.cli import _noise, add_demo_parser, settings_from_args
 from fides_rag.demo.corpus import resolve_popqa_folder
 from fides_rag.demo.run import DemoSettings, format_table, level_label, plot_accuracy, select_questions
+from fides_rag.result import GenerationResult, StepRecord
 
 # -- accuracy metric ----------------------------------------------------------------------------
 
@@ -334,7 +335,13 @@ class _StubDecoder:
         if self.fail_after_batches is not None and len(self.calls) >= self.fail_after_batches:
             raise KeyboardInterrupt
         self.calls.append((len(questions), tuple(methods)))
-        return {m: [argparse.Namespace(text=docs[0].split()[0], documents_trimmed=False) for docs in documents] for m in methods}
+        return {m: [_answer(docs[0].split()[0], m) for docs in documents] for m in methods}
+
+
+def _answer(text, method):
+    return GenerationResult(text=text, token_ids=[1], steps=[StepRecord(token_id=1, token=text)], method=method,
+                            requested_method=method, method_options={}, finish_reason="stop", context_prompt="",
+                            no_context_prompt=None)
 
 
 def _demo(tmp_path, **kw):
@@ -349,7 +356,7 @@ def test_interrupted_demo_resumes_without_redecoding(tmp_path):
     run = _demo(tmp_path, methods=("standard", "fides"))
     with pytest.raises(KeyboardInterrupt):
         run(_StubDecoder(fail_after_batches=2))
-    lines = (tmp_path / "run" / "decoded.jsonl").read_text().splitlines()
+    lines = (tmp_path / "run" / "predictions.jsonl").read_text().splitlines()
     assert len(lines) == 8  # two batches of 4 prompts survived the interruption
 
     resumed = _StubDecoder()
@@ -369,7 +376,7 @@ def test_demo_with_an_extra_method_decodes_only_that_method(tmp_path):
     assert {methods for _, methods in extra.calls} == {("cad",)}
     assert sum(n for n, _ in extra.calls) == 18
     assert set(report["accuracy"]) == {"standard", "cad", "fides"}
-    record = json.loads((tmp_path / "run" / "decoded.jsonl").read_text().splitlines()[-1])
+    record = json.loads((tmp_path / "run" / "predictions.jsonl").read_text().splitlines()[-1])
     assert set(record["outputs"]) == {"standard", "cad", "fides"}
 
 
