@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 from fides_rag.demo.metrics import contains_alias
-from fides_rag.eval.datasets import DATA_ENV, data_dir, load_popqa
+from fides_rag.eval.datasets import DATA_ENV, QAExample, data_dir, load_popqa
 
 EMBEDDED_CORPUS = "demo_corpus.json"
 POPQA_QUESTIONS = "popqa_longtail.jsonl"
@@ -29,22 +29,21 @@ class Passage:
     text: str
 
 
-@dataclass(frozen=True)
-class DemoQuestion:
-    id: str
-    question: str
-    answers: tuple[str, ...]
-    kind: str = ""
-    """embedded corpus: counterfactual, longtail or factual; PopQA: the relation (prop)."""
-    memory_answers: tuple[str, ...] = ()
-    """For counterfactual questions: the real-world answer a model may have memorised."""
-    answer_passages: tuple[str, ...] = ()
+def corpus_question(ident: str, question: str, answers: tuple[str, ...], kind: str = "", memory_answers: tuple[str, ...] = (),
+                    answer_passages: tuple[str, ...] = ()) -> QAExample:
+    """A corpus question as the common example type, before retrieval (no passages yet).
+
+    meta["kind"]: embedded corpus: counterfactual, longtail or factual; PopQA: the relation (prop).
+    meta["answer_passages"]: ids of the corpus passages holding a gold alias. memory_answers: for counterfactual
+    questions, the real-world answer a model may have memorised.
+    """
+    return QAExample(question, (), answers, memory_answers, ident, {"kind": kind, "answer_passages": answer_passages})
 
 
 @dataclass
 class Corpus:
     name: str
-    questions: list[DemoQuestion]
+    questions: list[QAExample]
     passages: list[Passage]
     source: str = "embedded"
     """Where it was read from: 'embedded' or a folder."""
@@ -96,14 +95,8 @@ def load_embedded_corpus() -> Corpus:
     """The hand-written demo corpus shipped inside the package (fides_rag/demo/data/demo_corpus.json)."""
     raw = json.loads(resources.files("fides_rag.demo").joinpath("data", EMBEDDED_CORPUS).read_text(encoding="utf-8"))
     questions = [
-        DemoQuestion(
-            id=q["id"],
-            question=q["question"],
-            answers=tuple(q["answers"]),
-            kind=q.get("kind", ""),
-            memory_answers=tuple(q.get("memory_answers", ())),
-            answer_passages=tuple(q.get("answer_passages", ())),
-        )
+        corpus_question(q["id"], q["question"], tuple(q["answers"]), q.get("kind", ""), tuple(q.get("memory_answers", ())),
+                        tuple(q.get("answer_passages", ())))
         for q in raw["questions"]
     ]
     passages = [Passage(p["id"], p["text"]) for p in raw["passages"]]
@@ -142,7 +135,7 @@ def load_popqa_corpus(data: str | os.PathLike | None = None, max_words: int = 60
     examples = load_popqa(folder / POPQA_QUESTIONS, folder / POPQA_PASSAGES)  # the one PopQA reader, eval's
     passages: list[Passage] = []
     seen: dict[str, str] = {}
-    questions: list[DemoQuestion] = []
+    questions: list[QAExample] = []
     for i, example in enumerate(examples):
         answers = example.context_answers
         own: list[str] = []
@@ -153,6 +146,6 @@ def load_popqa_corpus(data: str | os.PathLike | None = None, max_words: int = 60
                 passages.append(Passage(pid, text))
             if contains_alias(text, answers):
                 own.append(pid)
-        questions.append(DemoQuestion(f"popqa-{example.meta['question_id']}", example.question, answers,
-                                      example.meta.get("prop") or "", (), tuple(own)))
+        questions.append(corpus_question(f"popqa-{example.meta['question_id']}", example.question, answers,
+                                         example.meta.get("prop") or "", (), tuple(own)))
     return Corpus("popqa-longtail", questions, passages, str(folder), {"max_words": max_words})

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fides_rag.demo.corpus import Corpus, DemoQuestion, Passage, load_embedded_corpus, load_popqa_corpus
+from fides_rag.demo.corpus import Corpus, Passage, load_embedded_corpus, load_popqa_corpus
 from fides_rag.demo.metrics import contains_alias, is_correct, recall_at_k
 from fides_rag.demo.noise import inject_noise, noise_count
 from fides_rag.extras import require
@@ -96,7 +96,7 @@ def load_corpus(settings: DemoSettings) -> Corpus:
     return load_popqa_corpus(settings.data) if settings.corpus == "popqa" else load_embedded_corpus()
 
 
-def select_questions(corpus: Corpus, limit: int | None, seed: int) -> list[DemoQuestion]:
+def select_questions(corpus: Corpus, limit: int | None, seed: int) -> list[QAExample]:
     """All questions, or `limit` of them drawn round-robin across kinds (embedded: counterfactual,
     longtail, factual; PopQA: the relation), each kind in a seeded random order; kept in corpus order."""
     if limit is None or limit >= len(corpus.questions):
@@ -104,7 +104,7 @@ def select_questions(corpus: Corpus, limit: int | None, seed: int) -> list[DemoQ
     rng = random.Random(f"fides-demo-questions:{seed}")
     by_kind: dict[str, list[int]] = {}
     for i, q in enumerate(corpus.questions):
-        by_kind.setdefault(q.kind, []).append(i)
+        by_kind.setdefault(q.meta["kind"], []).append(i)
     queues = [rng.sample(idx, len(idx)) for _, idx in sorted(by_kind.items())]
     chosen: list[int] = []
     while len(chosen) < limit:
@@ -129,9 +129,9 @@ class _Item:
     """method -> {'text': answer, 'documents_trimmed': bool}."""
 
 
-def prompt_example(question: DemoQuestion, level: Any, documents: Sequence[Passage]) -> QAExample:
+def prompt_example(question: QAExample, level: Any, documents: Sequence[Passage]) -> QAExample:
     """One demo prompt as the common example type: id '<question id>@<noise level>', its documents in prompt order."""
-    return QAExample(question.question, tuple(d.text for d in documents), question.answers, question.memory_answers,
+    return QAExample(question.question, tuple(d.text for d in documents), question.context_answers, question.memory_answers,
                      f"{question.id}@{level_label(level.share)}", {"documents": [d.id for d in documents], "form": "conflict" if question.memory_answers else "original"})
 
 
@@ -161,12 +161,12 @@ def run_demo(
         f"({'from cache' if retriever.from_cache else 'embedded now'}: {retriever.cache_path})")
     hits = retriever.search([q.question for q in questions], settings.k)
     retrieved = [[p for p, _ in (row[::-1] if settings.doc_order == "best-last" else row)] for row in hits]
-    recall = recall_at_k([[p.text for p in row] for row in retrieved], [q.answers for q in questions])
+    recall = recall_at_k([[p.text for p in row] for row in retrieved], [q.context_answers for q in questions])
     retrieval_s = time.perf_counter() - t0
 
     # Noise.
     noisy = [
-        inject_noise(docs, settings.noise, corpus.passages, q.answers, seed=settings.seed, key=q.id,
+        inject_noise(docs, settings.noise, corpus.passages, q.context_answers, seed=settings.seed, key=q.id,
                      text_of=lambda p: p.text, protect_gold=settings.protect_gold)
         for q, docs in zip(questions, retrieved)
     ]
@@ -207,15 +207,15 @@ def run_demo(
     per_question: list[dict[str, Any]] = []
     for qi, q in enumerate(questions):
         per_question.append({
-            "id": q.id, "question": q.question, "answers": list(q.answers), "kind": q.kind,
+            "id": q.id, "question": q.question, "answers": list(q.context_answers), "kind": q.meta["kind"],
             **({"memory_answers": list(q.memory_answers)} if q.memory_answers else {}),
             "retrieved": [  # rank order, best first
-{"id": p.id, "score": round(s, 4), "has_answer": contains_alias(p.text, q.answers)} for p, s in hits[qi]],
-            "gold_in_top_k": any(contains_alias(p.text, q.answers) for p in retrieved[qi]),
+{"id": p.id, "score": round(s, 4), "has_answer": contains_alias(p.text, q.context_answers)} for p, s in hits[qi]],
+            "gold_in_top_k": any(contains_alias(p.text, q.context_answers) for p in retrieved[qi]),
             "levels": {},
         })
     # gold[level][question]: the prompt's documents still hold a gold alias.
-    gold = [[any(contains_alias(d.text, q.answers) for d in noisy[qi][li].documents) for qi, q in enumerate(questions)]
+    gold = [[any(contains_alias(d.text, q.context_answers) for d in noisy[qi][li].documents) for qi, q in enumerate(questions)]
             for li in range(len(settings.noise))]
     for it in items:
         q = questions[it.question]
@@ -228,7 +228,7 @@ def run_demo(
         }
         for method in settings.methods:
             res = it.result[method]
-            ok = is_correct(res["text"], q.answers)
+            ok = is_correct(res["text"], q.context_answers)
             correct[method][it.level][it.question] = ok
             pred = {"text": res["text"], "correct": ok}
             if q.memory_answers:
@@ -251,8 +251,8 @@ def run_demo(
     first, last = level_label(settings.noise[0]), level_label(settings.noise[-1])
     drop = {m: accuracy[m][first] - accuracy[m][last] for m in settings.methods}
     by_kind: dict[str, dict[str, dict[str, float]]] = {}
-    for kind in sorted({q.kind for q in questions}):
-        idx = [i for i, q in enumerate(questions) if q.kind == kind]
+    for kind in sorted({q.meta["kind"] for q in questions}):
+        idx = [i for i, q in enumerate(questions) if q.meta["kind"] == kind]
         by_kind[kind] = {
             m: {level_label(s): 100.0 * sum(correct[m][li][i] for i in idx) / len(idx) for li, s in enumerate(settings.noise)}
             for m in settings.methods

@@ -157,22 +157,22 @@ def test_embedded_corpus_is_well_formed():
     assert len(passages) == len(corpus.passages)  # unique ids
     assert len({p.text for p in corpus.passages}) == len(corpus.passages)
     assert len({q.id for q in corpus.questions}) == len(corpus.questions)
-    kinds = Counter(q.kind for q in corpus.questions)
+    kinds = Counter(q.meta["kind"] for q in corpus.questions)
     assert set(kinds) == {"counterfactual", "longtail", "factual"} and min(kinds.values()) >= 10
     for q in corpus.questions:
-        assert q.question.endswith("?") and q.answers and all(a.strip() for a in q.answers)
-        assert q.answer_passages, q.id
-        for pid in q.answer_passages:
-            assert contains_alias(passages[pid], q.answers), (q.id, pid)
-        if q.kind == "counterfactual":
+        assert q.question.endswith("?") and q.context_answers and all(a.strip() for a in q.context_answers)
+        assert q.meta["answer_passages"], q.id
+        for pid in q.meta["answer_passages"]:
+            assert contains_alias(passages[pid], q.context_answers), (q.id, pid)
+        if q.meta["kind"] == "counterfactual":
             # the document contradicts memory: it holds the gold answer, not the real-world one
             assert q.memory_answers
-            assert not any(contains_alias(passages[pid], q.memory_answers) for pid in q.answer_passages), q.id
-            assert not set(map(normalize_answer, q.answers)) & set(map(normalize_answer, q.memory_answers))
+            assert not any(contains_alias(passages[pid], q.memory_answers) for pid in q.meta["answer_passages"]), q.id
+            assert not set(map(normalize_answer, q.context_answers)) & set(map(normalize_answer, q.memory_answers))
     distractors = [p for p in corpus.passages if p.id.startswith("distractor")]
     assert len(distractors) >= 20
     for q in corpus.questions:  # enough alias-free passages to inject 50% noise at k=10
-        clean = [p for p in corpus.passages if not contains_alias(p.text, q.answers)]
+        clean = [p for p in corpus.passages if not contains_alias(p.text, q.context_answers)]
         assert len(clean) >= 20
 
 
@@ -187,7 +187,7 @@ def test_embedded_corpus_is_package_data():
 def test_select_questions_balances_kinds_and_is_seeded():
     corpus = load_embedded_corpus()
     chosen = select_questions(corpus, 24, seed=0)
-    assert len(chosen) == 24 and Counter(q.kind for q in chosen) == {"counterfactual": 8, "longtail": 8, "factual": 8}
+    assert len(chosen) == 24 and Counter(q.meta["kind"] for q in chosen) == {"counterfactual": 8, "longtail": 8, "factual": 8}
     assert chosen == select_questions(corpus, 24, seed=0)
     assert chosen != select_questions(corpus, 24, seed=1)
     assert select_questions(corpus, None, 0) == corpus.questions
@@ -217,9 +217,9 @@ def test_load_popqa_corpus_from_folder_and_parent(tmp_path):
         assert [q.id for q in corpus.questions] == ["popqa-0", "popqa-1"]
         texts = [p.text for p in corpus.passages]
         assert texts == ["Ann Lee was a politician.", "She lived in Leeds.", "Bo Ek is a painter.", "He lives in Oslo."]  # dedup
-        assert corpus.questions[0].answer_passages == ("popqa-0-0",)
-        assert corpus.questions[1].answer_passages == ()
-        assert corpus.questions[0].kind == "occupation"
+        assert corpus.questions[0].meta["answer_passages"] == ("popqa-0-0",)
+        assert corpus.questions[1].meta["answer_passages"] == ()
+        assert corpus.questions[0].meta["kind"] == "occupation"
 
 
 def test_popqa_missing_says_where_it_looked(tmp_path, monkeypatch):
