@@ -25,6 +25,8 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[A-Z0-9])")
 
 @dataclass(frozen=True)
 class Passage:
+    """A retrievable passage: its id and its text."""
+
     id: str
     text: str
 
