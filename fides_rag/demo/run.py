@@ -143,126 +143,30 @@ def run_demo(
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Run the experiment; write results.json and accuracy.png into the run folder; return the report."""
-    from tqdm.auto import tqdm
-
+    """Run the experiment; write results.json, results.md and accuracy.png into the run folder; return the report."""
     started = time.perf_counter()
     corpus = load_corpus(settings)
     questions = select_questions(corpus, settings.effective_limit(), settings.seed)
     log(f"corpus {corpus.name} ({corpus.source}): {len(corpus.passages)} passages; {len(questions)} of {len(corpus.questions)} questions")
-
-    # Retrieval.
     t0 = time.perf_counter()
-    if retriever is None:
-        from fides_rag.demo.retrieval import Retriever
-
-        retriever = Retriever(corpus, progress=progress)
-    log(f"index: FAISS flat inner product over {retriever.embedder.name} embeddings "
-        f"({'from cache' if retriever.from_cache else 'embedded now'}: {retriever.cache_path})")
-    hits = retriever.search([q.question for q in questions], settings.k)
-    retrieved = [[p for p, _ in (row[::-1] if settings.doc_order == "best-last" else row)] for row in hits]
+    retriever, hits, retrieved = _retrieve(settings, corpus, questions, retriever, progress, log)
     recall = recall_at_k([[p.text for p in row] for row in retrieved], [q.context_answers for q in questions])
     retrieval_s = time.perf_counter() - t0
-
-    # Noise.
     noisy = [
         inject_noise(docs, settings.noise, corpus.passages, q.context_answers, seed=settings.seed, key=q.id,
                      text_of=lambda p: p.text, protect_gold=settings.protect_gold)
         for q, docs in zip(questions, retrieved)
     ]
     items = [_Item(qi, li, level.documents) for qi, levels in enumerate(noisy) for li, level in enumerate(levels)]
-
-    # Decoding: every prompt is one eval example (id '<question id>@<level>'), decoded and stored by the eval's store.
-    out = settings.out_folder()
-    corpus_id = {k: v for k, v in corpus.describe().items() if k in ("name", "passages_sha256")}
     examples = [prompt_example(questions[it.question], noisy[it.question][it.level], it.documents) for it in items]
-    store = PredictionStore(out, {"model": settings.model, "corpus": corpus_id, "max_new_tokens": settings.max_new_tokens},
-                            _RESUME_KEYS, what="demo answers decoded")
-    todo = len(store.missing(examples, settings.methods))
-    if todo < len(items):
-        log(f"resuming from {store.path}: {len(items) - todo} of {len(items)} prompts already decoded")
-    t0 = time.perf_counter()
-    if decoder is None and todo:
-        from fides_rag import FidesDecoder, load_model
-
-        model, tokenizer = load_model(settings.model, device=settings.device)
-        decoder = FidesDecoder(model, tokenizer)
-    load_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    bar = tqdm(total=len(items), initial=len(items) - todo, desc=f"decoding {len(settings.methods)} methods",
-               unit="prompt", disable=not progress)
-    try:
-        store.decode(decoder, examples, {m: m for m in settings.methods}, batch_size=settings.batch_size,
-                     max_new_tokens=settings.max_new_tokens, on_batch=bar.update,
-                     prompt_length=lambda e: len(e.question) + sum(len(c) for c in e.contexts))  # characters
-    finally:
-        bar.close()
-    decode_s = time.perf_counter() - t0
+    corpus_id = {k: v for k, v in corpus.describe().items() if k in ("name", "passages_sha256")}
+    store = PredictionStore(settings.out_folder(), {"model": settings.model, "corpus": corpus_id,
+                                                    "max_new_tokens": settings.max_new_tokens}, _RESUME_KEYS, what="demo answers decoded")
+    decoder, todo, timing = _decode(settings, store, examples, decoder, progress, log)
     for it, example in zip(items, examples):
         it.key = example.id
         it.result = {m: o for m, o in store.kept_outputs(example).items() if m in settings.methods}
-
-    # Scoring.
-    correct = {m: [[False] * len(questions) for _ in settings.noise] for m in settings.methods}
-    per_question: list[dict[str, Any]] = []
-    for qi, q in enumerate(questions):
-        per_question.append({
-            "id": q.id, "question": q.question, "answers": list(q.context_answers), "kind": q.meta["kind"],
-            **({"memory_answers": list(q.memory_answers)} if q.memory_answers else {}),
-            "retrieved": [  # rank order, best first
-{"id": p.id, "score": round(s, 4), "has_answer": contains_alias(p.text, q.context_answers)} for p, s in hits[qi]],
-            "gold_in_top_k": any(contains_alias(p.text, q.context_answers) for p in retrieved[qi]),
-            "levels": {},
-        })
-    # gold[level][question]: the prompt's documents still hold a gold alias.
-    gold = [[any(contains_alias(d.text, q.context_answers) for d in noisy[qi][li].documents) for qi, q in enumerate(questions)]
-            for li in range(len(settings.noise))]
-    for it in items:
-        q = questions[it.question]
-        level = noisy[it.question][it.level]
-        entry: dict[str, Any] = {
-            "documents": [d.id for d in it.documents],  # prompt order
-            "replaced_positions": list(level.replaced),
-            "gold_in_documents": gold[it.level][it.question],
-            "predictions": {},
-        }
-        for method in settings.methods:
-            res = it.result[method]
-            ok = is_correct(res["text"], q.context_answers)
-            correct[method][it.level][it.question] = ok
-            pred = {"text": res["text"], "correct": ok}
-            if q.memory_answers:
-                pred["memory"] = is_correct(res["text"], q.memory_answers)
-            if res["documents_trimmed"]:
-                pred["documents_trimmed"] = True
-            entry["predictions"][method] = pred
-        per_question[it.question]["levels"][level_label(level.share)] = entry
-
-    n = len(questions)
-    accuracy = {m: {level_label(s): 100.0 * sum(correct[m][li]) / n for li, s in enumerate(settings.noise)} for m in settings.methods}
-    answer_in_documents = {level_label(s): 100.0 * sum(gold[li]) / n for li, s in enumerate(settings.noise)}
-    # Accuracy on the prompts that still hold an answering passage: reading, apart from retrieval's misses.
-    with_gold = [[qi for qi, has in enumerate(gold[li]) if has] for li in range(len(settings.noise))]
-    accuracy_given_gold = {
-        m: {level_label(s): (100.0 * sum(correct[m][li][qi] for qi in with_gold[li]) / len(with_gold[li]) if with_gold[li] else None)
-            for li, s in enumerate(settings.noise)}
-        for m in settings.methods
-    }
-    first, last = level_label(settings.noise[0]), level_label(settings.noise[-1])
-    drop = {m: accuracy[m][first] - accuracy[m][last] for m in settings.methods}
-    by_kind: dict[str, dict[str, dict[str, float]]] = {}
-    for kind in sorted({q.meta["kind"] for q in questions}):
-        idx = [i for i, q in enumerate(questions) if q.meta["kind"] == kind]
-        by_kind[kind] = {
-            m: {level_label(s): 100.0 * sum(correct[m][li][i] for i in idx) / len(idx) for li, s in enumerate(settings.noise)}
-            for m in settings.methods
-        }
-    significance = compare_methods(correct, settings.methods, [level_label(s) for s in settings.noise])
-    wall_s = time.perf_counter() - started
-
-    import fides_rag
-    import torch
-
+    per_question, table = _score(settings, questions, hits, retrieved, noisy, items)
     report: dict[str, Any] = {
         "settings": {**asdict(settings), "limit_used": settings.effective_limit()},
         "model": settings.model,
@@ -275,24 +179,130 @@ def run_demo(
         "corpus": corpus.describe(),
         "retriever": {"embedder": retriever.embedder.name, "index": "faiss.IndexFlatIP (cosine)",
                       "embeddings_from_cache": retriever.from_cache, "cache": str(retriever.cache_path)},
-        "questions": n,
+        "questions": len(questions),
         "recall_at_k": 100.0 * recall,
-        "answer_in_documents": answer_in_documents,
-        "accuracy_given_gold": accuracy_given_gold,
-        "accuracy": accuracy,
-        "drop": drop,
-        "drop_between": [first, last],
-        "accuracy_by_kind": by_kind,
-        "significance": significance,
+        **tally(table, settings.methods, [level_label(s) for s in settings.noise]),
         "metric": "accuracy = a gold alias, SQuAD-normalised, occurs as whole tokens in the normalised answer (percent)",
-        "timing_s": {"total": round(wall_s, 1), "retrieval": round(retrieval_s, 1), "model_load": round(load_s, 1),
-                     "decoding": round(decode_s, 1)},
+        "timing_s": {"total": round(time.perf_counter() - started, 1), "retrieval": round(retrieval_s, 1), **timing},
         "decoded_now": todo,
         "decoded_before": len(items) - todo,
-        "environment": {"fides_rag": getattr(fides_rag, "__version__", "?"), "torch": torch.__version__,
-                        "python": platform.python_version(), "device": str(getattr(decoder, "device", "?"))},
+        "environment": _environment(decoder),
         "per_question": per_question,
     }
+    return _write_report(report, settings.out_folder())
+
+
+def _retrieve(settings: DemoSettings, corpus: Corpus, questions: Sequence[QAExample], retriever: Any, progress: bool,
+              log: Callable[[str], None]) -> tuple[Any, list, list[list[Passage]]]:
+    """The retriever, its (passage, score) hits best first, and each question's documents in prompt order."""
+    if retriever is None:
+        from fides_rag.demo.retrieval import Retriever
+
+        retriever = Retriever(corpus, progress=progress)
+    log(f"index: FAISS flat inner product over {retriever.embedder.name} embeddings "
+        f"({'from cache' if retriever.from_cache else 'embedded now'}: {retriever.cache_path})")
+    hits = retriever.search([q.question for q in questions], settings.k)
+    retrieved = [[p for p, _ in (row[::-1] if settings.doc_order == "best-last" else row)] for row in hits]
+    return retriever, hits, retrieved
+
+
+def _decode(settings: DemoSettings, store: PredictionStore, examples: Sequence[QAExample], decoder: Any, progress: bool,
+            log: Callable[[str], None]) -> tuple[Any, int, dict[str, float]]:
+    """Decode the prompts the store lacks (loading the model only then); returns the decoder, how many, and timings."""
+    from tqdm.auto import tqdm
+
+    todo = len(store.missing(examples, settings.methods))
+    if todo < len(examples):
+        log(f"resuming from {store.path}: {len(examples) - todo} of {len(examples)} prompts already decoded")
+    t0 = time.perf_counter()
+    if decoder is None and todo:
+        from fides_rag import FidesDecoder, load_model
+
+        model, tokenizer = load_model(settings.model, device=settings.device)
+        decoder = FidesDecoder(model, tokenizer)
+    load_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    bar = tqdm(total=len(examples), initial=len(examples) - todo, desc=f"decoding {len(settings.methods)} methods",
+               unit="prompt", disable=not progress)
+    try:
+        store.decode(decoder, examples, {m: m for m in settings.methods}, batch_size=settings.batch_size,
+                     max_new_tokens=settings.max_new_tokens, on_batch=bar.update,
+                     prompt_length=lambda e: len(e.question) + sum(len(c) for c in e.contexts))  # characters
+    finally:
+        bar.close()
+    return decoder, todo, {"model_load": round(load_s, 1), "decoding": round(time.perf_counter() - t0, 1)}
+
+
+def _score(settings: DemoSettings, questions: Sequence[QAExample], hits: list, retrieved: list, noisy: list,
+           items: Sequence[_Item]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Per-question records for results.json, and one flat row per (method, level, question) for the tallies."""
+    per_question = [{
+        "id": q.id, "question": q.question, "answers": list(q.context_answers), "kind": q.meta["kind"],
+        **({"memory_answers": list(q.memory_answers)} if q.memory_answers else {}),
+        "retrieved": [{"id": p.id, "score": round(s, 4), "has_answer": contains_alias(p.text, q.context_answers)}
+                      for p, s in hits[qi]],  # rank order, best first
+        "gold_in_top_k": any(contains_alias(p.text, q.context_answers) for p in retrieved[qi]),
+        "levels": {},
+    } for qi, q in enumerate(questions)]
+    rows: list[dict[str, Any]] = []
+    for it in items:
+        q, level = questions[it.question], noisy[it.question][it.level]
+        gold = any(contains_alias(d.text, q.context_answers) for d in level.documents)  # the prompt still holds a gold alias
+        entry: dict[str, Any] = {"documents": [d.id for d in it.documents],  # prompt order
+                                 "replaced_positions": list(level.replaced), "gold_in_documents": gold, "predictions": {}}
+        for method in settings.methods:
+            res = it.result[method]
+            pred = {"text": res["text"], "correct": is_correct(res["text"], q.context_answers)}
+            if q.memory_answers:
+                pred["memory"] = is_correct(res["text"], q.memory_answers)
+            if res["documents_trimmed"]:
+                pred["documents_trimmed"] = True
+            entry["predictions"][method] = pred
+            rows.append({"method": method, "level": level_label(level.share), "question": it.question, "kind": q.meta["kind"],
+                         "correct": pred["correct"], "gold": gold})
+        per_question[it.question]["levels"][level_label(level.share)] = entry
+    return per_question, rows
+
+
+def tally(rows: Sequence[dict[str, Any]], methods: Sequence[str], levels: Sequence[str]) -> dict[str, Any]:
+    """Accuracy (%) per method and level, overall, on prompts holding a gold passage and per kind; the drop; the bootstrap."""
+    pd = require("pandas", "eval", purpose="the demo's tallies")
+    frame = pd.DataFrame(list(rows))
+
+    def percent(group: Any, keys: list[str]) -> dict:
+        counts = group.groupby(keys)["correct"].agg(["sum", "count"])
+        return {key: 100.0 * int(row["sum"]) / int(row["count"]) for key, row in counts.iterrows()}
+
+    overall, given = percent(frame, ["method", "level"]), percent(frame[frame["gold"]], ["method", "level"])
+    accuracy = {m: {lv: overall[(m, lv)] for lv in levels} for m in methods}
+    first_method = frame[frame["method"] == methods[0]]
+    gold_share = first_method.groupby("level")["gold"].agg(["sum", "count"])
+    by_kind = percent(frame, ["kind", "method", "level"])
+    correct = {m: [frame[(frame["method"] == m) & (frame["level"] == lv)].sort_values("question")["correct"].tolist() for lv in levels]
+               for m in methods}
+    return {
+        "answer_in_documents": {lv: 100.0 * int(gold_share.loc[lv, "sum"]) / int(gold_share.loc[lv, "count"]) for lv in levels},
+        # Accuracy on the prompts that still hold an answering passage: reading, apart from retrieval's misses.
+        "accuracy_given_gold": {m: {lv: given.get((m, lv)) for lv in levels} for m in methods},
+        "accuracy": accuracy,
+        "drop": {m: accuracy[m][levels[0]] - accuracy[m][levels[-1]] for m in methods},
+        "drop_between": [levels[0], levels[-1]],
+        "accuracy_by_kind": {kind: {m: {lv: by_kind[(kind, m, lv)] for lv in levels} for m in methods}
+                             for kind in sorted(frame["kind"].unique())},
+        "significance": compare_methods(correct, methods, levels),
+    }
+
+
+def _environment(decoder: Any) -> dict[str, str]:
+    import fides_rag
+    import torch
+
+    return {"fides_rag": getattr(fides_rag, "__version__", "?"), "torch": torch.__version__,
+            "python": platform.python_version(), "device": str(getattr(decoder, "device", "?"))}
+
+
+def _write_report(report: dict[str, Any], out: Path) -> dict[str, Any]:
+    """Write accuracy.png, results.md and results.json into `out`; return the report with their paths."""
     report["files"] = {"json": str(out / "results.json"), "markdown": str(out / "results.md"), "plot": str(out / "accuracy.png")}
     plot_accuracy(report, out / "accuracy.png")
     (out / "results.md").write_text(results_markdown(report), encoding="utf-8")
