@@ -357,7 +357,7 @@ def format_table(report: dict[str, Any]) -> str:
     if sig and sig["versus"]:
         sig_rows = [[f"vs {other}"] + [_ci(pair["accuracy"][lv]) for lv in levels] + [_ci(pair["drop"])]
                     for other, pair in sig["versus"].items()]
-        lines.append(terminal_table([sig["reference"], *levels, "drop"], sig_rows,
+        lines.append(terminal_table(["", *levels, "drop"], sig_rows,
                                     title=f"paired bootstrap, {sig['reference']} − other in points [95% CI] (B={sig['samples']})"))
     return "\n".join(lines)
 

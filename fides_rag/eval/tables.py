@@ -20,14 +20,15 @@ def terminal_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, titl
     """A plain-text box table of already formatted cells (rich, no colour), numbers right-aligned."""
     table_mod = require("rich.table", "eval", purpose="terminal tables")
     console_mod = require("rich.console", "eval", purpose="terminal tables")
-    table = table_mod.Table(title=title, title_justify="left", box=require("rich.box", "eval").SIMPLE_HEAD)
+    table = table_mod.Table(box=require("rich.box", "eval").SIMPLE_HEAD)
     for i, name in enumerate(header):
         table.add_column(name, justify="left" if i == 0 else "right", no_wrap=True)
     for row in rows:
         table.add_row(*row)
     console = console_mod.Console(width=width, color_system=None, force_terminal=False, record=True, file=_Null())
     console.print(table)
-    return "\n".join(line.rstrip() for line in console.export_text().splitlines()).strip("\n")
+    text = "\n".join(line.rstrip() for line in console.export_text().splitlines()).strip("\n")
+    return f"{title}\n{text}" if title else text  # the title on its own line: rich would wrap it to the table's width
 
 
 class _Null:
