@@ -20,6 +20,7 @@ from typing import Any
 from fides_rag.config import FidesConfig
 from fides_rag.eval.datasets import QAExample
 from fides_rag.eval.metrics import METRIC_LABELS, METRICS, aggregate
+from fides_rag.eval.parallel import barrier, shard
 from fides_rag.eval.records import example_record, read_predictions, trim_result  # noqa: F401  (public here too)
 from fides_rag.eval.significance import paired_bootstrap
 from fides_rag.eval.store import PREDICTIONS, RUN_INFO, PredictionStore, check_resume  # noqa: F401
@@ -93,12 +94,16 @@ def run_eval(
     progress: bool = True,
     bootstrap_samples: int = 1000,
     seed: int = 0,
+    parallel: tuple[int, int] = (0, 1),
 ) -> dict[str, Any]:
     """Decode `examples` under every method (one shared prefill per batch), append predictions, write results.
 
     Examples are batched in order of prompt length to limit padding. Methods an example already has in
     predictions.jsonl are not decoded again: rerunning an interrupted run finishes it, and rerunning a
     finished run with an extra method decodes only that method (the merged line replaces the old one).
+    With `parallel=(rank, world)` (torchrun / accelerate launch) each process decodes every world-th example into
+    its own shard folder, `shard-<rank>-of-<world>`, which resumes on its own; rank 0 then merges the shards and
+    writes the results (the other ranks return an empty dict).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -107,15 +112,22 @@ def run_eval(
         raise ValueError("example ids must be unique (resuming relies on them)")
     labels = list(methods)
     info = {**dict(run_info or {}), "methods": labels, "max_new_tokens": max_new_tokens, "batch_size": batch_size}
-    store = PredictionStore(out_dir, info, _RESUME_KEYS)
-    out = store.out
+    rank, world = parallel
+    out = Path(out_dir)
+    if world > 1:
+        examples_all, examples = examples, shard(examples, rank, world)
+        store = PredictionStore(out / f"shard-{rank}-of-{world}", info, _RESUME_KEYS)
+    else:
+        examples_all = examples
+        store = PredictionStore(out, info, _RESUME_KEYS)
     started = time.perf_counter()
     todo = len(store.missing(examples, labels))
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(examples), initial=len(examples) - todo, unit="ex", desc="eval", dynamic_ncols=True)
+        bar = tqdm(total=len(examples), initial=len(examples) - todo, unit="ex", dynamic_ncols=True, position=rank,
+                   desc="eval" if world == 1 else f"eval rank {rank}/{world}")
     try:
         store.decode(decoder, examples, methods, batch_size=batch_size, max_new_tokens=max_new_tokens,
                      prompt_length=lambda e: _prompt_length(decoder, e), on_batch=bar.update if bar is not None else None)
@@ -124,9 +136,17 @@ def run_eval(
             bar.close()
     elapsed = time.perf_counter() - started
 
-    records = store.records_for(examples)
+    if world > 1:
+        barrier()  # every shard is complete
+        if rank != 0:
+            return {}
+        merged = {r["id"]: r for k in range(world) for r in read_predictions(out / f"shard-{k}-of-{world}" / PREDICTIONS)}
+        records = [merged[e.id] for e in examples_all if e.id in merged]
+        (out / RUN_INFO).write_text(json.dumps({**info, "processes": world}, indent=2) + "\n")
+    else:
+        records = store.records_for(examples)
     results = summarize(records, labels, bootstrap_samples=bootstrap_samples, seed=seed)
-    results["run"] = {**info, "examples": len(records), "decoded_now": todo, "seconds_now": round(elapsed, 2),
+    results["run"] = {**info, **({"processes": world} if world > 1 else {}), "examples": len(records), "decoded_now": todo, "seconds_now": round(elapsed, 2),
                       "examples_per_second_now": round(todo / elapsed, 3) if todo and elapsed > 0 else None}
     write_results(out, results)
     return results
