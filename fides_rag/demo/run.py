@@ -3,7 +3,7 @@ every method over one shared prefill per batch, and score alias accuracy.
 
 `run_demo(DemoSettings(...))` returns the report (a JSON-ready dict) and writes `results.json` and
 `accuracy.png` into the run folder (`settings.out_folder()`); `format_table(report)` renders the terminal table.
-Answers are appended to `decoded.jsonl` batch by batch, so rerunning an interrupted run with the same
+Answers are appended to `predictions.jsonl` batch by batch (the eval's store, `fides_rag.eval.store`), so rerunning an interrupted run with the same
 --out decodes only what is missing (and a run with an extra method decodes only that method).
 """
 
@@ -20,11 +20,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fides_rag.demo.corpus import Corpus, DemoQuestion, Passage, load_embedded_corpus, load_popqa_corpus
+from fides_rag.demo.corpus import Corpus, Passage, load_embedded_corpus, load_popqa_corpus
 from fides_rag.demo.metrics import contains_alias, is_correct, recall_at_k
 from fides_rag.demo.noise import inject_noise, noise_count
-from fides_rag.eval.harness import check_resume, read_predictions
+from fides_rag.extras import require
+from fides_rag.eval.datasets import QAExample
+from fides_rag.eval.store import PredictionStore
 from fides_rag.eval.significance import paired_bootstrap
+from fides_rag.eval.tables import markdown_table, terminal_table
 
 logger = logging.getLogger(__name__)
 
@@ -34,9 +37,7 @@ DEFAULT_NOISE = (0.0, 0.2, 0.5)
 DEFAULT_K = 4
 DEFAULT_LIMITS = {"demo": 24, "popqa": 24}
 """Questions per run when --limit is not given (None: all of them)."""
-DECODED = "decoded.jsonl"
-DECODED_INFO = "decoded.json"
-# What a resumed run must share with the run that wrote decoded.jsonl (the documents are checked per prompt).
+# What a resumed run must share with the run that wrote predictions.jsonl (the documents are checked per prompt).
 _RESUME_KEYS = ("model", "corpus", "max_new_tokens")
 
 
@@ -95,7 +96,7 @@ def load_corpus(settings: DemoSettings) -> Corpus:
     return load_popqa_corpus(settings.data) if settings.corpus == "popqa" else load_embedded_corpus()
 
 
-def select_questions(corpus: Corpus, limit: int | None, seed: int) -> list[DemoQuestion]:
+def select_questions(corpus: Corpus, limit: int | None, seed: int) -> list[QAExample]:
     """All questions, or `limit` of them drawn round-robin across kinds (embedded: counterfactual,
     longtail, factual; PopQA: the relation), each kind in a seeded random order; kept in corpus order."""
     if limit is None or limit >= len(corpus.questions):
@@ -103,7 +104,7 @@ def select_questions(corpus: Corpus, limit: int | None, seed: int) -> list[DemoQ
     rng = random.Random(f"fides-demo-questions:{seed}")
     by_kind: dict[str, list[int]] = {}
     for i, q in enumerate(corpus.questions):
-        by_kind.setdefault(q.kind, []).append(i)
+        by_kind.setdefault(q.meta["kind"], []).append(i)
     queues = [rng.sample(idx, len(idx)) for _, idx in sorted(by_kind.items())]
     chosen: list[int] = []
     while len(chosen) < limit:
@@ -123,26 +124,15 @@ class _Item:
     level: int
     documents: tuple[Passage, ...]
     key: str = ""
-    """'<question id>@<level>': the line of decoded.jsonl that holds this prompt's answers."""
+    """'<question id>@<level>': the id of this prompt's line in predictions.jsonl."""
     result: dict[str, dict[str, Any]] = field(default_factory=dict)
     """method -> {'text': answer, 'documents_trimmed': bool}."""
 
 
-def _open_checkpoint(out: Path, info: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The answers an earlier run in `out` already decoded, by prompt key; refuses a run made with another
-    model, corpus or answer budget (their answers would not be this run's)."""
-    out.mkdir(parents=True, exist_ok=True)
-    info_path = out / DECODED_INFO
-    check_resume(info_path, info, _RESUME_KEYS, what="demo answers decoded",
-                 fix=f", or delete {out / DECODED} to start over")
-    info_path.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-    return {r["id"]: r for r in read_predictions(out / DECODED, repair=True)}
-
-
-def _batches(items: list[_Item], questions: Sequence[DemoQuestion], batch_size: int) -> list[list[_Item]]:
-    """Items sorted by prompt length (characters), cut into batches, so each batch pads little."""
-    order = sorted(items, key=lambda it: len(questions[it.question].question) + sum(len(d.text) for d in it.documents))
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+def prompt_example(question: QAExample, level: Any, documents: Sequence[Passage]) -> QAExample:
+    """One demo prompt as the common example type: id '<question id>@<noise level>', its documents in prompt order."""
+    return QAExample(question.question, tuple(d.text for d in documents), question.context_answers, question.memory_answers,
+                     f"{question.id}@{level_label(level.share)}", {"documents": [d.id for d in documents], "form": "conflict" if question.memory_answers else "original"})
 
 
 def run_demo(
@@ -153,144 +143,30 @@ def run_demo(
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Run the experiment; write results.json and accuracy.png into the run folder; return the report."""
-    from tqdm.auto import tqdm
-
+    """Run the experiment; write results.json, results.md and accuracy.png into the run folder; return the report."""
     started = time.perf_counter()
     corpus = load_corpus(settings)
     questions = select_questions(corpus, settings.effective_limit(), settings.seed)
     log(f"corpus {corpus.name} ({corpus.source}): {len(corpus.passages)} passages; {len(questions)} of {len(corpus.questions)} questions")
-
-    # Retrieval.
     t0 = time.perf_counter()
-    if retriever is None:
-        from fides_rag.demo.retrieval import Retriever
-
-        retriever = Retriever(corpus, progress=progress)
-    log(f"index: FAISS flat inner product over {retriever.embedder.name} embeddings "
-        f"({'from cache' if retriever.from_cache else 'embedded now'}: {retriever.cache_path})")
-    hits = retriever.search([q.question for q in questions], settings.k)
-    retrieved = [[p for p, _ in (row[::-1] if settings.doc_order == "best-last" else row)] for row in hits]
-    recall = recall_at_k([[p.text for p in row] for row in retrieved], [q.answers for q in questions])
+    retriever, hits, retrieved = _retrieve(settings, corpus, questions, retriever, progress, log)
+    recall = recall_at_k([[p.text for p in row] for row in retrieved], [q.context_answers for q in questions])
     retrieval_s = time.perf_counter() - t0
-
-    # Noise.
     noisy = [
-        inject_noise(docs, settings.noise, corpus.passages, q.answers, seed=settings.seed, key=q.id,
+        inject_noise(docs, settings.noise, corpus.passages, q.context_answers, seed=settings.seed, key=q.id,
                      text_of=lambda p: p.text, protect_gold=settings.protect_gold)
         for q, docs in zip(questions, retrieved)
     ]
     items = [_Item(qi, li, level.documents) for qi, levels in enumerate(noisy) for li, level in enumerate(levels)]
-
-    # Decoding: every method over one shared prefill per batch; answers already in decoded.jsonl are kept.
-    out = settings.out_folder()
+    examples = [prompt_example(questions[it.question], noisy[it.question][it.level], it.documents) for it in items]
     corpus_id = {k: v for k, v in corpus.describe().items() if k in ("name", "passages_sha256")}
-    decoded = _open_checkpoint(out, {"model": settings.model, "corpus": corpus_id,
-                                     "max_new_tokens": settings.max_new_tokens})
-    kept: dict[str, dict[str, Any]] = {}  # prompt key -> every answer decoded.jsonl holds for these documents
-    for it in items:
-        it.key = f"{questions[it.question].id}@{level_label(noisy[it.question][it.level].share)}"
-        record = decoded.get(it.key)
-        if record is not None and record.get("documents") == [d.id for d in it.documents]:
-            kept[it.key] = record["outputs"]
-            it.result = {m: o for m, o in record["outputs"].items() if m in settings.methods}
-    todo = [it for it in items if len(it.result) < len(settings.methods)]
-    if len(todo) < len(items):
-        log(f"resuming from {out / DECODED}: {len(items) - len(todo)} of {len(items)} prompts already decoded")
-    t0 = time.perf_counter()
-    if decoder is None and todo:
-        from fides_rag import FidesDecoder, load_model
-
-        model, tokenizer = load_model(settings.model, device=settings.device)
-        decoder = FidesDecoder(model, tokenizer)
-    load_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    bar = tqdm(total=len(items), initial=len(items) - len(todo), desc=f"decoding {len(settings.methods)} methods",
-               unit="prompt", disable=not progress)
-    missing_of = {it.key: tuple(m for m in settings.methods if m not in it.result) for it in todo}
-    with (out / DECODED).open("a", encoding="utf-8") as handle:
-        for missing in dict.fromkeys(missing_of.values()):
-            group = [it for it in todo if missing_of[it.key] == missing]
-            for batch in _batches(group, questions, settings.batch_size):
-                outputs = decoder.generate_methods(
-                    [questions[it.question].question for it in batch],
-                    [[d.text for d in it.documents] for it in batch],
-                    list(missing),
-                    max_new_tokens=settings.max_new_tokens,
-                )
-                for i, it in enumerate(batch):
-                    for method in missing:
-                        res = outputs[method][i]
-                        it.result[method] = {"text": res.text, "documents_trimmed": bool(res.documents_trimmed)}
-                    all_outputs = {**kept.get(it.key, {}), **it.result}
-                    handle.write(json.dumps({"id": it.key, "documents": [d.id for d in it.documents],
-                                             "outputs": all_outputs}, ensure_ascii=False) + "\n")
-                handle.flush()
-                bar.update(len(batch))
-    bar.close()
-    decode_s = time.perf_counter() - t0
-
-    # Scoring.
-    correct = {m: [[False] * len(questions) for _ in settings.noise] for m in settings.methods}
-    per_question: list[dict[str, Any]] = []
-    for qi, q in enumerate(questions):
-        per_question.append({
-            "id": q.id, "question": q.question, "answers": list(q.answers), "kind": q.kind,
-            **({"memory_answers": list(q.memory_answers)} if q.memory_answers else {}),
-            "retrieved": [  # rank order, best first
-{"id": p.id, "score": round(s, 4), "has_answer": contains_alias(p.text, q.answers)} for p, s in hits[qi]],
-            "gold_in_top_k": any(contains_alias(p.text, q.answers) for p in retrieved[qi]),
-            "levels": {},
-        })
-    # gold[level][question]: the prompt's documents still hold a gold alias.
-    gold = [[any(contains_alias(d.text, q.answers) for d in noisy[qi][li].documents) for qi, q in enumerate(questions)]
-            for li in range(len(settings.noise))]
-    for it in items:
-        q = questions[it.question]
-        level = noisy[it.question][it.level]
-        entry: dict[str, Any] = {
-            "documents": [d.id for d in it.documents],  # prompt order
-            "replaced_positions": list(level.replaced),
-            "gold_in_documents": gold[it.level][it.question],
-            "predictions": {},
-        }
-        for method in settings.methods:
-            res = it.result[method]
-            ok = is_correct(res["text"], q.answers)
-            correct[method][it.level][it.question] = ok
-            pred = {"text": res["text"], "correct": ok}
-            if q.memory_answers:
-                pred["memory"] = is_correct(res["text"], q.memory_answers)
-            if res["documents_trimmed"]:
-                pred["documents_trimmed"] = True
-            entry["predictions"][method] = pred
-        per_question[it.question]["levels"][level_label(level.share)] = entry
-
-    n = len(questions)
-    accuracy = {m: {level_label(s): 100.0 * sum(correct[m][li]) / n for li, s in enumerate(settings.noise)} for m in settings.methods}
-    answer_in_documents = {level_label(s): 100.0 * sum(gold[li]) / n for li, s in enumerate(settings.noise)}
-    # Accuracy on the prompts that still hold an answering passage: reading, apart from retrieval's misses.
-    with_gold = [[qi for qi, has in enumerate(gold[li]) if has] for li in range(len(settings.noise))]
-    accuracy_given_gold = {
-        m: {level_label(s): (100.0 * sum(correct[m][li][qi] for qi in with_gold[li]) / len(with_gold[li]) if with_gold[li] else None)
-            for li, s in enumerate(settings.noise)}
-        for m in settings.methods
-    }
-    first, last = level_label(settings.noise[0]), level_label(settings.noise[-1])
-    drop = {m: accuracy[m][first] - accuracy[m][last] for m in settings.methods}
-    by_kind: dict[str, dict[str, dict[str, float]]] = {}
-    for kind in sorted({q.kind for q in questions}):
-        idx = [i for i, q in enumerate(questions) if q.kind == kind]
-        by_kind[kind] = {
-            m: {level_label(s): 100.0 * sum(correct[m][li][i] for i in idx) / len(idx) for li, s in enumerate(settings.noise)}
-            for m in settings.methods
-        }
-    significance = compare_methods(correct, settings.methods, [level_label(s) for s in settings.noise])
-    wall_s = time.perf_counter() - started
-
-    import fides_rag
-    import torch
-
+    store = PredictionStore(settings.out_folder(), {"model": settings.model, "corpus": corpus_id,
+                                                    "max_new_tokens": settings.max_new_tokens}, _RESUME_KEYS, what="demo answers decoded")
+    decoder, todo, timing = _decode(settings, store, examples, decoder, progress, log)
+    for it, example in zip(items, examples):
+        it.key = example.id
+        it.result = {m: o for m, o in store.kept_outputs(example).items() if m in settings.methods}
+    per_question, table = _score(settings, questions, hits, retrieved, noisy, items)
     report: dict[str, Any] = {
         "settings": {**asdict(settings), "limit_used": settings.effective_limit()},
         "model": settings.model,
@@ -303,24 +179,130 @@ def run_demo(
         "corpus": corpus.describe(),
         "retriever": {"embedder": retriever.embedder.name, "index": "faiss.IndexFlatIP (cosine)",
                       "embeddings_from_cache": retriever.from_cache, "cache": str(retriever.cache_path)},
-        "questions": n,
+        "questions": len(questions),
         "recall_at_k": 100.0 * recall,
-        "answer_in_documents": answer_in_documents,
-        "accuracy_given_gold": accuracy_given_gold,
-        "accuracy": accuracy,
-        "drop": drop,
-        "drop_between": [first, last],
-        "accuracy_by_kind": by_kind,
-        "significance": significance,
+        **tally(table, settings.methods, [level_label(s) for s in settings.noise]),
         "metric": "accuracy = a gold alias, SQuAD-normalised, occurs as whole tokens in the normalised answer (percent)",
-        "timing_s": {"total": round(wall_s, 1), "retrieval": round(retrieval_s, 1), "model_load": round(load_s, 1),
-                     "decoding": round(decode_s, 1)},
-        "decoded_now": len(todo),
-        "decoded_before": len(items) - len(todo),
-        "environment": {"fides_rag": getattr(fides_rag, "__version__", "?"), "torch": torch.__version__,
-                        "python": platform.python_version(), "device": str(getattr(decoder, "device", "?"))},
+        "timing_s": {"total": round(time.perf_counter() - started, 1), "retrieval": round(retrieval_s, 1), **timing},
+        "decoded_now": todo,
+        "decoded_before": len(items) - todo,
+        "environment": _environment(decoder),
         "per_question": per_question,
     }
+    return _write_report(report, settings.out_folder())
+
+
+def _retrieve(settings: DemoSettings, corpus: Corpus, questions: Sequence[QAExample], retriever: Any, progress: bool,
+              log: Callable[[str], None]) -> tuple[Any, list, list[list[Passage]]]:
+    """The retriever, its (passage, score) hits best first, and each question's documents in prompt order."""
+    if retriever is None:
+        from fides_rag.demo.retrieval import Retriever
+
+        retriever = Retriever(corpus, progress=progress)
+    log(f"index: FAISS flat inner product over {retriever.embedder.name} embeddings "
+        f"({'from cache' if retriever.from_cache else 'embedded now'}: {retriever.cache_path})")
+    hits = retriever.search([q.question for q in questions], settings.k)
+    retrieved = [[p for p, _ in (row[::-1] if settings.doc_order == "best-last" else row)] for row in hits]
+    return retriever, hits, retrieved
+
+
+def _decode(settings: DemoSettings, store: PredictionStore, examples: Sequence[QAExample], decoder: Any, progress: bool,
+            log: Callable[[str], None]) -> tuple[Any, int, dict[str, float]]:
+    """Decode the prompts the store lacks (loading the model only then); returns the decoder, how many, and timings."""
+    from tqdm.auto import tqdm
+
+    todo = len(store.missing(examples, settings.methods))
+    if todo < len(examples):
+        log(f"resuming from {store.path}: {len(examples) - todo} of {len(examples)} prompts already decoded")
+    t0 = time.perf_counter()
+    if decoder is None and todo:
+        from fides_rag import FidesDecoder, load_model
+
+        model, tokenizer = load_model(settings.model, device=settings.device)
+        decoder = FidesDecoder(model, tokenizer)
+    load_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    bar = tqdm(total=len(examples), initial=len(examples) - todo, desc=f"decoding {len(settings.methods)} methods",
+               unit="prompt", disable=not progress)
+    try:
+        store.decode(decoder, examples, {m: m for m in settings.methods}, batch_size=settings.batch_size,
+                     max_new_tokens=settings.max_new_tokens, on_batch=bar.update,
+                     prompt_length=lambda e: len(e.question) + sum(len(c) for c in e.contexts))  # characters
+    finally:
+        bar.close()
+    return decoder, todo, {"model_load": round(load_s, 1), "decoding": round(time.perf_counter() - t0, 1)}
+
+
+def _score(settings: DemoSettings, questions: Sequence[QAExample], hits: list, retrieved: list, noisy: list,
+           items: Sequence[_Item]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Per-question records for results.json, and one flat row per (method, level, question) for the tallies."""
+    per_question = [{
+        "id": q.id, "question": q.question, "answers": list(q.context_answers), "kind": q.meta["kind"],
+        **({"memory_answers": list(q.memory_answers)} if q.memory_answers else {}),
+        "retrieved": [{"id": p.id, "score": round(s, 4), "has_answer": contains_alias(p.text, q.context_answers)}
+                      for p, s in hits[qi]],  # rank order, best first
+        "gold_in_top_k": any(contains_alias(p.text, q.context_answers) for p in retrieved[qi]),
+        "levels": {},
+    } for qi, q in enumerate(questions)]
+    rows: list[dict[str, Any]] = []
+    for it in items:
+        q, level = questions[it.question], noisy[it.question][it.level]
+        gold = any(contains_alias(d.text, q.context_answers) for d in level.documents)  # the prompt still holds a gold alias
+        entry: dict[str, Any] = {"documents": [d.id for d in it.documents],  # prompt order
+                                 "replaced_positions": list(level.replaced), "gold_in_documents": gold, "predictions": {}}
+        for method in settings.methods:
+            res = it.result[method]
+            pred = {"text": res["text"], "correct": is_correct(res["text"], q.context_answers)}
+            if q.memory_answers:
+                pred["memory"] = is_correct(res["text"], q.memory_answers)
+            if res["documents_trimmed"]:
+                pred["documents_trimmed"] = True
+            entry["predictions"][method] = pred
+            rows.append({"method": method, "level": level_label(level.share), "question": it.question, "kind": q.meta["kind"],
+                         "correct": pred["correct"], "gold": gold})
+        per_question[it.question]["levels"][level_label(level.share)] = entry
+    return per_question, rows
+
+
+def tally(rows: Sequence[dict[str, Any]], methods: Sequence[str], levels: Sequence[str]) -> dict[str, Any]:
+    """Accuracy (%) per method and level, overall, on prompts holding a gold passage and per kind; the drop; the bootstrap."""
+    pd = require("pandas", "eval", purpose="the demo's tallies")
+    frame = pd.DataFrame(list(rows))
+
+    def percent(group: Any, keys: list[str]) -> dict:
+        counts = group.groupby(keys)["correct"].agg(["sum", "count"])
+        return {key: 100.0 * int(row["sum"]) / int(row["count"]) for key, row in counts.iterrows()}
+
+    overall, given = percent(frame, ["method", "level"]), percent(frame[frame["gold"]], ["method", "level"])
+    accuracy = {m: {lv: overall[(m, lv)] for lv in levels} for m in methods}
+    first_method = frame[frame["method"] == methods[0]]
+    gold_share = first_method.groupby("level")["gold"].agg(["sum", "count"])
+    by_kind = percent(frame, ["kind", "method", "level"])
+    correct = {m: [frame[(frame["method"] == m) & (frame["level"] == lv)].sort_values("question")["correct"].tolist() for lv in levels]
+               for m in methods}
+    return {
+        "answer_in_documents": {lv: 100.0 * int(gold_share.loc[lv, "sum"]) / int(gold_share.loc[lv, "count"]) for lv in levels},
+        # Accuracy on the prompts that still hold an answering passage: reading, apart from retrieval's misses.
+        "accuracy_given_gold": {m: {lv: given.get((m, lv)) for lv in levels} for m in methods},
+        "accuracy": accuracy,
+        "drop": {m: accuracy[m][levels[0]] - accuracy[m][levels[-1]] for m in methods},
+        "drop_between": [levels[0], levels[-1]],
+        "accuracy_by_kind": {kind: {m: {lv: by_kind[(kind, m, lv)] for lv in levels} for m in methods}
+                             for kind in sorted(frame["kind"].unique())},
+        "significance": compare_methods(correct, methods, levels),
+    }
+
+
+def _environment(decoder: Any) -> dict[str, str]:
+    import fides_rag
+    import torch
+
+    return {"fides_rag": getattr(fides_rag, "__version__", "?"), "torch": torch.__version__,
+            "python": platform.python_version(), "device": str(getattr(decoder, "device", "?"))}
+
+
+def _write_report(report: dict[str, Any], out: Path) -> dict[str, Any]:
+    """Write accuracy.png, results.md and results.json into `out`; return the report with their paths."""
     report["files"] = {"json": str(out / "results.json"), "markdown": str(out / "results.md"), "plot": str(out / "accuracy.png")}
     plot_accuracy(report, out / "accuracy.png")
     (out / "results.md").write_text(results_markdown(report), encoding="utf-8")
@@ -357,34 +339,26 @@ def compare_methods(
 
 
 def format_table(report: dict[str, Any]) -> str:
-    """The accuracy table: one row per method, one column per noise level, and the drop."""
+    """The accuracy table for the terminal (rich): one row per method, one column per noise level, and the drop."""
     levels = report["noise_levels"]
     first, last = report["drop_between"]
-    head = f"{'method':<10}" + "".join(f"{lv:>8}" for lv in levels) + f"{'drop ' + first + '->' + last:>16}"
-    rule = "-" * len(head)
     lines = [
         f"Noisy retrieval: {report['corpus']['name']}, {report['questions']} questions, model {report['model']}, "
         f"k={report['k']}, seed={report['seed']}, documents {report.get('doc_order', 'best-first')}",
         f"retrieval recall@{report['k']}: {report['recall_at_k']:.1f}%  "
         f"(irrelevant documents per level: " + ", ".join(f"{lv}={c}" for lv, c in report["noise_counts"].items()) + ")",
-        "accuracy (%): a gold alias in the answer",
-        rule, head, rule,
     ]
-    for method in report["methods"]:
-        row = report["accuracy"][method]
-        lines.append(f"{method:<10}" + "".join(f"{row[lv]:>8.1f}" for lv in levels) + f"{report['drop'][method]:>+16.1f}")
-    lines.append(rule)
-    if "answer_in_documents" in report:
-        row = report["answer_in_documents"]
-        lines.append(f"{'gold doc':<10}" + "".join(f"{row[lv]:>8.1f}" for lv in levels)
-                     + "   (% of prompts whose documents still hold a gold alias)")
+    rows = [[m] + [f"{report['accuracy'][m][lv]:.1f}" for lv in levels] + [f"{report['drop'][m]:+.1f}"] for m in report["methods"]]
+    if "answer_in_documents" in report:  # % of prompts whose documents still hold a gold alias
+        rows.append(["gold doc"] + [f"{report['answer_in_documents'][lv]:.1f}" for lv in levels] + [""])
+    lines.append(terminal_table(["method", *levels, f"drop {first}->{last}"], rows,
+                                title="accuracy (%): a gold alias in the answer; gold doc: % of prompts still holding one"))
     sig = report.get("significance")
     if sig and sig["versus"]:
-        ref = sig["reference"]
-        lines.append(f"paired bootstrap, {ref} − other in points [95% CI] (B={sig['samples']}):")
-        for other, pair in sig["versus"].items():
-            cells = [f"{lv} {_ci(pair['accuracy'][lv])}" for lv in levels] + [f"drop {_ci(pair['drop'])}"]
-            lines.append(f"  vs {other:<9}" + "  ".join(cells))
+        sig_rows = [[f"vs {other}"] + [_ci(pair["accuracy"][lv]) for lv in levels] + [_ci(pair["drop"])]
+                    for other, pair in sig["versus"].items()]
+        lines.append(terminal_table(["", *levels, "drop"], sig_rows,
+                                    title=f"paired bootstrap, {sig['reference']} − other in points [95% CI] (B={sig['samples']})"))
     return "\n".join(lines)
 
 
@@ -397,29 +371,23 @@ def results_markdown(report: dict[str, Any]) -> str:
         f"seed {report['seed']}, documents {report.get('doc_order', 'best-first')}; retrieval recall@{report['k']} "
         f"{report['recall_at_k']:.1f}%. Accuracy (%): a gold alias in the answer.",
         "",
-        "| method | " + " | ".join(levels) + f" | drop {first} → {last} |",
-        "|---" * (len(levels) + 2) + "|",
     ]
-    for method in report["methods"]:
-        row = report["accuracy"][method]
-        lines.append(f"| {method} | " + " | ".join(f"{row[lv]:.1f}" for lv in levels) + f" | {report['drop'][method]:+.1f} |")
+    rows = [[m] + [f"{report['accuracy'][m][lv]:.1f}" for lv in levels] + [f"{report['drop'][m]:+.1f}"] for m in report["methods"]]
     if "answer_in_documents" in report:
-        row = report["answer_in_documents"]
-        lines.append("| *prompts still holding a gold passage* | " + " | ".join(f"*{row[lv]:.1f}*" for lv in levels) + " | |")
+        rows.append(["*prompts still holding a gold passage*"] + [f"*{report['answer_in_documents'][lv]:.1f}*" for lv in levels] + [""])
+    lines.append(markdown_table(["method", *levels, f"drop {first} → {last}"], rows))
     if "accuracy_given_gold" in report:
-        lines += ["", "Accuracy (%) on the prompts that still hold a gold passage (reading, apart from retrieval misses):", "",
-                  "| method | " + " | ".join(levels) + " |", "|---" * (len(levels) + 1) + "|"]
-        for method in report["methods"]:
-            row = report["accuracy_given_gold"][method]
-            lines.append(f"| {method} | " + " | ".join("–" if row[lv] is None else f"{row[lv]:.1f}" for lv in levels) + " |")
+        lines += ["", "Accuracy (%) on the prompts that still hold a gold passage (reading, apart from retrieval misses):", ""]
+        given = report["accuracy_given_gold"]
+        lines.append(markdown_table(["method", *levels], [[m] + ["–" if given[m][lv] is None else f"{given[m][lv]:.1f}" for lv in levels]
+                                                          for m in report["methods"]]))
     sig = report.get("significance")
     if sig and sig["versus"]:
-        lines += ["", f"Paired bootstrap over questions (B = {sig['samples']}, two-sided 95% CI), {sig['reference']} minus "
-                      "the other method, in points:", "",
-                  f"| {sig['reference']} vs | " + " | ".join(levels) + " | drop |", "|---" * (len(levels) + 2) + "|"]
-        for other, pair in sig["versus"].items():
-            cells = [_ci(pair["accuracy"][lv], markdown=True) for lv in levels] + [_ci(pair["drop"], markdown=True)]
-            lines.append(f"| {other} | " + " | ".join(cells) + " |")
+        lines += ["", f"Paired bootstrap over questions (B = {sig['samples']}, two-sided 95% CI; p from a paired permutation test), "
+                      f"{sig['reference']} minus the other method, in points:", ""]
+        sig_rows = [[other] + [_ci(pair["accuracy"][lv], markdown=True) for lv in levels] + [_ci(pair["drop"], markdown=True)]
+                    for other, pair in sig["versus"].items()]
+        lines.append(markdown_table([f"{sig['reference']} vs", *levels, "drop"], sig_rows))
     return "\n".join(lines) + "\n"
 
 
@@ -435,8 +403,7 @@ def _ci(result: dict[str, Any], markdown: bool = False) -> str:
 
 def plot_accuracy(report: dict[str, Any], path: str | Path) -> Path:
     """Accuracy against the share of irrelevant documents, one line per method (matplotlib, Agg)."""
-    import matplotlib
-
+    matplotlib = require("matplotlib", purpose="the demo's plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

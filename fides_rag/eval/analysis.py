@@ -18,13 +18,15 @@ from typing import Any
 
 import numpy as np
 
+from fides_rag.extras import require
 from fides_rag.eval.harness import PREDICTIONS, read_predictions
 from fides_rag.eval.metrics import aggregate, normalize_answer
 
 ANALYSIS_DIR = "analysis"
 CATEGORIES = ("answer", "function", "numeric/entity", "other")
 SIGNALS = ("opposition", "shift", "noise")
-# A fixed English stop-word list (function words).
+# A fixed English function-word list. Kept rather than sklearn's ENGLISH_STOP_WORDS: that list (318 words) also holds
+# content words ("fire", "bill", "system", "computer", "found", numbers like "two"), which would count as function tokens.
 STOP_WORDS = frozenset(
     """a an the and or but nor so yet if then than that this these those there here of in on at by for with
     about against between into through during before after above below to from up down out off over under
@@ -37,8 +39,7 @@ _HAS_DIGIT = re.compile(r"\d")
 
 
 def _plt():
-    import matplotlib
-
+    matplotlib = require("matplotlib", purpose="the analysis plots")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -112,15 +113,12 @@ def token_category(token: str, context_answers: Sequence[str]) -> str:
 
 
 def auroc(scores: Sequence[float], positive: Sequence[bool]) -> float | None:
-    """P(score of a positive > score of a negative), ties counting 1/2 (Mann-Whitney); None without both classes."""
-    scores, positive = np.asarray(scores, float), np.asarray(positive, bool)
-    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
-    if n_pos == 0 or n_neg == 0:
+    """P(score of a positive > score of a negative), ties counting 1/2 (sklearn's roc_auc_score); None without both classes."""
+    positive = np.asarray(positive, bool)
+    if positive.all() or not positive.any():
         return None
-    from scipy.stats import rankdata
-
-    ranks = rankdata(scores)
-    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+    metrics = require("sklearn.metrics", "eval", purpose="the AUROC")
+    return float(metrics.roc_auc_score(positive, np.asarray(scores, float)))
 
 
 def token_selectivity(records: Sequence[dict[str, Any]], out_dir: Path | None = None) -> dict[str, Any]:
@@ -182,7 +180,10 @@ def conflict_severity(records: Sequence[dict[str, Any]], out_dir: Path | None = 
     scored = [(first_step_jsd(r), r) for r in pool]
     scored = sorted([(j, r) for j, r in scored if j is not None], key=lambda x: x[0])
     labels = _labels(records)
-    groups = [g for g in np.array_split(np.arange(len(scored)), buckets) if len(g)] if scored else []
+    pd = require("pandas", "eval", purpose="the severity quartiles")
+    # Equal-count buckets of the JSD ranks (ties broken by order), so equal JSDs cannot empty a bucket.
+    bucket_of = pd.qcut(pd.Series(range(len(scored))), min(buckets, len(scored)), labels=False) if scored else pd.Series([], dtype=int)
+    groups = [np.flatnonzero(bucket_of.to_numpy() == k) for k in range(int(bucket_of.max()) + 1)] if scored else []
     rows = []
     for k, group in enumerate(groups):
         members = [scored[i] for i in group]

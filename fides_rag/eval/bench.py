@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
@@ -51,9 +52,10 @@ class Timing:
 
 
 def _summary(values: Sequence[float]) -> dict[str, float]:
-    ordered = sorted(values)
-    q = statistics.quantiles(ordered, n=4) if len(ordered) > 1 else [ordered[0]] * 3
-    return {"median": statistics.median(ordered), "q1": q[0], "q3": q[2], "min": ordered[0], "max": ordered[-1], "n": len(ordered)}
+    """Median, quartiles (the (n+1)p 'weibull' rule of statistics.quantiles, which earlier reports used), min, max, n."""
+    data = np.asarray(values, dtype=float)
+    q1, median, q3 = np.percentile(data, [25, 50, 75], method="weibull") if len(data) > 1 else [data[0]] * 3
+    return {"median": float(median), "q1": float(q1), "q3": float(q3), "min": float(data.min()), "max": float(data.max()), "n": len(data)}
 
 
 class Bench:

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from fides_rag.extras import require
+
 DATA_ENV = "FIDES_RAG_DATA"
 NQ_SWAP_HUB_ID = "pminervini/NQ-Swap"
 _TAG = re.compile(r"</?[A-Za-z][A-Za-z0-9]*[^>]*>")
@@ -151,7 +153,7 @@ def _nq_swap_rows(source: str | Path) -> tuple[Path | str, Iterator[tuple[int, d
     path = Path(source)
     if path.is_file():
         if path.suffix == ".parquet":
-            import pandas as pd
+            pd = require("pandas", purpose="reading parquet files")
 
             frame = pd.read_parquet(path)
             missing = [f for f in _NQ_SWAP_FIELDS if f not in frame.columns]
@@ -260,15 +262,20 @@ def load_popqa(path: str | Path | None = None, passages: str | Path | None = Non
         question = _text(record, "question", path, line)
         answers = _strings(record, "answers", path, line)
         if index >= len(texts):
-            raise DatasetError(passages, index + 1, None, f"the passages file has {len(texts)} lines but {path} has more questions")
+            raise DatasetError(passages, index + 1, None, f"the passages file has {len(texts)} lines but {path} has more "
+                                                          "questions; line i must belong to question i")
         text = texts[index].lstrip("#").strip()
         if not text:
             raise DatasetError(passages, index + 1, None, "empty passage line")
         norm = normalize_answer(text)
         has_answer = any(normalize_answer(a) and normalize_answer(a) in norm for a in answers)
         ident = record.get("id", index)
-        meta = {"form": "original", "pop": record.get("pop"), "prop": record.get("prop"), "has_answer": has_answer}
+        meta = {"form": "original", "pop": record.get("pop"), "prop": record.get("prop"), "has_answer": has_answer,
+                "question_id": record.get("question_id", index)}
         examples.append(QAExample(question, (text,), answers, (), f"popqa-{ident}", meta))
+    if limit is None and len(examples) != len(texts):
+        raise DatasetError(passages, None, None, f"has {len(texts)} lines but {path} has {len(examples)} questions; "
+                                                 "line i must belong to question i")
     return examples
 
 

@@ -11,7 +11,6 @@ Outputs in the run folder:
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Mapping, Sequence
 from itertools import combinations
@@ -20,17 +19,17 @@ from typing import Any
 
 from fides_rag.config import FidesConfig
 from fides_rag.eval.datasets import QAExample
-from fides_rag.eval.metrics import METRIC_LABELS, METRICS, aggregate, score_prediction
+from fides_rag.eval.metrics import METRIC_LABELS, METRICS, aggregate
+from fides_rag.eval.parallel import barrier, shard
+from fides_rag.eval.records import example_record, read_predictions, trim_result  # noqa: F401  (public here too)
 from fides_rag.eval.significance import paired_bootstrap
-from fides_rag.result import GenerationResult
+from fides_rag.eval.store import PREDICTIONS, RUN_INFO, PredictionStore, check_resume  # noqa: F401
+from fides_rag.eval.tables import markdown_table
 from fides_rag.rules import ContrastRule, get_method
 
-PREDICTIONS = "predictions.jsonl"
-RUN_INFO = "run.json"
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
 COMPARED_METRICS = ("cf", "em", "f1")
-_SIGNAL_FIELDS = ("alpha", "opposition", "shift", "noise", "score")
 # What a resumed run must share with the run that wrote the file.
 _RESUME_KEYS = ("model", "dataset", "data", "max_new_tokens", "config")
 
@@ -78,114 +77,9 @@ def build_methods(names: Sequence[str], config: FidesConfig | None = None, ablat
     return methods
 
 
-def _round(value: float | None, digits: int = 5) -> float | None:
-    if value is None or not math.isfinite(value):
-        return value
-    return round(float(value), digits)
-
-
-def trim_result(result: GenerationResult) -> dict[str, Any]:
-    """A GenerationResult without its prompts, with compact per-token records (None fields dropped)."""
-    steps = []
-    for s in result.steps:
-        step: dict[str, Any] = {"token": s.token, "token_id": s.token_id}
-        for name in _SIGNAL_FIELDS:
-            value = getattr(s, name)
-            if value is not None:
-                step[name] = _round(value)
-        steps.append(step)
-    alphas = [s.alpha for s in result.steps if s.alpha is not None]
-    return {
-        "text": result.text,
-        "method": result.method,
-        "requested_method": result.requested_method,
-        "finish_reason": result.finish_reason,
-        "prompt_tokens": result.prompt_tokens,
-        "new_tokens": len(result.token_ids),
-        "notes": list(result.notes),
-        "documents_trimmed": result.documents_trimmed,
-        "mean_alpha": _round(sum(alphas) / len(alphas)) if alphas else None,
-        "steps": steps,
-    }
-
-
-def example_record(example: QAExample, outputs: Mapping[str, GenerationResult]) -> dict[str, Any]:
-    """One predictions.jsonl line: the example's answers and, per method label, its trimmed result and scores."""
-    methods = {}
-    for label, result in outputs.items():
-        entry = trim_result(result)
-        entry["scores"] = score_prediction(result.text, example.context_answers, example.memory_answers)
-        methods[label] = entry
-    return {
-        "id": example.id,
-        "question": example.question,
-        "context_answers": list(example.context_answers),
-        "memory_answers": list(example.memory_answers),
-        "conflict": example.is_conflict,
-        "form": example.meta.get("form", "conflict" if example.is_conflict else "original"),
-        "outputs": methods,
-    }
-
-
-# -- the predictions file ------------------------------------------------------------------------
-
-
-def read_predictions(path: str | Path, repair: bool = False) -> list[dict[str, Any]]:
-    """Every complete record of a predictions file (a later record of the same id replaces an earlier one).
-
-    A line that is not valid JSON can only be a half-written last line of an interrupted run: it is
-    skipped, and with repair=True cut from the file so that appends start on a fresh line.
-    A bad line anywhere else is an error naming the line.
-    """
-    path = Path(path)
-    if not path.is_file():
-        return []
-    raw = path.read_bytes()
-    lines = raw.split(b"\n")
-    records: dict[str, dict[str, Any]] = {}
-    keep = 0  # bytes up to and including the newline of the last good line
-    offset = 0
-    for number, line in enumerate(lines, start=1):
-        offset_next = offset + len(line) + 1
-        if line.strip():
-            try:
-                record = json.loads(line)
-                if not isinstance(record, dict) or "id" not in record:
-                    raise ValueError("not a prediction record")
-            except ValueError as err:
-                if any(rest.strip() for rest in lines[number:]):
-                    raise ValueError(f"{path}, line {number}: not a valid prediction record ({err})") from None
-                break  # half-written last line
-            records[str(record["id"])] = record
-            keep = offset_next
-        offset = offset_next
-    if repair:
-        if keep > len(raw):  # the last good line lacks its newline
-            with path.open("ab") as handle:
-                handle.write(b"\n")
-        elif raw[keep:].strip():
-            with path.open("r+b") as handle:
-                handle.truncate(keep)
-    return list(records.values())
-
-
 def _prompt_length(decoder: Any, example: QAExample) -> int:
     text = "\n".join(example.contexts) + "\n" + example.question
     return len(decoder.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def check_resume(info_path: Path, info: Mapping[str, Any], keys: Sequence[str], *, what: str = "a run", fix: str = "") -> None:
-    """Refuse to resume a run folder whose recorded `info_path` differs from `info` on any of `keys`
-    (answers decoded under other settings would not be this run's); the error names each change and the fix."""
-    if not info_path.is_file():
-        return
-    old = json.loads(info_path.read_text(encoding="utf-8"))
-    changed = [k for k in keys if old.get(k) != info.get(k)]
-    if changed:
-        raise ValueError(
-            f"{info_path.parent} holds {what} with different {', '.join(changed)} "
-            f"({'; '.join(f'{k}: {old.get(k)!r} -> {info.get(k)!r}' for k in changed)}); use a new --out folder{fix}"
-        )
 
 
 def run_eval(
@@ -200,66 +94,60 @@ def run_eval(
     progress: bool = True,
     bootstrap_samples: int = 1000,
     seed: int = 0,
+    parallel: tuple[int, int] = (0, 1),
 ) -> dict[str, Any]:
     """Decode `examples` under every method (one shared prefill per batch), append predictions, write results.
 
     Examples are batched in order of prompt length to limit padding. Methods an example already has in
     predictions.jsonl are not decoded again: rerunning an interrupted run finishes it, and rerunning a
     finished run with an extra method decodes only that method (the merged line replaces the old one).
+    With `parallel=(rank, world)` (torchrun / accelerate launch) each process decodes every world-th example into
+    its own shard folder, `shard-<rank>-of-<world>`, which resumes on its own; rank 0 then merges the shards and
+    writes the results (the other ranks return an empty dict).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     ids = [e.id for e in examples]
     if len(set(ids)) != len(ids):
         raise ValueError("example ids must be unique (resuming relies on them)")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     labels = list(methods)
     info = {**dict(run_info or {}), "methods": labels, "max_new_tokens": max_new_tokens, "batch_size": batch_size}
-    check_resume(out / RUN_INFO, info, _RESUME_KEYS)
-    (out / RUN_INFO).write_text(json.dumps(info, indent=2) + "\n")
-
-    pred_path = out / PREDICTIONS
-    existing = {r["id"]: r for r in read_predictions(pred_path, repair=True)}
-    # Per example, the methods it still lacks: a resumed run decodes only those (a new method added to a
-    # finished run costs that method alone), and the merged record replaces the old line.
-    missing = {e.id: [l for l in labels if l not in existing.get(e.id, {}).get("outputs", {})] for e in examples}
-    todo = [e for e in examples if missing[e.id]]
-    todo.sort(key=lambda e: (tuple(missing[e.id]) != tuple(labels), _prompt_length(decoder, e)))
+    rank, world = parallel
+    out = Path(out_dir)
+    if world > 1:
+        examples_all, examples = examples, shard(examples, rank, world)
+        store = PredictionStore(out / f"shard-{rank}-of-{world}", info, _RESUME_KEYS)
+    else:
+        examples_all = examples
+        store = PredictionStore(out, info, _RESUME_KEYS)
     started = time.perf_counter()
+    todo = len(store.missing(examples, labels))
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(examples), initial=len(examples) - len(todo), unit="ex", desc="eval", dynamic_ncols=True)
+        bar = tqdm(total=len(examples), initial=len(examples) - todo, unit="ex", dynamic_ncols=True, position=rank,
+                   desc="eval" if world == 1 else f"eval rank {rank}/{world}")
     try:
-        with pred_path.open("a", encoding="utf-8") as handle:
-            for group_labels in dict.fromkeys(tuple(missing[e.id]) for e in todo):
-                group = [e for e in todo if tuple(missing[e.id]) == group_labels]
-                group_methods = {label: methods[label] for label in group_labels}
-                for start in range(0, len(group), batch_size):
-                    batch = group[start : start + batch_size]
-                    outputs = decoder.generate_methods(
-                        [e.question for e in batch], [list(e.contexts) for e in batch], group_methods,
-                        max_new_tokens=max_new_tokens,
-                    )
-                    for i, example in enumerate(batch):
-                        record = example_record(example, {label: outputs[label][i] for label in group_labels})
-                        record["outputs"] = {**existing.get(example.id, {}).get("outputs", {}), **record["outputs"]}
-                        handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-                    handle.flush()
-                    if bar is not None:
-                        bar.update(len(batch))
+        store.decode(decoder, examples, methods, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                     prompt_length=lambda e: _prompt_length(decoder, e), on_batch=bar.update if bar is not None else None)
     finally:
         if bar is not None:
             bar.close()
     elapsed = time.perf_counter() - started
 
-    wanted = set(ids)
-    records = [r for r in read_predictions(pred_path) if r["id"] in wanted]
+    if world > 1:
+        barrier()  # every shard is complete
+        if rank != 0:
+            return {}
+        merged = {r["id"]: r for k in range(world) for r in read_predictions(out / f"shard-{k}-of-{world}" / PREDICTIONS)}
+        records = [merged[e.id] for e in examples_all if e.id in merged]
+        (out / RUN_INFO).write_text(json.dumps({**info, "processes": world}, indent=2) + "\n")
+    else:
+        records = store.records_for(examples)
     results = summarize(records, labels, bootstrap_samples=bootstrap_samples, seed=seed)
-    results["run"] = {**info, "examples": len(records), "decoded_now": len(todo), "seconds_now": round(elapsed, 2),
-                      "examples_per_second_now": round(len(todo) / elapsed, 3) if todo and elapsed > 0 else None}
+    results["run"] = {**info, **({"processes": world} if world > 1 else {}), "examples": len(records), "decoded_now": todo, "seconds_now": round(elapsed, 2),
+                      "examples_per_second_now": round(todo / elapsed, 3) if todo and elapsed > 0 else None}
     write_results(out, results)
     return results
 
@@ -312,27 +200,25 @@ def results_markdown(results: Mapping[str, Any]) -> str:
         lines.append(f"Model `{run.get('model')}`, dataset `{run.get('dataset')}`, {run.get('examples')} examples, "
                      f"max_new_tokens {run.get('max_new_tokens')}.\n")
     head = ["method", "n"] + [METRIC_LABELS[m] for m in METRICS] + ["mean α", "tokens"]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for label in labels:
-        m = metrics[label]
-        row = [label, str(m["n"])] + [_fmt(m[k]) for k in METRICS] + [_fmt(m["mean_alpha"], 3), _fmt(m["mean_new_tokens"])]
-        lines.append("| " + " | ".join(row) + " |")
-    lines.append("")
+    rows = [[label, str(metrics[label]["n"])] + [_fmt(metrics[label][k]) for k in METRICS]
+            + [_fmt(metrics[label]["mean_alpha"], 3), _fmt(metrics[label]["mean_new_tokens"])] for label in labels]
+    lines += [markdown_table(head, rows), ""]
     lines.append("CF = EM against the context answers on conflict-form samples; EM/F1 against the context answers; "
                  "MemR = share of conflict-form predictions equal to the memory answer; Acc = a context answer is "
                  "contained in the output. All in %, SQuAD normalisation.")
     reference = "fides" if "fides" in labels else labels[0]
-    rows = [c for c in results["significance"] if reference in (c["a"], c["b"])]
-    if rows:
-        lines += ["", f"Paired bootstrap ({rows[0]['samples']} resamples, two-sided {int(rows[0]['confidence'] * 100)}% CI), "
-                  f"difference {reference} − other in points:", "",
-                  "| comparison | metric | n | diff | 95% CI | p |", "|---|---|---|---|---|---|"]
-        for c in rows:
+    compared = [c for c in results["significance"] if reference in (c["a"], c["b"])]
+    if compared:
+        lines += ["", f"Paired bootstrap ({compared[0]['samples']} resamples, two-sided {int(compared[0]['confidence'] * 100)}% CI; "
+                  f"p from a paired permutation test), difference {reference} − other in points:", ""]
+        rows = []
+        for c in compared:
             sign = 1 if c["a"] == reference else -1
             other = c["b"] if c["a"] == reference else c["a"]
             low, high = sorted((sign * c["ci_low"] + 0.0, sign * c["ci_high"] + 0.0))
-            lines.append(f"| {reference} vs {other} | {METRIC_LABELS[c['metric']]} | {c['n']} | {sign * c['diff'] + 0.0:+.1f} | "
-                         f"[{low:+.1f}, {high:+.1f}] | {c['p_value']:.3f} |")
+            rows.append([f"{reference} vs {other}", METRIC_LABELS[c["metric"]], str(c["n"]), f"{sign * c['diff'] + 0.0:+.1f}",
+                         f"[{low:+.1f}, {high:+.1f}]", f"{c['p_value']:.3f}"])
+        lines.append(markdown_table(["comparison", "metric", "n", "diff", "95% CI", "p"], rows))
     return "\n".join(lines) + "\n"
 
 

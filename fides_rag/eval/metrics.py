@@ -88,6 +88,7 @@ def score_prediction(prediction: str, context_answers: Sequence[str], memory_ans
     }
 
 
+# Kept as a loop: a mean over one list per metric; a DataFrame here would add a dependency and nothing else.
 def aggregate(scores: Sequence[dict[str, Any]], metrics: Sequence[str] = METRICS) -> dict[str, float | int | None]:
     """Mean of each metric over the samples where it is defined, in percent; `n_<metric>` counts those samples."""
     out: dict[str, float | int | None] = {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections import Counter
 
 import pytest
@@ -22,6 +23,7 @@ from fides_rag.demo import (
 from fides_rag.demo.cli import _noise, add_demo_parser, settings_from_args
 from fides_rag.demo.corpus import resolve_popqa_folder
 from fides_rag.demo.run import DemoSettings, format_table, level_label, plot_accuracy, select_questions
+from fides_rag.result import GenerationResult, StepRecord
 
 # -- accuracy metric ----------------------------------------------------------------------------
 
@@ -155,22 +157,22 @@ def test_embedded_corpus_is_well_formed():
     assert len(passages) == len(corpus.passages)  # unique ids
     assert len({p.text for p in corpus.passages}) == len(corpus.passages)
     assert len({q.id for q in corpus.questions}) == len(corpus.questions)
-    kinds = Counter(q.kind for q in corpus.questions)
+    kinds = Counter(q.meta["kind"] for q in corpus.questions)
     assert set(kinds) == {"counterfactual", "longtail", "factual"} and min(kinds.values()) >= 10
     for q in corpus.questions:
-        assert q.question.endswith("?") and q.answers and all(a.strip() for a in q.answers)
-        assert q.answer_passages, q.id
-        for pid in q.answer_passages:
-            assert contains_alias(passages[pid], q.answers), (q.id, pid)
-        if q.kind == "counterfactual":
+        assert q.question.endswith("?") and q.context_answers and all(a.strip() for a in q.context_answers)
+        assert q.meta["answer_passages"], q.id
+        for pid in q.meta["answer_passages"]:
+            assert contains_alias(passages[pid], q.context_answers), (q.id, pid)
+        if q.meta["kind"] == "counterfactual":
             # the document contradicts memory: it holds the gold answer, not the real-world one
             assert q.memory_answers
-            assert not any(contains_alias(passages[pid], q.memory_answers) for pid in q.answer_passages), q.id
-            assert not set(map(normalize_answer, q.answers)) & set(map(normalize_answer, q.memory_answers))
+            assert not any(contains_alias(passages[pid], q.memory_answers) for pid in q.meta["answer_passages"]), q.id
+            assert not set(map(normalize_answer, q.context_answers)) & set(map(normalize_answer, q.memory_answers))
     distractors = [p for p in corpus.passages if p.id.startswith("distractor")]
     assert len(distractors) >= 20
     for q in corpus.questions:  # enough alias-free passages to inject 50% noise at k=10
-        clean = [p for p in corpus.passages if not contains_alias(p.text, q.answers)]
+        clean = [p for p in corpus.passages if not contains_alias(p.text, q.context_answers)]
         assert len(clean) >= 20
 
 
@@ -185,7 +187,7 @@ def test_embedded_corpus_is_package_data():
 def test_select_questions_balances_kinds_and_is_seeded():
     corpus = load_embedded_corpus()
     chosen = select_questions(corpus, 24, seed=0)
-    assert len(chosen) == 24 and Counter(q.kind for q in chosen) == {"counterfactual": 8, "longtail": 8, "factual": 8}
+    assert len(chosen) == 24 and Counter(q.meta["kind"] for q in chosen) == {"counterfactual": 8, "longtail": 8, "factual": 8}
     assert chosen == select_questions(corpus, 24, seed=0)
     assert chosen != select_questions(corpus, 24, seed=1)
     assert select_questions(corpus, None, 0) == corpus.questions
@@ -215,9 +217,9 @@ def test_load_popqa_corpus_from_folder_and_parent(tmp_path):
         assert [q.id for q in corpus.questions] == ["popqa-0", "popqa-1"]
         texts = [p.text for p in corpus.passages]
         assert texts == ["Ann Lee was a politician.", "She lived in Leeds.", "Bo Ek is a painter.", "He lives in Oslo."]  # dedup
-        assert corpus.questions[0].answer_passages == ("popqa-0-0",)
-        assert corpus.questions[1].answer_passages == ()
-        assert corpus.questions[0].kind == "occupation"
+        assert corpus.questions[0].meta["answer_passages"] == ("popqa-0-0",)
+        assert corpus.questions[1].meta["answer_passages"] == ()
+        assert corpus.questions[0].meta["kind"] == "occupation"
 
 
 def test_popqa_missing_says_where_it_looked(tmp_path, monkeypatch):
@@ -333,7 +335,13 @@ class _StubDecoder:
         if self.fail_after_batches is not None and len(self.calls) >= self.fail_after_batches:
             raise KeyboardInterrupt
         self.calls.append((len(questions), tuple(methods)))
-        return {m: [argparse.Namespace(text=docs[0].split()[0], documents_trimmed=False) for docs in documents] for m in methods}
+        return {m: [_answer(docs[0].split()[0], m) for docs in documents] for m in methods}
+
+
+def _answer(text, method):
+    return GenerationResult(text=text, token_ids=[1], steps=[StepRecord(token_id=1, token=text)], method=method,
+                            requested_method=method, method_options={}, finish_reason="stop", context_prompt="",
+                            no_context_prompt=None)
 
 
 def _demo(tmp_path, **kw):
@@ -348,7 +356,7 @@ def test_interrupted_demo_resumes_without_redecoding(tmp_path):
     run = _demo(tmp_path, methods=("standard", "fides"))
     with pytest.raises(KeyboardInterrupt):
         run(_StubDecoder(fail_after_batches=2))
-    lines = (tmp_path / "run" / "decoded.jsonl").read_text().splitlines()
+    lines = (tmp_path / "run" / "predictions.jsonl").read_text().splitlines()
     assert len(lines) == 8  # two batches of 4 prompts survived the interruption
 
     resumed = _StubDecoder()
@@ -368,7 +376,7 @@ def test_demo_with_an_extra_method_decodes_only_that_method(tmp_path):
     assert {methods for _, methods in extra.calls} == {("cad",)}
     assert sum(n for n, _ in extra.calls) == 18
     assert set(report["accuracy"]) == {"standard", "cad", "fides"}
-    record = json.loads((tmp_path / "run" / "decoded.jsonl").read_text().splitlines()[-1])
+    record = json.loads((tmp_path / "run" / "predictions.jsonl").read_text().splitlines()[-1])
     assert set(record["outputs"]) == {"standard", "cad", "fides"}
 
 
@@ -388,8 +396,8 @@ def test_demo_report_has_paired_bootstrap_against_fides(tmp_path):
     assert pair["drop"]["n"] == 6
     assert "paired bootstrap, fides − other" in format_table(report)
     markdown = (tmp_path / "run" / "results.md").read_text()
-    assert "| method | 0% | 20% | 50% | drop 0% → 50% |" in markdown
-    assert "| standard | " in markdown and "| fides vs | 0% | 20% | 50% | drop |" in markdown
+    assert re.search(r"\| method +\| +0% \| +20% \| +50% \| +drop 0% → 50% \|", markdown)
+    assert re.search(r"^\| standard +\| ", markdown, re.M) and re.search(r"\| fides vs +\| +0% \| +20% \| +50% \| +drop \|", markdown)
     assert "+0.0 [+0.0, +0.0], p = 1" in markdown  # identical answers: no difference, not significant
     assert "on the prompts that still hold a gold passage" in markdown
 

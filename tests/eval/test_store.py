@@ -1,0 +1,64 @@
+"""The one predictions store: what is missing, what is kept, and refusing another run's folder."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fides_rag.eval.datasets import QAExample
+from fides_rag.eval.store import PREDICTIONS, PredictionStore
+from fides_rag.result import GenerationResult, StepRecord
+
+
+class _EchoDecoder:
+    """Answers with the first word of the first passage; records every call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate_methods(self, questions, documents, methods, max_new_tokens):
+        self.calls.append((len(questions), tuple(methods)))
+        return {m: [_result(docs[0].split()[0], m) for docs in documents] for m in methods}
+
+
+def _result(text, method):
+    return GenerationResult(text=text, token_ids=[7], steps=[StepRecord(token_id=7, token=text, alpha=0.25)], method=method,
+                            requested_method=method, method_options={}, finish_reason="stop", context_prompt="", no_context_prompt=None)
+
+
+def _examples(docs=("Lyon is the capital.", "Paris is big.")):
+    return [QAExample("Capital?", (d,), ("Lyon",), ("Paris",), f"q{i}", {"documents": [f"d{i}"]}) for i, d in enumerate(docs)]
+
+
+def _decode(store, decoder, examples, methods):
+    return store.decode(decoder, examples, {m: m for m in methods}, batch_size=1, max_new_tokens=4, prompt_length=lambda e: 0)
+
+
+def test_decodes_only_missing_pairs_and_keeps_the_rest(tmp_path):
+    examples = _examples()
+    first = PredictionStore(tmp_path, {"model": "m"}, ("model",))
+    assert _decode(first, _EchoDecoder(), examples, ["standard"]) == 2
+    again = PredictionStore(tmp_path, {"model": "m"}, ("model",))
+    assert again.missing(examples, ["standard", "cad"]) == {"q0": ("cad",), "q1": ("cad",)}
+    decoder = _EchoDecoder()
+    _decode(again, decoder, examples, ["standard", "cad"])
+    assert decoder.calls == [(1, ("cad",)), (1, ("cad",))]
+    records = again.records_for(examples)
+    assert [set(r["outputs"]) for r in records] == [{"standard", "cad"}] * 2
+    assert records[0]["outputs"]["cad"]["steps"][0]["alpha"] == 0.25 and records[0]["documents"] == ["d0"]
+    assert len((tmp_path / PREDICTIONS).read_text().splitlines()) == 4  # appended, the later line wins on reading
+
+
+def test_a_record_from_other_documents_is_decoded_again(tmp_path):
+    store = PredictionStore(tmp_path, {"model": "m"}, ("model",))
+    _decode(store, _EchoDecoder(), _examples(), ["standard"])
+    moved = [QAExample(e.question, e.contexts, e.context_answers, e.memory_answers, e.id, {"documents": ["other"]}) for e in _examples()]
+    assert PredictionStore(tmp_path, {"model": "m"}, ("model",)).missing(moved, ["standard"]) == {"q0": ("standard",), "q1": ("standard",)}
+
+
+def test_refuses_a_folder_of_another_model_and_names_the_fix(tmp_path):
+    PredictionStore(tmp_path, {"model": "a"}, ("model",))
+    with pytest.raises(ValueError, match=r"different model \(model: 'a' -> 'b'\); use a new --out folder, or delete .*predictions.jsonl"):
+        PredictionStore(tmp_path, {"model": "b"}, ("model",))
+    assert json.loads((tmp_path / "run.json").read_text()) == {"model": "a"}
