@@ -23,7 +23,7 @@ class _EchoDecoder:
 
 
 def _result(text, method):
-    return GenerationResult(text=text, token_ids=[7], steps=[StepRecord(token_id=7, token=text, alpha=0.25)], method=method,
+    return GenerationResult(text=text, token_ids=[7], steps=[StepRecord(token_id=7, token=text, values={"alpha": 0.25})], method=method,
                             requested_method=method, method_options={}, finish_reason="stop", context_prompt="", no_context_prompt=None)
 
 
