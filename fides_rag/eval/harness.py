@@ -25,7 +25,7 @@ from fides_rag.eval.records import example_record, read_predictions, trim_result
 from fides_rag.eval.significance import paired_bootstrap
 from fides_rag.eval.store import PREDICTIONS, RUN_INFO, PredictionStore, check_resume  # noqa: F401
 from fides_rag.eval.tables import markdown_table
-from fides_rag.rules import ContrastRule, get_method
+from fides_rag.rules import ContrastRule, accepts_option, get_method
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
@@ -67,11 +67,11 @@ def runnable_methods(names: Sequence[str], examples: Sequence[QAExample], *, ski
 
 
 def build_methods(names: Sequence[str], config: FidesConfig | None = None, ablations: bool = False) -> dict[str, str | ContrastRule]:
-    """label -> method for `generate_methods`: the named methods ("fides" uses `config`), plus the ablations."""
-    config = config or FidesConfig()
+    """label -> method for `generate_methods`: the named methods (those whose rule takes a `config` option
+    are built with `config`), plus FIDES's ablations of `config`."""
     methods: dict[str, str | ContrastRule] = {}
     for name in names:
-        methods[name] = get_method("fides", config=config) if name == "fides" else name
+        methods[name] = get_method(name, config=config) if config is not None and accepts_option(name, "config") else name
     if ablations:
         methods.update(ablation_methods(config))
     return methods

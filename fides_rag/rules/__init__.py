@@ -4,7 +4,7 @@ import importlib
 import pkgutil
 
 from fides_rag.rules.base import ContrastRule, StepInputs, StepOutput
-from fides_rag.rules.registry import available_methods, get_method, parse_method_names, register_method
+from fides_rag.rules.registry import accepts_option, available_methods, get_method, parse_method_names, register_method
 
 _BUILTIN_ORDER = ("standard", "cad", "adacad", "fides")
 for _name in _BUILTIN_ORDER:
@@ -13,4 +13,4 @@ for _module in pkgutil.iter_modules(__path__):
     if _module.name not in {"base", "registry", *_BUILTIN_ORDER}:
         importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["ContrastRule", "StepInputs", "StepOutput", "available_methods", "get_method", "parse_method_names", "register_method"]
+__all__ = ["ContrastRule", "StepInputs", "StepOutput", "accepts_option", "available_methods", "get_method", "parse_method_names", "register_method"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Sequence, TypeVar
 
 from fides_rag.rules.base import ContrastRule
@@ -27,6 +28,12 @@ def register_method(name: str) -> Callable[[RuleType], RuleType]:
 def available_methods() -> list[str]:
     """Names accepted by `method=`, in registration order (built-ins first)."""
     return list(_REGISTRY)
+
+
+def accepts_option(name: str, option: str) -> bool:
+    """Whether the rule registered as `name` takes the constructor option `option` (e.g. FIDES's `config`)."""
+    cls = _REGISTRY.get(name)
+    return cls is not None and option in inspect.signature(cls.__init__).parameters
 
 
 def get_method(method: str | ContrastRule, **options: Any) -> ContrastRule:

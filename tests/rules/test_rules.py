@@ -143,3 +143,10 @@ def test_new_rule_is_one_registered_class():
         from fides_rag.rules import registry
 
         registry._REGISTRY.pop("test-ctx-only")
+
+
+def test_accepts_option_reads_the_rule_constructor():
+    from fides_rag.rules import accepts_option
+
+    assert accepts_option("fides", "config") and accepts_option("cad", "alpha")
+    assert not accepts_option("cad", "config") and not accepts_option("no-such-method", "config")
