@@ -50,6 +50,8 @@ def decode_loop(
     processors = settings.warpers(prompt_ids.shape[1], decoder.eos_token_ids)
     track_history = bool(processors) or bool(settings.stopping_criteria)
     records = RecordBuffer()
+    # Rows of equal length need no attention mask: None lets transformers skip building one, with no host sync.
+    unpadded = len({len(seq) for g in layout.groups for seq in g.sequences}) == 1
     masking = HeadMasker(anatomy, [dict(h) for h in head_sets]) if head_sets else contextlib.nullcontext()
     with LayerCapture(anatomy, {*state_layers, *(l for ls in lens_by_lane for l in ls)}) as capture, masking as masker:
         state = prefill(anatomy, groups, capture, masker, decoder.split_prefill)
@@ -59,7 +61,9 @@ def decode_loop(
         plan: StepPlan | None = None
         for step in range(max(row.max_new_tokens for row in rows)):
             if step > 0:
-                out = anatomy.backbone(input_ids=step_ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+                out = anatomy.backbone(
+                    input_ids=step_ids, attention_mask=None if unpadded else mask, position_ids=positions, past_key_values=cache, use_cache=True
+                )
                 cache, hidden = out.past_key_values, out.last_hidden_state[:, -1, :]  # [R, H]
             if plan is None or plan.version != layout.version:
                 plan = StepPlan(layout, rules, lens_by_lane)
