@@ -155,7 +155,10 @@ def _nq_swap_rows(source: str | Path) -> tuple[Path | str, Iterator[tuple[int, d
         if path.suffix == ".parquet":
             pd = require("pandas", purpose="reading parquet files")
 
-            frame = pd.read_parquet(path)
+            try:
+                frame = pd.read_parquet(path)
+            except Exception as err:  # pyarrow's errors for corrupt pages, bad magic bytes, ...
+                raise DatasetError(path, None, None, f"cannot be read as parquet ({type(err).__name__}: {err}); re-download or re-export it") from None
             missing = [f for f in _NQ_SWAP_FIELDS if f not in frame.columns]
             if missing:
                 raise DatasetError(path, None, missing[0], f"missing NQ-Swap column(s) {missing}")
@@ -167,14 +170,22 @@ def _nq_swap_rows(source: str | Path) -> tuple[Path | str, Iterator[tuple[int, d
             import datasets  # noqa: F401  (optional dependency, imported only for hub ids)
             from datasets import load_dataset
         except ImportError:
-            raise RuntimeError(
-                f"loading {source!r} from the hub needs the `datasets` package (pip install datasets); "
-                "or pass a local parquet/jsonl file with the NQ-Swap schema"
+            if str(source) == NQ_SWAP_HUB_ID:
+                raise RuntimeError(
+                    f"loading {source!r} from the hub needs the `datasets` package (pip install datasets); "
+                    "or pass a local parquet/jsonl file with the NQ-Swap schema"
+                ) from None
+            raise FileNotFoundError(
+                f"no file at {source} ({path.resolve()}); as a hub dataset id it needs the `datasets` package "
+                "(pip install datasets); pass an existing parquet/jsonl path"
             ) from None
         try:
             data = load_dataset(str(source), split="dev")
         except Exception as err:  # no network, unknown id, ...
-            raise RuntimeError(f"could not load {source!r} from the hub ({err}); pass a local parquet/jsonl file instead") from None
+            raise FileNotFoundError(
+                f"no file at {source} ({path.resolve()}), and it could not be loaded as a hub dataset id either "
+                f"({type(err).__name__}); pass an existing parquet/jsonl path"
+            ) from None
         return str(source), ((i + 1, row) for i, row in enumerate(data))
     raise FileNotFoundError(f"NQ-Swap file not found at {source}; pass a parquet/jsonl path, the hub id {NQ_SWAP_HUB_ID!r}, or set ${DATA_ENV}")
 

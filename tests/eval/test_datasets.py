@@ -145,3 +145,14 @@ def test_shared_data_loads_when_present():
     assert len(popqa) == 3 and all(e.contexts[0] for e in popqa)
     both = load_examples("nq-swap-both", limit=4)
     assert [e.is_conflict for e in both] == [True, False, True, False]
+
+
+def test_a_missing_relative_path_and_a_corrupt_parquet_name_the_file(tmp_path):
+    from fides_rag.eval.datasets import DatasetError, load_nq_swap
+
+    with pytest.raises(FileNotFoundError, match=r"no file at data/nope"):
+        load_nq_swap("data/nope")
+    corrupt = tmp_path / "nq.parquet"
+    corrupt.write_bytes(b"PAR1" + b"\x00garbage" * 40 + b"PAR1")
+    with pytest.raises(DatasetError, match=r"nq\.parquet.*cannot be read as parquet"):
+        load_nq_swap(corrupt)
