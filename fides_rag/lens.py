@@ -132,10 +132,33 @@ class ModelAnatomy:
 
     def head_logits(self, normed_hidden: torch.Tensor) -> torch.Tensor:
         """Output head plus soft-capping on states that already went through the final norm.  [N, H] -> [N, V]"""
-        logits = self.head(normed_hidden)
+        logits = self._head_product(normed_hidden)
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
+
+    def _head_product(self, normed_hidden: torch.Tensor) -> torch.Tensor:
+        """The head's matmul.  [N, H] -> [N, V]
+
+        On CPU, MKL multiplies 2-3 rows by a wide head one row at a time: SmolLM2's [49152, 576] head takes
+        31 ms for 2 rows against 14 ms for 1, gemma3's 162 ms against 69. The same dot products taken as
+        weight @ states.T run as one matrix product (9 ms and 43 ms); results differ only in float rounding
+        (about 1e-6, as batched `linear` differs from single-row). A plain, hook-free nn.Linear only: a head
+        under accelerate hooks or other hooks runs as a module, so its weights are where its hooks put them."""
+        head = self.head
+        plain = (
+            type(head) is nn.Linear
+            and not (head._forward_hooks or head._forward_pre_hooks or hasattr(head, "_hf_hook"))
+            and normed_hidden.device.type == "cpu"
+            and normed_hidden.dim() == 2
+            and normed_hidden.shape[0] > 1
+            and head.weight.device == normed_hidden.device
+            and head.weight.dtype == normed_hidden.dtype
+        )
+        if not plain:
+            return head(normed_hidden)
+        logits = (head.weight @ normed_hidden.T).T.contiguous()  # [V, N] -> [N, V]
+        return logits if head.bias is None else logits + head.bias
 
     def lens_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The logit lens: final norm, head and soft-capping applied to a raw block output.  [N, H] -> [N, V]"""

@@ -72,3 +72,18 @@ def test_output_projection_of_the_wrong_width_is_refused(tokenizer):
     model.model.layers[0].self_attn.o_proj = torch.nn.Linear(16, 32)
     with pytest.raises(UnsupportedArchitectureError, match="block 1 has no self_attn.o_proj linear layer over num_heads x head_dim = 4 x 8"):
         ModelAnatomy.of(model).attention_output_projections()
+
+
+def test_head_logits_of_several_rows_equal_the_head_module_and_hooked_heads_run_as_modules(tiny_models):
+    anatomy = ModelAnatomy.of(tiny_models["llama"])
+    states = torch.randn(3, anatomy.head.in_features)
+    with torch.no_grad():
+        torch.testing.assert_close(anatomy.head_logits(states), anatomy.head(states), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(anatomy.head_logits(states[:1]), anatomy.head(states[:1]), rtol=0, atol=0)
+        calls = []
+        handle = anatomy.head.register_forward_hook(lambda m, i, o: calls.append(i[0].shape))
+        try:
+            anatomy.head_logits(states)
+        finally:
+            handle.remove()
+    assert calls == [torch.Size([3, anatomy.head.in_features])]
