@@ -76,7 +76,7 @@ def test_output_projection_of_the_wrong_width_is_refused(tokenizer):
 
 def test_head_logits_of_several_rows_equal_the_head_module_and_hooked_heads_run_as_modules(tiny_models):
     anatomy = ModelAnatomy.of(tiny_models["llama"])
-    states = torch.randn(3, anatomy.head.in_features)
+    states = torch.randn(3, anatomy.head.in_features, dtype=anatomy.head.weight.dtype)
     with torch.no_grad():
         torch.testing.assert_close(anatomy.head_logits(states), anatomy.head(states), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(anatomy.head_logits(states[:1]), anatomy.head(states[:1]), rtol=0, atol=0)

@@ -50,11 +50,11 @@ def decode_loop(
     processors = settings.warpers(prompt_ids.shape[1], decoder.eos_token_ids)
     track_history = bool(processors) or bool(settings.stopping_criteria)
     records = RecordBuffer()
-    # Rows of equal length need no attention mask: None lets transformers skip building one, with no host sync.
+    # Rows of equal length need no attention mask: with none, transformers builds none either, with no host sync.
     unpadded = len({len(seq) for g in layout.groups for seq in g.sequences}) == 1
     masking = HeadMasker(anatomy, [dict(h) for h in head_sets]) if head_sets else contextlib.nullcontext()
     with LayerCapture(anatomy, {*state_layers, *(l for ls in lens_by_lane for l in ls)}) as capture, masking as masker:
-        state = prefill(anatomy, groups, capture, masker, decoder.split_prefill)
+        state = prefill(anatomy, groups, capture, masker, decoder.split_prefill, padded=not unpadded)
         hidden, cache, mask, positions = state.last_hidden, state.cache, state.attention_mask, state.positions  # [R, H], ..., [R, T], [R, 1]
         if masker is not None:
             masker.set_rows(layout.row_head_sets)
