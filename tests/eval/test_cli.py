@@ -47,3 +47,16 @@ def test_interrupted_eval_says_how_to_resume(monkeypatch, capsys):
     monkeypatch.setattr("fides_rag.cli._eval", interrupted)
     assert main(["eval", "--out", "runs/somewhere"]) == 130
     assert "answers so far are in runs/somewhere; rerun the same command to resume" in capsys.readouterr().err
+
+
+def test_eval_with_a_missing_or_corrupt_data_file_is_a_one_line_error_naming_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", "--dataset", "nq-swap", "--data", "data/nope", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fides-rag eval: error: no file at data/nope") and len(err.strip().splitlines()) == 1
+    corrupt = tmp_path / "nq.parquet"
+    corrupt.write_bytes(b"PAR1" + b"\x00garbage" * 40 + b"PAR1")
+    assert main(["eval", "--dataset", "nq-swap", "--data", str(corrupt), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "nq.parquet" in err and "cannot be read as parquet" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
