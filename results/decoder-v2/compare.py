@@ -1,7 +1,9 @@
 """Before/after table of decoder v2 from the JSON reports beside this file.
 
-The reports were written by `driver.py` (beside this file) run once with the code of commit d3638e8 on
-PYTHONPATH ("old") and once with decoder v2 ("new"); see README "Decoder v2: measured".
+`ab-<model>.json` were written by `ab.py`: the old (d3638e8) and new decoders alternating in one process,
+the fair before/after. `old-`/`new-<model>.json` were written by `driver.py` in separate runs with each
+code on PYTHONPATH: the full bench protocol (CFG peer, context growth), but runs apart in time on a
+machine whose speed drifts by 20-40%. See README "Decoder v2 (issue 11): measured".
 Usage: python results/decoder-v2/compare.py
 """
 
@@ -11,13 +13,36 @@ import json
 from pathlib import Path
 
 HERE = Path(__file__).parent
+LABELS = {"fides": "FIDES", "cad": "CAD", "standard": "standard"}
 
 
 def median(report: dict, section: str, method: str, what: str = "decode_ms_per_token") -> float:
     return report[section][method][what]["median"]
 
 
+def ab_table(model: str) -> None:
+    path = HERE / f"ab-{model}.json"
+    if not path.exists():
+        return
+    report = json.loads(path.read_text())
+    medians = report["median_decode_ms_per_token"]
+    print(f"\n#### {model}: old and new decoder in one process ({report['prompts']} prompts, 32 tokens forced, batch 1, CPU)\n")
+    print("| prompts | method | before (ms/token) | after (ms/token) | after / before |")
+    print("|---|---|---|---|---|")
+    for shape, by_method in medians.items():
+        for method, by_code in by_method.items():
+            print(f"| {shape} | {method} | {by_code['old']:.1f} | {by_code['new']:.1f} | {by_code['new'] / by_code['old']:.2f} |")
+    print("\n| ratio | before | after |")
+    print("|---|---|---|")
+    for shape, by_method in medians.items():
+        for a, b in (("fides", "cad"), ("fides", "standard"), ("cad", "standard")):
+            print(f"| {LABELS[a]}/{LABELS[b]}, {shape} | "
+                  f"{by_method[a]['old'] / by_method[b]['old']:.2f}x | {by_method[a]['new'] / by_method[b]['new']:.2f}x |")
+
+
 def main() -> None:
+    for model in ("smollm2-135m-instruct", "gemma3-270m"):
+        ab_table(model)
     for model in ("smollm2-135m-instruct", "gemma3-270m"):
         old_path, new_path = HERE / f"old-{model}.json", HERE / f"new-{model}.json"
         if not (old_path.exists() and new_path.exists()):
@@ -44,17 +69,26 @@ def main() -> None:
             ratio = lambda r: median(r, section, a) / median(r, section, b)  # noqa: E731
             print(f"| {label} | {ratio(old):.2f}x | {ratio(new):.2f}x |")
         if "context" in old and "context" in new:
-            print("\n| context tokens | standard KV bytes (before / after) | FIDES KV bytes (before / after) | FIDES / (standard + question-alone need) after | FIDES decode ms/token (before / after) |")
-            print("|---|---|---|---|---|")
-            for length, row in new["context"].items():
-                o = old["context"][length]
-                print(
-                    f"| {row['prompt_tokens']} (no-context {row['no_context_tokens']}) | {o['standard']['kv_cache_bytes']:,} / {row['standard']['kv_cache_bytes']:,} | "
-                    f"{o['fides']['kv_cache_bytes']:,} / {row['fides']['kv_cache_bytes']:,} | "
-                    f"{row['fides']['kv_cache_bytes'] / (row['standard']['kv_cache_bytes'] * (1 + row['no_context_tokens'] / row['prompt_tokens'])):.3f} | "
-                    f"{o['fides']['decode_ms_per_token']:.1f} / {row['fides']['decode_ms_per_token']:.1f} |"
-                )
+            context_table(old, new, HERE / f"context-after-head-fix-{model}.json")
 
+
+def context_table(old: dict, new: dict, later_path: Path) -> None:
+    """KV bytes and FIDES decode speed by context length: before, v2, and (if measured) v2 with the CPU head fix."""
+    later = json.loads(later_path.read_text())["context"] if later_path.exists() else {}
+    print("\n| context tokens | standard KV bytes (before / after) | FIDES KV bytes (before / after) | FIDES / (standard + question-alone need) after "
+          "| standard decode ms/token (before / v2 / v2 + head fix) | FIDES decode ms/token (before / v2 / v2 + head fix) |")
+    print("|---|---|---|---|---|---|")
+    for length, row in new["context"].items():
+        o, h = old["context"][length], later.get(length)
+        ms = lambda method: " / ".join(  # noqa: E731
+            f"{r[method]['decode_ms_per_token']:.1f}" if r else "-" for r in (o, row, h)
+        )
+        print(
+            f"| {row['prompt_tokens']} (no-context {row['no_context_tokens']}) | {o['standard']['kv_cache_bytes']:,} / {row['standard']['kv_cache_bytes']:,} | "
+            f"{o['fides']['kv_cache_bytes']:,} / {row['fides']['kv_cache_bytes']:,} | "
+            f"{row['fides']['kv_cache_bytes'] / (row['standard']['kv_cache_bytes'] * (1 + row['no_context_tokens'] / row['prompt_tokens'])):.3f} | "
+            f"{ms('standard')} | {ms('fides')} |"
+        )
 
 if __name__ == "__main__":
     main()
