@@ -20,29 +20,51 @@ def median(report: dict, section: str, method: str, what: str = "decode_ms_per_t
     return report[section][method][what]["median"]
 
 
-def ab_table(model: str) -> None:
-    path = HERE / f"ab-{model}.json"
-    if not path.exists():
-        return
+def ab_table(path: Path) -> None:
     report = json.loads(path.read_text())
+    model = report["model"]
     medians = report["median_decode_ms_per_token"]
-    print(f"\n#### {model}: old and new decoder in one process ({report['prompts']} prompts, 32 tokens forced, batch 1, CPU)\n")
+    print(f"\n#### {model}: old and new decoder in one process ({report['prompts']} prompts, 32 tokens forced, batch 1, CPU; {path.name})\n")
     print("| prompts | method | before (ms/token) | after (ms/token) | after / before |")
     print("|---|---|---|---|---|")
     for shape, by_method in medians.items():
         for method, by_code in by_method.items():
             print(f"| {shape} | {method} | {by_code['old']:.1f} | {by_code['new']:.1f} | {by_code['new'] / by_code['old']:.2f} |")
+    if not {"fides", "cad", "standard"} <= set(next(iter(medians.values()))):
+        return
     print("\n| ratio | before | after |")
     print("|---|---|---|")
     for shape, by_method in medians.items():
+        if not {"fides", "cad", "standard"} <= set(by_method):
+            continue
         for a, b in (("fides", "cad"), ("fides", "standard"), ("cad", "standard")):
             print(f"| {LABELS[a]}/{LABELS[b]}, {shape} | "
                   f"{by_method[a]['old'] / by_method[b]['old']:.2f}x | {by_method[a]['new'] / by_method[b]['new']:.2f}x |")
 
 
+def latency_after_head_fix(model: str) -> None:
+    """The full bench latency protocol (transformers' CFG as the peer) run again after the CPU head fix."""
+    path = HERE / f"latency-after-head-fix-{model}.json"
+    if not path.exists():
+        return
+    report = json.loads(path.read_text())
+    p = report["protocol"]
+    print(f"\n#### {model}, after the head fix ({p['samples']} prompts after {p['warmup']} warm-up, {p['new_tokens']} tokens forced; {path.name})\n")
+    print("| method | decode ms/token (median) |")
+    print("|---|---|")
+    for method in report["latency"]:
+        if method != "prompts":
+            print(f"| {method} | {median(report, 'latency', method):.1f} |")
+    ratio = lambda a, b: median(report, "latency", a) / median(report, "latency", b)  # noqa: E731
+    print(f"\nFIDES/standard {ratio('fides', 'standard'):.2f}x, FIDES/CAD {ratio('fides', 'cad'):.2f}x, CAD/CFG {ratio('cad', 'hf-cfg'):.2f}x")
+
+
 def main() -> None:
     for model in ("smollm2-135m-instruct", "gemma3-270m"):
-        ab_table(model)
+        for path in (HERE / f"ab-{model}.json", HERE / f"ab-standard-{model}.json"):
+            if path.exists():
+                ab_table(path)
+        latency_after_head_fix(model)
     for model in ("smollm2-135m-instruct", "gemma3-270m"):
         old_path, new_path = HERE / f"old-{model}.json", HERE / f"new-{model}.json"
         if not (old_path.exists() and new_path.exists()):
