@@ -16,8 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from fides_rag import FidesConfig, FidesDecoder, GenerationResult, available_methods, load_model
 from fides_rag.batching import RequestBatcher, shared_batcher
 from fides_rag.prompts import TemplateLeftovers, document_texts, fit_texts, template_stops
-from fides_rag.rules import ContrastRule
-from fides_rag.rules.fides import FidesRule
+from fides_rag.rules import ContrastRule, accepts_option, get_method
 
 logger = logging.getLogger("langchain_fides")
 
@@ -211,8 +210,8 @@ class FidesParams(BaseModel):
         if config is not None and not isinstance(config, FidesConfig):
             raise TypeError(f"fides_config must be a FidesConfig, got {type(config).__name__}")
         requested = method if isinstance(method, str) else getattr(method, "name", type(method).__name__)
-        if method == "fides" and config is not None:
-            method = FidesRule(config)
+        if isinstance(method, str) and config is not None and accepts_option(method, "config"):
+            method = get_method(method, config=config)  # the rules that take a config (FIDES) get this one
         max_new = kwargs.get("max_tokens", kwargs.get("max_new_tokens"))
         if max_new is None:
             max_new = self.max_tokens if self.max_tokens is not None else self.max_new_tokens

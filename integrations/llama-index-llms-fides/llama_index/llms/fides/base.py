@@ -36,7 +36,7 @@ from llama_index.core.types import TokenAsyncGen, TokenGen
 from fides_rag import FidesConfig, FidesDecoder, GenerationResult, available_methods, load_model
 from fides_rag.batching import RequestBatcher, shared_batcher
 from fides_rag.prompts import TemplateLeftovers, document_texts, fit_texts, template_stops
-from fides_rag.rules.fides import FidesRule
+from fides_rag.rules import accepts_option, get_method
 
 from llama_index.llms.fides.context import (
     CONTEXT_VARIABLES,
@@ -377,7 +377,7 @@ class FidesLLM(CustomLLM):
     def _decode_args(self, pair: _Pair, options: dict[str, Any]) -> tuple[tuple[str, str], dict[str, Any]]:
         self._check_fallback(pair, options)
         method = options["method"]
-        rule: Any = FidesRule(self.fides_config()) if method == "fides" else method
+        rule: Any = get_method(method, config=self.fides_config()) if isinstance(method, str) and accepts_option(method, "config") else method
         if pair.fallback is not None:
             rule = "standard"
         args = {k: v for k, v in options.items() if k not in ("method", "strict")}
