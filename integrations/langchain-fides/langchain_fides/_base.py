@@ -303,6 +303,21 @@ class FidesParams(BaseModel):
             plan.trimmed, plan.document_tokens = True, (fitted.tokens_before, fitted.tokens_after)
         return plan
 
+    def _retriever_plan(self, messages: list[tuple[str, str]], found: list[Any], retrieved: list[Any] | None, max_new: int, where: str) -> Plan:
+        """The prompt pair for the retrieved documents the run-tree recorder found verbatim in `where`, with a
+        note for retrieved documents it did not find there."""
+        plan = self._prompt_plan(messages, [d.page_content for d in found], "retriever", max_new)
+        found_texts = {d.page_content for d in found}
+        missing = len({d.page_content for d in retrieved or [] if d.page_content.strip()} - found_texts)
+        if missing:
+            note = (
+                f"{missing} of the {missing + len(found)} documents retrieved in this run were not found verbatim in {where} "
+                f"(rewritten by a formatter?); their text, if any, stays in both paths"
+            )
+            logger.warning(note)
+            plan.notes.append(note)
+        return plan
+
     def _plain_plan(self, messages: list[tuple[str, str]], why: str) -> Plan:
         prompt = self._render_messages(messages)
         plan = Plan("prompts", "none", context_prompt=prompt, no_context_prompt=prompt, method="standard")

@@ -18,7 +18,7 @@ from fides_rag import GenerationResult
 from fides_rag.prompts import PromptTemplate, document_texts
 from langchain_fides._base import CallOptions, FidesParams, Plan, iterate_in_thread, logger
 from langchain_fides._discovery import model_parent_var, recorder
-from langchain_fides.llms import _missing, _why_no_documents
+from langchain_fides.llms import _why_no_documents
 
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "user", "function": "user"}
 
@@ -121,16 +121,7 @@ class ChatFides(FidesParams, BaseChatModel):
         found = recorder.documents_for(parent_run_id, contents)
         retrieved = recorder.retrieved_for(parent_run_id)
         if found:
-            plan = self._prompt_plan(turns, [d.page_content for d in found], "retriever", max_new)
-            missing = _missing(retrieved, found)
-            if missing:
-                note = (
-                    f"{missing} of the {missing + len(found)} documents retrieved in this run were not found verbatim in the messages "
-                    f"(rewritten by a formatter?); their text, if any, stays in both paths"
-                )
-                logger.warning(note)
-                plan.notes.append(note)
-            return plan
+            return self._retriever_plan(turns, found, retrieved, max_new, "the messages")
         systems = [i for i, m in enumerate(messages) if isinstance(m, SystemMessage) and m.text.strip()]
         use_systems = self.system_message_as_context and bool(systems)
         if retrieved is not None and not retrieved:

@@ -15,7 +15,7 @@ from langchain_core.runnables import Runnable, RunnableConfig
 
 from fides_rag import GenerationResult
 from fides_rag.prompts import document_texts
-from langchain_fides._base import FidesParams, Plan, cache_key_options, iterate_in_thread, logger
+from langchain_fides._base import FidesParams, Plan, cache_key_options, iterate_in_thread
 from langchain_fides._discovery import recorder
 from langchain_fides.prompts import FidesPromptValue
 
@@ -132,16 +132,7 @@ class FidesLLM(FidesParams, BaseLLM):
         found = recorder.documents_for(parent_run_id, [prompt])
         retrieved = recorder.retrieved_for(parent_run_id)
         if found:
-            plan = self._prompt_plan(messages, [d.page_content for d in found], "retriever", max_new)
-            missing = _missing(retrieved, found)
-            if missing:
-                note = (
-                    f"{missing} of the {missing + len(found)} documents retrieved in this run were not found verbatim in the prompt "
-                    f"(rewritten by a formatter?); their text, if any, stays in both paths"
-                )
-                logger.warning(note)
-                plan.notes.append(note)
-            return plan
+            return self._retriever_plan(messages, found, retrieved, max_new, "the prompt")
         return self._plain_plan(messages, _why_no_documents(retrieved, "the prompt"))
 
     def _generate_one(self, prompt: str, stop: list[str] | None, parent_run_id: UUID | None, kwargs: dict[str, Any]) -> Generation:
@@ -191,11 +182,6 @@ class FidesLLM(FidesParams, BaseLLM):
             if run_manager and chunk.text:
                 await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
-
-
-def _missing(retrieved: list[Any] | None, found: list[Any]) -> int:
-    contents = {d.page_content for d in found}
-    return len({d.page_content for d in retrieved or [] if d.page_content.strip()} - contents)
 
 
 def _why_no_documents(retrieved: list[Any] | None, where: str) -> str:
