@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from fides_rag.cli_model_options import add_model_arguments, load_options
 from fides_rag.config import FidesConfig
 from fides_rag.decoder import FidesDecoder
 from fides_rag.extras import MissingExtraError, check_extra
@@ -69,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--methods", type=_methods, default=["fides"], help="comma-separated, e.g. standard,cad,fides")
     generate.add_argument("--config", help="a FidesConfig JSON file (e.g. from calibration)")
     generate.add_argument("--max-new-tokens", type=int, default=32)
-    generate.add_argument("--device", default="auto")
+    add_model_arguments(generate)
     generate.add_argument("--steps", action="store_true", help="print the per-token alpha and signal table")
     generate.add_argument("--json", action="store_true", help="print results as JSON lines")
     add_demo_parser(commands)
@@ -99,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="add FIDES with another FidesConfig as method 'fides-LABEL' (repeatable), e.g. calibrated=cal.json")
     evaluate.add_argument("--max-new-tokens", type=int, default=32)
     evaluate.add_argument("--bootstrap", type=int, default=1000, help="paired bootstrap resamples")
-    evaluate.add_argument("--device", default="auto")
+    add_model_arguments(evaluate)
     evaluate.add_argument("--analyze", action="store_true", help="run the analyses on the finished run")
     evaluate.add_argument("--no-progress", action="store_true")
     calibrate = commands.add_parser(
@@ -114,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--batch-size", type=_integer_at_least(1), default=8)
     calibrate.add_argument("--max-new-tokens", type=_integer_at_least(1), default=16)
     calibrate.add_argument("--out", default="calibrated.json", help="the calibrated FidesConfig; the statistics table goes beside it (.md)")
-    calibrate.add_argument("--device", default="auto")
+    add_model_arguments(calibrate)
     calibrate.add_argument("--no-progress", action="store_true")
     analyze = commands.add_parser("analyze", help="token selectivity, conflict severity, non-conflict control and a trace of a run")
     analyze.add_argument("run_dir")
@@ -169,7 +170,11 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "analyze":
         return _analyze(args.run_dir, args.method, args.example)
     config = FidesConfig.from_file(args.config) if args.config else FidesConfig()
-    decoder = FidesDecoder.from_pretrained(args.model, device=args.device, config=config)
+    try:
+        decoder = FidesDecoder.from_pretrained(args.model, config=config, **load_options(args))
+    except ValueError as err:
+        print(f"fides-rag generate: error: {err}", file=sys.stderr)
+        return 2
     for method in args.methods:
         result = decoder.generate(args.question, args.doc, method=method, max_new_tokens=args.max_new_tokens)
         if args.json:
@@ -212,8 +217,12 @@ def _eval(args: argparse.Namespace) -> int:
             raise ValueError(f"--fides-config label {label!r} clashes with the method 'fides-{label}'; pick another label")
         methods[f"fides-{label}"] = get_method("fides", config=variant)
         variants[f"fides-{label}"] = variant.to_dict()
+    options = load_options(args)
     rank, world = process_group()  # several under torchrun / accelerate launch: each decodes its shard
-    decoder = FidesDecoder.from_pretrained(args.model, device=local_device(args.device), config=config)
+    if world > 1 and "device_map" in options:
+        raise ValueError(f"--device-map splits one model over this process's devices, but {world} processes were launched, "
+                         "each loading its own copy: drop --device-map (each process takes its own GPU) or run one process")
+    decoder = FidesDecoder.from_pretrained(args.model, config=config, **{**options, "device": local_device(args.device)})
     info = {"model": args.model, "dataset": args.dataset, "data": args.data, "config": config.to_dict()}
     if variants:
         info["fides_variants"] = variants
@@ -245,7 +254,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     if len(examples) < args.n:
         print(f"note: only {len(examples)} examples after --offset {args.offset}; calibrating on {len(examples)}, not {args.n}", file=sys.stderr)
     pairs = [(e.question, list(e.contexts)) for e in examples]  # answers are never read
-    decoder = FidesDecoder.from_pretrained(args.model, device=args.device)
+    decoder = FidesDecoder.from_pretrained(args.model, **load_options(args))
     source = {
         "model": args.model,
         "dataset": args.dataset,

@@ -88,12 +88,15 @@ class FidesDecoder:
 
     @classmethod
     def from_pretrained(
-        cls, name_or_path: str, *, device: str = "auto", dtype: Any = None, device_map: Any = None, **kwargs: Any
+        cls, name_or_path: str, *, device: str = "auto", dtype: Any = None, device_map: Any = None,
+        offload_folder: str | None = None, **kwargs: Any
     ) -> FidesDecoder:
-        """Load a model with `load_model` (`device_map="auto"` splits it over the available devices) and wrap it."""
+        """Load a model with `load_model` (`device_map="auto"` splits it over the available devices, offloading
+        what does not fit to `offload_folder`) and wrap it; `kwargs` go to the decoder."""
         from fides_rag.loading import load_model
 
-        model, tokenizer = load_model(name_or_path, device=device, dtype=dtype, device_map=device_map)
+        load_kwargs = {"offload_folder": offload_folder} if offload_folder is not None else {}
+        model, tokenizer = load_model(name_or_path, device=device, dtype=dtype, device_map=device_map, **load_kwargs)
         return cls(model, tokenizer, **kwargs)
 
     # -- setup ----------------------------------------------------------------------------------

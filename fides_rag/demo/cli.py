@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 
+from fides_rag.cli_model_options import add_model_arguments, load_options
 from fides_rag.demo.corpus import DATA_ENV
 from fides_rag.demo.run import DEFAULT_K, DEFAULT_LIMITS, DEFAULT_METHODS, DEFAULT_MODEL, DEFAULT_NOISE, DemoSettings
 
@@ -79,12 +80,18 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
                       help="replace documents holding a gold alias last (default: replaced positions are fully random)")
     demo.add_argument("--doc-order", choices=["best-last", "best-first"], default="best-last",
                       help="prompt order of the retrieved documents (default best-last: the most similar next to the question)")
-    demo.add_argument("--device", default="auto")
+    add_model_arguments(demo)
     demo.add_argument("--out", default=None,
                       help="folder for results.json, accuracy.png and the decoded answers; rerun with the same folder to "
                            "resume (default runs/demo/<corpus>-<model>)")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
     return demo
+
+
+def _extra_load_options(args: argparse.Namespace) -> dict | None:
+    """--dtype, --device-map and --offload-folder as `load_model` keywords; None when all are left at their defaults."""
+    extra = {k: v for k, v in load_options(args).items() if k != "device" and v is not None}
+    return extra or None
 
 
 def settings_from_args(args: argparse.Namespace) -> DemoSettings:
@@ -96,7 +103,7 @@ def settings_from_args(args: argparse.Namespace) -> DemoSettings:
     return DemoSettings(
         corpus=corpus, data=args.data, model=args.model, methods=tuple(args.methods), k=args.k, noise=tuple(args.noise),
         seed=args.seed, limit=args.limit, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-        device=args.device, out=args.out, protect_gold=args.protect_gold, doc_order=args.doc_order,
+        device=args.device, load_options=_extra_load_options(args), out=args.out, protect_gold=args.protect_gold, doc_order=args.doc_order,
     )
 
 

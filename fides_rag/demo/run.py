@@ -56,6 +56,8 @@ class DemoSettings:
     batch_size: int = 8
     max_new_tokens: int = 16
     device: str = "auto"
+    load_options: dict[str, Any] | None = None
+    """More keyword arguments of `load_model`: dtype, device_map (which replaces `device`), offload_folder."""
     out: str | None = None
     """Run folder; None: runs/demo/<corpus>-<model>, so runs of other models or corpora do not collide."""
     protect_gold: bool = False
@@ -218,7 +220,7 @@ def _decode(settings: DemoSettings, store: PredictionStore, examples: Sequence[Q
     if decoder is None and todo:
         from fides_rag import FidesDecoder, load_model
 
-        model, tokenizer = load_model(settings.model, device=settings.device)
+        model, tokenizer = load_model(settings.model, **{"device": settings.device, **(settings.load_options or {})})
         decoder = FidesDecoder(model, tokenizer)
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
