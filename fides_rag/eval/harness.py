@@ -20,8 +20,9 @@ from typing import Any
 from fides_rag.config import FidesConfig
 from fides_rag.eval.datasets import QAExample
 from fides_rag.eval.metrics import METRIC_LABELS, METRICS, aggregate
-from fides_rag.eval.parallel import barrier, shard
+from fides_rag.eval.parallel import barrier, gather, shard
 from fides_rag.eval.records import example_record, read_predictions, trim_result  # noqa: F401  (public here too)
+from fides_rag.eval.shard_progress import ShardProgress
 from fides_rag.eval.significance import paired_bootstrap
 from fides_rag.eval.store import PREDICTIONS, RUN_INFO, PredictionStore, check_resume  # noqa: F401
 from fides_rag.eval.tables import markdown_table
@@ -103,7 +104,7 @@ def run_eval(
     finished run with an extra method decodes only that method (the merged line replaces the old one).
     With `parallel=(rank, world)` (torchrun / accelerate launch) each process decodes every world-th example into
     its own shard folder, `shard-<rank>-of-<world>`, which resumes on its own; rank 0 then merges the shards and
-    writes the results (the other ranks return an empty dict).
+    writes the results (the other ranks return an empty dict). Each rank shows its own progress; rank 0 also the total.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -122,34 +123,61 @@ def run_eval(
         store = PredictionStore(out, info, _RESUME_KEYS)
     started = time.perf_counter()
     todo = len(store.missing(examples, labels))
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
+    shards = gather((todo, store.path.stat().st_size if store.path.is_file() else 0)) if world > 1 else [(todo, 0)]
+    bar, total = _progress_bars(out, len(examples), todo, len(examples_all), shards, rank) if progress else (None, None)
 
-        bar = tqdm(total=len(examples), initial=len(examples) - todo, unit="ex", dynamic_ncols=True, position=rank,
-                   desc="eval" if world == 1 else f"eval rank {rank}/{world}")
+    def on_batch(n: int) -> None:
+        bar.update(n)
+        if total is not None:
+            total.poll()
+
     try:
         store.decode(decoder, examples, methods, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                     prompt_length=lambda e: _prompt_length(decoder, e), on_batch=bar.update if bar is not None else None)
+                     prompt_length=lambda e: _prompt_length(decoder, e), on_batch=on_batch if bar is not None else None)
     finally:
         if bar is not None:
             bar.close()
-    elapsed = time.perf_counter() - started
-
     if world > 1:
-        barrier()  # every shard is complete
+        try:
+            barrier(total.poll if total is not None else None)  # every shard is complete
+        finally:
+            if total is not None:
+                total.close()
         if rank != 0:
             return {}
-        merged = {r["id"]: r for k in range(world) for r in read_predictions(out / f"shard-{k}-of-{world}" / PREDICTIONS)}
-        records = [merged[e.id] for e in examples_all if e.id in merged]
-        (out / RUN_INFO).write_text(json.dumps({**info, "processes": world}, indent=2) + "\n")
+        records = _merged_shards(out, world, examples_all)
+        info = {**info, "processes": world}
+        (out / RUN_INFO).write_text(json.dumps(info, indent=2) + "\n")
     else:
         records = store.records_for(examples)
+    elapsed, decoded = time.perf_counter() - started, sum(n for n, _ in shards)  # all processes together
     results = summarize(records, labels, bootstrap_samples=bootstrap_samples, seed=seed)
-    results["run"] = {**info, **({"processes": world} if world > 1 else {}), "examples": len(records), "decoded_now": todo, "seconds_now": round(elapsed, 2),
-                      "examples_per_second_now": round(todo / elapsed, 3) if todo and elapsed > 0 else None}
+    results["run"] = {**info, "examples": len(records), "decoded_now": decoded, "seconds_now": round(elapsed, 2),
+                      "examples_per_second_now": round(decoded / elapsed, 3) if decoded and elapsed > 0 else None}
     write_results(out, results)
     return results
+
+
+def _progress_bars(
+    out: Path, shard_size: int, todo: int, total_size: int, shards: Sequence[tuple[int, int]], rank: int
+) -> tuple[Any, ShardProgress | None]:
+    """This process's bar; on rank 0 of several processes also the bar over every shard (from their (todo, file size))."""
+    from tqdm.auto import tqdm
+
+    world = len(shards)
+    bar = tqdm(total=shard_size, initial=shard_size - todo, unit="ex", dynamic_ncols=True, position=rank,
+               desc="eval" if world == 1 else f"eval rank {rank}/{world}")
+    if world == 1 or rank != 0:
+        return bar, None
+    files = [out / f"shard-{k}-of-{world}" / PREDICTIONS for k in range(world)]
+    return bar, ShardProgress(files, [size for _, size in shards], total=total_size,
+                              initial=total_size - sum(n for n, _ in shards), position=world)
+
+
+def _merged_shards(out: Path, world: int, examples: Sequence[QAExample]) -> list[dict[str, Any]]:
+    """The records of every shard folder, in the order of `examples`."""
+    merged = {r["id"]: r for k in range(world) for r in read_predictions(out / f"shard-{k}-of-{world}" / PREDICTIONS)}
+    return [merged[e.id] for e in examples if e.id in merged]
 
 
 # -- results ---------------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
-"""Data-parallel eval under `torchrun` or `accelerate launch`: this process's rank, its shard, and a barrier."""
+"""Data-parallel eval under `torchrun` or `accelerate launch`: this process's rank, its shard, gathering and a barrier."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -30,12 +31,39 @@ def shard(items: Sequence[T], rank: int, world: int) -> list[T]:
     return list(items[rank::world])
 
 
-def barrier() -> None:
-    """Wait for every process (nothing to wait for in a single process)."""
+def _distributed() -> bool:
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
+    return dist.is_available() and dist.is_initialized()
+
+
+def gather(value: T) -> list[T]:
+    """`value` from every process, in rank order (`[value]` in a single process). Every process must call it."""
+    if not _distributed():
+        return [value]
+    import torch.distributed as dist
+
+    values: list[T] = [value] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+def barrier(while_waiting: Callable[[], None] | None = None, interval_s: float = 0.5) -> None:
+    """Wait for every process (nothing to wait for in a single process), calling `while_waiting` every
+    `interval_s` meanwhile (rank 0 updates the total progress while the other ranks finish)."""
+    if not _distributed():
+        return
+    import torch.distributed as dist
+
+    if while_waiting is None:
         dist.barrier()
+        return
+    work = dist.barrier(async_op=True)
+    while not work.is_completed():
+        while_waiting()
+        time.sleep(interval_s)
+    work.wait()
+    while_waiting()
 
 
 def local_device(device: str) -> str:
