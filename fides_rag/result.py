@@ -68,3 +68,21 @@ class GenerationResult:
         data = asdict(self)
         data["steps"] = [s.to_dict() for s in self.steps]
         return data
+
+    def to_metadata(self) -> dict[str, Any]:
+        """What a framework's response metadata carries (LangChain's response_metadata, LlamaIndex's
+        additional_kwargs): the method, how it finished, the per-token alphas and records, notes, trimming,
+        both prompts and token counts. The integrations add what only they know (requested method, sources)."""
+        return {
+            "method": self.method,
+            "finish_reason": self.finish_reason,
+            "alphas": self.alphas,
+            "steps": [s.to_dict() for s in self.steps],
+            "notes": list(self.notes),
+            "documents_trimmed": self.documents_trimmed,
+            "document_tokens": self.document_tokens,
+            "context_prompt": self.context_prompt,
+            "no_context_prompt": self.no_context_prompt,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": len(self.token_ids),
+        }

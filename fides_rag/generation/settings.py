@@ -28,6 +28,17 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def sampling_options(
+    do_sample: Any, temperature: Any = None, top_p: Any = 1.0, top_k: Any = 0, seed: Any = None
+) -> dict[str, Any]:
+    """A framework call's sampling knobs as the decoder's keywords: none under greedy decoding (a framework's
+    default temperature or top_p would only warn there), and temperature 0 means greedy (LangChain's and
+    OpenAI's convention). Values are passed on unchecked, so `GenerationSettings` names a bad one."""
+    if do_sample is False or (temperature is not None and _is_number(temperature) and temperature == 0):
+        return {}
+    return {"do_sample": do_sample, "temperature": 1.0 if temperature is None else temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
+
+
 @dataclass(frozen=True)
 class GenerationSettings:
     """Per-call generation controls (validated)."""

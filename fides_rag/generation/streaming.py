@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
-from collections.abc import AsyncIterator, Iterator
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from fides_rag.generation.stopping import first_stop_index, held_back_suffix
 from fides_rag.result import GenerationResult
 
 logger = logging.getLogger(__name__)
+Item = TypeVar("Item")
 
 
 class TextStream(Iterator[str]):
@@ -89,3 +93,49 @@ class AsyncTextStream(AsyncIterator[str]):
         """Stop decoding (the rows are dropped and the decoder's lock released) and free the worker thread."""
         await asyncio.get_running_loop().run_in_executor(self._executor, self._stream.close)
         self._executor.shutdown(wait=False)
+
+
+async def iterate_in_thread(factory: Callable[[], Iterator[Item]]) -> AsyncIterator[Item]:
+    """Items of a blocking iterator for asyncio: `factory()` runs and is iterated on a worker thread (in a copy of
+    the caller's contextvars, so tracing context follows), each item handed over through a queue. An error in
+    the worker is raised in the consumer; a consumer that stops early makes the worker stop and close the iterator.
+    """
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    stopped = threading.Event()
+
+    def put(kind: str, item: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, (kind, item))
+        except RuntimeError:  # the loop is closed: the consumer went away
+            stopped.set()
+
+    def work() -> None:
+        try:
+            iterator = factory()
+            try:
+                for item in iterator:
+                    if stopped.is_set():
+                        break
+                    put("item", item)
+            finally:
+                close = getattr(iterator, "close", None)
+                if close is not None:
+                    close()
+        except BaseException as error:  # noqa: BLE001 - raised again in the consumer
+            put("error", error)
+        else:
+            put("done", None)
+
+    context = contextvars.copy_context()
+    threading.Thread(target=context.run, args=(work,), daemon=True, name="fides-iterate").start()
+    try:
+        while True:
+            kind, item = await queue.get()
+            if kind == "error":
+                raise item
+            if kind == "done":
+                return
+            yield item
+    finally:
+        stopped.set()

@@ -138,8 +138,8 @@ def test_a_rank_killed_mid_run_resumes_without_loss_or_duplicates(tiny_run_input
     _, err = rerun.communicate(timeout=900)
     assert rerun.returncode == 0, err[-3000:]
     assert "eval total: 100%" in err and f"{N}/{N}" in err  # rank 0's bar over both shards
-    for shard in out.glob("shard-*/predictions.jsonl"):
-        ids = [json.loads(line)["id"] for line in shard.read_text().splitlines()]
-        assert len(ids) == len(set(ids)) == N // 2, shard  # nothing decoded twice, nothing missing, no broken line
+    for shard_file in out.glob("shard-*/predictions.jsonl"):
+        ids = [json.loads(line)["id"] for line in shard_file.read_text().splitlines()]
+        assert len(ids) == len(set(ids)) == N // 2, shard_file  # nothing decoded twice, nothing missing, no broken line
     _one_process(tiny_run_inputs, tmp_path / "one", batch, tokens)
     _assert_same_as_one_process(out, tmp_path / "one")

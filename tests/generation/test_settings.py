@@ -45,3 +45,14 @@ def test_lone_surrogates_are_refused_with_their_position(tiny_llama, tokenizer):
         decoder.generate("What?", ["fine", "b\udc80ad"])
     with pytest.raises(ValueError, match=r"no_context_prompt holds a lone surrogate"):
         decoder.generate_from_prompts("ok", "n\ud83do")
+
+
+def test_sampling_options_drop_greedy_knobs_and_read_temperature_zero_as_greedy():
+    from fides_rag.generation.settings import sampling_options
+
+    assert sampling_options(False, temperature=0.7, top_p=0.9, top_k=5, seed=3) == {}
+    assert sampling_options(True, temperature=0) == {}
+    assert sampling_options(True) == {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": None}
+    assert sampling_options(True, temperature=0.5, seed=7)["temperature"] == 0.5
+    with pytest.raises(ValueError, match="do_sample must be True or False"):  # passed on unchecked, named by the settings
+        GenerationSettings(**sampling_options("yes"))

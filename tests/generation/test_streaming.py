@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import asyncio
 
 from fides_rag import FidesDecoder
@@ -52,3 +54,43 @@ def test_agenerate_equals_generate(tiny_llama, tokenizer):
     decoder = FidesDecoder(tiny_llama, tokenizer)
     result = asyncio.run(decoder.agenerate(QUESTION, DOCUMENTS, method="cad", max_new_tokens=6))
     assert result.token_ids == decoder.generate(QUESTION, DOCUMENTS, method="cad", max_new_tokens=6).token_ids
+
+
+def test_iterate_in_thread_hands_over_items_errors_and_stops_the_worker_early():
+    import asyncio
+    import contextvars
+    import threading
+
+    from fides_rag.generation.streaming import iterate_in_thread
+
+    where = contextvars.ContextVar("where", default="unset")
+    closed = threading.Event()
+
+    def numbers():
+        try:
+            for i in range(100):
+                yield (i, where.get(), threading.current_thread() is threading.main_thread())
+        finally:
+            closed.set()
+
+    def failing():
+        yield 1
+        raise KeyError("boom")
+
+    async def main():
+        where.set("caller")
+        items = [item async for item in iterate_in_thread(lambda: iter([(1, where.get()), (2, where.get())]))]
+        assert items == [(1, "caller"), (2, "caller")]  # run in a copy of the caller's context
+        seen = []
+        with pytest.raises(KeyError, match="boom"):
+            async for item in iterate_in_thread(failing):
+                seen.append(item)
+        assert seen == [1]
+        stream = iterate_in_thread(numbers)
+        first = await stream.__anext__()
+        assert first == (0, "caller", False)  # produced on a worker thread
+        await stream.aclose()
+        await asyncio.to_thread(closed.wait, 10)
+        assert closed.is_set()  # the worker stopped and closed the iterator
+
+    asyncio.run(main())

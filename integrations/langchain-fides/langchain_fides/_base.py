@@ -1,13 +1,11 @@
-"""What FidesLLM and ChatFides share: the typed options, the decoder, the two-path plan, metadata, async."""
+"""What FidesLLM and ChatFides share: the typed options, the decoder, the two-path plan and metadata."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import hashlib
 import logging
-import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -15,7 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from fides_rag import FidesConfig, FidesDecoder, GenerationResult, available_methods, load_model
 from fides_rag.batching import RequestBatcher, shared_batcher
-from fides_rag.prompts import TemplateLeftovers, document_texts, fit_texts, template_stops
+from fides_rag.generation.settings import sampling_options
+from fides_rag.prompts import TemplateLeftovers, document_texts, template_stops
+from fides_rag.raw_prompts import fit_documents, render_chat
 from fides_rag.rules import ContrastRule, accepts_option, get_method
 
 logger = logging.getLogger("langchain_fides")
@@ -215,19 +215,7 @@ class FidesParams(BaseModel):
         max_new = kwargs.get("max_tokens", kwargs.get("max_new_tokens"))
         if max_new is None:
             max_new = self.max_tokens if self.max_tokens is not None else self.max_new_tokens
-        do_sample = bool(kwargs.get("do_sample", self.do_sample))
-        temperature = kwargs.get("temperature", self.temperature)
-        generation: dict[str, Any] = {}
-        if temperature == 0:
-            do_sample = False
-        if do_sample:
-            generation = {
-                "do_sample": True,
-                "temperature": 1.0 if temperature is None else float(temperature),
-                "top_p": kwargs.get("top_p", self.top_p),
-                "top_k": kwargs.get("top_k", self.top_k),
-                "seed": kwargs.get("seed", self.seed),
-            }
+        generation = sampling_options(*(kwargs.get(k, getattr(self, k)) for k in ("do_sample", "temperature", "top_p", "top_k", "seed")))
         stops = [s for s in [*(self.stop or []), *(stop or [])] if isinstance(s, str) and s]
         strict = kwargs.get("strict", self.strict)
         if not isinstance(strict, bool):
@@ -245,29 +233,13 @@ class FidesParams(BaseModel):
         has = bool(getattr(self._dec.tokenizer, "chat_template", None))
         return has if self.apply_chat_template is None else bool(self.apply_chat_template and has)
 
-    def _strip_bos(self, text: str) -> str:
-        """Drop a BOS the chat template wrote when the tokenizer adds one itself (the core tokenises raw prompts with special tokens)."""
-        tok = self._dec.tokenizer
-        bos = getattr(tok, "bos_token", None)
-        if bos and text.startswith(bos):
-            ids = tok("a")["input_ids"]
-            if ids and ids[0] == tok.bos_token_id:
-                return text[len(bos) :]
-        return text
-
     def _render_messages(self, messages: list[tuple[str, str]]) -> str:
         messages = [(r, c) for r, c in messages if c.strip()] or messages[-1:]
         if self._uses_chat_template():
-            rendered = self._dec.tokenizer.apply_chat_template(
-                [{"role": r, "content": c} for r, c in messages], tokenize=False, add_generation_prompt=True
-            )
-            return self._strip_bos(rendered)
+            return render_chat(self._dec.tokenizer, [{"role": r, "content": c} for r, c in messages])
         if len(messages) == 1 and messages[0][0] == "user":
             return messages[0][1]
         return "\n".join(f"{r.capitalize()}: {c}" for r, c in messages) + "\nAssistant:"
-
-    def _n_tokens(self, text: str) -> int:
-        return len(self._dec.tokenizer(text)["input_ids"])
 
     def _prompt_plan(
         self, messages: list[tuple[str, str]], texts: list[str], source: str, max_new: int, *, drop_in_no_context: Sequence[int] = ()
@@ -289,18 +261,17 @@ class FidesParams(BaseModel):
                     noctx.append((role, n))
             return self._render_messages(ctx), self._render_messages(noctx)
 
-        budget = self._dec.context_window - max_new
-        fitted = fit_texts(
-            {t: t for t in texts}, lambda kept: render({t: k for t, k in kept.items() if k != t}),
-            lambda pair: self._n_tokens(pair[0]), budget, self._dec.tokenizer,
+        tokenizer = self._dec.tokenizer
+        fitted = fit_documents(
+            {t: t for t in texts}, lambda kept: render({t: k for t, k in kept.items() if k != t}), tokenizer,
+            context_window=self._dec.context_window, max_new_tokens=max_new, count=lambda pair: len(tokenizer(pair[0])["input_ids"]),
         )
         ctx, noctx = fitted.rendered
         plan = Plan("prompts", source, documents=list(texts), context_prompt=ctx, no_context_prompt=noctx)
-        if fitted.trimmed:
-            note = fitted.note(max_new, self._dec.context_window)
+        for note in fitted.notes:
             logger.warning(note)
-            plan.notes.append(note)
-            plan.trimmed, plan.document_tokens = True, (fitted.tokens_before, fitted.tokens_after)
+        plan.notes += fitted.notes
+        plan.trimmed, plan.document_tokens = fitted.trimmed, fitted.document_tokens
         return plan
 
     def _retriever_plan(self, messages: list[tuple[str, str]], found: list[Any], retrieved: list[Any] | None, max_new: int, where: str) -> Plan:
@@ -396,67 +367,15 @@ class FidesParams(BaseModel):
         yield result
 
     def _metadata(self, plan: Plan, opts: CallOptions, result: GenerationResult) -> dict[str, Any]:
-        notes = list(dict.fromkeys([*plan.notes, *result.notes]))
+        """The result's metadata, with what only this call knows: where the documents came from and its own notes."""
         return {
+            **result.to_metadata(),
             "model_name": self.model_id or type(self._dec.model).__name__,
-            "method": result.method,
             "requested_method": opts.requested,
-            "finish_reason": result.finish_reason,
-            "alphas": result.alphas,
-            "steps": [s.to_dict() for s in result.steps],
-            "notes": notes,
+            "notes": list(dict.fromkeys([*plan.notes, *result.notes])),
             "documents_source": plan.source,
             "num_documents": len(plan.documents),
             "documents_trimmed": plan.trimmed or result.documents_trimmed,
             "document_tokens": plan.document_tokens or result.document_tokens,
-            "context_prompt": result.context_prompt,
-            "no_context_prompt": result.no_context_prompt,
-            "prompt_tokens": result.prompt_tokens,
-            "completion_tokens": len(result.token_ids),
         }
 
-
-_DONE = object()
-
-
-async def iterate_in_thread(factory: Callable[[], Iterator[Any]]) -> AsyncIterator[Any]:
-    """Run a blocking iterator in a worker thread and hand its items to the event loop through a queue."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-    cancelled = threading.Event()
-
-    def put(kind: str, item: Any) -> None:
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, (kind, item))
-        except RuntimeError:  # the loop closed while we were decoding
-            pass
-
-    def worker() -> None:
-        try:
-            iterator = factory()
-            try:
-                for item in iterator:
-                    if cancelled.is_set():
-                        break
-                    put("item", item)
-            finally:
-                close = getattr(iterator, "close", None)
-                if close is not None:
-                    close()
-        except BaseException as err:  # noqa: BLE001 - re-raised in the consumer
-            put("error", err)
-        else:
-            put("done", _DONE)
-
-    threading.Thread(target=worker, name="fides-astream", daemon=True).start()
-    try:
-        while True:
-            kind, item = await queue.get()
-            if kind == "item":
-                yield item
-            elif kind == "error":
-                raise item
-            else:
-                return
-    finally:
-        cancelled.set()

@@ -15,8 +15,10 @@ from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 
 from fides_rag import GenerationResult
+from fides_rag.generation.streaming import iterate_in_thread
 from fides_rag.prompts import PromptTemplate, document_texts
-from langchain_fides._base import CallOptions, FidesParams, Plan, iterate_in_thread, logger
+
+from langchain_fides._base import CallOptions, FidesParams, Plan, logger
 from langchain_fides._discovery import model_parent_var, recorder
 from langchain_fides.llms import _why_no_documents
 

@@ -14,8 +14,10 @@ from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from langchain_core.runnables import Runnable, RunnableConfig
 
 from fides_rag import GenerationResult
+from fides_rag.generation.streaming import iterate_in_thread
 from fides_rag.prompts import document_texts
-from langchain_fides._base import FidesParams, Plan, cache_key_options, iterate_in_thread
+
+from langchain_fides._base import FidesParams, Plan, cache_key_options
 from langchain_fides._discovery import recorder
 from langchain_fides.prompts import FidesPromptValue
 

@@ -67,14 +67,14 @@ def test_constructor_errors(chat_decoder):
         FidesLLM("gemma3-270m")
     with pytest.raises(ValidationError, match="unknown method"):
         FidesLLM(chat_decoder, method="nope")
-    with pytest.raises(ValidationError):
+    with pytest.raises(ValueError, match="lambda_"):
         FidesLLM(chat_decoder, lambda_=-1.0)
     with pytest.raises(ValueError, match="noise_layer_ratio|weights"):
         FidesLLM(chat_decoder, weights=(0.0, 0.0, 0.0))
 
 
-def test_fides_fields_reach_the_rule(llm):
-    fixed = llm.model_copy(update={"fixed_alpha": 0.7})
+def test_fides_config_reaches_the_rule(llm):
+    fixed = llm.model_copy(update={"fides_config": llm.effective_fides_config.with_fixed_alpha(0.7)})
     r = fixed.complete(QUERY, documents=[DOC])
     assert r.additional_kwargs["alphas"] == pytest.approx([0.7] * len(r.additional_kwargs["alphas"]))
 

@@ -1,0 +1,137 @@
+"""Prompt pairing: the context prompt and the no-context prompt of one FidesLLM call, from a LlamaIndex prompt
+template, a chat, or a completion with documents=, with the documents trimmed to the window."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from llama_index.core.base.llms.types import ChatMessage, MessageRole
+from llama_index.core.chat_engine.context import DEFAULT_CONTEXT_TEMPLATE
+from llama_index.core.prompts.base import BasePromptTemplate
+
+from fides_rag.prompts import document_texts
+from fides_rag.raw_prompts import fit_documents
+
+from llama_index.llms.fides.context import (
+    check_has_user_message,
+    find_context,
+    prompt_type,
+    split_context_from_messages,
+    with_context_message,
+)
+from llama_index.llms.fides.prompts import is_fides_rag_template
+from llama_index.llms.fides.rendering import render_messages
+
+
+class PromptPair:
+    """The two prompts of one call and how they were found.
+
+    With `question` and `documents` set, fides-rag's own 2-shot template builds both prompts (the
+    decoder renders them); otherwise `context_prompt` / `no_context_prompt` are decoded as they are.
+    `fallback` says why there is nothing to contrast (None: there is).
+    """
+
+    def __init__(
+        self, context_prompt: str, no_context_prompt: str | None, info: dict[str, Any], *,
+        question: str | None = None, documents: list[str] | None = None, fallback: str | None = None,
+    ) -> None:
+        self.context_prompt = context_prompt
+        self.no_context_prompt = no_context_prompt
+        self.info = info
+        self.question = question
+        self.documents = documents
+        self.fallback = fallback
+        if fallback is not None:
+            info.setdefault("notes", []).insert(0, f"{fallback}: decoded with 'standard'")
+
+    @property
+    def uses_template(self) -> bool:
+        return self.documents is not None
+
+
+class PromptPairing:
+    """FidesLLM's pairing methods (a mixin: it reads the LLM's fields, decoder and LlamaIndex formatting hooks)."""
+
+    def _messages_text(self, messages: Sequence[ChatMessage]) -> str:
+        if self.chat_template_active:
+            return render_messages(self._decoder.tokenizer, messages)
+        return self.messages_to_prompt(messages)
+
+    def _completion_text(self, prompt: str, formatted: bool) -> str:
+        if formatted:
+            return prompt
+        if self.chat_template_active and not self._custom_formatting:
+            return render_messages(self._decoder.tokenizer, self._extend_messages([ChatMessage(role=MessageRole.USER, content=prompt)]))
+        return self.completion_to_prompt(prompt)
+
+    def _render_template(self, prompt: BasePromptTemplate, args: dict[str, Any]) -> str:
+        """The prompt LlamaIndex's own predict would build, through the chat template when active."""
+        if self.chat_template_active:
+            return self._messages_text(self._get_messages(prompt, **args))
+        return self._get_prompt(prompt, **args)
+
+    def _fit(self, render: Callable[[dict[str, str]], str], context: dict[str, str], max_new_tokens: int) -> tuple[str, dict[str, str], dict[str, Any]]:
+        """Render the context path, trimming the longest context value until prompt + budget fits the window."""
+        fitted = fit_documents(context, render, self._decoder.tokenizer, context_window=self._decoder.context_window, max_new_tokens=max_new_tokens)
+        if not fitted.trimmed:
+            return fitted.rendered, fitted.texts, {}
+        return fitted.rendered, fitted.texts, {"notes": fitted.notes, "documents_trimmed": True, "document_tokens": fitted.document_tokens}
+
+    def _template_pair(self, prompt: BasePromptTemplate, template_args: dict[str, Any], max_new_tokens: int) -> PromptPair:
+        context = find_context(prompt, template_args, self.context_variables, self, self.context_separator)
+        info: dict[str, Any] = {"prompt_type": prompt_type(prompt, self), "context_variables": sorted(context)}
+        if is_fides_rag_template(prompt):
+            known = {**(getattr(prompt, "kwargs", None) or {}), **template_args}
+            question = str(known.get("query_str", ""))
+            texts = [t for t in context.values() if t.strip()]
+            info["prompt_type"] = "fides_rag"
+            fallback = None if texts else "the retrieved context (context_str) was empty"
+            return PromptPair("", None, info, question=question, documents=texts, fallback=fallback)
+        if not any(v.strip() for v in context.values()):
+            what = "was empty" if context else "is not in the prompt"
+            why = f"the context variable ({', '.join(self.context_variables)}) {what}"
+            return PromptPair(self._render_template(prompt, {**template_args, **context}), None, info, fallback=why)
+        ctx_text, used, trim = self._fit(lambda c: self._render_template(prompt, {**template_args, **c}), context, max_new_tokens)
+        no_ctx_text = self._render_template(prompt, {**template_args, **{k: "" for k in context}})
+        info.update(trim)
+        info["context"] = self.context_separator.join(used.values())
+        return PromptPair(ctx_text, no_ctx_text, info)
+
+    def _documents_pair(self, query: str, documents: Any) -> PromptPair:
+        """complete(query, documents=...): fides-rag's own 2-shot template (as langchain-fides' documents=)."""
+        texts = document_texts(documents)
+        fallback = None if texts else "the documents given were empty"
+        return PromptPair("", None, {"prompt_type": "fides_rag", "context_variables": []}, question=query, documents=texts, fallback=fallback)
+
+    def _chat_pair(self, messages: Sequence[ChatMessage], documents: Any, max_new_tokens: int) -> PromptPair:
+        check_has_user_message(messages)
+        if documents is not None and len(messages) == 1 and not self.system_prompt:
+            # One question: fides-rag's template, as complete(documents=) and langchain-fides' ChatFides.
+            return self._documents_pair(messages[0].content or "", documents)
+        messages = self._extend_messages(list(messages))
+        template = self.chat_context_templates[0] if self.chat_context_templates else DEFAULT_CONTEXT_TEMPLATE
+        if documents is not None:
+            context = self.context_separator.join(document_texts(documents))
+            if context.strip():
+                render = lambda c: self._messages_text(with_context_message(messages, template, c["context_str"]))  # noqa: E731
+                ctx_text, used, trim = self._fit(render, {"context_str": context}, max_new_tokens)
+                info = {"prompt_type": "chat", "context_variables": ["context_str"], "context": used["context_str"], **trim}
+                return PromptPair(ctx_text, render({"context_str": ""}), info)
+        found = split_context_from_messages(messages, self.chat_context_templates)
+        if found is not None:
+            emptied, context = found
+            info = {"prompt_type": "chat", "context_variables": ["system message"], "context": context}
+            return PromptPair(self._messages_text(messages), self._messages_text(emptied), info)
+        why = "the documents given were empty" if documents is not None else "no documents= and no context system message in the chat"
+        return PromptPair(self._messages_text(messages), None, {"prompt_type": "chat"}, fallback=why)
+
+    def _pair_for_complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any], options: dict[str, Any]) -> PromptPair:
+        documents, no_ctx = kwargs.get("documents"), kwargs.get("no_context_prompt")
+        if no_ctx is not None:
+            if documents is not None:
+                raise TypeError("pass documents= or no_context_prompt=, not both")
+            return PromptPair(prompt if formatted else self._completion_text(prompt, False), no_ctx, {"prompt_type": "explicit"})
+        if documents is not None:
+            return self._documents_pair(prompt, documents)
+        return PromptPair(self._completion_text(prompt, formatted), None, {"prompt_type": "completion"}, fallback="no documents= were given")
