@@ -10,7 +10,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic
 
-from fides_rag.prompts import Rendered, fit_texts
+from fides_rag.prompts import PromptTemplate, Rendered, fit_texts
+
+NO_CONTEXT_PATHS = ("emptied", "question")
+"""How an integration builds the no-context path from a framework's prompt: 'emptied' (the same prompt with its
+documents removed) or 'question' (a neutral question-only prompt, `question_only_text`, in the framework's chat form)."""
 
 
 def leading_bos(tokenizer: Any) -> str | None:
@@ -93,3 +97,16 @@ def fit_documents(
         return FittedPrompt(fitted.rendered, fitted.texts, False, None, [])
     note = fitted.note(max_new_tokens, context_window)
     return FittedPrompt(fitted.rendered, fitted.texts, True, (fitted.tokens_before, fitted.tokens_after), [note])
+
+
+def question_only_text(question: str) -> str:
+    """The no-context path's user turn under the 'question' design: the source's neutral instruction (fides-rag's
+    template's no-context instruction, "Answer the following question:") and the question."""
+    return f"{PromptTemplate.no_context_instruction}\n{question.strip()}"
+
+
+def check_no_context_path(value: str) -> str:
+    """`value` if it names a no-context design, else a ValueError listing them."""
+    if value not in NO_CONTEXT_PATHS:
+        raise ValueError(f"no_context_path must be one of {', '.join(map(repr, NO_CONTEXT_PATHS))}, got {value!r}")
+    return value

@@ -15,7 +15,7 @@ from fides_rag import FidesConfig, FidesDecoder, GenerationResult, available_met
 from fides_rag.batching import RequestBatcher, shared_batcher
 from fides_rag.generation.settings import sampling_options
 from fides_rag.prompts import TemplateLeftovers, document_texts, template_stops
-from fides_rag.raw_prompts import fit_documents, render_chat
+from fides_rag.raw_prompts import check_no_context_path, fit_documents, question_only_text, render_chat
 from fides_rag.rules import ContrastRule, accepts_option, get_method
 
 logger = logging.getLogger("langchain_fides")
@@ -126,6 +126,11 @@ class FidesParams(BaseModel):
     """Wrap raw LangChain prompts in the tokenizer's chat template (None: when the tokenizer has one)."""
     strict: bool = False
     """Raise FidesFallbackError instead of falling back (to `standard`, or to guessing the context)."""
+    no_context_path: str = "emptied"
+    """How the no-context path is built from a chain's prompt: 'emptied' (the same prompt with the documents removed)
+    or 'question' (the neutral "Answer the following question:" and the question, in the model's chat form; the
+    question is the last human message, `fides_question`, the retriever's query, or a chain input named
+    question/input/query). fides-rag's own template (documents= with a bare question) is not affected."""
     max_batch_size: int = Field(default=8, ge=1)
     """Most concurrent calls (batch/abatch, concurrent invoke/ainvoke/stream) decoded together in one batch."""
     batch_window_s: float = Field(default=0.005, ge=0, le=10)
@@ -137,6 +142,7 @@ class FidesParams(BaseModel):
     def _setup(self) -> Any:
         if self.method not in available_methods():
             raise ValueError(f"unknown method {self.method!r}; available methods: {', '.join(available_methods())}")
+        check_no_context_path(self.no_context_path)
         if self.decoder is None:
             if self.model is not None and self.tokenizer is not None:
                 model, tokenizer = self.model, self.tokenizer
@@ -190,6 +196,7 @@ class FidesParams(BaseModel):
             "decoder_use_chat_template": getattr(dec, "use_chat_template", None),
             "apply_chat_template": self.apply_chat_template,
             "strict": self.strict,
+            "no_context_path": self.no_context_path,
             "method": self.method,
             "fides_config": None if self.fides_config is None else repr(self.fides_config),
             "max_new_tokens": self.max_tokens if self.max_tokens is not None else self.max_new_tokens,
@@ -242,9 +249,11 @@ class FidesParams(BaseModel):
         return "\n".join(f"{r.capitalize()}: {c}" for r, c in messages) + "\nAssistant:"
 
     def _prompt_plan(
-        self, messages: list[tuple[str, str]], texts: list[str], source: str, max_new: int, *, drop_in_no_context: Sequence[int] = ()
+        self, messages: list[tuple[str, str]], texts: list[str], source: str, max_new: int, *,
+        drop_in_no_context: Sequence[int] = (), question: str | None = None,
     ) -> Plan:
-        """Context path: the messages as given; no-context path: the same with every document text removed.
+        """Context path: the messages as given; no-context path: the same with every document text removed, or
+        with no_context_path='question' the question alone under a neutral instruction.
 
         Documents are trimmed (longest first) when the context path would not fit the window.
         """
@@ -272,12 +281,20 @@ class FidesParams(BaseModel):
             logger.warning(note)
         plan.notes += fitted.notes
         plan.trimmed, plan.document_tokens = fitted.trimmed, fitted.document_tokens
+        if self.no_context_path == "question":
+            if question:
+                plan.no_context_prompt = self._render_messages([("user", question_only_text(question))])
+            else:
+                plan.fall_back("no_context_path='question' but no question was found for this call",
+                               "the no-context path is the prompt with its documents removed (pass fides_question=)")
         return plan
 
-    def _retriever_plan(self, messages: list[tuple[str, str]], found: list[Any], retrieved: list[Any] | None, max_new: int, where: str) -> Plan:
+    def _retriever_plan(
+        self, messages: list[tuple[str, str]], found: list[Any], retrieved: list[Any] | None, max_new: int, where: str, question: str | None
+    ) -> Plan:
         """The prompt pair for the retrieved documents the run-tree recorder found verbatim in `where`, with a
         note for retrieved documents it did not find there."""
-        plan = self._prompt_plan(messages, [d.page_content for d in found], "retriever", max_new)
+        plan = self._prompt_plan(messages, [d.page_content for d in found], "retriever", max_new, question=question)
         found_texts = {d.page_content for d in found}
         missing = len({d.page_content for d in retrieved or [] if d.page_content.strip()} - found_texts)
         if missing:

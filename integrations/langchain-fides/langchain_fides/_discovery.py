@@ -22,6 +22,8 @@ from langchain_core.documents import Document
 from langchain_core.tracers.context import register_configure_hook
 
 _MAX_TRACKED_RUNS = 100_000
+QUESTION_KEYS = ("question", "input", "query")
+"""Chain-input keys whose string value is taken for the question (LangChain's RAG prompts use these names)."""
 
 
 model_parent_var: ContextVar[UUID | None] = ContextVar("fides_model_parent_run", default=None)
@@ -44,6 +46,8 @@ class RetrievalRecorder(BaseCallbackHandler):
         self._members: dict[UUID, list[UUID]] = {}
         self._documents: dict[UUID, list[Document]] = {}
         self._retrieved: set[UUID] = set()
+        self._questions: dict[UUID, list[str]] = {}
+        """Retriever queries and chain-input questions, filed under the run that received them."""
         """Runs under which a retriever ended (also with no documents) or Documents were given as input."""
 
     # -- bookkeeping ------------------------------------------------------------------------------
@@ -52,6 +56,7 @@ class RetrievalRecorder(BaseCallbackHandler):
         with self._lock:
             if len(self._parent) > _MAX_TRACKED_RUNS:  # roots that never ended (abandoned streams)
                 self._parent.clear(), self._root.clear(), self._members.clear(), self._documents.clear(), self._retrieved.clear()
+                self._questions.clear()
             self._parent[run_id] = parent_run_id
             root = self._root.get(parent_run_id, parent_run_id) if parent_run_id is not None else run_id
             self._root[run_id] = root
@@ -66,6 +71,7 @@ class RetrievalRecorder(BaseCallbackHandler):
                 self._root.pop(member, None)
                 self._documents.pop(member, None)
                 self._retrieved.discard(member)
+                self._questions.pop(member, None)
 
     def _file(self, start: UUID | None, documents: list[Document]) -> None:
         with self._lock:
@@ -80,11 +86,14 @@ class RetrievalRecorder(BaseCallbackHandler):
     def on_chain_start(self, serialized: Any, inputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
         self._start(run_id, parent_run_id)
         if isinstance(inputs, dict):
-            for value in inputs.values():
+            for key, value in inputs.items():
                 if isinstance(value, list) and value and all(isinstance(d, Document) for d in value):
                     with self._lock:
                         self._documents.setdefault(run_id, []).extend(value)
                         self._retrieved.add(run_id)
+                elif key in QUESTION_KEYS and isinstance(value, str) and value.strip():
+                    with self._lock:
+                        self._questions.setdefault(run_id, []).append(value)
 
     def on_chain_end(self, outputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
         self._end(run_id, parent_run_id)
@@ -111,6 +120,12 @@ class RetrievalRecorder(BaseCallbackHandler):
 
     def on_retriever_start(self, serialized: Any, query: str, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
         self._start(run_id, parent_run_id)
+        if isinstance(query, str) and query.strip():
+            with self._lock:  # under every ancestor, like the documents: the model runs in a sibling branch
+                run, seen = parent_run_id, 0
+                while run is not None and seen < 1000:
+                    self._questions.setdefault(run, []).append(query)
+                    run, seen = self._parent.get(run), seen + 1
 
     def on_retriever_end(self, documents: Sequence[Document], *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
         self._file(parent_run_id, [d for d in documents if isinstance(d, Document)])  # an empty retrieval is recorded too
@@ -141,6 +156,18 @@ class RetrievalRecorder(BaseCallbackHandler):
                 run, seen = self._parent.get(run), seen + 1
         return []
 
+
+    def question_for(self, parent_run_id: UUID | None, text: str) -> str | None:
+        """The question of a model run: the nearest ancestor's retriever query or chain-input question
+        (keys `QUESTION_KEYS`) that occurs verbatim in `text`; None when there is none."""
+        with self._lock:
+            run, seen = parent_run_id, 0
+            while run is not None and seen < 1000:
+                for question in reversed(self._questions.get(run, ())):
+                    if question.strip() in text:
+                        return question.strip()
+                run, seen = self._parent.get(run), seen + 1
+        return None
 
     def retrieved_for(self, parent_run_id: UUID | None) -> list[Document] | None:
         """Everything retrieved under the nearest ancestor of a model run where a retriever ended (or

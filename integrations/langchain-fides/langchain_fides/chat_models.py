@@ -113,24 +113,24 @@ class ChatFides(FidesParams, BaseChatModel):
             if single and fides_question:
                 return Plan("template", "prompt_value", question=fides_question, documents=texts)
             if all(any(t in c for _, c in turns) for t in texts):
-                return self._prompt_plan(turns, texts, source, max_new)
+                return self._prompt_plan(turns, texts, source, max_new, question=question)
             if single:
                 return Plan("template", source, question=question, documents=texts)
             block = PromptTemplate().document_block(texts)
             turns = [("system", f"{self.documents_instruction}\n{block}"), *turns]
-            return self._prompt_plan(turns, texts, source, max_new, drop_in_no_context=(0,))
+            return self._prompt_plan(turns, texts, source, max_new, drop_in_no_context=(0,), question=question)
         contents = [c for _, c in turns]
         found = recorder.documents_for(parent_run_id, contents)
         retrieved = recorder.retrieved_for(parent_run_id)
         if found:
-            return self._retriever_plan(turns, found, retrieved, max_new, "the messages")
+            return self._retriever_plan(turns, found, retrieved, max_new, "the messages", question)
         systems = [i for i, m in enumerate(messages) if isinstance(m, SystemMessage) and m.text.strip()]
         use_systems = self.system_message_as_context and bool(systems)
         if retrieved is not None and not retrieved:
             # An empty retrieval: the system message holds only its instruction, nothing to contrast.
             return self._plain_plan(turns, _why_no_documents(retrieved, "the messages"))
         if use_systems:
-            plan = self._prompt_plan(turns, [turns[i][1] for i in systems], "system_message", max_new, drop_in_no_context=systems)
+            plan = self._prompt_plan(turns, [turns[i][1] for i in systems], "system_message", max_new, drop_in_no_context=systems, question=question)
             if retrieved:
                 return plan.fall_back(
                     _why_no_documents(retrieved, "the messages"),

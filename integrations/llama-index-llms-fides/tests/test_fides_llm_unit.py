@@ -357,3 +357,33 @@ def test_chat_engines_put_retrieved_context_in_the_context_path(llm, mock_index,
     assert info["context_prompt"] != info["no_context_prompt"]
     streamed = engine.stream_chat("Where is it?")
     assert "".join(streamed.response_gen).strip() == llm.last_result.text
+
+
+# -- no_context_path='question' ------------------------------------------------------------------
+
+
+def test_no_context_path_question_in_a_query_engine_and_a_chat(chat_decoder, plain_decoder):
+    from fides_rag.raw_prompts import question_only_text, render_chat
+
+    llm = FidesLLM(chat_decoder, max_new_tokens=3, no_context_path="question")
+    expected = render_chat(chat_decoder.tokenizer, [{"role": "user", "content": question_only_text(QUERY)}])
+    engine = VectorStoreIndex.from_documents([Document(text=DOC)], embed_model=MockEmbedding(embed_dim=8)).as_query_engine(
+        llm=llm, response_mode="compact")
+    engine.query(QUERY)
+    info = last_info(llm)
+    assert info["prompt_type"] == "text_qa" and DOC in info["context_prompt"] and info["no_context_prompt"] == expected
+    llm.chat([ChatMessage(role=MessageRole.SYSTEM, content="Be brief."), ChatMessage(role=MessageRole.USER, content=QUERY)], documents=[DOC])
+    assert last_info(llm)["no_context_prompt"] == expected
+    plain = FidesLLM(plain_decoder, max_new_tokens=3, no_context_path="question")  # no chat template: the text itself
+    plain.predict(DEFAULT_TEXT_QA_PROMPT_SEL.partial_format(query_str=QUERY), context_str=DOC)
+    assert last_info(plain)["no_context_prompt"] == question_only_text(QUERY)
+
+
+def test_no_context_path_question_without_a_query_keeps_the_emptied_prompt_with_a_note(chat_decoder):
+    llm = FidesLLM(chat_decoder, max_new_tokens=3, no_context_path="question")
+    llm.predict(PromptTemplate("Notes: {context_str}\nSummarise."), context_str=DOC)
+    info = last_info(llm)
+    assert DOC not in info["no_context_prompt"] and "Summarise." in info["no_context_prompt"]
+    assert any("no_context_path='question' but the call has no question" in n for n in info["notes"])
+    with pytest.raises(ValueError, match="no_context_path must be one of"):
+        FidesLLM(chat_decoder, no_context_path="neutral")

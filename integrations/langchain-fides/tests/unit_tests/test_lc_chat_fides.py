@@ -125,3 +125,15 @@ class TestChatFidesStandard(ChatModelUnitTests):
     @property
     def supports_image_inputs(self) -> bool:
         return False
+
+
+def test_no_context_path_question_is_the_last_human_message_alone(decoder):
+    from fides_rag.raw_prompts import question_only_text, render_chat
+
+    chat = ChatFides(decoder=decoder, max_new_tokens=3, no_context_path="question")
+    question = "What is the capital of France?"
+    expected = render_chat(decoder.tokenizer, [{"role": "user", "content": question_only_text(question)}])
+    for call in (lambda: chat.invoke([SystemMessage(f"Use this context: {DOC}"), HumanMessage(question)]),
+                 lambda: chat.invoke([SystemMessage("You are helpful."), HumanMessage(question)], documents=[DOC])):
+        meta = call().response_metadata
+        assert DOC in meta["context_prompt"] and meta["no_context_prompt"] == expected

@@ -223,3 +223,37 @@ def test_async_does_not_block_event_loop(llm):
 
     ticks, parts = asyncio.run(run())
     assert ticks > 3 and parts
+
+
+def _question_only(decoder, question: str) -> str:
+    from fides_rag.raw_prompts import question_only_text, render_chat
+
+    return render_chat(decoder.tokenizer, [{"role": "user", "content": question_only_text(question)}])
+
+
+def test_no_context_path_question_takes_the_retrievers_query_or_the_chain_input(decoder):
+    from langchain_classic.chains.combine_documents import create_stuff_documents_chain
+
+    llm = FidesLLM(decoder=decoder, max_new_tokens=4, no_context_path="question")
+    cap = Capture()
+    chain = {"context": DictRetriever() | format_docs, "question": RunnablePassthrough()} | PROMPT | llm
+    chain.invoke("What is the capital of france?", config={"callbacks": [cap]})
+    info = cap.infos[-1]
+    assert DOCS["france"] in info["context_prompt"]
+    assert info["no_context_prompt"] == _question_only(decoder, "What is the capital of france?")  # the retriever's query
+    stuff = create_stuff_documents_chain(llm, PROMPT)
+    stuff.invoke({"context": [Document(page_content=DOCS["australia"])], "question": "Capital of Australia?"}, config={"callbacks": [cap]})
+    assert cap.infos[-1]["no_context_prompt"] == _question_only(decoder, "Capital of Australia?")  # the chain input
+
+
+def test_no_context_path_question_without_a_question_keeps_the_emptied_prompt_with_a_note(decoder, caplog):
+    llm = FidesLLM(decoder=decoder, max_new_tokens=3, no_context_path="question")
+    cap = Capture()
+    prompt = f"Read: {DOCS['france']}\nQ: capital of France?\nA:"
+    with caplog.at_level(logging.WARNING, logger="langchain_fides"):
+        llm.invoke(prompt, documents=[DOCS["france"]], config={"callbacks": [cap]})
+    info = cap.infos[-1]
+    assert "Read: \nQ: capital of France?" in info["no_context_prompt"]
+    assert any("no_context_path='question' but no question was found" in n for n in info["notes"])
+    with pytest.raises(ValueError, match="no_context_path must be one of 'emptied', 'question'"):
+        FidesLLM(decoder=decoder, no_context_path="neutral")

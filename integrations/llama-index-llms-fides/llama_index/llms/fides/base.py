@@ -36,6 +36,7 @@ from llama_index.core.types import TokenAsyncGen, TokenGen
 
 from fides_rag import FidesConfig, FidesDecoder, GenerationResult, available_methods, load_model
 from fides_rag.generation.streaming import iterate_in_thread
+from fides_rag.raw_prompts import check_no_context_path
 
 from llama_index.llms.fides.context import CONTEXT_VARIABLES, split_prompt_args
 from llama_index.llms.fides.options import CALL_OPTIONS, GENERATION_OPTIONS, FidesFallbackError, fold_fides_constants
@@ -87,6 +88,12 @@ class FidesLLM(PairDecoding, PromptPairing, CustomLLM):
         default_factory=lambda: [DEFAULT_CONTEXT_TEMPLATE, DEFAULT_CONTEXT_PROMPT_TEMPLATE],
         description="System-message templates whose {context_str} is taken as the context when chat() gets "
         "already-rendered messages; the first also wraps chat(documents=...).",
+    )
+    no_context_path: str = Field(
+        default="emptied",
+        description="How the no-context path is built from a framework prompt: 'emptied' (the same prompt with "
+        "context_str/context_msg emptied) or 'question' (the neutral 'Answer the following question:' and the query "
+        "alone, in the chat form). fides-rag's own template is not affected.",
     )
     history_size: int = Field(default=16, ge=0, description="How many recent generations `history` keeps.")
     strict: bool = Field(
@@ -163,6 +170,11 @@ class FidesLLM(PairDecoding, PromptPairing, CustomLLM):
         if value not in available_methods():
             raise ValueError(f"unknown method {value!r}; choose one of {available_methods()}")
         return value
+
+    @field_validator("no_context_path")
+    @classmethod
+    def _a_no_context_path(cls, value: str) -> str:
+        return check_no_context_path(value)
 
     @field_validator("fides_config")
     @classmethod

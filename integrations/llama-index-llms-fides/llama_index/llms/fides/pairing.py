@@ -3,6 +3,7 @@ template, a chat, or a completion with documents=, with the documents trimmed to
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -11,7 +12,7 @@ from llama_index.core.chat_engine.context import DEFAULT_CONTEXT_TEMPLATE
 from llama_index.core.prompts.base import BasePromptTemplate
 
 from fides_rag.prompts import document_texts
-from fides_rag.raw_prompts import fit_documents
+from fides_rag.raw_prompts import fit_documents, question_only_text
 
 from llama_index.llms.fides.context import (
     check_has_user_message,
@@ -22,6 +23,8 @@ from llama_index.llms.fides.context import (
 )
 from llama_index.llms.fides.prompts import is_fides_rag_template
 from llama_index.llms.fides.rendering import render_messages
+
+logger = logging.getLogger("llama_index.llms.fides")
 
 
 class PromptPair:
@@ -71,6 +74,21 @@ class PromptPairing:
             return self._messages_text(self._get_messages(prompt, **args))
         return self._get_prompt(prompt, **args)
 
+    def _no_context_text(self, emptied: str, question: str | None, info: dict[str, Any]) -> str:
+        """The no-context path under `no_context_path`: the prompt with its context emptied, or the question alone
+        under a neutral instruction in the chat form ('question'; without a question found, emptied, with a note)."""
+        if self.no_context_path == "emptied":
+            return emptied
+        if question and question.strip():
+            text = question_only_text(question)
+            if self.chat_template_active:
+                return self._messages_text([ChatMessage(role=MessageRole.USER, content=text)])
+            return self.completion_to_prompt(text)
+        note = "no_context_path='question' but the call has no question (query_str or a user message): the no-context path is the prompt with its context emptied"
+        logger.warning(note)
+        info.setdefault("notes", []).append(note)
+        return emptied
+
     def _fit(self, render: Callable[[dict[str, str]], str], context: dict[str, str], max_new_tokens: int) -> tuple[str, dict[str, str], dict[str, Any]]:
         """Render the context path, trimming the longest context value until prompt + budget fits the window."""
         fitted = fit_documents(context, render, self._decoder.tokenizer, context_window=self._decoder.context_window, max_new_tokens=max_new_tokens)
@@ -93,8 +111,10 @@ class PromptPairing:
             why = f"the context variable ({', '.join(self.context_variables)}) {what}"
             return PromptPair(self._render_template(prompt, {**template_args, **context}), None, info, fallback=why)
         ctx_text, used, trim = self._fit(lambda c: self._render_template(prompt, {**template_args, **c}), context, max_new_tokens)
-        no_ctx_text = self._render_template(prompt, {**template_args, **{k: "" for k in context}})
+        question = template_args.get("query_str", (getattr(prompt, "kwargs", None) or {}).get("query_str"))
         info.update(trim)
+        no_ctx_text = self._no_context_text(self._render_template(prompt, {**template_args, **{k: "" for k in context}}),
+                                            None if question is None else str(question), info)
         info["context"] = self.context_separator.join(used.values())
         return PromptPair(ctx_text, no_ctx_text, info)
 
@@ -109,6 +129,7 @@ class PromptPairing:
         if documents is not None and len(messages) == 1 and not self.system_prompt:
             # One question: fides-rag's template, as complete(documents=) and langchain-fides' ChatFides.
             return self._documents_pair(messages[0].content or "", documents)
+        question = next((m.content for m in reversed(messages) if m.role == MessageRole.USER), None)
         messages = self._extend_messages(list(messages))
         template = self.chat_context_templates[0] if self.chat_context_templates else DEFAULT_CONTEXT_TEMPLATE
         if documents is not None:
@@ -117,12 +138,12 @@ class PromptPairing:
                 render = lambda c: self._messages_text(with_context_message(messages, template, c["context_str"]))  # noqa: E731
                 ctx_text, used, trim = self._fit(render, {"context_str": context}, max_new_tokens)
                 info = {"prompt_type": "chat", "context_variables": ["context_str"], "context": used["context_str"], **trim}
-                return PromptPair(ctx_text, render({"context_str": ""}), info)
+                return PromptPair(ctx_text, self._no_context_text(render({"context_str": ""}), question, info), info)
         found = split_context_from_messages(messages, self.chat_context_templates)
         if found is not None:
             emptied, context = found
             info = {"prompt_type": "chat", "context_variables": ["system message"], "context": context}
-            return PromptPair(self._messages_text(messages), self._messages_text(emptied), info)
+            return PromptPair(self._messages_text(messages), self._no_context_text(self._messages_text(emptied), question, info), info)
         why = "the documents given were empty" if documents is not None else "no documents= and no context system message in the chat"
         return PromptPair(self._messages_text(messages), None, {"prompt_type": "chat"}, fallback=why)
 
