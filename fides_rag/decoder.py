@@ -227,6 +227,27 @@ class FidesDecoder:
         rules share a name, e.g. FIDES ablations). Returns label -> one result per question, each identical
         to what `generate_batch` gives for that method alone.
         """
+        labelled = self._labelled_rules(methods)
+        settings = self._settings(max_new_tokens, stop, **generation_kwargs)
+        examples = self._prepare_all(questions, documents_per_question, list(labelled.values()), settings)
+        return dict(zip(labelled, self._decode_examples(examples, list(labelled.values()), settings)))
+
+    def generate_prepared_methods(
+        self,
+        examples: Sequence[PreparedExample],
+        methods: Sequence[str | ContrastRule] | Mapping[str, str | ContrastRule],
+        *,
+        max_new_tokens: int | None = None,
+        stop: Sequence[str] | str | None = None,
+        **generation_kwargs: Any,
+    ) -> dict[str, list[GenerationResult]]:
+        """`generate_methods` for examples from `prepare` / `prepare_from_prompts` (e.g. a framework's prompt pairs):
+        every method over one shared prefill; label -> one result per example, each equal to `generate_prepared`'s."""
+        labelled = self._labelled_rules(methods)
+        settings = self._settings(max_new_tokens, stop, **generation_kwargs)
+        return dict(zip(labelled, self._decode_examples(list(examples), list(labelled.values()), settings)))
+
+    def _labelled_rules(self, methods: Sequence[str | ContrastRule] | Mapping[str, str | ContrastRule]) -> dict[str, ContrastRule]:
         if isinstance(methods, Mapping):
             labelled = {str(label): self.resolve_method(m) for label, m in methods.items()}
         else:
@@ -237,9 +258,7 @@ class FidesDecoder:
             labelled = dict(zip(labels, rules))
         if not labelled:
             raise ValueError("methods must name at least one method")
-        settings = self._settings(max_new_tokens, stop, **generation_kwargs)
-        examples = self._prepare_all(questions, documents_per_question, list(labelled.values()), settings)
-        return dict(zip(labelled, self._decode_examples(examples, list(labelled.values()), settings)))
+        return labelled
 
     def generate_prepared(
         self,

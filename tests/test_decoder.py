@@ -426,6 +426,17 @@ def test_generate_methods_equals_each_method_alone(tiny_models, tokenizer, famil
             assert a.method == b.method
 
 
+def test_generate_prepared_methods_on_raw_prompt_pairs_equals_each_alone(tiny_llama, tokenizer):
+    decoder = decoder_for(tiny_llama, tokenizer)
+    pairs = [(f"Context: {docs[0]}\nQ: {q}\nA:", f"Q: {q}\nA:") for q, docs in zip(QUESTIONS, DOCUMENTS)]
+    examples = [decoder.prepare_from_prompts(ctx, noctx, 6) for ctx, noctx in pairs]
+    together = decoder.generate_prepared_methods(examples, ["standard", "cad", "fides"], max_new_tokens=6)
+    for label in ("standard", "cad", "fides"):
+        alone = [decoder.generate_from_prompts(ctx, noctx, method=label, max_new_tokens=6) for ctx, noctx in pairs]
+        assert [r.token_ids for r in together[label]] == [r.token_ids for r in alone]
+        assert [r.alphas for r in together[label]] == [pytest.approx(r.alphas, abs=1e-4) for r in alone]
+
+
 def test_generate_methods_prefills_once_and_prunes_finished_rows(tiny_llama, tokenizer):
     decoder = decoder_for(tiny_llama, tokenizer)
     counter = ForwardCounter(decoder.anatomy.backbone)
