@@ -202,11 +202,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(report)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.model}.md").write_text(report)
+    name = Path(args.model).name  # a bundled alias, or a folder's name
+    (out / f"{name}.md").write_text(report)
     record = {"model": args.model, "rows": [r.id for r in rows], "max_new_tokens": args.max_new_tokens, "summaries": summaries,
               "answers": answers, "first_prompt_pairs": {k: v[:2] for k, v in prompts.items()},
               "seconds": round(time.perf_counter() - started, 1)}
-    (out / f"{args.model}.json").write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    (out / f"{name}.json").write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
 
 
 if __name__ == "__main__":
