@@ -163,7 +163,19 @@ def summarize(rows: Sequence[QAExample], answers: dict[str, list[str]], bootstra
     return summary
 
 
-def tables(model: str, n: int, summaries: dict[str, dict[str, Any]]) -> str:
+def design_comparisons(rows: Sequence[QAExample], answers: dict[str, dict[str, list[str]]], bootstrap: int) -> dict[str, Any]:
+    """Per form and contrastive method: 'emptied' against 'question' on the context-answer contained rate, paired."""
+    found: dict[str, Any] = {}
+    for form in FORMS:
+        if f"{form} / emptied" not in answers or f"{form} / question" not in answers:
+            continue
+        for method in CONTRASTIVE:
+            a, b = ([100 * contains_answer(t, r.context_answers) for t, r in zip(answers[f"{form} / {d}"][method], rows)] for d in DESIGNS)
+            found[f"{form} / {method}"] = paired_bootstrap(a, b, samples=bootstrap, seed=0)
+    return found
+
+
+def tables(model: str, n: int, summaries: dict[str, dict[str, Any]], designs: dict[str, Any] | None = None) -> str:
     rows, tests = [], []
     for label, s in summaries.items():
         rows.append([label, *(f"{s[m]['context']:.1f} / {s[m]['memory']:.1f}" for m in METHODS)])
@@ -173,7 +185,11 @@ def tables(model: str, n: int, summaries: dict[str, dict[str, Any]]) -> str:
     return (f"`{model}`, {n} NQ-Swap conflict rows. Cells: context answer contained / memory answer contained, in %.\n\n"
             + markdown_table(["prompt / no-context path", *METHODS], rows)
             + "\n\nPaired bootstrap on the context-answer contained rate (B = 1000, two-sided 95% CI; p from a paired permutation test):\n\n"
-            + markdown_table(["prompt / no-context path", "comparison", "diff", "95% CI", "p"], tests) + "\n")
+            + markdown_table(["prompt / no-context path", "comparison", "diff", "95% CI", "p"], tests) + "\n"
+            + ("" if not designs else "\nNo-context designs compared, same rows and method: context-answer contained rate, emptied − question:\n\n"
+               + markdown_table(["prompt / method", "diff", "95% CI", "p"],
+                                [[k, f"{c['diff']:+.1f}", f"[{c['ci_low']:+.1f}, {c['ci_high']:+.1f}]", f"{c['p_value']:.3f}"] for k, c in designs.items()])
+               + "\n"))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -185,29 +201,46 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--bootstrap", type=int, default=1000)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", default="results/framework-prompts")
+    parser.add_argument("--tables-only", action="store_true", help="rewrite the tables from <out>/<model>.json, decoding nothing")
     args = parser.parse_args(argv)
     log = lambda message: print(message, flush=True)  # noqa: E731
     rows = load_examples("nq-swap", limit=args.limit)
-    decoder = FidesDecoder.from_pretrained(args.model, device=args.device)
+    decoder = None if args.tables_only else FidesDecoder.from_pretrained(args.model, device=args.device)
+    out, name = Path(args.out), Path(args.model).name  # a bundled alias, or a folder's name
+    out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    answers = {"fides-rag template": template_answers(decoder, rows, args.max_new_tokens)}
-    log(f"fides-rag template: {time.perf_counter() - started:.0f} s")
+    answers: dict[str, dict[str, list[str]]] = {}
     prompts: dict[str, list[tuple[str, str]]] = {}
+
+    def write() -> str:  # after every form, so a long run keeps what it has
+        summaries = {label: summarize(rows, a, args.bootstrap) for label, a in answers.items()}
+        designs = design_comparisons(rows, answers, args.bootstrap)
+        report = tables(args.model, len(rows), summaries, designs)
+        (out / f"{name}.md").write_text(report)
+        record = {"model": args.model, "rows": [r.id for r in rows], "max_new_tokens": args.max_new_tokens, "summaries": summaries,
+                  "design_comparisons": designs, "answers": answers, "first_prompt_pairs": {k: v[:2] for k, v in prompts.items()},
+                  "seconds": round(time.perf_counter() - started, 1)}
+        (out / f"{name}.json").write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+        return report
+
+    if args.tables_only:  # recompute the tables from a finished run's answers (no model is loaded)
+        record = json.loads((out / f"{name}.json").read_text())
+        if record["rows"] != [r.id for r in rows]:
+            raise SystemExit(f"{out / (name + '.json')} holds other rows than --limit {args.limit}; pass the run's --limit")
+        answers, prompts = record["answers"], record["first_prompt_pairs"]
+        args.max_new_tokens, started = record["max_new_tokens"], started - record["seconds"]
+        print(write())
+        return
+
     for form in FORMS:
         for design, found in framework_answers(decoder, form, rows, args.max_new_tokens, args.verify, log).items():
             answers[f"{form} / {design}"] = found["answers"]
             prompts[f"{form} / {design}"] = found["prompts"]
-    summaries = {label: summarize(rows, a, args.bootstrap) for label, a in answers.items()}
-    report = tables(args.model, len(rows), summaries)
-    print(report)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = Path(args.model).name  # a bundled alias, or a folder's name
-    (out / f"{name}.md").write_text(report)
-    record = {"model": args.model, "rows": [r.id for r in rows], "max_new_tokens": args.max_new_tokens, "summaries": summaries,
-              "answers": answers, "first_prompt_pairs": {k: v[:2] for k, v in prompts.items()},
-              "seconds": round(time.perf_counter() - started, 1)}
-    (out / f"{name}.json").write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+        write()
+    form_started = time.perf_counter()
+    answers = {"fides-rag template": template_answers(decoder, rows, args.max_new_tokens), **answers}
+    log(f"fides-rag template: {time.perf_counter() - form_started:.0f} s")
+    print(write())
 
 
 if __name__ == "__main__":
