@@ -130,12 +130,16 @@ class FidesLLM(FidesParams, BaseLLM):
             texts = document_texts(documents)
             if question is not None or not (texts and all(t in prompt for t in texts)):
                 return Plan("template", "documents", question=question if question is not None else prompt, documents=texts)
-            return self._prompt_plan(messages, texts, "documents", max_new, question=recorder.question_for(parent_run_id, prompt))
+            return self._prompt_plan(messages, texts, "documents", max_new, question=self._recorded_question(parent_run_id, prompt))
         found = recorder.documents_for(parent_run_id, [prompt])
         retrieved = recorder.retrieved_for(parent_run_id)
         if found:
-            return self._retriever_plan(messages, found, retrieved, max_new, "the prompt", recorder.question_for(parent_run_id, prompt))
+            return self._retriever_plan(messages, found, retrieved, max_new, "the prompt", self._recorded_question(parent_run_id, prompt))
         return self._plain_plan(messages, _why_no_documents(retrieved, "the prompt"))
+
+    def _recorded_question(self, parent_run_id: UUID | None, prompt: str) -> str | None:
+        """The run's question for no_context_path='question'; not looked up under 'emptied', which needs none."""
+        return recorder.question_for(parent_run_id, prompt) if self.no_context_path == "question" else None
 
     def _generate_one(self, prompt: str, stop: list[str] | None, parent_run_id: UUID | None, kwargs: dict[str, Any]) -> Generation:
         opts = self._options(stop, kwargs)
