@@ -2,6 +2,7 @@
 
 from fides_rag.config import FidesConfig
 from fides_rag.decoder import AsyncTextStream, FidesDecoder, GenerationSettings, NonFiniteLogitsError, TextStream
+from fides_rag.generation.options import GenerationOptions, MethodOptions, RawPromptOptions
 from fides_rag.lens import UnsupportedArchitectureError
 from fides_rag.loading import load_model, select_device
 from fides_rag.prompts import Demonstration, PromptTemplate
@@ -16,10 +17,13 @@ __all__ = [
     "Demonstration",
     "FidesConfig",
     "FidesDecoder",
+    "GenerationOptions",
     "GenerationResult",
     "GenerationSettings",
+    "MethodOptions",
     "NonFiniteLogitsError",
     "PromptTemplate",
+    "RawPromptOptions",
     "StepRecord",
     "TextStream",
     "UnsupportedArchitectureError",

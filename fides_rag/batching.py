@@ -18,12 +18,15 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from typing_extensions import Unpack  # typing.Unpack from Python 3.11 on
+
 from fides_rag.decoder import FidesDecoder
+from fides_rag.generation.options import RequestOptions
 from fides_rag.generation.prompting import PreparedExample
 from fides_rag.generation.run import DecodeRun
 from fides_rag.generation.settings import GenerationSettings, RowSettings
@@ -106,19 +109,15 @@ class RequestBatcher:
         self,
         question: str | None,
         documents: Any,
-        *,
-        context_prompt: str | None = None,
-        no_context_prompt: str | None = None,
-        add_special_tokens: bool = True,
-        method: str | ContrastRule | None = None,
-        max_new_tokens: int | None = None,
-        stop: Sequence[str] | str | None = None,
-        **generation_kwargs: Any,
+        **options: Unpack[RequestOptions],
     ) -> _Pending:
         """Validate and tokenise one request in the caller's thread, so bad input fails it alone, at once."""
         decoder = self.decoder
-        rule = decoder.resolve_method(method)
-        settings = GenerationSettings.build(decoder.max_new_tokens, max_new_tokens, stop, **generation_kwargs)
+        rest: dict[str, Any] = dict(options)
+        context_prompt, no_context_prompt = rest.pop("context_prompt", None), rest.pop("no_context_prompt", None)
+        add_special_tokens = rest.pop("add_special_tokens", True)
+        rule = decoder.resolve_method(rest.pop("method", None))
+        settings = GenerationSettings.build(decoder.max_new_tokens, rest.pop("max_new_tokens", None), rest.pop("stop", None), **rest)
         if context_prompt is not None or no_context_prompt is not None:
             if question is not None:
                 raise ValueError("give either a question (with documents) or context_prompt and no_context_prompt, not both")
@@ -131,7 +130,7 @@ class RequestBatcher:
         decoder.setup_rules([effective])  # bad heads fail here, not inside a shared batch
         return _Pending(example, rule, effective, settings, Future())
 
-    def submit(self, question: str | None = None, documents: Any = None, **kwargs: Any) -> Future:
+    def submit(self, question: str | None = None, documents: Any = None, **kwargs: Unpack[RequestOptions]) -> Future:
         """Queue one request; its `Future` resolves to the GenerationResult. Raises at once on bad input.
 
         kwargs: method, max_new_tokens, stop, do_sample, temperature, top_p, top_k, seed, ... as for
@@ -147,15 +146,15 @@ class RequestBatcher:
             self._wake.notify()
         return pending.future
 
-    def generate(self, question: str | None = None, documents: Any = None, **kwargs: Any) -> GenerationResult:
+    def generate(self, question: str | None = None, documents: Any = None, **kwargs: Unpack[RequestOptions]) -> GenerationResult:
         """Submit and wait (thread-safe: concurrent callers share batches)."""
         return self.submit(question, documents, **kwargs).result()
 
-    async def agenerate(self, question: str | None = None, documents: Any = None, **kwargs: Any) -> GenerationResult:
+    async def agenerate(self, question: str | None = None, documents: Any = None, **kwargs: Unpack[RequestOptions]) -> GenerationResult:
         """Submit and await without blocking the event loop; cancelling the task drops its row from the batch."""
         return await asyncio.wrap_future(self.submit(question, documents, **kwargs))
 
-    def stream(self, question: str | None = None, documents: Any = None, **kwargs: Any) -> TextStream:
+    def stream(self, question: str | None = None, documents: Any = None, **kwargs: Unpack[RequestOptions]) -> TextStream:
         """Text deltas of one request decoded in a shared batch; they concatenate to the final text, and
         `result` holds the GenerationResult once the stream is exhausted. Closing it drops the request."""
         pending = self._prepare(question, documents, **kwargs)
@@ -174,7 +173,7 @@ class RequestBatcher:
         stream = TextStream(iterate())
         return stream
 
-    async def astream(self, question: str | None = None, documents: Any = None, **kwargs: Any) -> AsyncIterator[str]:
+    async def astream(self, question: str | None = None, documents: Any = None, **kwargs: Unpack[RequestOptions]) -> AsyncIterator[str]:
         """`stream` for asyncio: deltas arrive without blocking the event loop; cancelling drops the row."""
         loop = asyncio.get_running_loop()
         pending = self._prepare(question, documents, **kwargs)

@@ -18,10 +18,12 @@ from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from typing_extensions import Unpack  # typing.Unpack from Python 3.11 on
 
 from fides_rag.generation.choosing import NonFiniteLogitsError
 from fides_rag.generation.layout import Unit
 from fides_rag.generation.loop import decode_loop
+from fides_rag.generation.options import GenerationOptions, MethodOptions, RawPromptOptions
 from fides_rag.generation.prompting import PreparedExample, PromptPreparer, context_window
 from fides_rag.generation.results import assemble
 from fides_rag.generation.run import DecodeRun
@@ -144,8 +146,10 @@ class FidesDecoder:
                 ids.update(int(v) for v in value)
         return ids
 
-    def _settings(self, max_new_tokens: int | None, stop: Sequence[str] | str | None, **kwargs: Any) -> GenerationSettings:
-        return GenerationSettings.build(self.max_new_tokens, max_new_tokens, stop, **kwargs)
+    def _settings(self, options: GenerationOptions | dict[str, Any]) -> GenerationSettings:
+        """Validated settings of a call's generation options (the token budget defaults to the decoder's)."""
+        rest = dict(options)
+        return GenerationSettings.build(self.max_new_tokens, rest.pop("max_new_tokens", None), rest.pop("stop", None), **rest)
 
     # -- prompts --------------------------------------------------------------------------------
 
@@ -182,32 +186,23 @@ class FidesDecoder:
         self,
         question: str,
         documents: Sequence[Any] | None = None,
-        *,
-        method: str | ContrastRule | None = None,
-        max_new_tokens: int | None = None,
-        stop: Sequence[str] | str | None = None,
-        **generation_kwargs: Any,
+        **options: Unpack[MethodOptions],
     ) -> GenerationResult:
         """Answer `question` from `documents` with `method` (default: the decoder's).
 
-        generation_kwargs: do_sample, temperature, top_p, top_k, seed, min_new_tokens, logits_processor,
-        stopping_criteria.
+        options: method, max_new_tokens, stop, do_sample, temperature, top_p, top_k, seed, min_new_tokens,
+        logits_processor, stopping_criteria (`MethodOptions`).
         """
-        return self.generate_batch([question], [documents], method=method, max_new_tokens=max_new_tokens, stop=stop, **generation_kwargs)[0]
+        return self.generate_batch([question], [documents], **options)[0]
 
     def generate_batch(
         self,
         questions: Sequence[str],
         documents_per_question: Sequence[Sequence[Any] | None] | None = None,
-        *,
-        method: str | ContrastRule | None = None,
-        max_new_tokens: int | None = None,
-        stop: Sequence[str] | str | None = None,
-        **generation_kwargs: Any,
+        **options: Unpack[MethodOptions],
     ) -> list[GenerationResult]:
         """Answer several questions in one batched decode (all paths of all examples in one forward per step)."""
-        rule = self.resolve_method(method)
-        settings = self._settings(max_new_tokens, stop, **generation_kwargs)
+        rule, settings = self._method_and_settings(options)
         examples = self._prepare_all(questions, documents_per_question, [rule], settings)
         return self._decode_examples(examples, [rule], settings)[0]
 
@@ -216,10 +211,7 @@ class FidesDecoder:
         questions: Sequence[str],
         documents_per_question: Sequence[Sequence[Any] | None] | None,
         methods: Sequence[str | ContrastRule] | Mapping[str, str | ContrastRule],
-        *,
-        max_new_tokens: int | None = None,
-        stop: Sequence[str] | str | None = None,
-        **generation_kwargs: Any,
+        **options: Unpack[GenerationOptions],
     ) -> dict[str, list[GenerationResult]]:
         """Answer every question under every method in one decode that shares the prompts' prefill.
 
@@ -228,7 +220,7 @@ class FidesDecoder:
         to what `generate_batch` gives for that method alone.
         """
         labelled = self._labelled_rules(methods)
-        settings = self._settings(max_new_tokens, stop, **generation_kwargs)
+        settings = self._settings(options)
         examples = self._prepare_all(questions, documents_per_question, list(labelled.values()), settings)
         return dict(zip(labelled, self._decode_examples(examples, list(labelled.values()), settings)))
 
@@ -236,15 +228,12 @@ class FidesDecoder:
         self,
         examples: Sequence[PreparedExample],
         methods: Sequence[str | ContrastRule] | Mapping[str, str | ContrastRule],
-        *,
-        max_new_tokens: int | None = None,
-        stop: Sequence[str] | str | None = None,
-        **generation_kwargs: Any,
+        **options: Unpack[GenerationOptions],
     ) -> dict[str, list[GenerationResult]]:
         """`generate_methods` for examples from `prepare` / `prepare_from_prompts` (e.g. a framework's prompt pairs):
         every method over one shared prefill; label -> one result per example, each equal to `generate_prepared`'s."""
         labelled = self._labelled_rules(methods)
-        settings = self._settings(max_new_tokens, stop, **generation_kwargs)
+        settings = self._settings(options)
         return dict(zip(labelled, self._decode_examples(list(examples), list(labelled.values()), settings)))
 
     def _labelled_rules(self, methods: Sequence[str | ContrastRule] | Mapping[str, str | ContrastRule]) -> dict[str, ContrastRule]:
@@ -263,45 +252,30 @@ class FidesDecoder:
     def generate_prepared(
         self,
         examples: Sequence[PreparedExample],
-        *,
-        method: str | ContrastRule | None = None,
-        max_new_tokens: int | None = None,
-        stop: Sequence[str] | str | None = None,
-        **generation_kwargs: Any,
+        **options: Unpack[MethodOptions],
     ) -> list[GenerationResult]:
         """Decode examples from `prepare` / `prepare_from_prompts` as they are (no templating, no trimming)."""
-        rule = self.resolve_method(method)
-        settings = self._settings(max_new_tokens, stop, **generation_kwargs)
+        rule, settings = self._method_and_settings(options)
         return self._decode_examples(list(examples), [rule], settings)[0]
 
     def generate_from_prompts(
         self,
         context_prompt: str,
         no_context_prompt: str,
-        *,
-        method: str | ContrastRule | None = None,
-        max_new_tokens: int | None = None,
-        stop: Sequence[str] | str | None = None,
-        add_special_tokens: bool = True,
-        **generation_kwargs: Any,
+        **options: Unpack[RawPromptOptions],
     ) -> GenerationResult:
         """Decode from two raw prompt strings (no templating); stops only on EOS, `stop` and the token budget."""
-        example, rule, settings = self._raw_request(context_prompt, no_context_prompt, method, max_new_tokens, stop, add_special_tokens, generation_kwargs)
+        example, rule, settings = self._raw_request(context_prompt, no_context_prompt, options)
         return self._decode_examples([example], [rule], settings)[0][0]
 
     def stream(
         self,
         question: str,
         documents: Sequence[Any] | None = None,
-        *,
-        method: str | ContrastRule | None = None,
-        max_new_tokens: int | None = None,
-        stop: Sequence[str] | str | None = None,
-        **generation_kwargs: Any,
+        **options: Unpack[MethodOptions],
     ) -> TextStream:
         """Text deltas as they are decoded; their concatenation equals the final `result.text`."""
-        rule = self.resolve_method(method)
-        settings = self._settings(max_new_tokens, stop, **generation_kwargs)
+        rule, settings = self._method_and_settings(options)
         example = self.prepare(question, documents, settings.max_new_tokens, document_paths=DOCUMENTS in rule.paths)
         return self._stream_example(example, rule, settings)
 
@@ -309,15 +283,10 @@ class FidesDecoder:
         self,
         context_prompt: str,
         no_context_prompt: str,
-        *,
-        method: str | ContrastRule | None = None,
-        max_new_tokens: int | None = None,
-        stop: Sequence[str] | str | None = None,
-        add_special_tokens: bool = True,
-        **generation_kwargs: Any,
+        **options: Unpack[RawPromptOptions],
     ) -> TextStream:
         """`stream` for two raw prompt strings."""
-        example, rule, settings = self._raw_request(context_prompt, no_context_prompt, method, max_new_tokens, stop, add_special_tokens, generation_kwargs)
+        example, rule, settings = self._raw_request(context_prompt, no_context_prompt, options)
         return self._stream_example(example, rule, settings)
 
     async def agenerate(self, question: str, documents: Sequence[Any] | None = None, **kwargs: Any) -> GenerationResult:
@@ -339,14 +308,20 @@ class FidesDecoder:
 
     # -- requests ---------------------------------------------------------------------------------
 
+    def _method_and_settings(self, options: MethodOptions) -> tuple[ContrastRule, GenerationSettings]:
+        """The rule and the validated settings of a one-method call's options."""
+        rest = dict(options)
+        rule = self.resolve_method(rest.pop("method", None))
+        return rule, self._settings(rest)
+
     def _raw_request(
-        self, context_prompt: str, no_context_prompt: str, method: str | ContrastRule | None,
-        max_new_tokens: int | None, stop: Sequence[str] | str | None, add_special_tokens: bool, generation_kwargs: dict[str, Any],
+        self, context_prompt: str, no_context_prompt: str, options: RawPromptOptions
     ) -> tuple[PreparedExample, ContrastRule, GenerationSettings]:
         """The rule, settings and tokenised example of a raw-prompt call (shared by generate_ and stream_from_prompts)."""
-        rule = self.resolve_method(method)
+        rest = dict(options)
+        add_special_tokens = rest.pop("add_special_tokens", True)
+        rule, settings = self._method_and_settings(rest)  # type: ignore[arg-type]
         refuse_document_paths(rule)
-        settings = self._settings(max_new_tokens, stop, **generation_kwargs)
         example = self.prepare_from_prompts(context_prompt, no_context_prompt, settings.max_new_tokens, add_special_tokens)
         return example, rule, settings
 

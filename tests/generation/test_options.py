@@ -1,0 +1,56 @@
+"""The typed keyword options of the public calls stay in step with the settings they build."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import typing
+
+import pytest
+
+from fides_rag import FidesDecoder, GenerationOptions, GenerationSettings, MethodOptions, RawPromptOptions
+from fides_rag.batching import RequestBatcher
+from fides_rag.generation.options import RequestOptions
+
+
+def test_generation_options_name_every_setting():
+    assert GenerationOptions.__optional_keys__ == {f.name for f in dataclasses.fields(GenerationSettings)}
+    assert GenerationOptions.__required_keys__ == frozenset()
+
+
+def test_each_options_type_adds_its_own_keys():
+    assert MethodOptions.__optional_keys__ - GenerationOptions.__optional_keys__ == {"method"}
+    assert RawPromptOptions.__optional_keys__ - MethodOptions.__optional_keys__ == {"add_special_tokens"}
+    assert RequestOptions.__optional_keys__ - RawPromptOptions.__optional_keys__ == {"context_prompt", "no_context_prompt"}
+
+
+@pytest.mark.parametrize(
+    "call, options",
+    [
+        (FidesDecoder.generate, MethodOptions), (FidesDecoder.generate_batch, MethodOptions),
+        (FidesDecoder.generate_prepared, MethodOptions), (FidesDecoder.stream, MethodOptions),
+        (FidesDecoder.generate_methods, GenerationOptions), (FidesDecoder.generate_prepared_methods, GenerationOptions),
+        (FidesDecoder.generate_from_prompts, RawPromptOptions), (FidesDecoder.stream_from_prompts, RawPromptOptions),
+        (RequestBatcher.submit, RequestOptions), (RequestBatcher.generate, RequestOptions),
+        (RequestBatcher.agenerate, RequestOptions), (RequestBatcher.stream, RequestOptions), (RequestBatcher.astream, RequestOptions),
+    ],
+)
+def test_public_calls_declare_their_options(call, options):
+    hints = typing.get_type_hints(call, include_extras=True)  # resolves: no name is missing at run time
+    keywords = [p for p in inspect.signature(call).parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
+    assert len(keywords) == 1
+    assert typing.get_args(hints[keywords[0].name]) == (options,)
+
+
+def test_every_option_is_accepted_and_an_unknown_one_is_named(tiny_llama, tokenizer):
+    tiny_decoder = FidesDecoder(tiny_llama, tokenizer)
+    options: MethodOptions = {
+        "method": "cad", "max_new_tokens": 2, "stop": ["\n"], "min_new_tokens": 1, "do_sample": True, "temperature": 0.7,
+        "top_p": 0.9, "top_k": 5, "seed": 3, "logits_processor": None, "stopping_criteria": None,
+    }
+    assert set(options) == MethodOptions.__optional_keys__
+    first = tiny_decoder.generate("q?", ["a document"], **options)
+    assert first.token_ids == tiny_decoder.generate("q?", ["a document"], **options).token_ids  # the seed is used
+    assert 1 <= len(first.token_ids) <= 2
+    with pytest.raises(TypeError, match="temprature"):
+        tiny_decoder.generate("q?", ["a document"], temprature=0.5)
