@@ -157,7 +157,10 @@ class ModelAnatomy:
         )
         if not plain:
             return head(normed_hidden)
-        logits = (head.weight @ normed_hidden.T).T.contiguous()  # [V, N] -> [N, V]
+        rows = normed_hidden.shape[0]
+        if rows == 3:  # MKL's narrow sgemm runs 4 columns faster than 3 (gemma3's head: 60 -> 54 ms): add a zero row
+            normed_hidden = torch.cat([normed_hidden, normed_hidden.new_zeros(1, normed_hidden.shape[1])])
+        logits = (head.weight @ normed_hidden.T)[:, :rows].T.contiguous()  # [V, N] -> [N, V]
         return logits if head.bias is None else logits + head.bias
 
     def lens_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -78,7 +78,11 @@ def test_head_logits_of_several_rows_equal_the_head_module_and_hooked_heads_run_
     anatomy = ModelAnatomy.of(tiny_models["llama"])
     states = torch.randn(3, anatomy.head.in_features, dtype=anatomy.head.weight.dtype)
     with torch.no_grad():
-        torch.testing.assert_close(anatomy.head_logits(states), anatomy.head(states), rtol=1e-5, atol=1e-5)
+        for rows in (2, 3, 4, 5):  # 3 rows are padded to 4 for MKL: the pad row must not show
+            many = torch.randn(rows, anatomy.head.in_features, dtype=anatomy.head.weight.dtype)
+            logits = anatomy.head_logits(many)
+            assert logits.shape == (rows, anatomy.head.out_features) and logits.is_contiguous()
+            torch.testing.assert_close(logits, anatomy.head(many), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(anatomy.head_logits(states[:1]), anatomy.head(states[:1]), rtol=0, atol=0)
         calls = []
         handle = anatomy.head.register_forward_hook(lambda m, i, o: calls.append(i[0].shape))

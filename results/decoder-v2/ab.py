@@ -8,6 +8,7 @@ built once per example and passed as text, so stop strings of the template never
 Usage (from the repository root):
     python results/decoder-v2/ab.py smollm2-135m-instruct 8 results/decoder-v2/ab-smollm2-135m-instruct.json
     python results/decoder-v2/ab.py MODEL N OUT.json standard template      # one method, one prompt shape
+    python results/decoder-v2/ab.py MODEL N OUT.json cad,fides raw,template COMMIT  # "old" = another commit
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ from pathlib import Path
 OLD_COMMIT = "d3638e8"
 
 
-def import_old_package(root: Path):
-    """Extract fides_rag/ at OLD_COMMIT into a temp dir as package `fides_rag_old` and import it."""
+def import_old_package(root: Path, commit: str = OLD_COMMIT):
+    """Extract fides_rag/ at `commit` into a temp dir as package `fides_rag_old` and import it."""
     target = Path(tempfile.mkdtemp()) / "fides_rag_old"
-    archive = subprocess.run(["git", "-C", str(root), "archive", OLD_COMMIT, "fides_rag"], check=True, capture_output=True).stdout
+    archive = subprocess.run(["git", "-C", str(root), "archive", commit, "fides_rag"], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(target.parent)], input=archive, check=True)
     (target.parent / "fides_rag").rename(target)
     for path in target.rglob("*.py"):
@@ -40,7 +41,8 @@ def import_old_package(root: Path):
 
 def main() -> None:
     model_name, n_prompts, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
-    old = import_old_package(Path(__file__).resolve().parents[2])
+    old_commit = sys.argv[6] if len(sys.argv) > 6 else OLD_COMMIT
+    old = import_old_package(Path(__file__).resolve().parents[2], old_commit)
     from fides_rag import FidesDecoder, load_model
     from fides_rag.eval.bench import machine
     from fides_rag.eval.datasets import load_nq_swap
@@ -77,7 +79,7 @@ def main() -> None:
                     (one, _), (many, tokens) = timed(code, method, prompts, 1, special), timed(code, method, prompts, 33, special)
                     samples.setdefault(shape, {}).setdefault(method, {}).setdefault(code, []).append((many - one) / (tokens - 1) * 1000)
     medians = {s: {m: {c: statistics.median(v) for c, v in by_code.items()} for m, by_code in by_method.items()} for s, by_method in samples.items()}
-    report = {"model": model_name, "old_commit": OLD_COMMIT, "prompts": n_prompts, "machine": machine(), "median_decode_ms_per_token": medians, "decode_ms_per_token": samples}
+    report = {"model": model_name, "old_commit": old_commit, "prompts": n_prompts, "machine": machine(), "median_decode_ms_per_token": medians, "decode_ms_per_token": samples}
     out.write_text(json.dumps(report, indent=1))
     print(json.dumps(medians, indent=1))
 

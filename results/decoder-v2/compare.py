@@ -10,6 +10,7 @@ Usage: python results/decoder-v2/compare.py
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -59,12 +60,36 @@ def latency_after_head_fix(model: str) -> None:
     print(f"\nFIDES/standard {ratio('fides', 'standard'):.2f}x, FIDES/CAD {ratio('fides', 'cad'):.2f}x, CAD/CFG {ratio('cad', 'hf-cfg'):.2f}x")
 
 
+def pad_table(model: str) -> None:
+    """The 3-rows-to-4 head padding: `ab.py` runs against c7c508f (before it), pooled per prompt. FIDES/CAD per
+    prompt pairs the two decodes of one prompt made seconds apart, which this drifting machine needs."""
+    paths = sorted(HERE.glob(f"ab-pad-{model}*.json"))
+    if not paths:
+        return
+    fides_cad: dict[str, dict[str, list[float]]] = {}
+    change: dict[str, dict[str, list[float]]] = {}
+    for path in paths:
+        for shape, d in json.loads(path.read_text())["decode_ms_per_token"].items():
+            for code in ("old", "new"):
+                fides_cad.setdefault(shape, {}).setdefault(code, []).extend(f / c for f, c in zip(d["fides"][code], d["cad"][code]))
+            for method in ("cad", "fides"):
+                change.setdefault(shape, {}).setdefault(method, []).extend(n / o for n, o in zip(d[method]["new"], d[method]["old"]))
+    print(f"\n#### {model}: the 3-row head product padded to 4 ({', '.join(p.name for p in paths)}; medians of per-prompt ratios)\n")
+    print("| prompts | prompts measured | FIDES/CAD before | FIDES/CAD after | FIDES after/before | CAD after/before (unchanged code: noise) |")
+    print("|---|---|---|---|---|---|")
+    for shape in fides_cad:
+        m = statistics.median
+        print(f"| {shape} | {len(fides_cad[shape]['old'])} | {m(fides_cad[shape]['old']):.2f}x | {m(fides_cad[shape]['new']):.2f}x | "
+              f"{m(change[shape]['fides']):.2f} | {m(change[shape]['cad']):.2f} |")
+
+
 def main() -> None:
     for model in ("smollm2-135m-instruct", "gemma3-270m"):
         for path in (HERE / f"ab-{model}.json", HERE / f"ab-standard-{model}.json"):
             if path.exists():
                 ab_table(path)
         latency_after_head_fix(model)
+        pad_table(model)
     for model in ("smollm2-135m-instruct", "gemma3-270m"):
         old_path, new_path = HERE / f"old-{model}.json", HERE / f"new-{model}.json"
         if not (old_path.exists() and new_path.exists()):
