@@ -16,7 +16,8 @@ to end through the objects with FIDES, and the script stops if any answer differ
 
     python examples/framework_prompts_study.py --model smollm2-135m-instruct --limit 200 --out results/framework-prompts
 
-Writes <out>/<model>.json (every answer) and <out>/<model>.md (the tables), and prints the tables.
+Writes <out>/<model>.json (every answer, and FIDES's mean α per row) and <out>/<model>.md (the tables), and
+prints the tables.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from langchain_core.prompts import PromptTemplate as LCPromptTemplate
 from llama_index.core import Document as LIDocument
 from llama_index.core import SummaryIndex
 
-from fides_rag import FidesDecoder
+from fides_rag import FidesDecoder, GenerationResult
 from fides_rag.eval.datasets import QAExample, load_examples
 from fides_rag.eval.metrics import contains_answer
 from fides_rag.eval.significance import paired_bootstrap
@@ -107,19 +108,28 @@ def run_form(decoder: FidesDecoder, form: str, rows: Sequence[QAExample], design
     return asyncio.run(_langchain(decoder, rows, design, method, max_new, chat=form == "langchain-v1-chat"))
 
 
-def decode_pairs(decoder: FidesDecoder, pairs: Sequence[tuple[str, str]], max_new: int) -> dict[str, list[str]]:
-    """CAD, AdaCAD and FIDES on captured prompt pairs, CHUNK examples at a time over one shared prefill."""
+def mean_alpha(result: GenerationResult) -> float | None:
+    """FIDES's per-token evidence weight α, averaged over one answer's tokens (None when no step recorded one)."""
+    alphas = [a for a in result.alphas if a is not None]
+    return sum(alphas) / len(alphas) if alphas else None
+
+
+def decode_pairs(decoder: FidesDecoder, pairs: Sequence[tuple[str, str]], max_new: int) -> tuple[dict[str, list[str]], list[float | None]]:
+    """CAD, AdaCAD and FIDES on captured prompt pairs, CHUNK examples at a time over one shared prefill; the texts,
+    and FIDES's mean α per row."""
     texts: dict[str, list[str]] = {m: [] for m in CONTRASTIVE}
+    alphas: list[float | None] = []
     for start in range(0, len(pairs), CHUNK):
         examples = [decoder.prepare_from_prompts(ctx, noctx, max_new) for ctx, noctx in pairs[start : start + CHUNK]]
         results = decoder.generate_prepared_methods(examples, CONTRASTIVE, max_new_tokens=max_new)
         for method in CONTRASTIVE:
             texts[method] += [r.text for r in results[method]]
-    return texts
+        alphas += [mean_alpha(r) for r in results["fides"]]
+    return texts, alphas
 
 
 def framework_answers(decoder: FidesDecoder, form: str, rows: Sequence[QAExample], max_new: int, verify: int, log: Callable[[str], None]) -> dict[str, Any]:
-    """design -> {"prompts": [(ctx, noctx)], "answers": method -> texts} for one framework form."""
+    """design -> {"prompts": [(ctx, noctx)], "answers": method -> texts, "fides_alphas": [mean α]} for one form."""
     started = time.perf_counter()
     base = run_form(decoder, form, rows, "emptied", "standard", max_new)  # standard's answers, through the objects
     log(f"{form} / standard: {len(rows)} rows in {time.perf_counter() - started:.0f} s")
@@ -130,28 +140,32 @@ def framework_answers(decoder: FidesDecoder, form: str, rows: Sequence[QAExample
         if [c["context_prompt"] for c in captured] != [b["context_prompt"] for b in base]:
             raise AssertionError(f"{form}: the context prompts differ between the standard and the {design} calls")
         pairs = [(c["context_prompt"], c["no_context_prompt"]) for c in captured]
-        answers = {"standard": [b["text"] for b in base], **decode_pairs(decoder, pairs, max_new)}
+        contrastive, alphas = decode_pairs(decoder, pairs, max_new)
+        answers = {"standard": [b["text"] for b in base], **contrastive}
         if verify:
             through_objects = run_form(decoder, form, rows[:verify], design, "fides", max_new)
             if [t["text"] for t in through_objects] != answers["fides"][:verify]:
                 raise AssertionError(f"{form}/{design}: FIDES through the framework object differs from the batched decode")
-        by_design[design] = {"prompts": pairs, "answers": answers}
+        by_design[design] = {"prompts": pairs, "answers": answers, "fides_alphas": alphas}
         log(f"{form} / {design}: {len(rows)} rows in {time.perf_counter() - started:.0f} s")
     return by_design
 
 
-def template_answers(decoder: FidesDecoder, rows: Sequence[QAExample], max_new: int) -> dict[str, list[str]]:
+def template_answers(decoder: FidesDecoder, rows: Sequence[QAExample], max_new: int) -> tuple[dict[str, list[str]], list[float | None]]:
     texts: dict[str, list[str]] = {m: [] for m in METHODS}
+    alphas: list[float | None] = []
     for start in range(0, len(rows), CHUNK):
         chunk = rows[start : start + CHUNK]
         results = decoder.generate_methods([r.question for r in chunk], [list(r.contexts) for r in chunk], METHODS, max_new_tokens=max_new)
         for method in METHODS:
             texts[method] += [r.text for r in results[method]]
-    return texts
+        alphas += [mean_alpha(r) for r in results["fides"]]
+    return texts, alphas
 
 
-def summarize(rows: Sequence[QAExample], answers: dict[str, list[str]], bootstrap: int) -> dict[str, Any]:
-    """Per method the context-answer and memory-answer contained rates (%), and FIDES against standard and CAD."""
+def summarize(rows: Sequence[QAExample], answers: dict[str, list[str]], bootstrap: int, alphas: Sequence[float | None] = ()) -> dict[str, Any]:
+    """Per method the context-answer and memory-answer contained rates (%), FIDES against standard and CAD, and
+    FIDES's mean α over the rows (when recorded)."""
     context = {m: [100 * contains_answer(t, r.context_answers) for t, r in zip(answers[m], rows)] for m in METHODS}
     memory = {m: [100 * contains_answer(t, r.memory_answers) for t, r in zip(answers[m], rows)] for m in METHODS}
     summary: dict[str, Any] = {m: {"context": sum(context[m]) / len(rows), "memory": sum(memory[m]) / len(rows)} for m in METHODS}
@@ -160,6 +174,8 @@ def summarize(rows: Sequence[QAExample], answers: dict[str, list[str]], bootstra
             "context": paired_bootstrap(context["fides"], context[other], samples=bootstrap, seed=0),
             "memory": paired_bootstrap(memory["fides"], memory[other], samples=bootstrap, seed=0),
         }
+    recorded = [a for a in alphas if a is not None]
+    summary["fides_mean_alpha"] = sum(recorded) / len(recorded) if recorded else None
     return summary
 
 
@@ -178,12 +194,14 @@ def design_comparisons(rows: Sequence[QAExample], answers: dict[str, dict[str, l
 def tables(model: str, n: int, summaries: dict[str, dict[str, Any]], designs: dict[str, Any] | None = None) -> str:
     rows, tests = [], []
     for label, s in summaries.items():
-        rows.append([label, *(f"{s[m]['context']:.1f} / {s[m]['memory']:.1f}" for m in METHODS)])
+        alpha = s.get("fides_mean_alpha")
+        rows.append([label, *(f"{s[m]['context']:.1f} / {s[m]['memory']:.1f}" for m in METHODS), "-" if alpha is None else f"{alpha:.3f}"])
         for other in ("standard", "cad"):
             c = s[f"fides_vs_{other}"]["context"]
             tests.append([label, f"fides − {other}", f"{c['diff']:+.1f}", f"[{c['ci_low']:+.1f}, {c['ci_high']:+.1f}]", f"{c['p_value']:.3f}"])
-    return (f"`{model}`, {n} NQ-Swap conflict rows. Cells: context answer contained / memory answer contained, in %.\n\n"
-            + markdown_table(["prompt / no-context path", *METHODS], rows)
+    return (f"`{model}`, {n} NQ-Swap conflict rows. Cells: context answer contained / memory answer contained, in %; "
+            "FIDES α: its per-token evidence weight, averaged per answer, then over the rows ('-': not recorded by this run).\n\n"
+            + markdown_table(["prompt / no-context path", *METHODS, "FIDES α"], rows)
             + "\n\nPaired bootstrap on the context-answer contained rate (B = 1000, two-sided 95% CI; p from a paired permutation test):\n\n"
             + markdown_table(["prompt / no-context path", "comparison", "diff", "95% CI", "p"], tests) + "\n"
             + ("" if not designs else "\nNo-context designs compared, same rows and method: context-answer contained rate, emptied − question:\n\n"
@@ -210,15 +228,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     answers: dict[str, dict[str, list[str]]] = {}
+    alphas: dict[str, list[float | None]] = {}
     prompts: dict[str, list[tuple[str, str]]] = {}
 
     def write() -> str:  # after every form, so a long run keeps what it has
-        summaries = {label: summarize(rows, a, args.bootstrap) for label, a in answers.items()}
+        summaries = {label: summarize(rows, a, args.bootstrap, alphas.get(label, ())) for label, a in answers.items()}
         designs = design_comparisons(rows, answers, args.bootstrap)
         report = tables(args.model, len(rows), summaries, designs)
         (out / f"{name}.md").write_text(report)
         record = {"model": args.model, "rows": [r.id for r in rows], "max_new_tokens": args.max_new_tokens, "summaries": summaries,
-                  "design_comparisons": designs, "answers": answers, "first_prompt_pairs": {k: v[:2] for k, v in prompts.items()},
+                  "design_comparisons": designs, "answers": answers, "fides_alphas": alphas, "first_prompt_pairs": {k: v[:2] for k, v in prompts.items()},
                   "seconds": round(time.perf_counter() - started, 1)}
         (out / f"{name}.json").write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
         return report
@@ -227,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         record = json.loads((out / f"{name}.json").read_text())
         if record["rows"] != [r.id for r in rows]:
             raise SystemExit(f"{out / (name + '.json')} holds other rows than --limit {args.limit}; pass the run's --limit")
-        answers, prompts = record["answers"], record["first_prompt_pairs"]
+        answers, prompts, alphas = record["answers"], record["first_prompt_pairs"], record.get("fides_alphas", {})
         args.max_new_tokens, started = record["max_new_tokens"], started - record["seconds"]
         print(write())
         return
@@ -235,10 +254,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     for form in FORMS:
         for design, found in framework_answers(decoder, form, rows, args.max_new_tokens, args.verify, log).items():
             answers[f"{form} / {design}"] = found["answers"]
+            alphas[f"{form} / {design}"] = found["fides_alphas"]
             prompts[f"{form} / {design}"] = found["prompts"]
         write()
     form_started = time.perf_counter()
-    answers = {"fides-rag template": template_answers(decoder, rows, args.max_new_tokens), **answers}
+    template, alphas["fides-rag template"] = template_answers(decoder, rows, args.max_new_tokens)
+    answers = {"fides-rag template": template, **answers}
     log(f"fides-rag template: {time.perf_counter() - form_started:.0f} s")
     print(write())
 

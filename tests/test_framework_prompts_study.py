@@ -35,4 +35,7 @@ def test_the_study_runs_and_writes_its_tables(tmp_path):
     pairs = record["first_prompt_pairs"]
     assert "Answer the following question:" in pairs["langchain-stuff / question"][0][1]
     assert "Answer the following question:" not in pairs["langchain-stuff / emptied"][0][1]
-    assert "| prompt / no-context path" in (tmp_path / "out" / "model.md").read_text()
+    assert all(0.0 <= record["summaries"][l]["fides_mean_alpha"] for l in labels)  # FIDES's α is recorded for every form
+    assert all(len(record["fides_alphas"][l]) == 2 for l in labels)
+    table = (tmp_path / "out" / "model.md").read_text()
+    assert "| prompt / no-context path" in table and "FIDES α" in table
