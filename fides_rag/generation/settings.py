@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +40,15 @@ def sampling_options(
     return {"do_sample": do_sample, "temperature": 1.0 if temperature is None else temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
 
 
+def _stacklevel_outside_package() -> int:
+    """The `warnings.warn` stacklevel, for the function calling this one, of the first frame outside fides_rag:
+    a warning then points at the user's line however deep the public call went."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "fides_rag":
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 @dataclass(frozen=True)
 class GenerationSettings:
     """Per-call generation controls (validated)."""
@@ -73,7 +83,8 @@ class GenerationSettings:
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop strings must be non-empty strings, got {self.stop!r}")
         if not self.do_sample and (self.temperature != 1.0 or self.top_p != 1.0 or self.top_k != 0):
-            warnings.warn("temperature/top_p/top_k have no effect with greedy decoding; pass do_sample=True to sample", stacklevel=5)
+            warnings.warn("temperature/top_p/top_k have no effect with greedy decoding; pass do_sample=True to sample",
+                          stacklevel=_stacklevel_outside_package())
 
     @classmethod
     def build(cls, default_max_new_tokens: int, max_new_tokens: int | None, stop: Sequence[str] | str | None, **kwargs: Any) -> GenerationSettings:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fides_rag import GenerationSettings
+from fides_rag import FidesDecoder, GenerationSettings
 
 
 @pytest.mark.parametrize(
@@ -56,3 +56,10 @@ def test_sampling_options_drop_greedy_knobs_and_read_temperature_zero_as_greedy(
     assert sampling_options(True, temperature=0.5, seed=7)["temperature"] == 0.5
     with pytest.raises(ValueError, match="do_sample must be True or False"):  # passed on unchecked, named by the settings
         GenerationSettings(**sampling_options("yes"))
+
+
+def test_the_greedy_sampling_warning_points_at_the_callers_line(tiny_llama, tokenizer):
+    decoder = FidesDecoder(tiny_llama, tokenizer)
+    with pytest.warns(UserWarning, match="no effect with greedy decoding") as caught:
+        decoder.generate("q?", ["a document"], max_new_tokens=1, temperature=0.5)
+    assert [w.filename for w in caught] == [__file__]
