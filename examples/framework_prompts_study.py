@@ -220,6 +220,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", default="results/framework-prompts")
     parser.add_argument("--tables-only", action="store_true", help="rewrite the tables from <out>/<model>.json, decoding nothing")
+    parser.add_argument("--check-against", type=Path, help="a longer run's JSON: every answer must equal its answer to the same row")
     args = parser.parse_args(argv)
     log = lambda message: print(message, flush=True)  # noqa: E731
     rows = load_examples("nq-swap", limit=args.limit)
@@ -262,6 +263,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     answers = {"fides-rag template": template, **answers}
     log(f"fides-rag template: {time.perf_counter() - form_started:.0f} s")
     print(write())
+    if args.check_against:
+        check_against(answers, args.check_against, log)
+
+
+def check_against(answers: dict[str, dict[str, list[str]]], path: Path, log: Callable[[str], None]) -> None:
+    """Stop unless every answer equals the other run's answer to the same row (the other run may have more rows)."""
+    other = json.loads(path.read_text())["answers"]
+    compared = differ = 0
+    for label, by_method in answers.items():
+        for method, texts in by_method.items():
+            for mine, theirs in zip(texts, other[label][method]):
+                compared, differ = compared + 1, differ + (mine != theirs)
+    log(f"{compared} answers compared with {path}: {differ} differ")
+    if differ:
+        raise SystemExit(f"{differ} of {compared} answers differ from {path}")
 
 
 if __name__ == "__main__":

@@ -39,3 +39,18 @@ def test_the_study_runs_and_writes_its_tables(tmp_path):
     assert all(len(record["fides_alphas"][l]) == 2 for l in labels)
     table = (tmp_path / "out" / "model.md").read_text()
     assert "| prompt / no-context path" in table and "FIDES α" in table
+
+
+def test_check_against_stops_on_any_differing_answer(tmp_path):
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import framework_prompts_study as study
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
+    longer = tmp_path / "longer.json"
+    longer.write_text(json.dumps({"answers": {"form / emptied": {"fides": ["Rome", "Paris", "Oslo"]}}}))
+    said = []
+    study.check_against({"form / emptied": {"fides": ["Rome", "Paris"]}}, longer, said.append)
+    assert said == [f"2 answers compared with {longer}: 0 differ"]
+    with pytest.raises(SystemExit, match="1 of 2 answers differ"):
+        study.check_against({"form / emptied": {"fides": ["Rome", "Lyon"]}}, longer, said.append)
