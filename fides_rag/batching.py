@@ -117,7 +117,7 @@ class RequestBatcher:
         context_prompt, no_context_prompt = rest.pop("context_prompt", None), rest.pop("no_context_prompt", None)
         add_special_tokens = rest.pop("add_special_tokens", True)
         rule = decoder.resolve_method(rest.pop("method", None))
-        settings = GenerationSettings.build(decoder.max_new_tokens, rest.pop("max_new_tokens", None), rest.pop("stop", None), **rest)
+        settings = GenerationSettings.build(decoder.max_new_tokens, rest)
         if context_prompt is not None or no_context_prompt is not None:
             if question is not None:
                 raise ValueError("give either a question (with documents) or context_prompt and no_context_prompt, not both")

@@ -146,11 +146,6 @@ class FidesDecoder:
                 ids.update(int(v) for v in value)
         return ids
 
-    def _settings(self, options: GenerationOptions | dict[str, Any]) -> GenerationSettings:
-        """Validated settings of a call's generation options (the token budget defaults to the decoder's)."""
-        rest = dict(options)
-        return GenerationSettings.build(self.max_new_tokens, rest.pop("max_new_tokens", None), rest.pop("stop", None), **rest)
-
     # -- prompts --------------------------------------------------------------------------------
 
     def prepare(self, question: str, documents: Any, max_new_tokens: int, *, document_paths: bool = False) -> PreparedExample:
@@ -220,7 +215,7 @@ class FidesDecoder:
         to what `generate_batch` gives for that method alone.
         """
         labelled = self._labelled_rules(methods)
-        settings = self._settings(options)
+        settings = GenerationSettings.build(self.max_new_tokens, options)
         examples = self._prepare_all(questions, documents_per_question, list(labelled.values()), settings)
         return dict(zip(labelled, self._decode_examples(examples, list(labelled.values()), settings)))
 
@@ -233,7 +228,7 @@ class FidesDecoder:
         """`generate_methods` for examples from `prepare` / `prepare_from_prompts` (e.g. a framework's prompt pairs):
         every method over one shared prefill; label -> one result per example, each equal to `generate_prepared`'s."""
         labelled = self._labelled_rules(methods)
-        settings = self._settings(options)
+        settings = GenerationSettings.build(self.max_new_tokens, options)
         return dict(zip(labelled, self._decode_examples(list(examples), list(labelled.values()), settings)))
 
     def _labelled_rules(self, methods: Sequence[str | ContrastRule] | Mapping[str, str | ContrastRule]) -> dict[str, ContrastRule]:
@@ -312,7 +307,7 @@ class FidesDecoder:
         """The rule and the validated settings of a one-method call's options."""
         rest = dict(options)
         rule = self.resolve_method(rest.pop("method", None))
-        return rule, self._settings(rest)
+        return rule, GenerationSettings.build(self.max_new_tokens, rest)
 
     def _raw_request(
         self, context_prompt: str, no_context_prompt: str, options: RawPromptOptions

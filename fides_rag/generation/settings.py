@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,11 +87,14 @@ class GenerationSettings:
                           stacklevel=_stacklevel_outside_package())
 
     @classmethod
-    def build(cls, default_max_new_tokens: int, max_new_tokens: int | None, stop: Sequence[str] | str | None, **kwargs: Any) -> GenerationSettings:
-        """Settings of one public call: its token budget (or the decoder's default) and stop strings."""
+    def build(cls, default_max_new_tokens: int, options: Mapping[str, Any]) -> GenerationSettings:
+        """Settings of one public call from its generation options (`GenerationOptions`): the token budget
+        defaults to the decoder's, and a single stop string may be given bare."""
+        rest = dict(options)
+        max_new_tokens, stop = rest.pop("max_new_tokens", None), rest.pop("stop", None)
         if isinstance(stop, str):
             stop = [stop]
-        return cls(max_new_tokens=default_max_new_tokens if max_new_tokens is None else max_new_tokens, stop=tuple(stop or ()), **kwargs)
+        return cls(max_new_tokens=default_max_new_tokens if max_new_tokens is None else max_new_tokens, stop=tuple(stop or ()), **rest)
 
     def warpers(self, prompt_width: int, eos_token_ids: set[int]) -> LogitsProcessorList:
         """transformers' processors for min_new_tokens, the user's processors, then the sampling warpers."""
