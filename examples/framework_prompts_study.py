@@ -5,12 +5,12 @@ NQ-Swap conflict rows (the passage supports a substituted answer) go through
 - LangChain's RAG prompt (the hub's rlm/rag-prompt, LangChain's RAG tutorial) in `create_stuff_documents_chain`;
 - LangChain v1's tutorial chat form (a system prompt holding the context, the question as the human turn) in `ChatFides`,
   the documents attached to the human message;
-- fides-rag's own 2-shot template (`FidesDecoder.generate_methods`), as the reference.
+- fides-rag's own 2-shot template (`FidesDecoder.generate_batch` with `methods=`), as the reference.
 
 Each framework form runs with both `no_context_path` designs: 'emptied' (the prompt with the context removed) and
 'question' (the neutral "Answer the following question:" and the question, in the chat form). The prompt pairs come
 from the real framework objects, which keep each call's two prompts; `standard`'s answers are those objects' own.
-CAD, AdaCAD and FIDES then decode the captured pairs over one shared prefill (`generate_prepared_methods`), the same
+CAD, AdaCAD and FIDES then decode the captured pairs over one shared prefill (`generate_batch` with `methods=`), the same
 decode the objects run one call at a time; the first `--verify` rows of every form and design are also decoded end
 to end through the objects with FIDES, and the script stops if any answer differs.
 
@@ -38,7 +38,7 @@ from langchain_core.prompts import PromptTemplate as LCPromptTemplate
 from llama_index.core import Document as LIDocument
 from llama_index.core import SummaryIndex
 
-from fides_rag import FidesDecoder, GenerationResult
+from fides_rag import FidesDecoder, GenerationResult, PromptPair
 from fides_rag.eval.datasets import QAExample, load_examples
 from fides_rag.eval.metrics import contains_answer
 from fides_rag.eval.significance import paired_bootstrap
@@ -120,8 +120,8 @@ def decode_pairs(decoder: FidesDecoder, pairs: Sequence[tuple[str, str]], max_ne
     texts: dict[str, list[str]] = {m: [] for m in CONTRASTIVE}
     alphas: list[float | None] = []
     for start in range(0, len(pairs), CHUNK):
-        examples = [decoder.prepare_from_prompts(ctx, noctx, max_new) for ctx, noctx in pairs[start : start + CHUNK]]
-        results = decoder.generate_prepared_methods(examples, CONTRASTIVE, max_new_tokens=max_new)
+        prompts = [PromptPair(ctx, noctx) for ctx, noctx in pairs[start : start + CHUNK]]
+        results = decoder.generate_batch(prompts, methods=CONTRASTIVE, max_new_tokens=max_new)
         for method in CONTRASTIVE:
             texts[method] += [r.text for r in results[method]]
         alphas += [mean_alpha(r) for r in results["fides"]]
@@ -156,7 +156,7 @@ def template_answers(decoder: FidesDecoder, rows: Sequence[QAExample], max_new: 
     alphas: list[float | None] = []
     for start in range(0, len(rows), CHUNK):
         chunk = rows[start : start + CHUNK]
-        results = decoder.generate_methods([r.question for r in chunk], [list(r.contexts) for r in chunk], METHODS, max_new_tokens=max_new)
+        results = decoder.generate_batch([r.question for r in chunk], [list(r.contexts) for r in chunk], methods=METHODS, max_new_tokens=max_new)
         for method in METHODS:
             texts[method] += [r.text for r in results[method]]
         alphas += [mean_alpha(r) for r in results["fides"]]

@@ -1,4 +1,4 @@
-from fides_rag import FidesConfig, FidesDecoder, get_method, load_model
+from fides_rag import FidesConfig, FidesDecoder, PromptPair, get_method, load_model
 
 model, tokenizer = load_model("gemma3-270m")
 decoder = FidesDecoder(model, tokenizer, method="fides", config=FidesConfig(), max_new_tokens=16)
@@ -13,7 +13,7 @@ print(decoder.generate(question, docs, method=get_method("cad", alpha=0.5)).text
 questions = [question, "Who wrote Hamlet?"]
 documents_per_question = [docs, ["Hamlet is a tragedy written by Charles Dickens around 1600."]]
 batch = decoder.generate_batch(questions, documents_per_question, method="fides")  # one forward per step for all
-by_method = decoder.generate_methods(questions, documents_per_question, ["standard", "cad", "fides"])  # one shared prefill
+by_method = decoder.generate_batch(questions, documents_per_question, methods=["standard", "cad", "fides"])  # one shared prefill
 print([r.text for r in batch], {m: [r.text for r in rs] for m, rs in by_method.items()})
 
 for delta in decoder.stream(question, docs):
@@ -21,4 +21,4 @@ for delta in decoder.stream(question, docs):
 print()
 context_prompt = "Document: The Eiffel Tower is in Rome.\nQuestion: Where is the Eiffel Tower?\nAnswer:"
 no_context_prompt = "Question: Where is the Eiffel Tower?\nAnswer:"
-print(decoder.generate_from_prompts(context_prompt, no_context_prompt, stop=["\n"]).text)  # your own two prompts
+print(decoder.generate(PromptPair(context_prompt, no_context_prompt), stop=["\n"]).text)  # your own two prompts

@@ -1,8 +1,9 @@
 """fides-rag: faithful retrieval-augmented generation by dual-path contrastive decoding (FIDES)."""
 
 from fides_rag.config import FidesConfig
-from fides_rag.decoder import AsyncTextStream, FidesDecoder, GenerationSettings, NonFiniteLogitsError, TextStream
-from fides_rag.generation.options import GenerationOptions, MethodOptions, RawPromptOptions
+from fides_rag.decoder import AsyncTextStream, FidesDecoder, GenerationSettings, NonFiniteLogitsError, PromptPair, TextStream
+from fides_rag.generation.engine import DecodeEngine, QueueFullError
+from fides_rag.generation.options import GenerationOptions, MethodOptions
 from fides_rag.lens import UnsupportedArchitectureError
 from fides_rag.loading import load_model, select_device
 from fides_rag.prompts import Demonstration, PromptTemplate
@@ -14,6 +15,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AsyncTextStream",
     "ContrastRule",
+    "DecodeEngine",
     "Demonstration",
     "FidesConfig",
     "FidesDecoder",
@@ -22,8 +24,9 @@ __all__ = [
     "GenerationSettings",
     "MethodOptions",
     "NonFiniteLogitsError",
+    "PromptPair",
     "PromptTemplate",
-    "RawPromptOptions",
+    "QueueFullError",
     "StepRecord",
     "TextStream",
     "UnsupportedArchitectureError",

@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from fides_rag import FidesDecoder, PromptTemplate
+from fides_rag import FidesDecoder, PromptPair, PromptTemplate
 from fides_rag.batching import RequestBatcher
 from fides_rag.testing import MULTI_DOCUMENT_QUESTIONS, MULTI_DOCUMENTS
 
@@ -28,7 +28,7 @@ REQUESTS = [
 def alone(decoder: FidesDecoder, request: dict):
     request = dict(request)
     if "context_prompt" in request:
-        return decoder.generate_from_prompts(request.pop("context_prompt"), request.pop("no_context_prompt"), **request)
+        return decoder.generate(PromptPair(request.pop("context_prompt"), request.pop("no_context_prompt")), **request)
     return decoder.generate(request.pop("question"), request.pop("documents"), **request)
 
 
@@ -45,6 +45,7 @@ def decoder(tiny_llama, tokenizer):
 def test_concurrent_threads_get_what_they_would_get_alone(decoder):
     expected = [alone(decoder, r) for r in REQUESTS]
     batcher = RequestBatcher(decoder, max_batch_size=8, window_s=0.2)
+    before = batcher.stats.requests
     results = [None] * len(REQUESTS)
     barrier = threading.Barrier(len(REQUESTS))
 
@@ -62,8 +63,8 @@ def test_concurrent_threads_get_what_they_would_get_alone(decoder):
         assert got.token_ids == want.token_ids and got.text == want.text
         assert got.method == want.method and got.requested_method == want.requested_method
         assert got.finish_reason == want.finish_reason
-    assert batcher.stats.requests == len(REQUESTS)
-    assert batcher.stats.batches < len(REQUESTS) and batcher.stats.largest_batch >= 2  # requests were shared
+    assert batcher.stats.requests == before + len(REQUESTS)
+    assert batcher.stats.largest_batch >= 2  # requests shared steps
 
 
 def test_asyncio_requests_batch_and_bad_input_fails_alone(decoder):

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import LogitsProcessorList, MaxLengthCriteria, RepetitionPenaltyLogitsProcessor, StoppingCriteriaList
 
-from fides_rag import FidesConfig, FidesDecoder, NonFiniteLogitsError, PromptTemplate, get_method
+from fides_rag import FidesConfig, FidesDecoder, NonFiniteLogitsError, PromptPair, PromptTemplate, get_method
 from fides_rag.lens import ModelAnatomy
 
 from fides_rag.testing import build_tiny_model
@@ -48,7 +48,7 @@ def test_standard_matches_transformers_generate(tiny_models, tokenizer, family):
     for context_prompt, _ in PROMPT_PAIRS:
         ids = tokenizer(context_prompt, return_tensors="pt")
         expected = model.generate(**ids, do_sample=False, max_new_tokens=12, pad_token_id=0)[0, ids["input_ids"].shape[1] :]
-        result = decoder.generate_from_prompts(context_prompt, "unused", method="standard", max_new_tokens=12)
+        result = decoder.generate(PromptPair(context_prompt, "unused"), method="standard", max_new_tokens=12)
         assert result.token_ids == expected.tolist()
         assert result.no_context_prompt is None
         assert all(s.alpha is None and s.opposition is None and s.shift is None and s.noise is None for s in result.steps)
@@ -125,7 +125,7 @@ def test_cached_batched_decoder_equals_naive_loop(tiny_models, tokenizer, family
     model = tiny_models[family]
     decoder = decoder_for(model, tokenizer)
     for context_prompt, no_context_prompt in PROMPT_PAIRS:
-        result = decoder.generate_from_prompts(context_prompt, no_context_prompt, method=method, max_new_tokens=10)
+        result = decoder.generate(PromptPair(context_prompt, no_context_prompt), method=method, max_new_tokens=10)
         ctx_ids, no_ids = tokenizer(context_prompt)["input_ids"], tokenizer(no_context_prompt)["input_ids"]
         tokens, alphas = naive_reference(model, ctx_ids, no_ids, method, 10, decoder.eos_token_ids)
         assert result.token_ids == tokens
@@ -213,14 +213,14 @@ def test_split_prefill_equals_joint_prefill(tiny_models, tokenizer, family):
 def test_multi_token_stop_string_is_cut(tiny_llama, tokenizer):
     decoder = decoder_for(tiny_llama, tokenizer)
     prompt = PROMPT_PAIRS[0]
-    free = decoder.generate_from_prompts(*prompt, method="fides", max_new_tokens=12)
+    free = decoder.generate(PromptPair(*prompt), method="fides", max_new_tokens=12)
     pieces = [tokenizer.decode([t]) for t in free.token_ids]
     full = tokenizer.decode(free.token_ids)
     # A stop string spanning the boundary of tokens 3 and 4 (and longer than one token).
     stop = (pieces[2] + pieces[3] + pieces[4])[1:]
     start = full.find(stop)
     assert start >= 0
-    stopped = decoder.generate_from_prompts(*prompt, method="fides", max_new_tokens=12, stop=[stop])
+    stopped = decoder.generate(PromptPair(*prompt), method="fides", max_new_tokens=12, stop=[stop])
     assert stopped.finish_reason == "stop"
     assert stopped.text == full[:start].strip()
     assert stopped.token_ids == free.token_ids[: len(stopped.token_ids)]
@@ -230,19 +230,19 @@ def test_multi_token_stop_string_is_cut(tiny_llama, tokenizer):
 def test_every_declared_eos_id_stops(tokenizer):
     model = build_tiny_model("llama", len(tokenizer))
     decoder = decoder_for(model, tokenizer)
-    free = decoder.generate_from_prompts(*PROMPT_PAIRS[0], method="cad", max_new_tokens=10)
+    free = decoder.generate(PromptPair(*PROMPT_PAIRS[0]), method="cad", max_new_tokens=10)
     third = free.token_ids[2]
     model.generation_config.eos_token_id = [1, third]
     decoder = decoder_for(model, tokenizer)
     assert {1, third} <= decoder.eos_token_ids
-    ended = decoder.generate_from_prompts(*PROMPT_PAIRS[0], method="cad", max_new_tokens=10)
+    ended = decoder.generate(PromptPair(*PROMPT_PAIRS[0]), method="cad", max_new_tokens=10)
     first_hit = free.token_ids.index(third)
     assert ended.finish_reason == "eos"
     assert ended.token_ids == free.token_ids[: first_hit + 1]
 
 
 def test_max_new_tokens_and_length_reason(tiny_llama, tokenizer):
-    result = decoder_for(tiny_llama, tokenizer).generate_from_prompts(*PROMPT_PAIRS[1], max_new_tokens=3)
+    result = decoder_for(tiny_llama, tokenizer).generate(PromptPair(*PROMPT_PAIRS[1]), max_new_tokens=3)
     assert len(result.token_ids) <= 3
     if result.finish_reason == "length":
         assert len(result.token_ids) == 3
@@ -261,10 +261,10 @@ def test_stream_deltas_concatenate_to_final_text(tiny_llama, tokenizer, method):
 
 def test_stream_holds_back_a_partial_stop_string(tiny_llama, tokenizer):
     decoder = decoder_for(tiny_llama, tokenizer)
-    free = decoder.generate_from_prompts(*PROMPT_PAIRS[0], max_new_tokens=12)
+    free = decoder.generate(PromptPair(*PROMPT_PAIRS[0]), max_new_tokens=12)
     full = tokenizer.decode(free.token_ids)
     stop = full[len(full) // 2 : len(full) // 2 + 4]
-    stream = decoder.stream_from_prompts(*PROMPT_PAIRS[0], max_new_tokens=12, stop=[stop])
+    stream = decoder.stream(PromptPair(*PROMPT_PAIRS[0]), max_new_tokens=12, stop=[stop])
     joined = "".join(stream)
     assert stop not in joined
     assert joined == stream.result.text
@@ -273,9 +273,9 @@ def test_stream_holds_back_a_partial_stop_string(tiny_llama, tokenizer):
 def test_sampling_is_reproducible_with_a_seed(tiny_llama, tokenizer):
     decoder = decoder_for(tiny_llama, tokenizer)
     kwargs = dict(method="fides", max_new_tokens=10, do_sample=True, temperature=1.5, top_p=0.95, top_k=50)
-    a = decoder.generate_from_prompts(*PROMPT_PAIRS[0], seed=7, **kwargs)
-    b = decoder.generate_from_prompts(*PROMPT_PAIRS[0], seed=7, **kwargs)
-    others = {tuple(decoder.generate_from_prompts(*PROMPT_PAIRS[0], seed=s, **kwargs).token_ids) for s in range(8, 14)}
+    a = decoder.generate(PromptPair(*PROMPT_PAIRS[0]), seed=7, **kwargs)
+    b = decoder.generate(PromptPair(*PROMPT_PAIRS[0]), seed=7, **kwargs)
+    others = {tuple(decoder.generate(PromptPair(*PROMPT_PAIRS[0]), seed=s, **kwargs).token_ids) for s in range(8, 14)}
     assert a.token_ids == b.token_ids
     assert len(others | {tuple(a.token_ids)}) > 1
 
@@ -283,8 +283,8 @@ def test_sampling_is_reproducible_with_a_seed(tiny_llama, tokenizer):
 def test_user_logits_processor_and_stopping_criteria(tiny_llama, tokenizer):
     decoder = decoder_for(tiny_llama, tokenizer)
     prompt_len = len(tokenizer(PROMPT_PAIRS[0][0])["input_ids"])
-    result = decoder.generate_from_prompts(
-        *PROMPT_PAIRS[0],
+    result = decoder.generate(
+        PromptPair(*PROMPT_PAIRS[0]),
         max_new_tokens=10,
         logits_processor=LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1e6)]),
         stopping_criteria=StoppingCriteriaList([MaxLengthCriteria(max_length=prompt_len + 4)]),
@@ -388,7 +388,7 @@ def test_documents_longer_than_the_window_are_trimmed(tokenizer, caplog):
     assert result.prompt_tokens + 20 <= 400
     assert "trimmed" in result.notes[0] and "trimmed" in caplog.text
     with pytest.raises(ValueError, match="exceeds the context window"):
-        decoder.generate_from_prompts(long_doc, "Q", max_new_tokens=5)
+        decoder.generate(PromptPair(long_doc, "Q"), max_new_tokens=5)
     with pytest.raises(ValueError, match="the question alone"):
         decoder.generate("word " * 500 + "?", ["doc"], max_new_tokens=5)
 
@@ -406,7 +406,7 @@ def test_nan_logits_raise_a_clear_error(tokenizer):
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3_text"])
-def test_generate_methods_equals_each_method_alone(tiny_models, tokenizer, family):
+def test_methods_option_equals_each_method_alone(tiny_models, tokenizer, family):
     decoder = decoder_for(tiny_models[family], tokenizer)
     methods = {
         "standard": "standard",
@@ -416,7 +416,7 @@ def test_generate_methods_equals_each_method_alone(tiny_models, tokenizer, famil
         "fides-no-noise": get_method("fides", config=FidesConfig().without("noise")),
         "fixed": get_method("fides", fixed_alpha=1.0),
     }
-    together = decoder.generate_methods(QUESTIONS, DOCUMENTS, methods, max_new_tokens=8, stop=[])
+    together = decoder.generate_batch(QUESTIONS, DOCUMENTS, methods=methods, max_new_tokens=8, stop=[])
     assert list(together) == list(methods)
     for label, method in methods.items():
         alone = decoder.generate_batch(QUESTIONS, DOCUMENTS, method=method, max_new_tokens=8, stop=[])
@@ -426,22 +426,21 @@ def test_generate_methods_equals_each_method_alone(tiny_models, tokenizer, famil
             assert a.method == b.method
 
 
-def test_generate_prepared_methods_on_raw_prompt_pairs_equals_each_alone(tiny_llama, tokenizer):
+def test_methods_on_prompt_pairs_equal_each_alone(tiny_llama, tokenizer):
     decoder = decoder_for(tiny_llama, tokenizer)
     pairs = [(f"Context: {docs[0]}\nQ: {q}\nA:", f"Q: {q}\nA:") for q, docs in zip(QUESTIONS, DOCUMENTS)]
-    examples = [decoder.prepare_from_prompts(ctx, noctx, 6) for ctx, noctx in pairs]
-    together = decoder.generate_prepared_methods(examples, ["standard", "cad", "fides"], max_new_tokens=6)
+    together = decoder.generate_batch([PromptPair(ctx, noctx) for ctx, noctx in pairs], methods=["standard", "cad", "fides"], max_new_tokens=6)
     for label in ("standard", "cad", "fides"):
-        alone = [decoder.generate_from_prompts(ctx, noctx, method=label, max_new_tokens=6) for ctx, noctx in pairs]
+        alone = [decoder.generate(PromptPair(ctx, noctx), method=label, max_new_tokens=6) for ctx, noctx in pairs]
         assert [r.token_ids for r in together[label]] == [r.token_ids for r in alone]
         assert [r.alphas for r in together[label]] == [pytest.approx(r.alphas, abs=1e-4) for r in alone]
 
 
-def test_generate_methods_prefills_once_and_prunes_finished_rows(tiny_llama, tokenizer):
+def test_methods_prefill_once_and_prune_finished_rows(tiny_llama, tokenizer):
     decoder = decoder_for(tiny_llama, tokenizer)
     counter = ForwardCounter(decoder.anatomy.backbone)
     try:
-        results = decoder.generate_methods(QUESTIONS[:2], DOCUMENTS[:2], ["standard", "cad", "fides"], max_new_tokens=6, stop=[])
+        results = decoder.generate_batch(QUESTIONS[:2], DOCUMENTS[:2], methods=["standard", "cad", "fides"], max_new_tokens=6, stop=[])
     finally:
         counter.handle.remove()
     prefill = [rows for rows, width in counter.calls if width > 1]
@@ -451,12 +450,12 @@ def test_generate_methods_prefills_once_and_prunes_finished_rows(tiny_llama, tok
         still_running = sum((len(r.token_ids) > 1) * (1 if m == "standard" else 2) for m, rs in results.items() for r in rs)
         assert decode[0] == still_running  # 2 + 4 + 4 rows when nobody finished at step 0
     with pytest.raises(ValueError, match="repeat a name"):
-        decoder.generate_methods(["Q?"], [["d"]], ["cad", get_method("cad", alpha=0.5)])
+        decoder.generate_batch(["Q?"], [["d"]], methods=["cad", get_method("cad", alpha=0.5)])
 
 
-def test_generate_methods_without_documents_reports_standard_under_each_label(tiny_llama, tokenizer):
+def test_methods_without_documents_report_standard_under_each_label(tiny_llama, tokenizer):
     decoder = decoder_for(tiny_llama, tokenizer)
-    results = decoder.generate_methods(["Q one?", "Q two?"], [None, ["Lyon."]], ["cad", "fides"], max_new_tokens=3)
+    results = decoder.generate_batch(["Q one?", "Q two?"], [None, ["Lyon."]], methods=["cad", "fides"], max_new_tokens=3)
     assert [r.method for r in results["cad"]] == ["standard", "cad"]
     assert [r.requested_method for r in results["fides"]] == ["fides", "fides"]
     assert results["cad"][0].token_ids == results["fides"][0].token_ids
@@ -465,9 +464,9 @@ def test_generate_methods_without_documents_reports_standard_under_each_label(ti
 def test_raw_prompts_can_skip_special_tokens(tiny_llama, chat_tokenizer):
     decoder = decoder_for(tiny_llama, chat_tokenizer)
     text = chat_tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
-    example = decoder.prepare_from_prompts(text, text, 4, add_special_tokens=False)
+    example = decoder.requests.preparer.prepare_from_prompts(text, text, 4, add_special_tokens=False)
     assert example.context_ids.count(chat_tokenizer.bos_token_id) == 1
-    result = decoder.generate_from_prompts(text, text, method="standard", max_new_tokens=2, add_special_tokens=False)
+    result = decoder.generate(PromptPair(text, text, add_special_tokens=False), method="standard", max_new_tokens=2)
     assert result.prompt_tokens == len(example.context_ids)
 
 
@@ -490,8 +489,8 @@ def test_single_path_rule_gets_logit_lens_rows(tiny_llama, tokenizer):
             return StepOutput(logits=step.ctx_logits)
 
     decoder = decoder_for(tiny_llama, tokenizer)
-    probe = decoder.generate_from_prompts(*PROMPT_PAIRS[0], method=LensProbe(), max_new_tokens=3)
-    standard = decoder.generate_from_prompts(*PROMPT_PAIRS[0], method="standard", max_new_tokens=3)
+    probe = decoder.generate(PromptPair(*PROMPT_PAIRS[0]), method=LensProbe(), max_new_tokens=3)
+    standard = decoder.generate(PromptPair(*PROMPT_PAIRS[0]), method="standard", max_new_tokens=3)
     assert probe.token_ids == standard.token_ids
     for ctx_logits, lens in seen:
         assert set(lens) == {1, 4}

@@ -54,11 +54,11 @@ def test_bf16_standard_equals_generate_and_signals_are_float32(tokenizer):
     ids = torch.tensor([example.context_ids])
     expected = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=8,
                               eos_token_id=None, pad_token_id=0)[0, ids.shape[1]:].tolist()
-    assert decoder.generate_prepared([example], method="standard", max_new_tokens=8)[0].token_ids == expected
+    assert decoder.generate_batch([example], method="standard", max_new_tokens=8)[0].token_ids == expected
     probe = DtypeProbe()
-    decoder.generate_prepared([example], method=probe, max_new_tokens=3)
+    decoder.generate_batch([example], method=probe, max_new_tokens=3)
     assert probe.dtypes == {torch.float32}
-    fides = decoder.generate_prepared([example], method="fides", max_new_tokens=4)[0]
+    fides = decoder.generate_batch([example], method="fides", max_new_tokens=4)[0]
     assert all(isinstance(s.alpha, float) and 0.1 <= s.alpha for s in fides.steps)
 
 

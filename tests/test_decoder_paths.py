@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import DynamicCache, StoppingCriteria, StoppingCriteriaList
 
-from fides_rag import ContrastRule, FidesDecoder, PromptTemplate, UnsupportedArchitectureError
+from fides_rag import ContrastRule, FidesDecoder, PromptPair, PromptTemplate, UnsupportedArchitectureError
 from fides_rag.lens import ModelAnatomy
 from fides_rag.rules import StepOutput
 from fides_rag.rules.dvd import DvdRule
@@ -152,7 +152,7 @@ def test_document_prompts_are_trimmed_like_the_context(tokenizer):
     assert any(note.startswith("document 1's own prompt trimmed") for note in example.notes)
     assert not any(note.startswith("document 2's") for note in example.notes)
     block = decoder.prompt_template.document_block([short_doc])
-    assert example.document_prompts[1] == decoder.prompts.render("What is the capital?", block)[0]
+    assert example.document_prompts[1] == decoder.requests.preparer.render("What is the capital?", block)[0]
     result = decoder.generate("What is the capital?", [long_doc, short_doc], method="dvd", max_new_tokens=20)
     assert result.method == "dvd" and result.documents_trimmed
 
@@ -240,8 +240,8 @@ def test_split_prefill_equals_joint_prefill(tiny_models, tokenizer, family):
     split = FidesDecoder(tiny_models[family], tokenizer, split_prefill=True)
     joint = FidesDecoder(tiny_models[family], tokenizer, split_prefill=False)
     methods = {"dvd": DvdRule(), "heads": HeadProbe(HEADS), "other-heads": HeadProbe({2: (3,)}), "cad": "cad"}
-    a = split.generate_methods(QUESTIONS, DOCUMENTS, methods, max_new_tokens=6, stop=[])
-    b = joint.generate_methods(QUESTIONS, DOCUMENTS, methods, max_new_tokens=6, stop=[])
+    a = split.generate_batch(QUESTIONS, DOCUMENTS, methods=methods, max_new_tokens=6, stop=[])
+    b = joint.generate_batch(QUESTIONS, DOCUMENTS, methods=methods, max_new_tokens=6, stop=[])
     for label in methods:
         for x, y in zip(a[label], b[label]):
             assert x.token_ids == y.token_ids
@@ -265,7 +265,7 @@ def test_lanes_with_every_path_and_pruning_equal_each_method_alone(tiny_models, 
     kwargs = dict(max_new_tokens=8, stopping_criteria=StoppingCriteriaList([StopOnResidue(4)]))
     counter = ForwardCounter(decoder.anatomy.backbone)
     try:
-        together = decoder.generate_methods(QUESTIONS, DOCUMENTS, methods, **kwargs)
+        together = decoder.generate_batch(QUESTIONS, DOCUMENTS, methods=methods, **kwargs)
     finally:
         counter.handle.remove()
     prefill, decode = counter.split()
@@ -300,7 +300,7 @@ def test_too_few_documents_are_refused_before_decoding(tiny_llama, tokenizer):
         with pytest.raises(ValueError, match="method 'dvd' .*at least 2 documents per question, but example 0 has 1"):
             decoder.generate("Q?", ["one document"], method="dvd")
         with pytest.raises(ValueError, match="method 'dvd' .*but example 1 has 1"):
-            decoder.generate_methods(["Q?", "R?"], [["a", "b"], ["c"]], ["cad", "dvd"])
+            decoder.generate_batch(["Q?", "R?"], [["a", "b"], ["c"]], methods=["cad", "dvd"])
         with pytest.raises(ValueError, match="method 'dvd' .*at least 2 documents"):
             decoder.stream("Q?", ["one document"], method="dvd")  # at the call, not at the first delta
     finally:
@@ -313,15 +313,15 @@ def test_too_few_documents_are_refused_before_decoding(tiny_llama, tokenizer):
 def test_raw_prompts_cannot_run_document_paths(tiny_llama, tokenizer):
     decoder = FidesDecoder(tiny_llama, tokenizer)
     with pytest.raises(ValueError, match="method 'dvd' runs one path per document, which raw prompts cannot provide"):
-        decoder.generate_from_prompts("Doc. Q? A:", "Q? A:", method="dvd")
+        decoder.generate(PromptPair("Doc. Q? A:", "Q? A:"), method="dvd")
     with pytest.raises(ValueError, match="method 'dvd' runs one path per document, which raw prompts cannot provide"):
-        decoder.stream_from_prompts("Doc. Q? A:", "Q? A:", method=DvdRule())
-    raw = decoder.prepare_from_prompts("Doc. Q? A:", "Q? A:", 4)
+        decoder.stream(PromptPair("Doc. Q? A:", "Q? A:"), method=DvdRule())
+    raw = decoder.requests.preparer.prepare_from_prompts("Doc. Q? A:", "Q? A:", 4)
     with pytest.raises(ValueError, match="example 0 has no per-document prompts"):
-        decoder.generate_prepared([raw], method=DvdRule(), max_new_tokens=4)
+        decoder.generate_batch([raw], method=DvdRule(), max_new_tokens=4)
     plain = decoder.prepare("Q?", ["a", "b"], 4)  # prepared without document_paths
     with pytest.raises(ValueError, match="document_paths=True"):
-        decoder.generate_prepared([plain], method=DvdRule(), max_new_tokens=4)
+        decoder.generate_batch([plain], method=DvdRule(), max_new_tokens=4)
 
 
 @pytest.mark.parametrize(

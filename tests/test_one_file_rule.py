@@ -1,5 +1,5 @@
 """Proof that a new baseline is one file: this rule lives here alone, registers itself, needs the no-context
-path, records a value of its own, and decodes through `generate` and `generate_methods` with nothing in
+path, records a value of its own, and decodes through `generate` and `generate_batch(methods=...)` with nothing in
 fides_rag/ changed for it."""
 
 from __future__ import annotations
@@ -37,11 +37,8 @@ def test_a_rule_defined_in_a_test_file_decodes_and_records(registered, tiny_llam
     assert all(set(step.values) == {"logit_gap"} for step in alone.steps)
     assert len(alone.steps) == len(alone.token_ids) > 0
 
-    lanes = decoder.generate_methods(
-        ["What is the capital?", "Who chose Canberra?"],
-        [["Lyon is the capital of France."], ["Canberra was chosen as a compromise."]],
-        [registered, "cad", "standard"],
-        max_new_tokens=5,
+    lanes = decoder.generate_batch(
+        ["What is the capital?", "Who chose Canberra?"], [["Lyon is the capital of France."], ["Canberra was chosen as a compromise."]], methods=[registered, "cad", "standard"], max_new_tokens=5
     )
     first = lanes["half-contrast"][0]
     assert first.token_ids == alone.token_ids
@@ -57,5 +54,5 @@ def test_the_recorded_value_is_what_combine_computed(registered, tiny_llama, tok
     with torch.no_grad():
         ctx = tiny_llama(torch.tensor([example.context_ids])).logits[0, -1]
         no = tiny_llama(torch.tensor([example.no_context_ids])).logits[0, -1]
-    result = decoder.generate_prepared([example], method=registered, max_new_tokens=1)[0]
+    result = decoder.generate_batch([example], method=registered, max_new_tokens=1)[0]
     assert result.steps[0].values["logit_gap"] == pytest.approx(float(ctx.max() - no.max()), abs=1e-4)

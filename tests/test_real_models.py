@@ -43,7 +43,7 @@ def test_standard_matches_transformers_generate(decoder):
     expected = decoder.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16)
     expected = expected[0, ids.shape[1] :].tolist()
     # Same token ids through the decoder's loop (generate_from_prompts would re-tokenise the text).
-    result = decoder.generate_prepared([example], method="standard", max_new_tokens=16)[0]
+    result = decoder.generate_batch([example], method="standard", max_new_tokens=16)[0]
     assert len(expected) > 1
     assert result.token_ids == expected
 
@@ -71,10 +71,10 @@ def test_real_batch_equals_single(decoder):
         assert b.alphas == pytest.approx(single.alphas, abs=1e-4)
 
 
-def test_real_generate_methods_equals_each_alone(decoder):
+def test_real_methods_option_equals_each_alone(decoder):
     questions = [CONFLICT_QUESTION, "Who wrote Hamlet?"]
     documents = [[CONFLICT_DOCUMENT], ["Hamlet is a tragedy written by Charles Dickens."]]
-    together = decoder.generate_methods(questions, documents, ["standard", "cad", "adacad", "fides"], max_new_tokens=8)
+    together = decoder.generate_batch(questions, documents, methods=["standard", "cad", "adacad", "fides"], max_new_tokens=8)
     for method, results in together.items():
         alone = decoder.generate_batch(questions, documents, method=method, max_new_tokens=8)
         assert [r.token_ids for r in results] == [r.token_ids for r in alone]
@@ -100,3 +100,41 @@ def test_real_split_prefill_equals_joint_past_the_sliding_window(decoder):
         decoder.split_prefill = True
     assert split.token_ids == joint.token_ids
     assert split.alphas == pytest.approx(joint.alphas, abs=1e-4)
+
+
+def test_real_staggered_arrivals_equal_each_alone(decoder):
+    """FIDES and CAD requests join a running decode at different steps and leave at different steps; each
+    gives the tokens, text and recorded values it gives alone."""
+    import contextlib
+    import time
+
+    questions = [CONFLICT_QUESTION, "Who wrote Hamlet?", "What is the capital of France?", "Who painted the Mona Lisa?"]
+    documents = [[CONFLICT_DOCUMENT], ["Hamlet is a tragedy written by Charles Dickens."], ["Lyon is the capital of France."],
+                 ["The Mona Lisa was painted by Pablo Picasso in 1903."]]
+    plan = [("fides", 12, 1), ("cad", 6, 1), ("fides", 9, 3), ("cad", 12, 5)]
+    requests = [decoder.requests.build(q, d, method=m, max_new_tokens=n, stop=[]) for (q, d), (m, n, _) in zip(zip(questions, documents), plan)]
+    alone = [decoder.generate(q, d, method=m, max_new_tokens=n, stop=[]) for (q, d), (m, n, _) in zip(zip(questions, documents), plan)]
+    engine, handles, steps = decoder.engine, {}, [0]
+
+    def arrivals():
+        steps[0] += 1
+        for i, (_, _, at) in enumerate(plan):
+            if at == steps[0]:
+                handles[i] = engine.submit([requests[i]])[0]
+        return contextlib.nullcontext()
+
+    engine.step_context = arrivals
+    try:
+        long = engine.submit([decoder.requests.build(questions[0], documents[0], method="fides", max_new_tokens=14, stop=[])])[0]
+        long.result()
+        deadline = time.monotonic() + 120
+        while (len(handles) < len(plan) or not all(h.done() for h in handles.values())) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        engine.step_context = None
+    for i, want in enumerate(alone):
+        got = handles[i].result()
+        assert got.token_ids == want.token_ids and got.text == want.text
+        for a, b in zip(got.steps, want.steps):
+            for name, value in b.values.items():
+                assert a.values[name] == pytest.approx(value, abs=1e-5), name

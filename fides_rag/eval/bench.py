@@ -21,7 +21,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from fides_rag.config import FidesConfig
-from fides_rag.decoder import FidesDecoder
+from fides_rag.decoder import FidesDecoder, PromptPair
 from fides_rag.generation.kv_cache import prompt_cache_bytes
 from fides_rag.eval.datasets import QAExample, load_nq_swap
 from fides_rag.rules import get_method
@@ -81,9 +81,9 @@ class Bench:
     def time_ours(self, method: Any, context_prompt: str, no_context_prompt: str, new_tokens: int) -> Timing:
         clock = StepClock()
         start = time.perf_counter()
-        result = self.decoder.generate_from_prompts(
-            context_prompt, no_context_prompt, method=method, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-            add_special_tokens=not self.templated or self.raw, stopping_criteria=StoppingCriteriaList([clock]),
+        result = self.decoder.generate(
+            PromptPair(context_prompt, no_context_prompt, add_special_tokens=not self.templated or self.raw),
+            method=method, max_new_tokens=new_tokens, min_new_tokens=new_tokens, stopping_criteria=StoppingCriteriaList([clock]),
         )
         return self._timing(start, clock, len(result.token_ids))
 
@@ -232,7 +232,7 @@ class Bench:
             )
         out["single_method_batch8"] = singles
         out["four_methods_shared_prefill_batch8"] = rate(
-            lambda: [self.decoder.generate_methods(questions[i : i + size], documents[i : i + size], ["standard", "cad", "adacad", "fides"], max_new_tokens=new_tokens) for i in range(0, len(examples), size)]
+            lambda: [self.decoder.generate_batch(questions[i : i + size], documents[i : i + size], methods=["standard", "cad", "adacad", "fides"], max_new_tokens=new_tokens) for i in range(0, len(examples), size)]
         )
         return out
 

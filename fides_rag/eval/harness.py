@@ -68,7 +68,7 @@ def runnable_methods(names: Sequence[str], examples: Sequence[QAExample], *, ski
 
 
 def build_methods(names: Sequence[str], config: FidesConfig | None = None, ablations: bool = False) -> dict[str, str | ContrastRule]:
-    """label -> method for `generate_methods`: the named methods (those whose rule takes a `config` option
+    """label -> method for `generate_batch(methods=...)`: the named methods (those whose rule takes a `config` option
     are built with `config`), plus FIDES's ablations of `config`."""
     methods: dict[str, str | ContrastRule] = {}
     for name in names:

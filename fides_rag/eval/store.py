@@ -78,8 +78,7 @@ class PredictionStore:
                 group = [e for e in todo if missing[e.id] == labels]
                 for start in range(0, len(group), batch_size):
                     batch = group[start : start + batch_size]
-                    outputs = decoder.generate_methods([e.question for e in batch], [list(e.contexts) for e in batch],
-                                                       {label: methods[label] for label in labels}, max_new_tokens=max_new_tokens)
+                    outputs = decoder.generate_batch([e.question for e in batch], [list(e.contexts) for e in batch], methods={label: methods[label] for label in labels}, max_new_tokens=max_new_tokens)
                     for i, example in enumerate(batch):
                         record = example_record(example, {label: outputs[label][i] for label in labels})
                         record["outputs"] = {**self.kept_outputs(example), **record["outputs"]}

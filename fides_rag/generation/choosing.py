@@ -1,38 +1,57 @@
-"""Choosing each unit's next token from its rule's scores: user processors and sampling warpers, then argmax
-or a seeded draw per unit. Everything stays on the device; the caller moves the ids to the host once."""
+"""Choosing each unit's next token from its rule's scores: each request's own logits processors (on its own
+history, as when it decodes alone), the lane's sampling warpers, then argmax or a seeded draw per unit.
+Everything stays on the device; the caller moves the ids to the host once."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
-from transformers import LogitsProcessorList
 
+from fides_rag.generation.lanes import Lane
 from fides_rag.generation.layout import Unit
-from fides_rag.generation.settings import GenerationSettings
 
 
 class NonFiniteLogitsError(ValueError):
     """The model or a rule produced NaN or inf values; decoding cannot continue meaningfully."""
 
 
-def history(prompt_ids: torch.Tensor, examples: torch.Tensor, units: Sequence[Unit]) -> torch.Tensor:
-    """[n, T + t] prompt and generated ids of each unit, what logits processors and stopping criteria see."""
-    generated = torch.tensor([u.generated for u in units], dtype=torch.long).reshape(len(units), -1)
-    return torch.cat([prompt_ids[examples.to(prompt_ids.device)], generated.to(prompt_ids.device)], dim=-1)
+def history(unit: Unit, device: torch.device, new: torch.Tensor | None = None) -> torch.Tensor:
+    """[1, T + t] the unit's context prompt and answer so far (and `new`, [1], appended): what logits processors
+    and stopping criteria see."""
+    ids = torch.tensor([unit.prompt_ids + unit.generated], dtype=torch.long).to(device)
+    return ids if new is None else torch.cat([ids, new.reshape(1, 1).to(device)], dim=-1)
 
 
-def choose(
-    scores: torch.Tensor, units: Sequence[Unit], settings: GenerationSettings, processors: LogitsProcessorList, ids: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The chosen token of every unit [n] (long), whether the processed scores hold a NaN (0-dim bool; the
-    caller raises once it is on the host), and the processed scores [n, V].
+def _own(unit: Unit, errors: dict[int, BaseException], i: int, call) -> Any:
+    """`call()`, or None with the error kept for unit `i` alone (a user's processor or criteria that raises fails
+    only its own request)."""
+    try:
+        return call()
+    except Exception as error:  # noqa: BLE001 - handed to that request
+        errors.setdefault(i, error)
+        return None
 
-    `ids` [n, T + t] is the history processors see (None when there are none)."""
-    if processors:
-        scores = processors(ids.to(scores.device), scores)
-    has_nan = torch.isnan(scores).any()
-    if not settings.do_sample:
+
+def choose(scores: torch.Tensor, lane: Lane, errors: dict[int, BaseException]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The chosen token of every unit of `lane` [n] (long), whether its processed scores hold a NaN [n] (bool; the
+    caller raises once it is on the host), and the processed scores [n, V]. A unit whose own processors raise gets
+    its error in `errors` (its row is then chosen from unprocessed scores and discarded)."""
+    units = lane.units
+    if any(u.processors is not None for u in units):
+        rows = []
+        for i, u in enumerate(units):
+            row = scores[i : i + 1]
+            if u.processors is not None:
+                row = _own(u, errors, i, lambda: u.processors(history(u, scores.device), scores[i : i + 1]))
+                row = scores[i : i + 1] if row is None else row
+            rows.append(row)
+        scores = torch.cat(rows)
+    if lane.warpers:
+        scores = lane.warpers(None, scores)  # row by row: temperature, top-k, top-p read no history
+    has_nan = torch.isnan(scores).any(dim=-1)
+    if not lane.do_sample:
         return scores.argmax(dim=-1), has_nan, scores
     probs = torch.softmax(scores.nan_to_num(nan=0.0, posinf=0.0, neginf=float("-inf")), dim=-1)  # [n, V]; NaN is reported, not drawn
     chosen = []
@@ -41,3 +60,17 @@ def choose(
             unit.generator = torch.Generator(device=probs.device).manual_seed(unit.seed)
         chosen.append(torch.multinomial(probs[i], 1, generator=unit.generator))  # [1], per unit: reproducible alone or batched
     return torch.cat(chosen), has_nan, scores
+
+
+def criteria_hits(units: Sequence[Unit], chosen: torch.Tensor, scores: torch.Tensor, errors: dict[int, BaseException]) -> torch.Tensor:
+    """[n] whether each unit's stopping criteria (its own, if any) stop it after its chosen token."""
+    hits = []
+    for i, unit in enumerate(units):
+        verdict = None
+        if unit.criteria is not None:
+            verdict = _own(unit, errors, i, lambda: unit.criteria(history(unit, chosen.device, chosen[i]), scores[i : i + 1]))
+        if verdict is None:
+            hits.append(torch.zeros(1, dtype=torch.bool, device=chosen.device))
+        else:
+            hits.append(torch.as_tensor(verdict, device=chosen.device).reshape(-1)[:1].bool())
+    return torch.cat(hits)

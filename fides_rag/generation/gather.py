@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 import torch
 
-from fides_rag.generation.layout import RowLayout, Unit
+from fides_rag.generation.lanes import Lane
+from fides_rag.generation.layout import Unit
 from fides_rag.rules.base import CONTEXT, DOCUMENTS, ContrastRule, StepInputs
 
 
@@ -33,7 +34,6 @@ class _LanePlan:
             if path != DOCUMENTS
         }
         self.lens = {layer: _Index([lens_position[(layer, u.rows[CONTEXT][0])] for u in units]) for layer in lens_layers}
-        self.examples = _Index([u.example for u in units])
         self.documents = self.present = None
         if DOCUMENTS in units[0].rows:
             docs = [u.rows[DOCUMENTS] for u in units]
@@ -45,30 +45,26 @@ class _LanePlan:
 class StepPlan:
     """Which rows feed which lane's paths, and which (layer, row) pairs need logit-lens logits."""
 
-    def __init__(self, layout: RowLayout, rules: Sequence[ContrastRule], lens_by_lane: Sequence[tuple[int, ...]]) -> None:
-        active = layout.active()
+    def __init__(self, lanes: Sequence[Lane], num_rows: int) -> None:
         lens_rows: dict[int, list[int]] = {}
-        for lane, lane_units in enumerate(active):
-            for layer in lens_by_lane[lane]:
+        for lane in lanes:
+            for layer in lane.lens_layers:
                 rows = lens_rows.setdefault(layer, [])
-                rows += [u.rows[CONTEXT][0] for u in lane_units if u.rows[CONTEXT][0] not in rows]
+                for unit in lane.units:
+                    if unit.rows[CONTEXT][0] not in rows:
+                        rows.append(unit.rows[CONTEXT][0])
         lens_position: dict[tuple[int, int], int] = {}
-        offset = layout.num_rows
+        offset = num_rows
         for layer, rows in lens_rows.items():
             lens_position.update({(layer, row): offset + k for k, row in enumerate(rows)})
             offset += len(rows)
         self.lens_rows = {layer: _Index(rows) for layer, rows in lens_rows.items()}
         """layer -> the batch rows whose captured state goes through the lens, in logits order after the R rows."""
-        self.lanes = [
-            _LanePlan(rule, units, lens_by_lane[lane], lens_position) if units else None
-            for lane, (rule, units) in enumerate(zip(rules, active))
-        ]
-        self.version = layout.version
+        self.lanes = [_LanePlan(lane.rule, lane.units, lane.lens_layers, lens_position) for lane in lanes]
 
     def inputs(self, lane: int, logits: torch.Tensor, layer_states: torch.Tensor | None, num_layers: int) -> StepInputs:
         """Lane `lane`'s inputs: logits [R + n_lens, V]; layer_states [L, R, H] or None."""
         plan = self.lanes[lane]
-        assert plan is not None
         device = logits.device
         step = StepInputs(
             logits={path: logits[index.on(device)] for path, index in plan.rows.items()},  # [n, V] each
@@ -83,8 +79,3 @@ class StepPlan:
             for path in plan.rule.layer_state_paths:
                 step.layer_states[path] = layer_states[:, plan.rows[path].on(layer_states.device)]  # [L, n, H]
         return step
-
-    def examples(self, lane: int, device: torch.device) -> torch.Tensor:
-        plan = self.lanes[lane]
-        assert plan is not None
-        return plan.examples.on(device)

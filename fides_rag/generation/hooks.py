@@ -43,9 +43,11 @@ class LayerCapture:
             handle.remove()
         self._handles = []
 
-    def stacked(self, layers: Sequence[int], device: torch.device) -> torch.Tensor:
-        """The captured states of `layers`, on one device, in float32.  -> [len(layers), R, H]"""
-        return torch.stack([self.states[l].to(device) for l in layers]).float()
+
+
+def stack_states(states: Mapping[int, torch.Tensor], layers: Sequence[int], device: torch.device) -> torch.Tensor:
+    """Captured states of `layers` (layer -> [R, H]), on one device, in float32.  -> [len(layers), R, H]"""
+    return torch.stack([states[l].to(device) for l in layers]).float()
 
 
 def _table_device(weight: torch.Tensor) -> torch.device:

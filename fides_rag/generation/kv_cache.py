@@ -297,7 +297,27 @@ def _joint(anatomy: ModelAnatomy, groups: list[RowGroup], masker: HeadMasker | N
         masker.set_rows([g.head_set for g in groups for _ in range(g.ids.shape[0])])
     cache = DecodeCache(config=anatomy.config, padded=padded)
     out = anatomy.backbone(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
-    return Prefilled(out.last_hidden_state[:, -1, :].clone(), out.past_key_values, mask, positions[:, -1:])
+    cache = out.past_key_values
+    if mergeable(cache):  # one segment per layer, appended in place from now on
+        cache = ragged_cache([cache], anatomy.config, padded)
+    return Prefilled(out.last_hidden_state[:, -1, :].clone(), cache, mask, positions[:, -1:])
+
+
+def extendable(cache: Any) -> bool:
+    """Whether rows can join `cache` (every layer ragged): then requests can join a running decode."""
+    return isinstance(cache, DecodeCache) and all(isinstance(layer, RaggedLayer) for layer in cache.layers)
+
+
+def extend(cache: DecodeCache, other: DecodeCache) -> None:
+    """Append the rows of `other` (a prefill's ragged cache) after those of `cache`, each segment at its own length."""
+    for layer, new in zip(cache.layers, other.layers):
+        layer.segments = _merge_equal_lengths([*layer.segments, *new.segments])
+
+
+def cached_length(cache: Any) -> int:
+    """The longest row's cached positions (host metadata: no device sync)."""
+    layer = cache.layers[0]
+    return max(seg.get_seq_length() for seg in layer.segments) if isinstance(layer, RaggedLayer) else layer.get_seq_length()
 
 
 def prefill(

@@ -1,50 +1,55 @@
-"""The row layout of a decode: which batch row is which path of which example under which method (lane),
-and compaction when rows finish.
+"""The row layout of the running decode: which batch row is which path of which unit (one request under one
+method), rows appended when requests join, and compaction when units finish.
 
-At prefill the rows come in groups, each only when some lane needs it (see `PATHS`): the context prompts
-[ctx_1 .. ctx_B], the no-context prompts [noctx_1 .. noctx_B], one prompt per document [d_1,1 .. d_B,N_B],
-and one copy of the context prompts per distinct set of masked heads. Lanes share these rows at prefill;
-from the first step on each lane owns its rows (path by path, lane by lane, unit by unit), and the rows of
-finished units leave the batch.
+Rows join in groups, one per path of the newcomers that some method needs (see `PATHS`): their context
+prompts, their no-context prompts, one prompt per document, and one copy of the context prompts per distinct
+set of masked heads. A request's methods share these rows at prefill; from its first step on each unit owns
+its rows (copies where several shared one), and a finished unit's rows leave the batch. Rows keep their order,
+so each prefill group stays one run of rows (one segment of the ragged cache).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from fides_rag.generation.prompting import PreparedExample
-from fides_rag.generation.settings import RowSettings
+from fides_rag.generation.detokenize import IncrementalText
 from fides_rag.result import FinishReason, StepRecord
-from fides_rag.rules.base import CONTEXT, DOCUMENTS, MASKED_HEADS, NO_CONTEXT, PATHS
+from fides_rag.rules.base import CONTEXT, DOCUMENTS, MASKED_HEADS, NO_CONTEXT
 
 
-@dataclass
+@dataclass(eq=False)
 class Unit:
-    """Decoding state of one example under one method (a lane), and its rows in the current batch."""
+    """Decoding state of one request under one of its methods, and its rows in the current batch."""
 
-    lane: int
-    example: int
-    stop: tuple[str, ...]
+    ticket: Any
+    """The engine's record of the request this unit decodes (its handle, result slots and stream)."""
+    index: int
+    """Which distinct method of the request (`Request.decoded[index]`)."""
     rows: dict[str, list[int]]
     """path -> this unit's batch rows of it (only the paths its rule runs); one row per path but DOCUMENTS."""
-    max_new_tokens: int = 128
+    prompt_ids: list[int]
+    """The context path's prompt ids: what logits processors and stopping criteria see before the answer."""
+    stop: tuple[str, ...]
+    max_new_tokens: int
+    text: IncrementalText
     seed: int | None = None
+    head_set: int = -1
+    """The engine's index of this unit's set of masked heads (MASKED_HEADS path), -1 for none."""
     generator: torch.Generator | None = None
+    processors: Any = None
+    """This unit's own logits processors (min_new_tokens and the user's), built at admission; None when none."""
+    criteria: Any = None
+    """This unit's stopping criteria (transformers' StoppingCriteriaList), or None."""
     generated: list[int] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
+    stop_scanned: int = 0
+    """Characters of `text` already searched for stop strings (less the longest stop's length)."""
     finish_reason: FinishReason | None = None
-
-
-@dataclass(frozen=True)
-class LaneNeeds:
-    """What one lane's rule asks of the batch."""
-
-    paths: tuple[str, ...]
-    head_set: int = -1
-    """Index of its distinct set of masked heads (MASKED_HEADS path), -1 for none."""
+    error: BaseException | None = None
 
 
 @dataclass
@@ -56,87 +61,97 @@ class GroupSpec:
     head_set: int = -1
 
 
+def prefill_groups(newcomers: Sequence[tuple[Unit, Any, int]], first_row: int) -> tuple[list[GroupSpec], list[int]]:
+    """Row groups for newcomer units [(unit, its PreparedExample, its head set or -1)], numbered from `first_row`.
+
+    A unit's `rows` come in naming the paths it runs; they are filled in here. Units of one request share its
+    prompt rows (one context row, one no-context row, ...). Returns the groups (path-major) and the head set of
+    every new row."""
+    examples: list[Any] = []  # distinct examples, in order of arrival
+    for _, example, _ in newcomers:
+        if not any(e is example for e in examples):
+            examples.append(example)
+    groups: list[GroupSpec] = []
+    first: dict[tuple[str, int, int], int] = {}  # (path, head set, example id) -> its first row
+    keys = [(CONTEXT, -1), (NO_CONTEXT, -1), (DOCUMENTS, -1)] + [(MASKED_HEADS, h) for h in sorted({h for *_, h in newcomers if h >= 0})]
+    at = first_row
+    for path, head_set in keys:
+        users = {id(example) for unit, example, h in newcomers if path in unit.rows and (path != MASKED_HEADS or h == head_set)}
+        chosen = [e for e in examples if id(e) in users or path == CONTEXT]
+        if not chosen:
+            continue
+        sequences: list[list[int]] = []
+        for e in chosen:
+            first[(path, head_set, id(e))] = at + len(sequences)
+            sequences.extend(_path_sequences(path, e))
+        groups.append(GroupSpec(path, sequences, head_set))
+        at += len(sequences)
+    for unit, example, head_set in newcomers:
+        for path in unit.rows:
+            row = first[(path, head_set if path == MASKED_HEADS else -1, id(example))]
+            unit.rows[path] = list(range(row, row + len(_path_sequences(path, example))))
+    return groups, [g.head_set for g in groups for _ in g.sequences]
+
+
+def _path_sequences(path: str, example: Any) -> list[list[int]]:
+    if path == NO_CONTEXT:
+        return [example.no_context_ids]
+    if path == DOCUMENTS:
+        return list(example.document_ids or [])
+    return [example.context_ids]  # CONTEXT, MASKED_HEADS
+
+
 class RowLayout:
-    """Rows of every path of every unit; `compact` reorders them after each step."""
+    """Rows of every path of every unit in flight; `append` adds newcomers' rows, `compact` reorders after a step."""
 
-    def __init__(self, examples: Sequence[PreparedExample], lanes: Sequence[LaneNeeds], settings: Sequence[RowSettings]) -> None:
-        wanted = {path for lane in lanes for path in lane.paths}
-        self.groups: list[GroupSpec] = [GroupSpec(CONTEXT, [e.context_ids for e in examples])]
-        start: dict[tuple[str, int], int] = {(CONTEXT, -1): 0}
-        if NO_CONTEXT in wanted:
-            start[(NO_CONTEXT, -1)] = self._add(GroupSpec(NO_CONTEXT, [e.no_context_ids for e in examples]))
-        doc_first: list[int] = []  # example b's first document row, relative to the group
-        if DOCUMENTS in wanted:
-            flat: list[list[int]] = []
-            for e in examples:
-                doc_first.append(len(flat))
-                flat.extend(e.document_ids or [])
-            start[(DOCUMENTS, -1)] = self._add(GroupSpec(DOCUMENTS, flat))
-        for head_set in sorted({lane.head_set for lane in lanes if lane.head_set >= 0}):
-            start[(MASKED_HEADS, head_set)] = self._add(GroupSpec(MASKED_HEADS, [e.context_ids for e in examples], head_set))
-
-        def first_rows(lane: LaneNeeds, b: int) -> dict[str, list[int]]:
-            rows = {CONTEXT: [b]}
-            for path in lane.paths:
-                if path == DOCUMENTS:
-                    first = start[(DOCUMENTS, -1)] + doc_first[b]
-                    rows[DOCUMENTS] = list(range(first, first + len(examples[b].document_ids or [])))
-                elif path == MASKED_HEADS:
-                    if lane.head_set >= 0:
-                        rows[MASKED_HEADS] = [start[(MASKED_HEADS, lane.head_set)] + b]
-                elif path != CONTEXT:
-                    rows[path] = [start[(path, -1)] + b]
-            return rows
-
-        self.units = [
-            [
-                Unit(i, b, examples[b].stop + row.stop, first_rows(lane, b), row.max_new_tokens, row.seed)
-                for b, row in enumerate(settings)
-            ]
-            for i, lane in enumerate(lanes)
-        ]
-        self.row_head_sets = [g.head_set for g in self.groups for _ in g.sequences]
+    def __init__(self) -> None:
+        self.row_head_sets: list[int] = []
         """The head set of every current row (-1: none)."""
-        self.num_rows = len(self.row_head_sets)
+        self.lengths: list[int] = []
+        """Every row's real length (prompt plus generated tokens in the cache), known on the host."""
         self.version = 0
         """Bumped whenever rows move, so index tensors built from the layout can be cached until then."""
 
-    def _add(self, group: GroupSpec) -> int:
-        first = sum(len(g.sequences) for g in self.groups)
-        self.groups.append(group)
-        return first
+    @property
+    def num_rows(self) -> int:
+        return len(self.row_head_sets)
 
-    def active(self) -> list[list[Unit]]:
-        """Per lane, the units still decoding."""
-        return [[u for u in lane if u.finish_reason is None] for lane in self.units]
-
-    def compact(self) -> list[int] | None:
-        """Give every unfinished unit its own rows, path by path and lane by lane; drop finished ones.
-
-        Returns the previous row of every new row (None when nothing moved, e.g. one lane, nobody finished)."""
-        previous: list[int] = []
-        active = self.active()
-        for path in PATHS:  # path-major, so each path's rows stay one segment of the ragged cache
-            for lane_units in active:
-                for unit in lane_units:
-                    rows = unit.rows.get(path)
-                    if rows is None:
-                        continue
-                    unit.rows[path] = list(range(len(previous), len(previous) + len(rows)))
-                    previous += rows
-        if previous == list(range(self.num_rows)):
-            return None
-        self.row_head_sets = [self.row_head_sets[r] for r in previous]
-        self.num_rows = len(previous)
+    def append(self, head_sets: Sequence[int], lengths: Sequence[int]) -> None:
+        """Rows of newcomers, after the current ones."""
+        self.row_head_sets += list(head_sets)
+        self.lengths += list(lengths)
         self.version += 1
-        return previous
 
-    def next_tokens(self) -> list[int]:
+    def grow(self) -> None:
+        """Every row's cache took one more position (a decode forward)."""
+        self.lengths = [n + 1 for n in self.lengths]
+
+    def compact(self, units: Sequence[Unit]) -> list[int] | None:
+        """Give each unit in `units` (those still decoding) its own rows, in row order; drop every other row.
+
+        Returns the previous row of every new row (None when nothing moved)."""
+        claims: dict[int, list[tuple[Unit, str, int]]] = {}
+        for unit in units:
+            for path, rows in unit.rows.items():
+                for k, row in enumerate(rows):
+                    claims.setdefault(row, []).append((unit, path, k))
+        keep: list[int] = []
+        for old in sorted(claims):
+            for unit, path, k in claims[old]:
+                unit.rows[path][k] = len(keep)
+                keep.append(old)
+        if keep == list(range(self.num_rows)):
+            return None
+        self.row_head_sets = [self.row_head_sets[r] for r in keep]
+        self.lengths = [self.lengths[r] for r in keep]
+        self.version += 1
+        return keep
+
+    def next_tokens(self, units: Sequence[Unit]) -> list[int]:
         """The last chosen token of every current row's unit, in row order."""
         tokens = [0] * self.num_rows
-        for lane_units in self.active():
-            for unit in lane_units:
-                for rows in unit.rows.values():
-                    for row in rows:
-                        tokens[row] = unit.generated[-1]
+        for unit in units:
+            for rows in unit.rows.values():
+                for row in rows:
+                    tokens[row] = unit.generated[-1]
         return tokens

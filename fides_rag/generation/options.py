@@ -1,18 +1,19 @@
-"""The keyword options of the decoder's public calls, as TypedDicts: one typed `**options` shared by `generate`,
-`generate_batch`, `generate_from_prompts`, `stream` and the rest, so editors complete them and type checkers
-check them (PEP 692), and a new option is added in one place. Their meaning and validation: `GenerationSettings`.
+"""The keyword options of the public calls, as TypedDicts: one typed `**options` shared by the decoder's
+`generate`, `generate_batch`, `stream`, `agenerate` and `astream` and the request batcher's calls, so editors
+complete them and type checkers check them (PEP 692), and a new option is added in one place. Their meaning and
+validation: `GenerationSettings` (generation) and `RequestBuilder` (method, methods).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TypedDict
 
 from transformers import LogitsProcessorList, StoppingCriteriaList
 
 from fides_rag.rules.base import ContrastRule
 
-__all__ = ["GenerationOptions", "MethodOptions", "RawPromptOptions", "RequestOptions"]
+__all__ = ["GenerationOptions", "MethodOptions", "RequestOptions"]
 
 
 class GenerationOptions(TypedDict, total=False):
@@ -32,20 +33,18 @@ class GenerationOptions(TypedDict, total=False):
 
 
 class MethodOptions(GenerationOptions, total=False):
-    """`GenerationOptions` plus the contrast rule of a one-method call (a name, a rule object, or None for the decoder's)."""
+    """`GenerationOptions` plus the contrast rule: `method` (a name, a rule object, or None for the decoder's), or
+    `methods` (a list of them, or a mapping label -> method) to decode under several over one shared prefill;
+    with `methods` a call returns label -> result(s)."""
 
     method: str | ContrastRule | None
+    methods: Sequence[str | ContrastRule] | Mapping[str, str | ContrastRule] | None
 
 
-class RawPromptOptions(MethodOptions, total=False):
-    """`MethodOptions` plus, for two raw prompt strings, whether the tokenizer adds its special tokens (BOS)."""
-
-    add_special_tokens: bool
-
-
-class RequestOptions(RawPromptOptions, total=False):
-    """A batched request's options (`RequestBatcher.submit`): `MethodOptions`, or for raw prompts
-    context_prompt and no_context_prompt (and add_special_tokens) in place of a question and documents."""
+class RequestOptions(MethodOptions, total=False):
+    """A batched request's options (`RequestBatcher.submit`): `MethodOptions`, or for raw prompts context_prompt and
+    no_context_prompt (and add_special_tokens) in place of a question and documents (as a `PromptPair` does)."""
 
     context_prompt: str | None
     no_context_prompt: str | None
+    add_special_tokens: bool

@@ -1,46 +1,14 @@
-"""Result assembly: the values rules record stay on the device while decoding and reach the host in one
-transfer at the end; then each unit becomes a `GenerationResult`."""
+"""Result assembly: a finished unit (its ids, per-token records and finish reason) becomes a `GenerationResult`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
-
 from fides_rag.generation.layout import Unit
 from fides_rag.generation.prompting import PreparedExample
 from fides_rag.generation.stopping import first_stop_index
-from fides_rag.result import GenerationResult, StepRecord
+from fides_rag.result import GenerationResult
 from fides_rag.rules.base import NO_CONTEXT, ContrastRule
-
-
-class RecordBuffer:
-    """Per-step recorded values of every unit, kept on the device until `flush`."""
-
-    def __init__(self) -> None:
-        self._pending: list[tuple[list[StepRecord], list[str], torch.Tensor]] = []
-
-    def add(self, records: list[StepRecord], values: dict[str, torch.Tensor]) -> None:
-        """`values`: name -> [n] for the n step records of one lane's step."""
-        if values:
-            names = list(values)
-            device = values[names[0]].device
-            stacked = torch.stack([values[name].detach().to(device, torch.float32).reshape(-1) for name in names], dim=-1)  # [n, K]
-            self._pending.append((records, names, stacked))
-
-    def flush(self) -> None:
-        """Move every pending value to the host at once and fill the step records."""
-        if not self._pending:
-            return
-        devices = {t.device for _, _, t in self._pending}
-        target = next(iter(devices))
-        flat = torch.cat([t.to(target).reshape(-1) for _, _, t in self._pending]).tolist()  # the one transfer
-        at = 0
-        for records, names, stacked in self._pending:
-            for record in records:
-                record.values = dict(zip(names, flat[at : at + len(names)]))
-                at += len(names)
-        self._pending = []
 
 
 def assemble(

@@ -96,31 +96,28 @@ class GenerationSettings:
             stop = [stop]
         return cls(max_new_tokens=default_max_new_tokens if max_new_tokens is None else max_new_tokens, stop=tuple(stop or ()), **rest)
 
-    def warpers(self, prompt_width: int, eos_token_ids: set[int]) -> LogitsProcessorList:
-        """transformers' processors for min_new_tokens, the user's processors, then the sampling warpers."""
+    def unit_processors(self, prompt_width: int, eos_token_ids: set[int]) -> LogitsProcessorList | None:
+        """transformers' processors of one request that read its own history: min_new_tokens, then the user's
+        (None when there are none). They see that request's context prompt and answer, as when it decodes alone."""
         processors = LogitsProcessorList()
         if self.min_new_tokens > 0 and eos_token_ids:
             processors.append(MinNewTokensLengthLogitsProcessor(prompt_width, self.min_new_tokens, sorted(eos_token_ids)))
         processors.extend(self.logits_processor or [])
+        return processors or None
+
+    def sampling_warpers(self) -> LogitsProcessorList:
+        """transformers' sampling warpers (temperature, top-k, top-p): row by row, so shared by every request
+        with the same sampling settings; empty under greedy decoding."""
+        warpers = LogitsProcessorList()
         if self.do_sample:
             if self.temperature != 1.0:
-                processors.append(TemperatureLogitsWarper(self.temperature))
+                warpers.append(TemperatureLogitsWarper(self.temperature))
             if self.top_k > 0:
-                processors.append(TopKLogitsWarper(self.top_k))
+                warpers.append(TopKLogitsWarper(self.top_k))
             if self.top_p < 1.0:
-                processors.append(TopPLogitsWarper(self.top_p))
-        return processors
+                warpers.append(TopPLogitsWarper(self.top_p))
+        return warpers
 
-
-@dataclass(frozen=True)
-class RowSettings:
-    """What one example (request) of a batch may hold on its own: its token budget, extra stop strings and
-    seed. Everything else in `GenerationSettings` is shared by the batch."""
-
-    max_new_tokens: int
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-
-    @classmethod
-    def of(cls, settings: GenerationSettings) -> RowSettings:
-        return cls(settings.max_new_tokens, settings.stop, settings.seed)
+    def sampling_key(self) -> tuple:
+        """What requests decoded in one lane must share (everything else is held per request)."""
+        return (self.do_sample, self.temperature, self.top_p, self.top_k)

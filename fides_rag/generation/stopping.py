@@ -1,15 +1,16 @@
 """When a unit stops: an EOS id, a stop string (of any token length, across token boundaries), the user's
 stopping criteria, or the token budget.
 
-Stop strings are matched on the decoded text on the host, not with transformers' `StopStringCriteria`: its
-per-vocabulary tables are built per tokenizer and stop list (costly for 262k-token vocabularies, and stop
-lists differ per call), and its verdict is a device tensor that would need a second host transfer per step,
-while the chosen ids are already on the host for streaming. EOS is checked on those host ids for the same
-reason (`EosTokenCriteria` would be one more device tensor)."""
+Stop strings are matched on the host, in the text each unit decodes incrementally (`detokenize.py`): each step
+searches only its new characters, so the whole answer is never decoded again. Not with transformers'
+`StopStringCriteria`: its per-vocabulary tables are built per tokenizer and stop list (costly for 262k-token
+vocabularies, and stop lists differ per request), and its verdict is a device tensor that would need a second
+host transfer per step, while the chosen ids are already on the host for streaming. EOS is checked on those
+host ids for the same reason (`EosTokenCriteria` would be one more device tensor)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from fides_rag.generation.layout import Unit
 from fides_rag.result import FinishReason
@@ -32,16 +33,24 @@ def held_back_suffix(text: str, stops: Sequence[str]) -> int:
     return longest
 
 
-def finish_reason(
-    unit: Unit, eos_token_ids: set[int], decode: Callable[[list[int]], str], criteria_hit: bool, max_new_tokens: int
-) -> FinishReason | None:
+def stop_found(unit: Unit) -> bool:
+    """Whether a stop string ends in the text `unit` decoded since the last check (searching only the new
+    characters and the longest stop's reach back into the old ones)."""
+    text = unit.text.text
+    reach = max(len(s) for s in unit.stop) - 1
+    found = first_stop_index(text[max(0, unit.stop_scanned - reach) :], unit.stop) is not None
+    unit.stop_scanned = len(text)
+    return found
+
+
+def finish_reason(unit: Unit, eos_token_ids: set[int], criteria_hit: bool) -> FinishReason | None:
     """Why `unit` stops after its latest token, or None if it goes on."""
     if unit.generated[-1] in eos_token_ids:
         return "eos"
-    if unit.stop and first_stop_index(decode(unit.generated), unit.stop) is not None:
+    if unit.stop and stop_found(unit):
         return "stop"
     if criteria_hit:
         return "criteria"
-    if len(unit.generated) >= max_new_tokens:
+    if len(unit.generated) >= unit.max_new_tokens:
         return "length"
     return None

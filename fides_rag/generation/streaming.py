@@ -1,39 +1,79 @@
-"""Streaming: text deltas of one generation as it is decoded, in a plain and an asyncio iterator."""
+"""Streaming: text deltas of one generation as the engine decodes it, for threads and for asyncio, through one
+thread-to-consumer bridge (`Channel`). The engine's thread puts; any thread may read a `TextStream`, one `next()`
+at a time (a server's thread pool hops threads between deltas), and an `AsyncTextStream` never blocks the loop.
+Closing a stream, or cancelling the task that reads it, cancels its request: its rows leave the batch."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from fides_rag.generation.stopping import first_stop_index, held_back_suffix
 from fides_rag.result import GenerationResult
 
 logger = logging.getLogger(__name__)
 Item = TypeVar("Item")
+END = object()
+"""What a channel yields after its last item."""
 
 
-class TextStream(Iterator[str]):
-    """Text deltas of one generation; after exhaustion `result` holds the full GenerationResult."""
+class Channel(Generic[Item]):
+    """Items handed from one thread to a consumer in another thread (`get`) or in asyncio (`aget`), in order;
+    `close()` ends it, `close(error)` makes the consumer raise `error` after the items already put."""
 
-    def __init__(self, deltas: Iterator[str]) -> None:
-        self._deltas = deltas
-        self.result: GenerationResult | None = None
+    def __init__(self) -> None:
+        self._items: collections.deque[Any] = collections.deque()
+        self._ready = threading.Condition()
+        self._error: BaseException | None = None
+        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future] | None = None
 
-    def __iter__(self) -> TextStream:
-        return self
+    def put(self, item: Item) -> None:
+        with self._ready:
+            self._items.append(item)
+            self._ready.notify_all()
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            loop, future = waiter
+            try:
+                loop.call_soon_threadsafe(lambda: future.done() or future.set_result(None))
+            except RuntimeError:  # the consumer's loop is closed: nobody is reading any more
+                pass
 
-    def __next__(self) -> str:
-        return next(self._deltas)
+    def close(self, error: BaseException | None = None) -> None:
+        with self._ready:
+            self._error = error
+        self.put(END)  # type: ignore[arg-type]
 
-    def close(self) -> None:
-        close = getattr(self._deltas, "close", None)
-        if close is not None:
-            close()
+    def _take(self) -> Any:
+        item = self._items.popleft()
+        if item is END:
+            self._items.appendleft(END)  # stays ended
+            if self._error is not None:
+                raise self._error
+        return item
+
+    def get(self, timeout: float | None = None) -> Any:
+        """The next item (END once closed), blocking this thread; TimeoutError after `timeout` seconds."""
+        with self._ready:
+            if not self._ready.wait_for(lambda: self._items, timeout):
+                raise TimeoutError(f"no item within {timeout} s")
+            return self._take()
+
+    async def aget(self) -> Any:
+        """The next item (END once closed), without blocking the event loop."""
+        while True:
+            with self._ready:
+                if self._items:
+                    return self._take()
+                loop = asyncio.get_running_loop()
+                future = loop.create_future()
+                self._waiter = (loop, future)
+            await future
 
 
 class DeltaTracker:
@@ -60,55 +100,69 @@ class DeltaTracker:
         return ""
 
 
-_DONE = object()
-
-
-class AsyncTextStream(AsyncIterator[str]):
-    """`TextStream` for asyncio: each delta is decoded on one worker thread of its own, so the event loop
-    never blocks and the decoder's lock is taken and released on the same thread."""
-
-    def __init__(self, stream: TextStream) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fides-stream")
-        self._stream = stream
-
-    @property
-    def result(self) -> GenerationResult | None:
+class _Stream:
+    def __init__(self, channel: Channel[str], handle: Any) -> None:
+        self._channel = channel
+        self._handle = handle
+        self.result: GenerationResult | None = None
         """The full GenerationResult, once the stream is exhausted."""
-        return self._stream.result
+
+    def _finish(self) -> None:
+        self.result = self._handle.result()  # raises the request's error, if it failed
+
+    def __del__(self) -> None:
+        handle = getattr(self, "_handle", None)
+        if handle is not None and self.result is None:
+            handle.cancel()
+
+
+class TextStream(_Stream, Iterator[str]):
+    """Text deltas of one generation; after exhaustion `result` holds the full GenerationResult. Any thread may
+    call `next()`; `close()` cancels the request."""
+
+    def __iter__(self) -> TextStream:
+        return self
+
+    def __next__(self) -> str:
+        item = self._channel.get()
+        if item is END:
+            self._finish()
+            raise StopIteration
+        return item
+
+    def close(self) -> None:
+        self._handle.cancel()
+
+
+class AsyncTextStream(_Stream, AsyncIterator[str]):
+    """`TextStream` for asyncio: awaiting a delta never blocks the event loop; cancelling the reading task or
+    `aclose()` cancels the request."""
 
     def __aiter__(self) -> AsyncTextStream:
         return self
 
-    def _next(self) -> object:
-        return next(self._stream, _DONE)
-
     async def __anext__(self) -> str:
-        delta = await asyncio.get_running_loop().run_in_executor(self._executor, self._next)
-        if delta is _DONE:
-            self._executor.shutdown(wait=False)
+        try:
+            item = await self._channel.aget()
+        except asyncio.CancelledError:
+            self._handle.cancel()
+            raise
+        if item is END:
+            self._finish()
             raise StopAsyncIteration
-        return delta  # type: ignore[return-value]
+        return item
 
     async def aclose(self) -> None:
-        """Stop decoding (the rows are dropped and the decoder's lock released) and free the worker thread."""
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._stream.close)
-        self._executor.shutdown(wait=False)
+        self._handle.cancel()
 
 
 async def iterate_in_thread(factory: Callable[[], Iterator[Item]]) -> AsyncIterator[Item]:
     """Items of a blocking iterator for asyncio: `factory()` runs and is iterated on a worker thread (in a copy of
-    the caller's contextvars, so tracing context follows), each item handed over through a queue. An error in
+    the caller's contextvars, so tracing context follows), each item handed over through a `Channel`. An error in
     the worker is raised in the consumer; a consumer that stops early makes the worker stop and close the iterator.
     """
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    channel: Channel[Item] = Channel()
     stopped = threading.Event()
-
-    def put(kind: str, item: Any) -> None:
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, (kind, item))
-        except RuntimeError:  # the loop is closed: the consumer went away
-            stopped.set()
 
     def work() -> None:
         try:
@@ -117,25 +171,20 @@ async def iterate_in_thread(factory: Callable[[], Iterator[Item]]) -> AsyncItera
                 for item in iterator:
                     if stopped.is_set():
                         break
-                    put("item", item)
+                    channel.put(item)
             finally:
                 close = getattr(iterator, "close", None)
                 if close is not None:
                     close()
         except BaseException as error:  # noqa: BLE001 - raised again in the consumer
-            put("error", error)
+            channel.close(error)
         else:
-            put("done", None)
+            channel.close()
 
     context = contextvars.copy_context()
     threading.Thread(target=context.run, args=(work,), daemon=True, name="fides-iterate").start()
     try:
-        while True:
-            kind, item = await queue.get()
-            if kind == "error":
-                raise item
-            if kind == "done":
-                return
+        while (item := await channel.aget()) is not END:
             yield item
     finally:
         stopped.set()

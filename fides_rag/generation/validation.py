@@ -14,27 +14,24 @@ def refuse_document_paths(rule: ContrastRule) -> None:
     if DOCUMENTS in rule.paths:
         raise ValueError(
             f"method {rule.name!r} runs one path per document, which raw prompts cannot provide; pass the "
-            f"question and its documents to generate / generate_batch / generate_methods / stream instead"
+            f"question and its documents to generate / generate_batch / stream instead"
         )
 
 
-def check_document_paths(
-    examples: Sequence[PreparedExample], rules: Sequence[ContrastRule], skip_without_documents: bool = True
-) -> None:
+def check_document_paths(examples: Sequence[PreparedExample], rules: Sequence[ContrastRule], first: int = 0) -> None:
     """Every example a rule with per-document paths decodes has >= 2 prepared document prompts
-    (`skip_without_documents`: examples without documents, which go to 'standard', are not checked)."""
+    (examples without documents, which go to 'standard', are not checked). Errors number the examples from `first`."""
     for rule in rules:
         if DOCUMENTS not in rule.paths:
             continue
-        for i, example in enumerate(examples):
-            if skip_without_documents and not example.has_documents:
+        for i, example in enumerate(examples, first):
+            if not example.has_documents:
                 continue  # decoded with 'standard' on the question alone, like under every method
             if example.document_ids is None:
                 raise ValueError(
                     f"method {rule.name!r} runs one path per document, but example {i} has no per-document "
                     f"prompts: raw prompts cannot provide them, and `prepare` makes them only with "
-                    f"document_paths=True; pass the question and its documents to generate / generate_batch / "
-                    f"generate_methods / stream"
+                    f"document_paths=True; pass the question and its documents to generate / generate_batch / stream"
                 )
             if len(example.document_ids) < 2:
                 raise ValueError(

@@ -132,7 +132,8 @@ class ContrastRule(ABC):
         """Turn one step's path outputs into final logits. Runs on the device: no host synchronisation."""
 
     def options(self) -> dict[str, Any]:
-        """The rule's settings, recorded with every result."""
+        """The rule's settings, recorded with every result. Two objects of one registered rule class with equal
+        options must decode alike: the engine serves their requests with one `combine` per step."""
         return {}
 
     @property

@@ -30,6 +30,11 @@ def available_methods() -> list[str]:
     return list(_REGISTRY)
 
 
+def is_registered(rule: ContrastRule) -> bool:
+    """Whether `rule` is an instance of the class registered under its name (so its `options()` describe it)."""
+    return _REGISTRY.get(rule.name) is type(rule)
+
+
 def accepts_option(name: str, option: str) -> bool:
     """Whether the rule registered as `name` takes the constructor option `option` (e.g. FIDES's `config`)."""
     cls = _REGISTRY.get(name)

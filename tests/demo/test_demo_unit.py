@@ -331,7 +331,7 @@ class _StubDecoder:
         self.calls: list[tuple[int, tuple[str, ...]]] = []
         self.fail_after_batches = fail_after_batches
 
-    def generate_methods(self, questions, documents, methods, max_new_tokens):
+    def generate_batch(self, questions, documents, *, methods, max_new_tokens):
         if self.fail_after_batches is not None and len(self.calls) >= self.fail_after_batches:
             raise KeyboardInterrupt
         self.calls.append((len(questions), tuple(methods)))

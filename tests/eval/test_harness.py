@@ -69,7 +69,7 @@ def test_results_match_single_method_decoding(decoder, tmp_path):
 
 def test_resume_after_interrupt(decoder, tmp_path, monkeypatch):
     methods = build_methods(["standard", "fides"])
-    real = decoder.generate_methods
+    real = decoder.generate_batch
     calls = {"n": 0}
 
     def interrupted(*args, **kwargs):
@@ -78,7 +78,7 @@ def test_resume_after_interrupt(decoder, tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(decoder, "generate_methods", interrupted)
+    monkeypatch.setattr(decoder, "generate_batch", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run_eval(decoder, EXAMPLES, methods, tmp_path, batch_size=2, max_new_tokens=3, progress=False)
     first = _ids(tmp_path / PREDICTIONS)
@@ -94,7 +94,7 @@ def test_resume_after_interrupt(decoder, tmp_path, monkeypatch):
         seen.extend(questions)
         return real(questions, *args, **kwargs)
 
-    monkeypatch.setattr(decoder, "generate_methods", counting)
+    monkeypatch.setattr(decoder, "generate_batch", counting)
     results = run_eval(decoder, EXAMPLES, methods, tmp_path, batch_size=2, max_new_tokens=3, progress=False, bootstrap_samples=20)
     ids = _ids(tmp_path / PREDICTIONS)
     assert len(ids) == len(set(ids)) == len(EXAMPLES)  # nothing lost, no duplicates
@@ -119,13 +119,13 @@ def test_new_method_on_resume_decodes_only_that_method(decoder, tmp_path, monkey
     run_eval(decoder, EXAMPLES[:2], build_methods(["standard"]), tmp_path, max_new_tokens=2, progress=False, bootstrap_samples=10)
     first = {r["id"]: r["outputs"]["standard"] for r in read_predictions(tmp_path / PREDICTIONS)}
     decoded: list[list[str]] = []
-    real = decoder.generate_methods
+    real = decoder.generate_batch
 
-    def spy(questions, documents, methods, **kwargs):
+    def spy(questions, documents, *, methods, **kwargs):
         decoded.append(list(methods))
-        return real(questions, documents, methods, **kwargs)
+        return real(questions, documents, methods=methods, **kwargs)
 
-    monkeypatch.setattr(decoder, "generate_methods", spy)
+    monkeypatch.setattr(decoder, "generate_batch", spy)
     run_eval(decoder, EXAMPLES[:2], build_methods(["standard", "cad"]), tmp_path, max_new_tokens=2, progress=False, bootstrap_samples=10)
     assert decoded == [["cad"]]
     records = read_predictions(tmp_path / PREDICTIONS)

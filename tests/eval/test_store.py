@@ -17,7 +17,7 @@ class _EchoDecoder:
     def __init__(self):
         self.calls = []
 
-    def generate_methods(self, questions, documents, methods, max_new_tokens):
+    def generate_batch(self, questions, documents, *, methods, max_new_tokens):
         self.calls.append((len(questions), tuple(methods)))
         return {m: [_result(docs[0].split()[0], m) for docs in documents] for m in methods}
 

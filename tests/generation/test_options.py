@@ -8,7 +8,7 @@ import typing
 
 import pytest
 
-from fides_rag import FidesDecoder, GenerationOptions, GenerationSettings, MethodOptions, RawPromptOptions
+from fides_rag import FidesDecoder, GenerationOptions, GenerationSettings, MethodOptions
 from fides_rag.batching import RequestBatcher
 from fides_rag.generation.options import RequestOptions
 
@@ -19,18 +19,15 @@ def test_generation_options_name_every_setting():
 
 
 def test_each_options_type_adds_its_own_keys():
-    assert MethodOptions.__optional_keys__ - GenerationOptions.__optional_keys__ == {"method"}
-    assert RawPromptOptions.__optional_keys__ - MethodOptions.__optional_keys__ == {"add_special_tokens"}
-    assert RequestOptions.__optional_keys__ - RawPromptOptions.__optional_keys__ == {"context_prompt", "no_context_prompt"}
+    assert MethodOptions.__optional_keys__ - GenerationOptions.__optional_keys__ == {"method", "methods"}
+    assert RequestOptions.__optional_keys__ - MethodOptions.__optional_keys__ == {"context_prompt", "no_context_prompt", "add_special_tokens"}
 
 
 @pytest.mark.parametrize(
     "call, options",
     [
-        (FidesDecoder.generate, MethodOptions), (FidesDecoder.generate_batch, MethodOptions),
-        (FidesDecoder.generate_prepared, MethodOptions), (FidesDecoder.stream, MethodOptions),
-        (FidesDecoder.generate_methods, GenerationOptions), (FidesDecoder.generate_prepared_methods, GenerationOptions),
-        (FidesDecoder.generate_from_prompts, RawPromptOptions), (FidesDecoder.stream_from_prompts, RawPromptOptions),
+        (FidesDecoder.generate, MethodOptions), (FidesDecoder.generate_batch, MethodOptions), (FidesDecoder.stream, MethodOptions),
+        (FidesDecoder.agenerate, MethodOptions), (FidesDecoder.astream, MethodOptions),
         (RequestBatcher.submit, RequestOptions), (RequestBatcher.generate, RequestOptions),
         (RequestBatcher.agenerate, RequestOptions), (RequestBatcher.stream, RequestOptions), (RequestBatcher.astream, RequestOptions),
     ],
@@ -48,9 +45,20 @@ def test_every_option_is_accepted_and_an_unknown_one_is_named(tiny_llama, tokeni
         "method": "cad", "max_new_tokens": 2, "stop": ["\n"], "min_new_tokens": 1, "do_sample": True, "temperature": 0.7,
         "top_p": 0.9, "top_k": 5, "seed": 3, "logits_processor": None, "stopping_criteria": None,
     }
-    assert set(options) == MethodOptions.__optional_keys__
+    assert set(options) == MethodOptions.__optional_keys__ - {"methods"}  # methods= is the other way to name the rule
     first = tiny_decoder.generate("q?", ["a document"], **options)
     assert first.token_ids == tiny_decoder.generate("q?", ["a document"], **options).token_ids  # the seed is used
     assert 1 <= len(first.token_ids) <= 2
     with pytest.raises(TypeError, match="temprature"):
         tiny_decoder.generate("q?", ["a document"], temprature=0.5)
+
+
+def test_methods_is_one_option_that_returns_results_by_label(tiny_llama, tokenizer):
+    tiny_decoder = FidesDecoder(tiny_llama, tokenizer)
+    one = tiny_decoder.generate("q?", ["a document"], method="cad", max_new_tokens=3)
+    by_label = tiny_decoder.generate("q?", ["a document"], methods=["cad"], max_new_tokens=3)
+    assert list(by_label) == ["cad"] and by_label["cad"].token_ids == one.token_ids
+    with pytest.raises(ValueError, match="method= or methods=, not both"):
+        tiny_decoder.generate("q?", ["a document"], method="cad", methods=["fides"])
+    with pytest.raises(ValueError, match="a stream decodes one method"):
+        tiny_decoder.stream("q?", ["a document"], methods=["cad", "fides"])

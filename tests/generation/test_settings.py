@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fides_rag import FidesDecoder, GenerationSettings
+from fides_rag import FidesDecoder, GenerationSettings, PromptPair
 
 
 @pytest.mark.parametrize(
@@ -32,7 +32,8 @@ def test_bad_settings_name_the_setting(kwargs, message):
 
 def test_good_settings_pass():
     settings = GenerationSettings(do_sample=True, temperature=0.7, top_p=0.9, top_k=5, seed=2**63 - 1, stop=("\n",))
-    assert [type(p).__name__ for p in settings.warpers(10, {2})] == ["TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper"]
+    assert [type(p).__name__ for p in settings.sampling_warpers()] == ["TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper"]
+    assert settings.unit_processors(10, {2}) is None  # nothing that reads a request's own history
 
 
 def test_lone_surrogates_are_refused_with_their_position(tiny_llama, tokenizer):
@@ -44,7 +45,7 @@ def test_lone_surrogates_are_refused_with_their_position(tiny_llama, tokenizer):
     with pytest.raises(ValueError, match=r"document 2 holds a lone surrogate character .* at position 1"):
         decoder.generate("What?", ["fine", "b\udc80ad"])
     with pytest.raises(ValueError, match=r"no_context_prompt holds a lone surrogate"):
-        decoder.generate_from_prompts("ok", "n\ud83do")
+        decoder.generate(PromptPair("ok", "n\ud83do"))
 
 
 def test_sampling_options_drop_greedy_knobs_and_read_temperature_zero_as_greedy():

@@ -243,7 +243,7 @@ def test_dvd_cached_batched_equals_naive_loop(decoder, rule):
 
 def test_dvd_alongside_other_methods_equals_alone(decoder):
     methods = {"dvd": "dvd", "cad": "cad", "standard": "standard", "dvd-static": DvdRule(dynamic_weight=False)}
-    together = decoder.generate_methods(QUESTIONS, DOCUMENTS, methods, max_new_tokens=6)
+    together = decoder.generate_batch(QUESTIONS, DOCUMENTS, methods=methods, max_new_tokens=6)
     for label, method in methods.items():
         alone = decoder.generate_batch(QUESTIONS, DOCUMENTS, method=method, max_new_tokens=6)
         for a, b in zip(together[label], alone):

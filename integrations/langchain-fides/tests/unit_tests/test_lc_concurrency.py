@@ -32,14 +32,14 @@ def test_concurrent_ainvokes_batch_and_equal_each_call_alone():
     llm = FidesLLM(decoder=decoder, batch_window_s=0.2)
     alone = [llm.invoke(**call) for call in CALLS]
     batcher = shared_batcher(decoder, max_batch_size=8, window_s=0.2)
-    before = batcher.stats.batches
+    before = batcher.stats.admissions
 
     async def together():
         return await asyncio.gather(*(llm.ainvoke(**call) for call in CALLS))
 
     assert asyncio.run(together()) == alone
-    used = batcher.stats.batch_sizes[before:]
-    assert len(used) < len(CALLS) and max(used) >= 2, used  # shared batches, not one decode per call
+    stats = batcher.stats
+    assert stats.admissions - before < len(CALLS) and stats.largest_batch >= 2, stats  # shared steps, not one decode per call
 
 
 def test_batch_decodes_items_together(decoder):
@@ -48,9 +48,9 @@ def test_batch_decodes_items_together(decoder):
     questions = [c["input"] for c in CALLS[:4]]
     alone = [llm.invoke(q, documents=["Lyon is the capital of France."]) for q in questions]
     batcher = shared_batcher(decoder, max_batch_size=8, window_s=0.2)
-    before = batcher.stats.batches
+    before = batcher.stats.admissions
     assert llm.batch(questions, documents=["Lyon is the capital of France."]) == alone
-    assert batcher.stats.batches - before < len(questions)
+    assert batcher.stats.admissions - before < len(questions)
 
 
 def test_chat_model_concurrent_calls_equal_alone():

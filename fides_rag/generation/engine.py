@@ -1,0 +1,396 @@
+"""The decode engine: one object owns what decoding needs (the model's anatomy, the tokenizer and its EOS ids,
+the input device, the model lock, the rules' head setup, text decoding) and decodes every request submitted
+to it with continuous batching.
+
+Its thread runs steps while anything is in flight. At each step boundary it admits waiting requests (FIFO,
+within the bounds on requests, rows and tokens in flight: their prompts are prefilled and their rows appended
+to the running cache), runs one forward of every row, one head matmul, each lane's rule and choice, and one
+host transfer, then releases every request that finished: its result, with every recorded value, goes back
+at once. A greedy request gives the same tokens whatever else is in flight.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ContextManager, Literal
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from fides_rag.generation.detokenize import IncrementalText
+from fides_rag.generation.gather import StepPlan
+from fides_rag.generation.hooks import HeadMasker, LayerCapture
+from fides_rag.generation.lanes import Lanes
+from fides_rag.generation.layout import Unit, prefill_groups
+from fides_rag.generation.requests import Heads, Request
+from fides_rag.generation.running import RunningBatch
+from fides_rag.generation.step import advance, decide
+from fides_rag.generation.tickets import RequestHandle, Ticket
+from fides_rag.lens import ModelAnatomy
+from fides_rag.rules.base import CONTEXT, DOCUMENTS, MASKED_HEADS, NO_CONTEXT, ContrastRule
+
+Admission = Literal["continuous", "static"]
+IDLE_EXIT_S = 2.0
+"""The engine's thread ends after this long with nothing to do (a new request starts it again)."""
+
+
+class QueueFullError(RuntimeError):
+    """The engine's queue holds `max_queue` waiting requests already; try again later."""
+
+
+@dataclass
+class EngineStats:
+    """Counters of what the engine did (for tests, logs, metrics and benchmarks)."""
+
+    requests: int = 0
+    finished: int = 0
+    cancelled: int = 0
+    failed: int = 0
+    steps: int = 0
+    tokens: int = 0
+    admissions: int = 0
+    """Steps at which requests joined."""
+    largest_batch: int = 0
+    """Most requests decoding in one step."""
+    peak_rows: int = 0
+    peak_queue: int = 0
+
+
+def collect_eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    """Every EOS id the tokenizer, the generation config and the model config declare."""
+    ids: set[int] = set()
+    sources = (
+        getattr(tokenizer, "eos_token_id", None),
+        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+        getattr(model.config, "eos_token_id", None),
+    )
+    for value in sources:
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return ids
+
+
+def _bound(name: str, value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name} must be None (no bound) or an integer >= 1, got {value!r}")
+    return value
+
+
+class DecodeEngine:
+    """Continuous-batching decoder of `Request`s on one model.
+
+    >>> engine = DecodeEngine(model, tokenizer, max_rows=64)
+    >>> handle = engine.submit([request])[0]      # from any thread; `RequestBuilder` makes requests
+    >>> handle.result()                           # a GenerationResult, as soon as this request finishes
+    """
+
+    def __init__(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, split_prefill: bool = True,
+        max_requests: int | None = None, max_rows: int | None = 128, max_tokens: int | None = None,
+        max_queue: int | None = None, window_s: float = 0.0, admission: Admission = "continuous",
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.anatomy = ModelAnatomy.of(model)
+        self.eos_token_ids = collect_eos_ids(model, tokenizer)
+        self.split_prefill = split_prefill
+        """Encode each path's prompt in its own forward (exact; saves the no-context path's padding)."""
+        self.model_lock = threading.RLock()
+        """Held for every step and for the rules' setup hooks (which may run the model)."""
+        self.step_context: Callable[[], ContextManager] | None = None
+        """A context manager factory entered around every step on the engine's thread (profilers, torch modes)."""
+        self.stats = EngineStats()
+        self.configure(max_requests=max_requests, max_rows=max_rows, max_tokens=max_tokens, max_queue=max_queue,
+                       window_s=window_s, admission=admission)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self._batch = RunningBatch(self.anatomy, pad, self.input_device, split_prefill)
+        self._lanes = Lanes(self.anatomy.num_layers)
+        self._queue: collections.deque[Ticket] = collections.deque()
+        self._in_flight: list[Ticket] = []
+        self._held: list[Ticket] = []  # static admission: finished, released when the whole batch has
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._head_sets: list[Heads] = []
+        self._masker: HeadMasker | None = None
+        self._masker_sets = 0
+        self._plan: StepPlan | None = None
+        self._plan_version = -1
+
+    # -- configuration ----------------------------------------------------------------------------
+
+    def configure(self, **settings: Any) -> None:
+        """Set any of max_requests, max_rows, max_tokens (bounds on what decodes at once; None: no bound),
+        max_queue (waiting requests beyond it are refused with QueueFullError), window_s (how long an idle
+        engine waits for more arrivals before the first step) and admission ('continuous', or 'static': a batch
+        runs to its end before the next is admitted, and releases its results together, as a static batcher)."""
+        for name in ("max_requests", "max_rows", "max_tokens", "max_queue"):
+            if name in settings:
+                setattr(self, name, _bound(name, settings.pop(name)))
+        if "window_s" in settings:
+            window = settings.pop("window_s")
+            if isinstance(window, bool) or not isinstance(window, (int, float)) or not 0 <= window <= 10:
+                raise ValueError(f"window_s must be a number of seconds in [0, 10], got {window!r}")
+            self.window_s = float(window)
+        if "admission" in settings:
+            admission = settings.pop("admission")
+            if admission not in ("continuous", "static"):
+                raise ValueError(f"admission must be 'continuous' or 'static', got {admission!r}")
+            self.admission: Admission = admission
+        if settings:
+            raise TypeError(f"unknown engine settings {sorted(settings)}")
+
+    @property
+    def input_device(self) -> torch.device:
+        """Where input ids go: the input embeddings' device (the CPU when they are offloaded)."""
+        weight = self.model.get_input_embeddings().weight
+        return torch.device("cpu") if weight.device.type == "meta" else weight.device
+
+    def decode_text(self, token_ids: list[int]) -> str:
+        """Generated ids as text (special tokens dropped, spacing kept as generated)."""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def _decode_token(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids)
+
+    def setup_heads(self, rules: Sequence[ContrastRule]) -> list[Heads | None]:
+        """Run each rule's setup hook (under the model lock, as it may run the model): its masked attention heads
+        (DeCoRe's head discovery), checked against the model. None where a rule masks no heads."""
+        heads: list[Heads | None] = []
+        with self.model_lock:
+            for rule in rules:
+                asked = rule.masked_heads(self.model, self.tokenizer) if MASKED_HEADS in rule.paths else None
+                checked = self.anatomy.check_heads(asked, f"method {rule.name!r}") if asked is not None else {}
+                if checked:
+                    self.anatomy.attention_output_projections()  # refuses a model whose heads cannot be masked
+                heads.append(checked or None)
+        return heads
+
+    # -- submission -------------------------------------------------------------------------------
+
+    @property
+    def queue_length(self) -> int:
+        """Requests waiting to be admitted."""
+        return len(self._queue)
+
+    @property
+    def requests_in_flight(self) -> int:
+        return len(self._in_flight)
+
+    @property
+    def rows_in_flight(self) -> int:
+        return self._batch.layout.num_rows
+
+    def _check_fits(self, request: Request) -> None:
+        for name, needed, what in (("max_rows", request.rows, "batch rows"), ("max_tokens", request.tokens, "KV positions")):
+            bound = getattr(self, name)
+            if bound is not None and needed > bound:
+                raise ValueError(
+                    f"this request needs {needed} {what} (every path of every method, prompt plus max_new_tokens), "
+                    f"more than the engine's {name}={bound}; raise {name} (engine.configure) or shorten the request"
+                )
+
+    def submit(self, requests: Sequence[Request]) -> list[RequestHandle]:
+        """Queue requests (admitted together when they fit); one handle each. Raises at once if one can never fit,
+        or QueueFullError if the queue would pass max_queue."""
+        for request in requests:
+            self._check_fits(request)
+        handles = [RequestHandle(r, lambda: self._thread) for r in requests]
+        tickets = [Ticket(h, self._units(h)) for h in handles]
+        with self._wake:
+            if self.max_queue is not None and len(self._queue) + len(tickets) > self.max_queue:
+                raise QueueFullError(f"{len(self._queue)} requests are waiting, the engine's max_queue is {self.max_queue}; retry later")
+            self._queue.extend(tickets)
+            self.stats.requests += len(tickets)
+            self.stats.peak_queue = max(self.stats.peak_queue, len(self._queue))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._serve, name="fides-engine", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+        return handles
+
+    def _units(self, handle: RequestHandle) -> list[Unit]:
+        request = handle.request
+        settings, example = request.settings, request.example
+        units = []
+        for index, run in enumerate(request.decoded):
+            rule = run.effective
+            paths = [CONTEXT] + [p for p in (NO_CONTEXT, DOCUMENTS) if p in rule.paths]
+            head_set = self._head_set(run.heads) if run.heads and MASKED_HEADS in rule.paths else -1
+            if head_set >= 0:
+                paths.append(MASKED_HEADS)
+            units.append(Unit(
+                ticket=None, index=index, rows={p: [] for p in paths}, prompt_ids=list(example.context_ids),
+                stop=example.stop + settings.stop, max_new_tokens=settings.max_new_tokens, text=IncrementalText(self.decode_text),
+                seed=settings.seed, head_set=head_set, processors=settings.unit_processors(len(example.context_ids), self.eos_token_ids),
+                criteria=settings.stopping_criteria or None,
+            ))
+        return units
+
+    def _head_set(self, heads: Heads) -> int:
+        with self._wake:
+            key = tuple(heads.items())
+            keys = [tuple(h.items()) for h in self._head_sets]
+            if key not in keys:
+                self._head_sets.append(dict(heads))
+                return len(self._head_sets) - 1
+            return keys.index(key)
+
+    # -- the engine's thread ----------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while (newcomers := self._next_admission()) is not None:
+            try:
+                with self.model_lock, torch.inference_mode(), (self.step_context or contextlib.nullcontext)():
+                    self._step(newcomers)
+            except BaseException as error:  # noqa: BLE001 - a failed forward fails what was decoding, not the engine
+                self._fail_all(error, newcomers)
+
+    def _next_admission(self) -> list[Ticket] | None:
+        """The tickets to admit at this step boundary ([] is a step with no newcomer); None: idle, stop the thread."""
+        with self._wake:
+            while not self._queue and not self._in_flight:
+                if not self._wake.wait(IDLE_EXIT_S) and not self._queue and not self._in_flight:
+                    self._thread = None
+                    return None
+            if not self._in_flight and self.window_s > 0:  # an idle engine gathers concurrent arrivals
+                self._wake.wait_for(lambda: self._full(), self.window_s)
+            return self._admissible()
+
+    def _full(self) -> bool:
+        return self.max_requests is not None and len(self._queue) >= self.max_requests
+
+    def _admissible(self) -> list[Ticket]:
+        if self._in_flight and (self.admission == "static" or not self._batch.extendable):
+            return []
+        taken: list[Ticket] = []
+        requests = len(self._in_flight)
+        rows = sum(t.request.rows for t in self._in_flight)
+        tokens = sum(t.request.tokens for t in self._in_flight)
+        while self._queue:
+            ticket = self._queue[0]
+            if ticket.handle.cancelled:
+                self._queue.popleft()
+                self.stats.cancelled += 1
+                ticket.close_cancelled()
+                continue
+            request = ticket.request
+            over = (
+                (self.max_requests is not None and requests + 1 > self.max_requests)
+                or (self.max_rows is not None and rows + request.rows > self.max_rows)
+                or (self.max_tokens is not None and tokens + request.tokens > self.max_tokens)
+            )
+            if over and (self._in_flight or taken):
+                break  # FIFO: the head waits for room, and nobody passes it
+            self._queue.popleft()
+            taken.append(ticket)
+            requests, rows, tokens = requests + 1, rows + request.rows, tokens + request.tokens
+        return taken
+
+    def _step(self, newcomers: list[Ticket]) -> None:
+        self._drop_cancelled()
+        for ticket in newcomers:
+            for unit in ticket.units:
+                unit.ticket = ticket
+                run = ticket.request.decoded[unit.index]
+                self._lanes.add(unit, run.effective, ticket.request.settings, unit.head_set)
+            self._in_flight.append(ticket)
+        if not self._in_flight:
+            return
+        batch = self._batch
+        old_units = [u for t in self._in_flight if t not in newcomers for u in t.units if u.finish_reason is None]
+        state_layers, layers = self._lanes.capture_layers()
+        with LayerCapture(self.anatomy, layers) as capture, self._masking() as masker:
+            if not batch.empty:
+                batch.forward(batch.layout.next_tokens(old_units), capture, masker)
+            if newcomers:
+                units = [(u, t.request.example, u.head_set) for t in newcomers for u in t.units]
+                groups, head_sets = prefill_groups(units, batch.layout.num_rows)
+                batch.join(groups, head_sets, capture, masker)
+                self.stats.admissions += 1
+        if self._plan is None or self._plan_version != batch.layout.version:
+            self._plan, self._plan_version = StepPlan(list(self._lanes), batch.layout.num_rows), batch.layout.version
+        host, lane_steps = decide(self.anatomy, batch, list(self._lanes), self._plan, state_layers)
+        failed = advance(host, lane_steps, self._decode_token, self.eos_token_ids, self.model.dtype)
+        self.stats.steps += 1
+        self.stats.tokens += sum(len(s.units) for s in lane_steps) - len(failed)
+        self.stats.largest_batch = max(self.stats.largest_batch, len(self._in_flight))
+        self.stats.peak_rows = max(self.stats.peak_rows, batch.layout.num_rows)
+        self._settle(failed)
+        self._compact()
+
+    def _masking(self) -> ContextManager[HeadMasker | None]:
+        """The head masker over every set of heads registered so far (rebuilt when a new set arrives)."""
+        if not self._head_sets:
+            return contextlib.nullcontext()
+        if self._masker is None or self._masker_sets != len(self._head_sets):
+            self._masker, self._masker_sets = HeadMasker(self.anatomy, list(self._head_sets)), len(self._head_sets)
+        return self._masker
+
+    def _settle(self, failed: list[tuple[Unit, BaseException]]) -> None:
+        """Fail the requests of failed units, stream new text, release every request that finished."""
+        for unit, error in failed:
+            ticket = unit.ticket
+            if ticket in self._in_flight and not ticket.handle.done():
+                ticket.fail(error)
+                self.stats.failed += 1
+            for other in ticket.units:
+                other.finish_reason = other.finish_reason or "cancelled"
+        still: list[Ticket] = []
+        for ticket in self._in_flight:
+            if ticket.handle.done() and not ticket.handle.cancelled:  # failed just now
+                continue
+            ticket.stream_delta()
+            if not ticket.finished:
+                still.append(ticket)
+            elif self.admission == "static":
+                self._held.append(ticket)
+            else:
+                self._release(ticket)
+        self._in_flight = still
+        if not still and self._held:
+            for ticket in self._held:
+                self._release(ticket)
+            self._held = []
+
+    def _release(self, ticket: Ticket) -> None:
+        if ticket.handle.cancelled:
+            ticket.close_cancelled()
+            self.stats.cancelled += 1
+            return
+        ticket.deliver(self.decode_text)
+        self.stats.finished += 1
+
+    def _drop_cancelled(self) -> None:
+        cancelled = [t for t in self._in_flight if t.handle.cancelled]
+        if not cancelled:
+            return
+        for ticket in cancelled:
+            for unit in ticket.units:
+                unit.finish_reason = unit.finish_reason or "cancelled"
+            ticket.close_cancelled()
+            self.stats.cancelled += 1
+        self._in_flight = [t for t in self._in_flight if t not in cancelled]
+        self._compact()
+
+    def _compact(self) -> None:
+        """Rows of units that stopped leave the batch; lanes keep only units still decoding."""
+        active = [u for t in self._in_flight for u in t.units if u.finish_reason is None]
+        self._batch.keep(self._batch.layout.compact(active))
+        self._lanes.keep(lambda unit: unit.finish_reason is None)
+
+    def _fail_all(self, error: BaseException, newcomers: list[Ticket]) -> None:
+        """A step failed outside any one rule (the forward itself): fail every request it held, start clean."""
+        for ticket in [*self._in_flight, *(t for t in newcomers if t not in self._in_flight), *self._held]:
+            ticket.fail(error)
+            self.stats.failed += 1
+        self._in_flight, self._held = [], []
+        pad = self._batch.pad_id
+        self._batch = RunningBatch(self.anatomy, pad, self.input_device, self.split_prefill)
+        self._lanes = Lanes(self.anatomy.num_layers)
+        self._plan = None
