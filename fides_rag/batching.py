@@ -80,7 +80,7 @@ class RequestBatcher:
 
     def generate(self, question: str | PromptPair | None = None, documents: Any = None, **kwargs: Unpack[RequestOptions]) -> GenerationResult:
         """Submit and wait (thread-safe: concurrent callers share the engine's steps)."""
-        return self.engine.submit([self._request(question, documents, False, kwargs)])[0].result()
+        return self.engine.submit([self._request(question, documents, False, kwargs)], wait_here=True)[0].result()
 
     async def agenerate(self, question: str | PromptPair | None = None, documents: Any = None, **kwargs: Unpack[RequestOptions]) -> GenerationResult:
         """Submit and await without blocking the event loop; cancelling the task drops the request."""

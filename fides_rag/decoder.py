@@ -159,7 +159,7 @@ class FidesDecoder:
         options: method (or methods, for label -> result), max_new_tokens, stop, do_sample, temperature, top_p,
         top_k, seed, min_new_tokens, logits_processor, stopping_criteria (`MethodOptions`)."""
         request = self.requests.build(question, documents, **options)
-        return self.engine.submit([request])[0].result()
+        return self.engine.submit([request], wait_here=True)[0].result()
 
     def generate_batch(
         self, questions: Sequence[Prompt], documents_per_question: Sequence[Any] | None = None, **options: Unpack[MethodOptions]
@@ -167,7 +167,7 @@ class FidesDecoder:
         """Answer several questions (or PromptPairs) together: one result each, or with `methods` label -> one result
         per question. Every request is built, and bad input refused, before any decodes."""
         requests = self.requests.build_all(questions, documents_per_question, **options)
-        handles = self.engine.submit(requests)
+        handles = self.engine.submit(requests, wait_here=True)
         try:
             results = [h.result() for h in handles]
         finally:

@@ -175,38 +175,6 @@ class Bench:
         pad = self.decoder.tokenizer.pad_token_id or 0
         return prompt_cache_bytes(self.decoder.anatomy, groups, pad, split=self.decoder.split_prefill)
 
-    def concurrency(self, n_requests: int = 8, new_tokens: int = 16, repeats: int = 3) -> dict:
-        """Examples per second of `n_requests` concurrent FIDES requests through a RequestBatcher (one thread
-        each) against the same requests decoded one after another (real stops, <= new_tokens)."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        from fides_rag.batching import RequestBatcher
-
-        requests = [(e.question, list(e.contexts)) for e in self.examples[:n_requests]]
-        batcher = RequestBatcher(self.decoder, max_batch_size=n_requests, window_s=0.05)
-
-        def sequential() -> list[list[int]]:
-            return [self.decoder.generate(q, d, method="fides", max_new_tokens=new_tokens).token_ids for q, d in requests]
-
-        def concurrent() -> list[list[int]]:
-            with ThreadPoolExecutor(n_requests) as pool:
-                futures = [pool.submit(batcher.generate, q, d, method="fides", max_new_tokens=new_tokens) for q, d in requests]
-                return [f.result().token_ids for f in futures]
-
-        timings: dict[str, list[float]] = {"sequential": [], "concurrent": []}
-        outputs = {}
-        for _ in range(repeats):  # interleaved
-            for label, fn in (("sequential", sequential), ("concurrent", concurrent)):
-                start = time.perf_counter()
-                outputs[label] = fn()
-                timings[label].append(len(requests) / (time.perf_counter() - start))
-        return {
-            "requests": len(requests),
-            "examples_per_s": {label: statistics.median(values) for label, values in timings.items()},
-            "batches": batcher.stats.batch_sizes,
-            "identical_outputs": outputs["sequential"] == outputs["concurrent"],
-        }
-
     def throughput(self, batch_sizes: Sequence[int] = (1, 4, 8, 16), n_examples: int = 24, new_tokens: int = 16) -> dict:
         """Examples per second of an evaluation run (real stops), per batch size, and four methods at once."""
         examples = sorted(self.examples[:n_examples], key=lambda e: len(" ".join(e.contexts)))  # length-bucketed batches
@@ -282,12 +250,14 @@ def run_bench(
                 result["split"] = bench.signal_split()
             elif section == "context":
                 result["context"] = bench.context_growth()
-            elif section == "concurrency":
-                result["concurrency"] = bench.concurrency()
+            elif section == "serving":
+                from fides_rag.eval.serving import serving
+
+                result["serving"] = serving(bench.decoder, examples, log=log)
             elif section == "throughput":
                 result["throughput"] = bench.throughput()
             else:
-                raise ValueError(f"unknown bench section {section!r}; choose from latency, raw, split, context, throughput, concurrency")
+                raise ValueError(f"unknown bench section {section!r}; choose from latency, raw, split, context, throughput, serving")
             report["machine"] = machine()
             if out:
                 Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -335,13 +305,10 @@ def format_section(model: str, section: str, data: dict) -> str:
                 f"FIDES step over CAD: {med['fides'] - med['cad']:+.2f} ms; of which Noise (lens) ≈ {med['fides'] - med['fides-no-noise']:+.2f} ms, "
                 f"Shift (layer reads) ≈ {med['fides'] - med['fides-no-shift']:+.2f} ms."
             )
-    elif section == "concurrency":
-        rate = data["examples_per_s"]
-        lines.append(
-            f"{data['requests']} requests: concurrent through the batcher {rate['concurrent']:.2f} ex/s, sequential "
-            f"{rate['sequential']:.2f} ex/s ({_ratio(rate['concurrent'], rate['sequential'])}); batch sizes {data['batches']}; "
-            f"identical outputs: {data['identical_outputs']}."
-        )
+    elif section == "serving":
+        from fides_rag.eval.serving import format_serving
+
+        lines.append(format_serving(data))
     elif section == "context":
         lines.append("| context tokens | standard first-token ms | FIDES first-token ms | standard decode ms/tok | FIDES decode ms/tok | standard KV bytes/token | FIDES KV bytes/context token |")
         lines.append("|---|---|---|---|---|---|---|")

@@ -115,7 +115,7 @@ class DecodeEngine:
         self._in_flight: list[Ticket] = []
         self._held: list[Ticket] = []  # static admission: finished, released when the whole batch has
         self._wake = threading.Condition()
-        self._thread: threading.Thread | None = None
+        self._driver: threading.Thread | None = None
         self._head_sets: list[Heads] = []
         self._masker: HeadMasker | None = None
         self._masker_sets = 0
@@ -195,12 +195,16 @@ class DecodeEngine:
                     f"more than the engine's {name}={bound}; raise {name} (engine.configure) or shorten the request"
                 )
 
-    def submit(self, requests: Sequence[Request]) -> list[RequestHandle]:
+    def submit(self, requests: Sequence[Request], *, wait_here: bool = False) -> list[RequestHandle]:
         """Queue requests (admitted together when they fit); one handle each. Raises at once if one can never fit,
-        or QueueFullError if the queue would pass max_queue."""
+        or QueueFullError if the queue would pass max_queue.
+
+        The engine's thread decodes them, unless `wait_here`: then the caller will wait on the handles (`result()`),
+        and while no thread is decoding it decodes them itself, on its own thread (a single-threaded program then
+        runs every tensor operation on its main thread, as with `model.generate`)."""
         for request in requests:
             self._check_fits(request)
-        handles = [RequestHandle(r, lambda: self._thread) for r in requests]
+        handles = [RequestHandle(r, self) for r in requests]
         tickets = [Ticket(h, self._units(h)) for h in handles]
         with self._wake:
             if self.max_queue is not None and len(self._queue) + len(tickets) > self.max_queue:
@@ -208,11 +212,39 @@ class DecodeEngine:
             self._queue.extend(tickets)
             self.stats.requests += len(tickets)
             self.stats.peak_queue = max(self.stats.peak_queue, len(self._queue))
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._serve, name="fides-engine", daemon=True)
-                self._thread.start()
-            self._wake.notify()
+            if not wait_here:
+                self._ensure_driver()
+            self._wake.notify_all()
         return handles
+
+    def _ensure_driver(self) -> None:
+        """Start the engine's thread unless some thread is decoding (call with `_wake` held)."""
+        if self._driver is None:
+            self._driver = threading.Thread(target=self._serve, name="fides-engine", daemon=True)
+            self._driver.start()
+
+    @property
+    def decoding_thread(self) -> threading.Thread | None:
+        """The thread running the engine's steps now (its own, or a caller's), if any."""
+        return self._driver
+
+    def wait(self, handle: RequestHandle, timeout: float | None = None) -> Any:
+        """`handle`'s result; a caller waiting while no thread decodes decodes itself until its request is done."""
+        if threading.current_thread() is self._driver:
+            raise RuntimeError("a request cannot be awaited from the thread decoding it (e.g. inside a logits processor)")
+        with self._wake:
+            drive = self._driver is None and not handle.done()
+            if drive:
+                self._driver = threading.current_thread()
+        if drive:
+            try:
+                self._run(until=handle.done)
+            finally:
+                with self._wake:
+                    self._driver = None
+                    if self._queue or self._in_flight:
+                        self._ensure_driver()  # others' requests go on
+        return handle.future.result(timeout)
 
     def _units(self, handle: RequestHandle) -> list[Unit]:
         request = handle.request
@@ -244,19 +276,30 @@ class DecodeEngine:
     # -- the engine's thread ----------------------------------------------------------------------
 
     def _serve(self) -> None:
-        while (newcomers := self._next_admission()) is not None:
+        self._run(until=None)
+
+    def _run(self, until: Callable[[], bool] | None) -> None:
+        """Steps until `until()` holds (a caller decoding its own request) or, on the engine's thread, until idle."""
+        while not (until is not None and until()):
+            newcomers = self._next_admission(wait=until is None)
+            if newcomers is None:
+                return
             try:
                 with self.model_lock, torch.inference_mode(), (self.step_context or contextlib.nullcontext)():
                     self._step(newcomers)
             except BaseException as error:  # noqa: BLE001 - a failed forward fails what was decoding, not the engine
                 self._fail_all(error, newcomers)
+                if not isinstance(error, Exception):  # KeyboardInterrupt in a caller's thread: stop there
+                    raise
 
-    def _next_admission(self) -> list[Ticket] | None:
-        """The tickets to admit at this step boundary ([] is a step with no newcomer); None: idle, stop the thread."""
+    def _next_admission(self, wait: bool) -> list[Ticket] | None:
+        """The tickets to admit at this step boundary ([] is a step with no newcomer); None: nothing to do (the
+        engine's thread ends after IDLE_EXIT_S of it)."""
         with self._wake:
             while not self._queue and not self._in_flight:
-                if not self._wake.wait(IDLE_EXIT_S) and not self._queue and not self._in_flight:
-                    self._thread = None
+                if not wait or (not self._wake.wait(IDLE_EXIT_S) and not self._queue and not self._in_flight):
+                    if wait:
+                        self._driver = None
                     return None
             if not self._in_flight and self.window_s > 0:  # an idle engine gathers concurrent arrivals
                 self._wake.wait_for(lambda: self._full(), self.window_s)

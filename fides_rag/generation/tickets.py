@@ -3,7 +3,6 @@ and the engine's ticket that turns its units' states into results, stream deltas
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import Future
 from typing import Any
@@ -21,21 +20,20 @@ class RequestHandle:
 
     Timings (`time.perf_counter()` seconds): submitted_at, first_token_at (its first decoded token), finished_at."""
 
-    def __init__(self, request: Request, engine_thread: Any) -> None:
+    def __init__(self, request: Request, engine: Any) -> None:
         self.request = request
         self.future: Future = Future()
         self.channel: Channel[str] | None = Channel() if request.streams else None
-        self._engine_thread = engine_thread
+        self._engine = engine
         self.submitted_at = time.perf_counter()
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
 
     def result(self, timeout: float | None = None) -> Any:
-        """Wait for the result; cancels the request if the wait is interrupted (Ctrl-C)."""
-        if threading.current_thread() is self._engine_thread():
-            raise RuntimeError("a request cannot be awaited from the engine's own thread (e.g. inside a logits processor)")
+        """Wait for the result (decoding on this thread while no other does); cancels the request if the wait is
+        interrupted (Ctrl-C)."""
         try:
-            return self.future.result(timeout)
+            return self._engine.wait(self, timeout)
         except KeyboardInterrupt:
             self.cancel()
             raise

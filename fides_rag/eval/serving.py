@@ -1,0 +1,140 @@
+"""The serving benchmark: an open-loop Poisson arrival of FIDES requests of mixed lengths, at fractions and
+multiples of the sequential capacity, decoded by the engine in three modes in one process:
+
+- continuous: requests join the running decode at the next step and leave when they finish;
+- static: a batch (up to `static_batch` requests gathered in a short window) runs to its end, and its results
+  are released together, as a static request batcher does;
+- sequential: one request at a time, first come first served.
+
+Requests arrive on schedule whatever the engine is doing (open loop), so queueing shows in the latencies.
+Each request is forced to its length (min_new_tokens, no stop strings) so that the mix is what was asked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from fides_rag.decoder import FidesDecoder
+from fides_rag.eval.datasets import QAExample
+from fides_rag.generation.engine import DecodeEngine
+from fides_rag.generation.requests import Request
+
+MODES = ("continuous", "static", "sequential")
+
+
+def _percentiles(values: Sequence[float]) -> dict[str, float]:
+    p50, p95 = np.percentile(np.asarray(values, dtype=float), [50, 95])
+    return {"p50": float(p50), "p95": float(p95), "mean": float(np.mean(values))}
+
+
+class ServingBench:
+    """One decoder, one request mix, several loads and modes."""
+
+    def __init__(self, decoder: FidesDecoder, examples: Sequence[QAExample], *, n_requests: int = 64, tokens: tuple[int, int] = (8, 64),
+                 method: str = "fides", static_batch: int = 8, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        self.decoder = decoder
+        self.method = method
+        self.static_batch = static_batch
+        self.seed = seed
+        self.lengths = [int(n) for n in rng.integers(tokens[0], tokens[1] + 1, size=n_requests)]
+        chosen = [examples[i % len(examples)] for i in range(n_requests)]
+        self.prompts = [dataclasses.replace(decoder.prepare(e.question, list(e.contexts), n), stop=()) for e, n in zip(chosen, self.lengths)]
+
+    def request(self, i: int) -> Request:
+        n = self.lengths[i]
+        return self.decoder.requests.build(self.prompts[i], method=self.method, max_new_tokens=n, min_new_tokens=n)
+
+    def capacity(self, probes: int = 4) -> float:
+        """Requests per second decoded one at a time (the mix's mean length, on the first prompts): 1 / service time."""
+        self._configure("sequential")
+        mean = int(round(float(np.mean(self.lengths))))
+        self.decoder.generate(self.prompts[0], method=self.method, max_new_tokens=4, min_new_tokens=4)  # warm-up
+        start = time.perf_counter()
+        for i in range(probes):
+            self.decoder.generate(self.prompts[i], method=self.method, max_new_tokens=mean, min_new_tokens=mean)
+        return probes / (time.perf_counter() - start)
+
+    def _configure(self, mode: str) -> None:
+        engine: DecodeEngine = self.decoder.engine
+        if mode == "continuous":
+            engine.configure(admission="continuous", max_requests=None, window_s=0.0)
+        elif mode == "static":
+            engine.configure(admission="static", max_requests=self.static_batch, window_s=0.01)
+        else:
+            engine.configure(admission="continuous", max_requests=1, window_s=0.0)
+
+    def run(self, mode: str, rate: float) -> dict[str, Any]:
+        """Send every request at its Poisson arrival time (`rate` per second); latencies and throughput."""
+        arrivals = np.cumsum(np.random.default_rng(self.seed + 1).exponential(1.0 / rate, size=len(self.lengths)))
+        requests = [self.request(i) for i in range(len(self.lengths))]  # built (tokenised) before the clock starts
+        self._configure(mode)
+        engine = self.decoder.engine
+        handles = []
+        start = time.perf_counter()
+        for at, request in zip(arrivals, requests):
+            delay = start + at - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            handles.append(engine.submit([request])[0])
+        results = [h.result() for h in handles]
+        end = max(h.finished_at for h in handles)
+        return {
+            "rate_per_s": rate,
+            "ttft_s": _percentiles([h.first_token_at - h.submitted_at for h in handles]),
+            "latency_s": _percentiles([h.finished_at - h.submitted_at for h in handles]),
+            "examples_per_s": len(handles) / (end - start),
+            "tokens": [len(r.token_ids) for r in results],
+            "token_ids": [r.token_ids for r in results],
+        }
+
+
+def serving(decoder: FidesDecoder, examples: Sequence[QAExample], *, loads: Sequence[float] = (0.5, 1.0, 2.0), n_requests: int = 64,
+            tokens: tuple[int, int] = (8, 64), static_batch: int = 8, modes: Sequence[str] = MODES,
+            log: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
+    """Every mode at every load; outputs are compared across modes (greedy: they must be equal)."""
+    bench = ServingBench(decoder, examples, n_requests=n_requests, tokens=tokens, static_batch=static_batch)
+    capacity = bench.capacity()
+    log(f"sequential capacity {capacity:.3f} requests/s ({n_requests} requests of {tokens[0]}-{tokens[1]} tokens)")
+    report: dict[str, Any] = {"capacity_per_s": capacity, "requests": n_requests, "tokens": list(tokens), "static_batch": static_batch, "loads": {}}
+    try:
+        for load in loads:
+            by_mode: dict[str, Any] = {}
+            for mode in modes:
+                by_mode[mode] = bench.run(mode, load * capacity)
+                log(f"load {load}x {mode}: p95 latency {by_mode[mode]['latency_s']['p95']:.1f} s, {by_mode[mode]['examples_per_s']:.3f} ex/s")
+            outputs = [by_mode[m].pop("token_ids") for m in modes]
+            report["loads"][str(load)] = {"modes": by_mode, "identical_outputs": all(o == outputs[0] for o in outputs)}
+    finally:
+        decoder.engine.configure(admission="continuous", max_requests=None, window_s=0.0)
+    return report
+
+
+def format_serving(data: dict[str, Any]) -> str:
+    """A markdown table of the serving section."""
+    lines = [
+        f"{data['requests']} FIDES requests of {data['tokens'][0]}-{data['tokens'][1]} new tokens, Poisson arrivals; "
+        f"sequential capacity {data['capacity_per_s']:.3f} requests/s; static batches of up to {data['static_batch']}.",
+        "",
+        "| load | mode | TTFT p50 s | TTFT p95 s | latency p50 s | latency p95 s | examples/s | same tokens as the other modes |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for load, entry in data["loads"].items():
+        for mode, d in entry["modes"].items():
+            lines.append(
+                f"| {load}x | {mode} | {d['ttft_s']['p50']:.2f} | {d['ttft_s']['p95']:.2f} | {d['latency_s']['p50']:.2f} | "
+                f"{d['latency_s']['p95']:.2f} | {d['examples_per_s']:.3f} | {entry['identical_outputs']} |"
+            )
+        modes = entry["modes"]
+        if "continuous" in modes and "static" in modes:
+            c, s = modes["continuous"], modes["static"]
+            lines.append(
+                f"| {load}x | continuous / static | | | | {c['latency_s']['p95'] / s['latency_s']['p95']:.2f}x | "
+                f"{c['examples_per_s'] / s['examples_per_s']:.2f}x | |"
+            )
+    return "\n".join(lines)

@@ -1,0 +1,25 @@
+"""The serving benchmark runs all three modes on one arrival schedule and finds the same greedy outputs."""
+
+from __future__ import annotations
+
+from fides_rag import FidesDecoder
+from fides_rag.eval.datasets import QAExample
+from fides_rag.eval.serving import format_serving, serving
+
+
+def test_serving_modes_agree_and_report_latencies(tiny_llama, tokenizer):
+    decoder = FidesDecoder(tiny_llama, tokenizer)
+    examples = [
+        QAExample(question=q, contexts=(d,), context_answers=("x",), id=str(i))
+        for i, (q, d) in enumerate([("What is the capital?", "Lyon is the capital of France."), ("Who chose it?", "Canberra was chosen.")])
+    ]
+    report = serving(decoder, examples, loads=(2.0,), n_requests=5, tokens=(2, 6))
+    entry = report["loads"]["2.0"]
+    assert entry["identical_outputs"]
+    for mode in ("continuous", "static", "sequential"):
+        d = entry["modes"][mode]
+        assert 0 <= d["ttft_s"]["p50"] <= d["latency_s"]["p95"]
+        assert d["examples_per_s"] > 0 and all(2 <= n <= 6 for n in d["tokens"])
+    assert entry["modes"]["sequential"]["tokens"] == entry["modes"]["continuous"]["tokens"]
+    assert decoder.engine.admission == "continuous" and decoder.engine.max_requests is None  # restored
+    assert "| 2.0x | continuous |" in format_serving(report)
