@@ -115,15 +115,18 @@ class RequestBatcher:
         decoder = self.decoder
         rest: dict[str, Any] = dict(options)
         context_prompt, no_context_prompt = rest.pop("context_prompt", None), rest.pop("no_context_prompt", None)
-        add_special_tokens = rest.pop("add_special_tokens", True)
+        add_special_tokens, untrusted = rest.pop("add_special_tokens", True), rest.pop("untrusted_texts", ())
         rule = decoder.resolve_method(rest.pop("method", None))
         settings = GenerationSettings.build(decoder.max_new_tokens, rest)
         if context_prompt is not None or no_context_prompt is not None:
             if question is not None:
                 raise ValueError("give either a question (with documents) or context_prompt and no_context_prompt, not both")
             refuse_document_paths(rule)
-            example = decoder.prepare_from_prompts(context_prompt, no_context_prompt, settings.max_new_tokens, add_special_tokens)
+            example = decoder.prompts.prepare_from_prompts(context_prompt, no_context_prompt, settings.max_new_tokens,
+                                                           add_special_tokens, untrusted=untrusted)
         else:
+            if untrusted:
+                raise ValueError("untrusted_texts goes with context_prompt/no_context_prompt: a question and its documents are always tokenised as plain text")
             example = decoder.prepare(question, documents, settings.max_new_tokens, document_paths=rule.needs_document_paths)
         effective = rule if example.has_documents else get_method("standard")
         check_document_paths([example], [effective])

@@ -49,3 +49,6 @@ class RequestOptions(RawPromptOptions, total=False):
 
     context_prompt: str | None
     no_context_prompt: str | None
+    untrusted_texts: Sequence[str]
+    """With raw prompts: texts in them (the documents, the question) tokenised as plain text, so that special-token
+    text inside them never becomes a control token (fides-rag's own template always does this)."""
