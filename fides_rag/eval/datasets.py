@@ -29,6 +29,12 @@ from fides_rag.extras import require
 
 DATA_ENV = "FIDES_RAG_DATA"
 NQ_SWAP_HUB_ID = "pminervini/NQ-Swap"
+DEFAULT_FILES = {
+    "nq-swap": "nq_swap/nq_swap_dev_public.parquet",
+    "nq-open": "nq_open/nq-open-oracle.jsonl.gz",
+    "popqa": "popqa/popqa_longtail.jsonl",
+}
+"""Each benchmark's file under data_dir()."""
 _TAG = re.compile(r"</?[A-Za-z][A-Za-z0-9]*[^>]*>")
 
 
@@ -204,7 +210,7 @@ def load_nq_swap(
     """
     if form not in ("conflict", "original", "both"):
         raise ValueError(f"form must be 'conflict', 'original' or 'both', got {form!r}")
-    source = path if path is not None else data_dir() / "nq_swap" / "nq_swap_dev_public.parquet"
+    source = path if path is not None else data_dir() / DEFAULT_FILES["nq-swap"]
     name, rows = _nq_swap_rows(source)
     examples = []
     for line, row in _take(rows, limit):
@@ -232,7 +238,7 @@ def load_nq_open(path: str | Path | None = None, limit: int | None = None) -> li
 
     Passages are "title: text" when a title is present. No memory answers (no conflict). id nq-open-<line-1>.
     """
-    path = _require_file(Path(path) if path is not None else data_dir() / "nq_open" / "nq-open-oracle.jsonl.gz", "NQ-open oracle")
+    path = _require_file(Path(path) if path is not None else data_dir() / DEFAULT_FILES["nq-open"], "NQ-open oracle")
     examples = []
     for line, record in _take(iter_jsonl(path), limit):
         question = _text(record, "question", path, line)
@@ -256,6 +262,10 @@ def load_nq_open(path: str | Path | None = None, limit: int | None = None) -> li
 # -- PopQA long-tail ------------------------------------------------------------------------------
 
 
+def _popqa_passages(path: Path, passages: str | Path | None) -> Path:
+    return Path(passages) if passages is not None else path.with_name(path.stem + "_passages.txt")
+
+
 def load_popqa(path: str | Path | None = None, passages: str | Path | None = None, limit: int | None = None) -> list[QAExample]:
     """PopQA long-tail with its retrieved passages: line i of `passages` belongs to question i.
 
@@ -264,8 +274,8 @@ def load_popqa(path: str | Path | None = None, passages: str | Path | None = Non
     """
     from fides_rag.eval.metrics import normalize_answer
 
-    path = _require_file(Path(path) if path is not None else data_dir() / "popqa" / "popqa_longtail.jsonl", "PopQA")
-    passages = Path(passages) if passages is not None else path.with_name(path.stem + "_passages.txt")
+    path = _require_file(Path(path) if path is not None else data_dir() / DEFAULT_FILES["popqa"], "PopQA")
+    passages = _popqa_passages(path, passages)
     _require_file(passages, "PopQA passages")
     texts = passages.read_text(encoding="utf-8").splitlines()
     examples = []
@@ -338,3 +348,16 @@ def load_examples(name: str, path: str | Path | None = None, *, limit: int | Non
             raise ValueError("dataset 'jsonl' needs --data PATH")
         return load_qa_jsonl(path, limit)
     raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
+
+
+def dataset_files(name: str, path: str | Path | None = None, *, passages: str | Path | None = None) -> list[Path]:
+    """The local files `load_examples(name, path, passages=...)` read; none for a hub dataset id."""
+    family = "nq-swap" if name.startswith("nq-swap") else name
+    if path is None:
+        if family not in DEFAULT_FILES:
+            return []
+        path = data_dir() / DEFAULT_FILES[family]
+    path = Path(path)
+    if not path.is_file():
+        return []
+    return [path, _popqa_passages(path, passages)] if family == "popqa" else [path]

@@ -156,3 +156,18 @@ def test_a_missing_relative_path_and_a_corrupt_parquet_name_the_file(tmp_path):
     corrupt.write_bytes(b"PAR1" + b"\x00garbage" * 40 + b"PAR1")
     with pytest.raises(DatasetError, match=r"nq\.parquet.*cannot be read as parquet"):
         load_nq_swap(corrupt)
+
+
+def test_dataset_files_are_the_files_a_loader_reads(tmp_path, monkeypatch):
+    from fides_rag.eval.datasets import dataset_files
+
+    monkeypatch.setenv("FIDES_RAG_DATA", str(tmp_path))
+    (tmp_path / "popqa").mkdir()
+    for name in ("popqa_longtail.jsonl", "popqa_longtail_passages.txt"):
+        (tmp_path / "popqa" / name).write_text("")
+    assert dataset_files("popqa") == [tmp_path / "popqa" / "popqa_longtail.jsonl", tmp_path / "popqa" / "popqa_longtail_passages.txt"]
+    assert dataset_files("popqa", passages=tmp_path / "p.txt")[1] == tmp_path / "p.txt"
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text("")
+    assert dataset_files("jsonl", mine) == [mine] == dataset_files("nq-swap-both", mine)
+    assert dataset_files("nq-swap", "pminervini/NQ-Swap") == []  # a hub dataset id: no local file
