@@ -16,6 +16,7 @@ Bad files raise `DatasetError`, whose message names the file, the line (1-based)
 
 from __future__ import annotations
 
+import ast
 import gzip
 import json
 import os
@@ -123,15 +124,34 @@ def _text(record: dict[str, Any], name: str, path: Path, line: int) -> str:
     return value
 
 
+def _listed(text: str) -> list[str] | None:
+    """The strings of a list written as text, as a CSV round trip or astype(str) leaves a list column: Python's
+    "['Lyon', 'Lyons']" or numpy's "['Lyon' 'Lyons']"; None when `text` is not bracketed (a single answer).
+    Raises ValueError for a bracketed text that is no list of strings."""
+    text = text.strip()
+    if not (text.startswith("[") and text.endswith("]")):
+        return None
+    try:  # numpy's repr has no commas, and Python would join adjacent literals: add them
+        value = ast.literal_eval(re.sub(r"(['\"])\s+(['\"])", r"\1, \2", text))
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        value = None
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    raise ValueError("a list written as text that cannot be read as a list of strings; store the answers as a list of strings")
+
+
 def _strings(record: dict[str, Any], name: str, path: Path, line: int, *, required: bool = True) -> tuple[str, ...]:
-    """A list of non-empty strings (a single string or a numpy array is accepted too)."""
+    """A list of non-empty strings (a numpy array, a single string, or a list written as text are accepted too)."""
     if name not in record or record[name] is None:
         if required:
             raise DatasetError(path, line, name, "missing")
         return ()
     value = record[name]
     if isinstance(value, str):
-        value = [value]
+        try:
+            value = _listed(value) or [value]
+        except ValueError as err:
+            raise DatasetError(path, line, name, f"{err} (got {value!r:.80})") from None
     elif hasattr(value, "tolist"):
         value = value.tolist()
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
