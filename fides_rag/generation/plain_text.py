@@ -37,10 +37,13 @@ class PlainTextEncoder:
         added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
         self.control_ids = frozenset({i for i, token in added.items() if getattr(token, "special", False)}
                                      | set(getattr(tokenizer, "all_special_ids", ()) or ()))
+        self._first_chars = frozenset(t[:1] for t in tokenizer.convert_ids_to_tokens(sorted(self.control_ids)) if t)
         self._splitting: Any = None
 
     def holds_control_text(self, text: str) -> bool:
         """Whether `text`, tokenised on its own, yields a control token (it holds e.g. "<|im_start|>")."""
+        if not any(c in text for c in self._first_chars):  # no control token can start anywhere in it
+            return False
         return any(i in self.control_ids for i in self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def encode(self, prompt: str, spans: Sequence[Span], add_special_tokens: bool) -> list[int]:
