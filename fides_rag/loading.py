@@ -183,8 +183,8 @@ def _unknown_model(name: str, err: OSError) -> OSError:
     if constants.HF_HUB_OFFLINE:
         return OSError(f"unknown model: {tried}, and no hub model of that id is in the local Hugging Face cache "
                        f"(offline mode, HF_HUB_OFFLINE=1: nothing is downloaded); pass one of those, or download it first")
-    cause = " ".join(str(err).split())
-    return OSError(f"unknown model: {tried}, and it could not be loaded as a Hugging Face Hub id ({cause[:200]})")
+    cause = " ".join(str(err).split()).split(". ")[0].rstrip(".")  # transformers' first sentence
+    return OSError(f"unknown model: {tried}, and it could not be loaded as a Hugging Face Hub id ({cause})")
 
 
 def load_model(

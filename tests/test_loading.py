@@ -93,3 +93,16 @@ def test_unavailable_device_is_refused_before_loading(device, monkeypatch):
     monkeypatch.setattr(loading, "resolve_model_source", never)
     with pytest.raises(ValueError, match=rf"device '{device}' is not available.*use 'cpu' or 'auto'"):
         load_model("gemma3-270m", device=device)
+
+
+def test_unknown_model_online_puts_the_hub_error_after_what_the_name_could_have_been(monkeypatch):
+    from huggingface_hub import constants
+
+    def unreachable(*args, **kwargs):
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files. Check your internet connection.")
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(loading.AutoTokenizer, "from_pretrained", unreachable)
+    with pytest.raises(OSError, match=r"^unknown model: 'org/model' is not a bundled alias .*, and it could not be loaded as a "
+                                      r"Hugging Face Hub id \(We couldn't connect to 'https://huggingface.co' to load the files\)$"):
+        load_model("org/model")
