@@ -4,6 +4,7 @@ documents that would not fit the context window, and one prompt per document for
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,24 +87,15 @@ class PromptPreparer:
     def _user_spans(self, question: str, document_block: str | None, text: str) -> list[Span]:
         """Where the question and the document block sit in the rendered `text`: rendered again with placeholders
         (so a document equal to the template's own markup is not mistaken for it), else found verbatim."""
-        values = {"question": question, "documents": document_block}
-        marks = {name: f"\ue000{name}\ue000" for name, value in values.items() if value is not None}
-        marked = self.template.render(self.tokenizer, marks["question"], marks.get("documents"), self.use_chat_template)
-        spans, rebuilt, position = [], [], 0
-        while True:
-            found = [(marked.find(mark, position), name) for name, mark in marks.items() if marked.find(mark, position) >= 0]
-            if not found:
-                break
-            at, name = min(found)
-            rebuilt.append(marked[position:at])
-            start = sum(map(len, rebuilt))
-            rebuilt.append(values[name])
-            spans.append((start, start + len(values[name])))
-            position = at + len(marks[name])
-        rebuilt.append(marked[position:])
-        if "".join(rebuilt) == text:
-            return spans
-        return find_spans([v for v in values.values() if v is not None], text)
+        values = {"\ue000question\ue000": question, "\ue000documents\ue000": document_block}
+        marked = self.template.render(self.tokenizer, *(mark if v is not None else None for mark, v in values.items()), self.use_chat_template)
+        rebuilt, spans = "", []
+        for part in re.split("(\ue000(?:question|documents)\ue000)", marked):
+            if part in values:
+                part = values[part] or ""
+                spans.append((len(rebuilt), len(rebuilt) + len(part)))
+            rebuilt += part
+        return spans if rebuilt == text else find_spans([v for v in values.values() if v is not None], text)
 
     def render_fitted(self, question: str, texts: Sequence[str], max_new_tokens: int) -> tuple[str, list[int], tuple[int, int] | None]:
         """The context prompt over `texts`, its ids, and (block tokens given, kept) when the document block had
