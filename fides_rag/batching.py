@@ -63,11 +63,14 @@ class RequestBatcher:
         """Validate and tokenise one request in the caller's thread, so bad input fails it alone, at once."""
         rest = dict(options)
         context_prompt, no_context_prompt = rest.pop("context_prompt", None), rest.pop("no_context_prompt", None)
-        add_special_tokens = rest.pop("add_special_tokens", True)
+        add_special_tokens, untrusted = rest.pop("add_special_tokens", True), rest.pop("untrusted_texts", ())
         if context_prompt is not None or no_context_prompt is not None:
             if question is not None:
                 raise ValueError("give either a question (with documents) or context_prompt and no_context_prompt, not both")
-            question = PromptPair(context_prompt, no_context_prompt, add_special_tokens)
+            untrusted = (untrusted,) if isinstance(untrusted, str) else tuple(untrusted)
+            question = PromptPair(context_prompt, no_context_prompt, add_special_tokens, untrusted)
+        elif untrusted:
+            raise ValueError("untrusted_texts goes with context_prompt/no_context_prompt: a question and its documents are always tokenised as plain text")
         return self.decoder.requests.build(question, documents, stream=stream, **rest)
 
     def submit(self, question: str | PromptPair | None = None, documents: Any = None, **kwargs: Unpack[RequestOptions]) -> Future:

@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from fides_rag.cli_model_options import add_model_arguments, load_options
 from fides_rag.config import FidesConfig
@@ -57,19 +58,32 @@ def _integer_at_least(minimum: int):
     return parse
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a bad argument reported on one line that names it (and where the usage is), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _non_empty_text(value: str) -> str:
+    if not value.strip():
+        raise argparse.ArgumentTypeError("must be a non-empty question")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fides-rag", description="Faithful RAG decoding with FIDES and its baselines.")
+    parser = _Parser(prog="fides-rag", description="Faithful RAG decoding with FIDES and its baselines.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     commands.add_parser("methods", help="list the decoding methods")
 
     generate = commands.add_parser("generate", help="answer one question from documents with one or more methods")
-    generate.add_argument("question")
+    generate.add_argument("question", type=_non_empty_text)
     generate.add_argument("--doc", action="append", default=[], help="a document (repeat for several)")
     generate.add_argument("--model", default=DEFAULT_MODEL, help="bundled alias, hub id, local folder or .gguf file")
     generate.add_argument("--methods", type=_methods, default=["fides"], help="comma-separated, e.g. standard,cad,fides")
     generate.add_argument("--config", help="a FidesConfig JSON file (e.g. from calibration)")
-    generate.add_argument("--max-new-tokens", type=int, default=32)
+    generate.add_argument("--max-new-tokens", type=_integer_at_least(1), default=32)
     add_model_arguments(generate)
     generate.add_argument("--steps", action="store_true", help="print the per-token alpha and signal table")
     generate.add_argument("--json", action="store_true", help="print results as JSON lines")
@@ -91,15 +105,15 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--passages", help="PopQA passages file (default: beside --data)")
     evaluate.add_argument("--methods", type=_methods, default=["standard", "cad", "adacad", "fides"],
                           help="comma-separated, or all (every registered method the dataset can run)")
-    evaluate.add_argument("--limit", type=int, help="first N examples")
+    evaluate.add_argument("--limit", type=_integer_at_least(1), help="first N examples")
     evaluate.add_argument("--out", required=True, help="run folder (rerun with the same folder to resume)")
-    evaluate.add_argument("--batch-size", type=int, default=8)
+    evaluate.add_argument("--batch-size", type=_integer_at_least(1), default=8)
     evaluate.add_argument("--config", help="a FidesConfig JSON file (used by fides and the ablations)")
     evaluate.add_argument("--ablations", action="store_true", help="add FIDES without each signal, opposition only, fixed alpha 1.0")
     evaluate.add_argument("--fides-config", action="append", default=[], type=_labelled_config, metavar="LABEL=FILE",
                           help="add FIDES with another FidesConfig as method 'fides-LABEL' (repeatable), e.g. calibrated=cal.json")
-    evaluate.add_argument("--max-new-tokens", type=int, default=32)
-    evaluate.add_argument("--bootstrap", type=int, default=1000, help="paired bootstrap resamples")
+    evaluate.add_argument("--max-new-tokens", type=_integer_at_least(1), default=32)
+    evaluate.add_argument("--bootstrap", type=_integer_at_least(1), default=1000, help="paired bootstrap resamples")
     add_model_arguments(evaluate)
     evaluate.add_argument("--analyze", action="store_true", help="run the analyses on the finished run")
     evaluate.add_argument("--no-progress", action="store_true")
@@ -126,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Sub-commands that need an optional extra, checked before any work so that a missing one is a one-line message.
 _EXTRA_OF_COMMAND = {"eval": "eval", "analyze": "eval", "demo": "demo"}
+# Sub-commands whose bad input (a file, a model, a device, a value) is a one-line error with exit code 2.
+_ONE_LINE_ERRORS = ("generate", "eval", "calibrate", "analyze")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -137,6 +153,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _dispatch(args)
     except MissingExtraError as err:
         print(f"fides-rag {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError, ImportError) as err:
+        if args.command not in _ONE_LINE_ERRORS:
+            raise
+        print(f"fides-rag {args.command}: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
 
 
@@ -155,12 +176,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         )
         print(f"\nJSON report: {args.out}")
         return 0
-    if args.command in ("eval", "calibrate"):  # long runs: bad input is a clean one-line error, before any work
+    if args.command in ("eval", "calibrate"):  # long runs: bad input is a one-line error (see main), before any work
         try:
             return (_eval if args.command == "eval" else _calibrate)(args)
-        except (ValueError, FileNotFoundError) as err:
-            print(f"fides-rag {args.command}: error: {err}", file=sys.stderr)
-            return 2
         except KeyboardInterrupt:
             if args.command == "eval":
                 print(f"\nfides-rag eval: interrupted; the answers so far are in {args.out}; rerun the same command to resume",
@@ -170,11 +188,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "analyze":
         return _analyze(args.run_dir, args.method, args.example)
     config = FidesConfig.from_file(args.config) if args.config else FidesConfig()
-    try:
-        decoder = FidesDecoder.from_pretrained(args.model, config=config, **load_options(args))
-    except ValueError as err:
-        print(f"fides-rag generate: error: {err}", file=sys.stderr)
-        return 2
+    decoder = FidesDecoder.from_pretrained(args.model, config=config, **load_options(args))
     for method in args.methods:
         result = decoder.generate(args.question, args.doc, method=method, max_new_tokens=args.max_new_tokens)
         if args.json:
@@ -201,9 +215,10 @@ def _analyze(run_dir: str, method: str | None = None, example: str | None = None
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from fides_rag.eval.datasets import load_examples
-    from fides_rag.eval.harness import RESULTS_MD, build_methods, run_eval, runnable_methods
+    from fides_rag.eval.datasets import dataset_files, load_examples
+    from fides_rag.eval.harness import RESULTS_MD, build_methods, check_resumable, run_eval, runnable_methods
     from fides_rag.eval.parallel import local_device, process_group
+    from fides_rag.eval.store import files_sha256, make_run_folder
 
     config = FidesConfig.from_file(args.config) if args.config else FidesConfig()
     examples = load_examples(args.dataset, args.data, limit=args.limit, passages=args.passages)
@@ -217,17 +232,21 @@ def _eval(args: argparse.Namespace) -> int:
             raise ValueError(f"--fides-config label {label!r} clashes with the method 'fides-{label}'; pick another label")
         methods[f"fides-{label}"] = get_method("fides", config=variant)
         variants[f"fides-{label}"] = variant.to_dict()
+    files = dataset_files(args.dataset, args.data, passages=args.passages)  # a resume must be made from the same content
+    info = {"model": args.model, "dataset": args.dataset, "data": args.data, "data_files": [str(f) for f in files],
+            "data_sha256": files_sha256(files) if files else f"hub:{args.data}", "config": config.to_dict()}
+    if variants:
+        info["fides_variants"] = variants
+    if skipped:
+        info["skipped_methods"] = skipped
     options = load_options(args)
     rank, world = process_group()  # several under torchrun / accelerate launch: each decodes its shard
     if world > 1 and "device_map" in options:
         raise ValueError(f"--device-map splits one model over this process's devices, but {world} processes were launched, "
                          "each loading its own copy: drop --device-map (each process takes its own GPU) or run one process")
+    make_run_folder(args.out)  # before the model loads: a bad --out, or another run's answers in it, fail at once
+    check_resumable(args.out, methods, max_new_tokens=args.max_new_tokens, run_info=info, parallel=(rank, world))
     decoder = FidesDecoder.from_pretrained(args.model, config=config, **{**options, "device": local_device(args.device)})
-    info = {"model": args.model, "dataset": args.dataset, "data": args.data, "config": config.to_dict()}
-    if variants:
-        info["fides_variants"] = variants
-    if skipped:
-        info["skipped_methods"] = skipped
     run_eval(decoder, examples, methods, args.out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
              run_info=info, progress=not args.no_progress, bootstrap_samples=args.bootstrap, parallel=(rank, world))
     if rank != 0:

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 SIGNAL_NAMES: tuple[str, ...] = ("opposition", "shift", "noise")
+MAX_ALPHA = 1e30
+"""The largest contrast strength a_t a config may produce: the rules compute (1 + a)·z_ctx − a·z_noctx in float32,
+whose largest value is 3.4e38, so with a ≤ 1e30 the products stay finite for logits up to 1e8 in magnitude."""
+_NUMBERS = ("lambda_", "alpha_min", "shift_scale", "noise_scale", "noise_layer_ratio", "fixed_alpha")
 
 
 def _require(condition: bool, field_name: str, message: str) -> None:
@@ -17,7 +22,8 @@ def _require(condition: bool, field_name: str, message: str) -> None:
 
 
 def _is_real(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite real number: Python's or numpy's (np.float32, ...), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,22 @@ class FidesConfig:
             "fixed_alpha",
             f"must be None or a finite number >= 0, got {self.fixed_alpha!r}",
         )
+        for name in _NUMBERS:  # numpy scalars become floats (JSON and torch take them)
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, float(getattr(self, name)))
+        self._check_strengths()
+
+    def _check_strengths(self) -> None:
+        """Every contrast strength this config can produce stays <= MAX_ALPHA (see there why)."""
+        too_large = f"its products with logits overflow float32; use a value <= {MAX_ALPHA:g}"
+        for name in ("fixed_alpha", "alpha_min", "lambda_"):
+            value = getattr(self, name)
+            _require(value is None or value <= MAX_ALPHA, name, f"{value!r} is past the largest contrast strength {MAX_ALPHA:g}: {too_large}")
+        if self.fixed_alpha is None:  # a_t <= lambda_ * FScore <= lambda_ * sum(weights), every signal being <= 1
+            strongest = self.lambda_ * sum(self.weights)
+            name = "weights" if sum(self.weights) > MAX_ALPHA else "lambda_"
+            _require(strongest <= MAX_ALPHA, name, f"lambda_ * sum(weights) = {strongest:g} is past the largest contrast "
+                                                   f"strength {MAX_ALPHA:g}: {too_large}")
 
     # -- ablations expressible without new code ---------------------------------------------
 
@@ -128,11 +150,17 @@ class FidesConfig:
         """Read a JSON config written by `to_file` (or by `fides-rag calibrate`)."""
         path = Path(path)
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise FileNotFoundError(f"FidesConfig file not found: {path}") from None
+        except IsADirectoryError:
+            raise ValueError(f"FidesConfig file {path} is a directory; pass a JSON file (e.g. one written by fides-rag calibrate)") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"FidesConfig file {path} is not a text file; pass a JSON file (e.g. one written by fides-rag calibrate)") from None
         except json.JSONDecodeError as err:
             raise ValueError(f"FidesConfig file {path} is not valid JSON: {err}") from None
+        except OSError as err:
+            raise ValueError(f"cannot read the FidesConfig file {path}: {err.strerror or err}") from None
         if not isinstance(data, dict):
             raise ValueError(f"FidesConfig file {path} must hold a JSON object")
         return cls.from_dict(data)

@@ -118,6 +118,11 @@ class FidesDecoder:
         return self.requests.default_max_new_tokens
 
     @property
+    def prompts(self) -> PromptPreparer:
+        """The prompt preparer: renders fides-rag's template and tokenises prompts (questions and documents as plain text)."""
+        return self.requests.preparer
+
+    @property
     def prompt_template(self) -> PromptTemplate:
         return self.requests.preparer.template
 

@@ -81,6 +81,19 @@ def select_device(device: str | torch.device = "auto") -> torch.device:
     return torch.device("cpu")
 
 
+def check_available(device: torch.device) -> None:
+    """Raise a ValueError naming the fix when `device` (CUDA or MPS) does not exist on this machine."""
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch build has no CUDA support" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise ValueError(f"device {str(device)!r} is not available: {why} (torch {torch.__version__}); use 'cpu' or 'auto'")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"device {str(device)!r} does not exist: {torch.cuda.device_count()} CUDA device(s) are visible")
+    mps = getattr(torch.backends, "mps", None)
+    if device.type == "mps" and not (mps is not None and mps.is_available()):
+        raise ValueError(f"device {str(device)!r} is not available on this machine; use 'cpu' or 'auto'")
+
+
 def default_dtype(device: torch.device) -> torch.dtype:
     """bfloat16 on GPUs that support it (float16 on older ones), float32 elsewhere."""
     if device.type == "cuda":
@@ -111,7 +124,7 @@ def convert_gguf(gguf_path: str | Path) -> Path:
     """Dequantise a GGUF file once into a float32 safetensors folder in the cache; return that folder."""
     gguf_path = Path(gguf_path).resolve()
     if not gguf_path.is_file():
-        raise FileNotFoundError(f"GGUF file not found: {gguf_path}")
+        raise FileNotFoundError(f"no .gguf file at {gguf_path}; pass the path of an existing GGUF file")
     target = _gguf_cache_dir(gguf_path)
     if (target / "fides_rag_source.json").is_file():
         return target
@@ -144,6 +157,11 @@ def convert_gguf(gguf_path: str | Path) -> Path:
     return target
 
 
+def _looks_like_a_path(name: str) -> bool:
+    """A name that can only be a local path: hub ids are "name" or "owner/name"."""
+    return name.startswith((".", "/", "~")) or "\\" in name or name.count("/") > 1 or name.endswith("/")
+
+
 def resolve_model_source(name_or_path: str | os.PathLike) -> str:
     """A bundled alias or .gguf file becomes its cached safetensors folder; hub ids and folders pass through."""
     name = str(name_or_path)
@@ -151,7 +169,22 @@ def resolve_model_source(name_or_path: str | os.PathLike) -> str:
         return str(convert_gguf(locate_bundled(name)))
     if name.endswith(".gguf"):
         return str(convert_gguf(name))
-    return name
+    if not Path(name).expanduser().exists() and _looks_like_a_path(name):
+        raise FileNotFoundError(f"no model folder at {name}; pass an existing folder, a .gguf file, a hub id or a bundled alias "
+                                f"({', '.join(BUNDLED_MODELS)})")
+    return str(Path(name).expanduser()) if name.startswith("~") else name
+
+
+def _unknown_model(name: str, err: OSError) -> OSError:
+    """The error for a hub id that could not be loaded: what the name could have been, and why the hub did not help."""
+    from huggingface_hub import constants
+
+    tried = f"{name!r} is not a bundled alias ({', '.join(BUNDLED_MODELS)}), a local folder or a .gguf file"
+    if constants.HF_HUB_OFFLINE:
+        return OSError(f"unknown model: {tried}, and no hub model of that id is in the local Hugging Face cache "
+                       f"(offline mode, HF_HUB_OFFLINE=1: nothing is downloaded); pass one of those, or download it first")
+    cause = " ".join(str(err).split()).split(". ")[0].rstrip(".")  # transformers' first sentence
+    return OSError(f"unknown model: {tried}, and it could not be loaded as a Hugging Face Hub id ({cause})")
 
 
 def load_model(
@@ -167,14 +200,21 @@ def load_model(
     a local folder, or a .gguf file. The model is put in eval mode on `device` ("auto": CUDA, MPS, CPU), or,
     with `device_map` (e.g. "auto"), dispatched by accelerate over the available devices (a 70B model over
     several GPUs, with CPU or disk offload past them); `device` is then ignored."""
-    source = resolve_model_source(name_or_path)
     target = select_device(device)
+    if device_map is None:
+        check_available(target)  # before any conversion or download
+    source = resolve_model_source(name_or_path)
     if isinstance(dtype, str):
         if not isinstance(getattr(torch, dtype, None), torch.dtype):
             raise ValueError(f"dtype {dtype!r} is not a torch dtype; use e.g. 'float32', 'bfloat16' or 'float16'")
         dtype = getattr(torch, dtype)
     dtype = dtype or default_dtype(target)
-    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except OSError as err:
+        if Path(source).exists():
+            raise
+        raise _unknown_model(str(name_or_path), err) from err
     if device_map is not None:
         from_pretrained_kwargs["device_map"] = device_map
     model = AutoModelForCausalLM.from_pretrained(

@@ -54,9 +54,16 @@ def document_text(document: Any) -> str:
 
 
 def document_texts(documents: Sequence[Any] | str | None) -> list[str]:
-    """Normalise a document argument to a list of non-empty strings (a bare string is one document)."""
+    """Normalise a document argument to a list of non-empty strings (a bare string is one document).
+
+    A mapping is refused: iterating it would take its keys for documents."""
     if documents is None:
         return []
+    if isinstance(documents, Mapping):
+        raise TypeError(
+            f"documents is a mapping ({type(documents).__name__} with keys {list(documents)[:5]!r}), which would be read as its "
+            f"keys; pass a list of documents, e.g. [d['text']] or [d['text'] for d in records]"
+        )
     if isinstance(documents, str) or not isinstance(documents, Sequence):
         if isinstance(documents, str):
             documents = [documents]

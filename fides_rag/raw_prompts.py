@@ -1,5 +1,5 @@
 """Raw prompts built outside fides-rag's template (a framework's own prompt or chat), made ready for
-`generate_from_prompts`: chat rendering without a doubled BOS, and documents trimmed to the window with a note.
+`FidesDecoder.generate(PromptPair(...))`: chat rendering without a doubled BOS, and documents trimmed to the window with a note.
 
 The integrations call these; the decoder itself renders its own template in `prompts.py`.
 """
@@ -20,7 +20,7 @@ documents removed) or 'question' (a neutral question-only prompt, `question_only
 def leading_bos(tokenizer: Any) -> str | None:
     """The BOS text the tokenizer adds by itself when encoding (None when it adds none).
 
-    `generate_from_prompts` encodes raw prompts with the tokenizer's defaults, so a BOS that a chat
+    A `PromptPair` is encoded with the tokenizer's defaults, so a BOS that a chat
     template already wrote would appear twice.
     """
     bos, bos_id = getattr(tokenizer, "bos_token", None), getattr(tokenizer, "bos_token_id", None)

@@ -173,3 +173,57 @@ def test_fides_config_variant_adds_a_lane_to_an_existing_run(tiny_folder, tmp_pa
     assert any({c["a"], c["b"]} == {"fides", "fides-calibrated"} for c in results["significance"])
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["eval", "--out", "x", "--fides-config", "no-equals-sign"])
+
+
+# -- bad input is one line naming what to fix, exit code 2, no traceback ------------------------------------
+
+
+def one_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def run_cli(argv) -> int:
+    """The exit code, whether main returns it or argparse exits with it."""
+    try:
+        return cli.main(argv)
+    except SystemExit as exit_:
+        return exit_.code
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+def test_generate_errors_are_one_line(tiny_folder, tmp_path, capsys, monkeypatch, no_gpu):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    model = ["--model", str(tiny_folder)]
+    cases = [
+        (["generate", "Q?", *model, "--config", str(broken)], f"FidesConfig file {broken} is not valid JSON"),
+        (["generate", "Q?", *model, "--config", str(tmp_path / "none.json")], "FidesConfig file not found"),
+        (["generate", "Q?", *model, "--config", str(tmp_path)], "is a directory; pass a JSON file"),
+        (["generate", "Q?", *model, "--max-new-tokens", "0"], "argument --max-new-tokens: must be at least 1, got 0"),
+        (["generate", "  ", *model], "argument question: must be a non-empty question"),
+        (["generate", "Q?", "--model", "no-such-org/no-such-model"], "unknown model: 'no-such-org/no-such-model' is not a bundled alias"),
+        (["generate", "Q?", "--model", str(tmp_path / "missing")], f"no model folder at {tmp_path / 'missing'}"),
+        (["generate", "Q?", "--model", str(tmp_path / "missing.gguf")], "no .gguf file at"),
+        (["generate", "Q?", *model, "--device", "cuda"], "device 'cuda' is not available"),
+    ]
+    for argv, message in cases:
+        assert run_cli(argv) == 2, argv
+        err = one_line(capsys)
+        assert err.startswith("fides-rag generate: error: ") and message in err, (argv, err)
+        assert "huggingface.co" not in err
+
+
+def test_analyze_of_a_missing_folder_is_one_line(tmp_path, capsys):
+    assert run_cli(["analyze", str(tmp_path / "nope")]) == 2
+    assert f"no run folder at {tmp_path / 'nope'}; pass the --out folder" in one_line(capsys)

@@ -60,3 +60,44 @@ def test_file_round_trip_and_unknown_fields(tmp_path):
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(ValueError, match="not valid JSON"):
         FidesConfig.from_file(tmp_path / "broken.json")
+
+
+def test_numpy_numbers_are_accepted_and_stored_as_floats():
+    np = pytest.importorskip("numpy")
+    cfg = FidesConfig(weights=tuple(np.float32(w) for w in (0.5, 0.25, 0.25)), lambda_=np.float32(2.0), alpha_min=np.float64(0.1),
+                      fixed_alpha=np.int64(1))
+    assert cfg.weights == (0.5, 0.25, 0.25) and cfg.lambda_ == 2.0 and cfg.fixed_alpha == 1.0
+    assert all(type(v) is float for v in (*cfg.weights, cfg.lambda_, cfg.alpha_min, cfg.fixed_alpha))
+    assert FidesConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    with pytest.raises(ValueError, match=r"FidesConfig\.lambda_"):
+        FidesConfig(lambda_=np.bool_(True))
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"fixed_alpha": 1e300}, "fixed_alpha"),
+    ({"lambda_": 1e308}, "lambda_"),
+    ({"alpha_min": 1e31}, "alpha_min"),
+    ({"lambda_": 1e30, "weights": (1.0, 1.0, 1.0)}, "lambda_"),  # a_t can reach lambda_ * sum(weights)
+    ({"weights": (1e300, 0.0, 0.0)}, "weights"),
+])
+def test_strengths_whose_products_with_logits_overflow_are_refused(kwargs, field):
+    with pytest.raises(ValueError, match=rf"FidesConfig\.{field}: .*past the largest contrast strength 1e\+30: its products with logits overflow float32"):
+        FidesConfig(**kwargs)
+
+
+def test_the_largest_strength_still_decodes_to_finite_logits(tokenizer, tiny_llama):
+    from fides_rag import FidesDecoder, get_method
+    from fides_rag.config import MAX_ALPHA
+
+    decoder = FidesDecoder(tiny_llama, tokenizer)
+    for config in (FidesConfig(fixed_alpha=MAX_ALPHA), FidesConfig(lambda_=MAX_ALPHA / 1.0, weights=(1.0, 0.0, 0.0))):
+        result = decoder.generate("What is the capital?", ["Lyon is the capital of France."], method=get_method("fides", config=config), max_new_tokens=3)
+        assert len(result.token_ids) >= 1 and all(s.alpha is not None and s.alpha <= MAX_ALPHA * 1.0001 for s in result.steps)
+
+
+def test_from_file_names_a_directory_or_a_binary_file(tmp_path):
+    with pytest.raises(ValueError, match=rf"FidesConfig file {tmp_path} is a directory; pass a JSON file"):
+        FidesConfig.from_file(tmp_path)
+    (tmp_path / "weights.bin").write_bytes(bytes(range(256)))
+    with pytest.raises(ValueError, match=r"FidesConfig file .*weights\.bin is not a text file; pass a JSON file"):
+        FidesConfig.from_file(tmp_path / "weights.bin")

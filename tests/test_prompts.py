@@ -33,3 +33,14 @@ def test_longest_text_is_cut_first_until_the_prompt_fits(tokenizer):
 def test_prompt_that_cannot_fit_is_an_error(tokenizer):
     with pytest.raises(ValueError, match="does not fit even without its documents"):
         fit_texts({"doc": "Lyon is the capital of France."}, lambda t: "A long fixed question " * 5 + t["doc"], _count(tokenizer), 3, tokenizer)
+
+
+def test_a_mapping_of_documents_is_refused_not_read_as_its_keys(tokenizer, tiny_llama):
+    from fides_rag import FidesDecoder
+    from fides_rag.prompts import document_texts
+
+    with pytest.raises(TypeError, match=r"documents is a mapping \(dict with keys \['text'\]\).*pass a list of documents"):
+        document_texts({"text": "Lyon is the capital of France."})
+    with pytest.raises(TypeError, match="documents is a mapping"):
+        FidesDecoder(tiny_llama, tokenizer).generate("Which city?", {"text": "Lyon is the capital of France."}, max_new_tokens=1)
+    assert document_texts([{"text": "x"}.get("text")]) == ["x"]

@@ -42,7 +42,7 @@ def test_standard_matches_transformers_generate(decoder):
     ids = torch.tensor([example.context_ids])
     expected = decoder.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16)
     expected = expected[0, ids.shape[1] :].tolist()
-    # Same token ids through the decoder's loop (generate_from_prompts would re-tokenise the text).
+    # Same token ids through the decoder's loop (a PromptPair would re-tokenise the text).
     result = decoder.generate_batch([example], method="standard", max_new_tokens=16)[0]
     assert len(expected) > 1
     assert result.token_ids == expected

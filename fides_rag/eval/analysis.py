@@ -64,6 +64,8 @@ def _grouped_bars(path: Path, series: dict[str, list[float]], ticks: list[str], 
 
 def load_run(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / PREDICTIONS
+    if not Path(run_dir).is_dir():
+        raise FileNotFoundError(f"no run folder at {run_dir}; pass the --out folder of a `fides-rag eval` run")
     if not path.is_file():
         raise FileNotFoundError(f"no {PREDICTIONS} in {run_dir}; run `fides-rag eval --out {run_dir}` first")
     return sorted(read_predictions(path), key=lambda r: r["id"])

@@ -16,6 +16,7 @@ Bad files raise `DatasetError`, whose message names the file, the line (1-based)
 
 from __future__ import annotations
 
+import ast
 import gzip
 import json
 import os
@@ -29,6 +30,12 @@ from fides_rag.extras import require
 
 DATA_ENV = "FIDES_RAG_DATA"
 NQ_SWAP_HUB_ID = "pminervini/NQ-Swap"
+DEFAULT_FILES = {
+    "nq-swap": "nq_swap/nq_swap_dev_public.parquet",
+    "nq-open": "nq_open/nq-open-oracle.jsonl.gz",
+    "popqa": "popqa/popqa_longtail.jsonl",
+}
+"""Each benchmark's file under data_dir()."""
 _TAG = re.compile(r"</?[A-Za-z][A-Za-z0-9]*[^>]*>")
 
 
@@ -117,15 +124,34 @@ def _text(record: dict[str, Any], name: str, path: Path, line: int) -> str:
     return value
 
 
+def _listed(text: str) -> list[str] | None:
+    """The strings of a list written as text, as a CSV round trip or astype(str) leaves a list column: Python's
+    "['Lyon', 'Lyons']" or numpy's "['Lyon' 'Lyons']"; None when `text` is not bracketed (a single answer).
+    Raises ValueError for a bracketed text that is no list of strings."""
+    text = text.strip()
+    if not (text.startswith("[") and text.endswith("]")):
+        return None
+    try:  # numpy's repr has no commas, and Python would join adjacent literals: add them
+        value = ast.literal_eval(re.sub(r"(['\"])\s+(['\"])", r"\1, \2", text))
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        value = None
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    raise ValueError("a list written as text that cannot be read as a list of strings; store the answers as a list of strings")
+
+
 def _strings(record: dict[str, Any], name: str, path: Path, line: int, *, required: bool = True) -> tuple[str, ...]:
-    """A list of non-empty strings (a single string or a numpy array is accepted too)."""
+    """A list of non-empty strings (a numpy array, a single string, or a list written as text are accepted too)."""
     if name not in record or record[name] is None:
         if required:
             raise DatasetError(path, line, name, "missing")
         return ()
     value = record[name]
     if isinstance(value, str):
-        value = [value]
+        try:
+            value = _listed(value) or [value]
+        except ValueError as err:
+            raise DatasetError(path, line, name, f"{err} (got {value!r:.80})") from None
     elif hasattr(value, "tolist"):
         value = value.tolist()
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
@@ -204,7 +230,7 @@ def load_nq_swap(
     """
     if form not in ("conflict", "original", "both"):
         raise ValueError(f"form must be 'conflict', 'original' or 'both', got {form!r}")
-    source = path if path is not None else data_dir() / "nq_swap" / "nq_swap_dev_public.parquet"
+    source = path if path is not None else data_dir() / DEFAULT_FILES["nq-swap"]
     name, rows = _nq_swap_rows(source)
     examples = []
     for line, row in _take(rows, limit):
@@ -232,7 +258,7 @@ def load_nq_open(path: str | Path | None = None, limit: int | None = None) -> li
 
     Passages are "title: text" when a title is present. No memory answers (no conflict). id nq-open-<line-1>.
     """
-    path = _require_file(Path(path) if path is not None else data_dir() / "nq_open" / "nq-open-oracle.jsonl.gz", "NQ-open oracle")
+    path = _require_file(Path(path) if path is not None else data_dir() / DEFAULT_FILES["nq-open"], "NQ-open oracle")
     examples = []
     for line, record in _take(iter_jsonl(path), limit):
         question = _text(record, "question", path, line)
@@ -256,6 +282,10 @@ def load_nq_open(path: str | Path | None = None, limit: int | None = None) -> li
 # -- PopQA long-tail ------------------------------------------------------------------------------
 
 
+def _popqa_passages(path: Path, passages: str | Path | None) -> Path:
+    return Path(passages) if passages is not None else path.with_name(path.stem + "_passages.txt")
+
+
 def load_popqa(path: str | Path | None = None, passages: str | Path | None = None, limit: int | None = None) -> list[QAExample]:
     """PopQA long-tail with its retrieved passages: line i of `passages` belongs to question i.
 
@@ -264,8 +294,8 @@ def load_popqa(path: str | Path | None = None, passages: str | Path | None = Non
     """
     from fides_rag.eval.metrics import normalize_answer
 
-    path = _require_file(Path(path) if path is not None else data_dir() / "popqa" / "popqa_longtail.jsonl", "PopQA")
-    passages = Path(passages) if passages is not None else path.with_name(path.stem + "_passages.txt")
+    path = _require_file(Path(path) if path is not None else data_dir() / DEFAULT_FILES["popqa"], "PopQA")
+    passages = _popqa_passages(path, passages)
     _require_file(passages, "PopQA passages")
     texts = passages.read_text(encoding="utf-8").splitlines()
     examples = []
@@ -338,3 +368,16 @@ def load_examples(name: str, path: str | Path | None = None, *, limit: int | Non
             raise ValueError("dataset 'jsonl' needs --data PATH")
         return load_qa_jsonl(path, limit)
     raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
+
+
+def dataset_files(name: str, path: str | Path | None = None, *, passages: str | Path | None = None) -> list[Path]:
+    """The local files `load_examples(name, path, passages=...)` read; none for a hub dataset id."""
+    family = "nq-swap" if name.startswith("nq-swap") else name
+    if path is None:
+        if family not in DEFAULT_FILES:
+            return []
+        path = data_dir() / DEFAULT_FILES[family]
+    path = Path(path)
+    if not path.is_file():
+        return []
+    return [path, _popqa_passages(path, passages)] if family == "popqa" else [path]

@@ -4,7 +4,8 @@ Outputs in the run folder:
 - predictions.jsonl: one line per example, appended and flushed after every batch, with every method's
   answer, scores and per-token alphas/signals. An interrupted run resumes: ids already complete in the
   file are skipped and a half-written last line is dropped.
-- run.json: what was run (model, dataset, methods, settings); a resume must match it.
+- run.json: what was run (model, dataset and its files' SHA-256, methods and their options, settings); a resume
+  must match it.
 - results.json and results.md: metrics per method and paired-bootstrap comparisons.
 """
 
@@ -24,15 +25,15 @@ from fides_rag.eval.parallel import barrier, gather, shard
 from fides_rag.eval.records import example_record, read_predictions, trim_result  # noqa: F401  (public here too)
 from fides_rag.eval.shard_progress import ShardProgress
 from fides_rag.eval.significance import paired_bootstrap
-from fides_rag.eval.store import PREDICTIONS, RUN_INFO, PredictionStore, check_resume  # noqa: F401
+from fides_rag.eval.store import METHOD_OPTIONS, PREDICTIONS, RUN_INFO, PredictionStore, check_resume, check_reuse  # noqa: F401
 from fides_rag.eval.tables import markdown_table
 from fides_rag.rules import ContrastRule, accepts_option, get_method
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
 COMPARED_METRICS = ("cf", "em", "f1")
-# What a resumed run must share with the run that wrote the file.
-_RESUME_KEYS = ("model", "dataset", "data", "max_new_tokens", "config")
+# What a resumed run must share with the run that wrote the file (and each kept method label its options).
+_RESUME_KEYS = ("model", "dataset", "data_sha256", "max_new_tokens", "config")
 
 
 def ablation_methods(config: FidesConfig | None = None) -> dict[str, ContrastRule]:
@@ -78,6 +79,15 @@ def build_methods(names: Sequence[str], config: FidesConfig | None = None, ablat
     return methods
 
 
+def method_options(methods: Mapping[str, str | ContrastRule], decoder: Any = None) -> dict[str, dict[str, Any]]:
+    """label -> the rule run for it (name and options; a name as `decoder` resolves it), as run.json records them."""
+    described = {}
+    for label, method in methods.items():
+        rule = decoder.requests.resolve(method) if decoder is not None else get_method(method)
+        described[label] = {"method": rule.name or type(rule).__name__, "options": rule.options()}
+    return json.loads(json.dumps(described, sort_keys=True, default=str))
+
+
 def _prompt_length(decoder: Any, example: QAExample) -> int:
     text = "\n".join(example.contexts) + "\n" + example.question
     return len(decoder.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -112,15 +122,13 @@ def run_eval(
     if len(set(ids)) != len(ids):
         raise ValueError("example ids must be unique (resuming relies on them)")
     labels = list(methods)
-    info = {**dict(run_info or {}), "methods": labels, "max_new_tokens": max_new_tokens, "batch_size": batch_size}
+    if bootstrap_samples < 1:
+        raise ValueError(f"bootstrap_samples must be >= 1, got {bootstrap_samples}")
+    info = _run_info(methods, run_info, max_new_tokens, batch_size, decoder)
     rank, world = parallel
     out = Path(out_dir)
-    if world > 1:
-        examples_all, examples = examples, shard(examples, rank, world)
-        store = PredictionStore(out / f"shard-{rank}-of-{world}", info, _RESUME_KEYS)
-    else:
-        examples_all = examples
-        store = PredictionStore(out, info, _RESUME_KEYS)
+    examples_all, examples = examples, (shard(examples, rank, world) if world > 1 else examples)
+    store = PredictionStore(_folder(out, parallel), info, _RESUME_KEYS)
     started = time.perf_counter()
     todo = len(store.missing(examples, labels))
     shards = gather((todo, store.path.stat().st_size if store.path.is_file() else 0)) if world > 1 else [(todo, 0)]
@@ -156,6 +164,26 @@ def run_eval(
                       "examples_per_second_now": round(decoded / elapsed, 3) if decoded and elapsed > 0 else None}
     write_results(out, results)
     return results
+
+
+def _run_info(methods: Mapping[str, str | ContrastRule], run_info: Mapping[str, Any] | None, max_new_tokens: int,
+              batch_size: int, decoder: Any = None) -> dict[str, Any]:
+    return {**dict(run_info or {}), "methods": list(methods), "max_new_tokens": max_new_tokens, "batch_size": batch_size,
+            METHOD_OPTIONS: method_options(methods, decoder)}
+
+
+def _folder(out: Path, parallel: tuple[int, int]) -> Path:
+    rank, world = parallel
+    return out / f"shard-{rank}-of-{world}" if world > 1 else out
+
+
+def check_resumable(
+    out_dir: str | Path, methods: Mapping[str, str | ContrastRule], *, max_new_tokens: int, run_info: Mapping[str, Any] | None = None,
+    parallel: tuple[int, int] = (0, 1),
+) -> None:
+    """What `run_eval` checks first, without a decoder (so before a model loads): refuse a run folder whose answers
+    were decoded from other data, settings or method options, naming the fix."""
+    check_reuse(_folder(Path(out_dir), parallel), _run_info(methods, run_info, max_new_tokens, 0), _RESUME_KEYS)
 
 
 def _progress_bars(

@@ -33,6 +33,8 @@ def paired_bootstrap(
     a, b = np.asarray(scores_a, dtype=float), np.asarray(scores_b, dtype=float)
     if a.shape != b.shape or a.ndim != 1:
         raise ValueError(f"paired scores must be two 1-d sequences of the same length, got {a.shape} and {b.shape}")
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise ValueError(f"samples (bootstrap resamples) must be an integer >= 1, got {samples!r}")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
     n = len(a)

@@ -43,8 +43,12 @@ class MethodOptions(GenerationOptions, total=False):
 
 class RequestOptions(MethodOptions, total=False):
     """A batched request's options (`RequestBatcher.submit`): `MethodOptions`, or for raw prompts context_prompt and
-    no_context_prompt (and add_special_tokens) in place of a question and documents (as a `PromptPair` does)."""
+    no_context_prompt (and add_special_tokens, untrusted_texts) in place of a question and documents (a `PromptPair`'s
+    fields)."""
 
     context_prompt: str | None
     no_context_prompt: str | None
     add_special_tokens: bool
+    untrusted_texts: Sequence[str]
+    """With raw prompts: texts in them (the documents, the question) tokenised as plain text, so that special-token
+    text inside them never becomes a control token (fides-rag's own template always does this)."""

@@ -4,12 +4,14 @@ documents that would not fit the context window, and one prompt per document for
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from fides_rag.generation.plain_text import PlainTextEncoder, Span, find_spans
 from fides_rag.prompts import PromptTemplate, document_texts, fit_texts, template_stops
 
 logger = logging.getLogger(__name__)
@@ -54,7 +56,11 @@ def check_text(value: str, name: str) -> None:
 
 
 class PromptPreparer:
-    """Renders and tokenises examples with one template, tokenizer and context window."""
+    """Renders and tokenises examples with one template, tokenizer and context window.
+
+    The question and the documents are tokenised as plain text: special-token text inside them (a document holding
+    "<|im_end|>") never becomes a control token. Prompts whose question and documents hold none are tokenised as the
+    whole rendered string always was."""
 
     def __init__(
         self, tokenizer: PreTrainedTokenizerBase, template: PromptTemplate, use_chat_template: bool, window: int
@@ -63,6 +69,7 @@ class PromptPreparer:
         self.template = template
         self.use_chat_template = use_chat_template
         self.context_window = window
+        self.plain_text = PlainTextEncoder(tokenizer)
 
     def encode(self, text: str, templated: bool) -> list[int]:
         # A chat template already wrote any BOS token into the text.
@@ -71,7 +78,24 @@ class PromptPreparer:
     def render(self, question: str, document_block: str | None) -> tuple[str, list[int]]:
         """The template's prompt for `question` over `document_block` (None: the no-context prompt), and its ids."""
         text = self.template.render(self.tokenizer, question, document_block, self.use_chat_template)
-        return text, self.encode(text, templated=self.use_chat_template)
+        untrusted = [question] if document_block is None else [question, document_block]
+        if not any(self.plain_text.holds_control_text(t) for t in untrusted):
+            return text, self.encode(text, templated=self.use_chat_template)
+        spans = self._user_spans(question, document_block, text)
+        return text, self.plain_text.encode(text, spans, add_special_tokens=not self.use_chat_template)
+
+    def _user_spans(self, question: str, document_block: str | None, text: str) -> list[Span]:
+        """Where the question and the document block sit in the rendered `text`: rendered again with placeholders
+        (so a document equal to the template's own markup is not mistaken for it), else found verbatim."""
+        values = {"\ue000question\ue000": question, "\ue000documents\ue000": document_block}
+        marked = self.template.render(self.tokenizer, *(mark if v is not None else None for mark, v in values.items()), self.use_chat_template)
+        rebuilt, spans = "", []
+        for part in re.split("(\ue000(?:question|documents)\ue000)", marked):
+            if part in values:
+                part = values[part] or ""
+                spans.append((len(rebuilt), len(rebuilt) + len(part)))
+            rebuilt += part
+        return spans if rebuilt == text else find_spans([v for v in values.values() if v is not None], text)
 
     def render_fitted(self, question: str, texts: Sequence[str], max_new_tokens: int) -> tuple[str, list[int], tuple[int, int] | None]:
         """The context prompt over `texts`, its ids, and (block tokens given, kept) when the document block had
@@ -134,17 +158,19 @@ class PromptPreparer:
         return example
 
     def prepare_from_prompts(
-        self, context_prompt: str, no_context_prompt: str, max_new_tokens: int, add_special_tokens: bool = True
+        self, context_prompt: str, no_context_prompt: str, max_new_tokens: int, add_special_tokens: bool = True,
+        *, untrusted: Sequence[str] | str = (),
     ) -> PreparedExample:
         """Tokenise two raw prompts as the tokenizer does by default (no template, no trimming).
 
-        Pass add_special_tokens=False for text that already holds them, e.g. from `apply_chat_template`."""
+        Pass add_special_tokens=False for text that already holds them, e.g. from `apply_chat_template`.
+        `untrusted`: texts that occur verbatim in the prompts (the documents, the question), tokenised as plain text
+        wherever they occur (a text found nowhere changes nothing); the rest (e.g. a chat template's markup) as given."""
         for name, prompt in (("context_prompt", context_prompt), ("no_context_prompt", no_context_prompt)):
             if not isinstance(prompt, str) or not prompt.strip():
                 raise ValueError(f"{name} must be a non-empty string, got {prompt!r}")
             check_text(prompt, name)
-        ctx_ids = self.tokenizer(context_prompt, add_special_tokens=add_special_tokens)["input_ids"]
-        no_ctx_ids = self.tokenizer(no_context_prompt, add_special_tokens=add_special_tokens)["input_ids"]
+        ctx_ids, no_ctx_ids = self._encode_raw((context_prompt, no_context_prompt), add_special_tokens, untrusted)
         longest = max(len(ctx_ids), len(no_ctx_ids))
         if longest + max_new_tokens > self.context_window:
             raise ValueError(
@@ -152,3 +178,12 @@ class PromptPreparer:
                 f"of {self.context_window}; shorten the prompt or lower max_new_tokens"
             )
         return PreparedExample(context_prompt, no_context_prompt, ctx_ids, no_ctx_ids, (), True)
+
+    def _encode_raw(self, prompts: Sequence[str], add_special_tokens: bool, untrusted: Sequence[str] | str) -> list[list[int]]:
+        texts = [untrusted] if isinstance(untrusted, str) else list(untrusted)
+        if any(not isinstance(t, str) for t in texts):
+            raise ValueError(f"untrusted must be a list of strings (texts that occur in the prompts), got {untrusted!r:.200}")
+        risky = [t for t in texts if t.strip() and self.plain_text.holds_control_text(t)]
+        if not risky:
+            return [self.tokenizer(p, add_special_tokens=add_special_tokens)["input_ids"] for p in prompts]
+        return [self.plain_text.encode(p, find_spans(texts, p), add_special_tokens) for p in prompts]

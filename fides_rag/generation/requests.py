@@ -31,6 +31,9 @@ class PromptPair:
     no_context: str
     add_special_tokens: bool = True
     """Whether the tokenizer adds its special tokens (BOS); False for text that already holds them."""
+    untrusted: tuple[str, ...] = ()
+    """Texts inside the prompts (the documents, the question) to tokenise as plain text: special-token text in them
+    (a retrieved page holding "<|im_end|>") never becomes a control token; the rest (a chat template's markup) as given."""
 
 
 Prompt = "str | PromptPair | PreparedExample"
@@ -157,7 +160,9 @@ class RequestBuilder:
                 raise ValueError("a PromptPair already holds its documents in its context prompt; do not pass documents= with it")
             for rule in rules:
                 refuse_document_paths(rule)
-            return self.preparer.prepare_from_prompts(prompt.context, prompt.no_context, max_new_tokens, prompt.add_special_tokens)
+            return self.preparer.prepare_from_prompts(
+                prompt.context, prompt.no_context, max_new_tokens, prompt.add_special_tokens, untrusted=prompt.untrusted
+            )
         document_paths = any(rule.needs_document_paths for rule in rules)
         return self.preparer.prepare(prompt, documents, max_new_tokens, document_paths=document_paths)
 

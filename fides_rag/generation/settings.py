@@ -82,8 +82,10 @@ class GenerationSettings:
             raise ValueError(f"seed must be None or an integer in [0, 2**63 - 1], got {self.seed!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop strings must be non-empty strings, got {self.stop!r}")
-        if not self.do_sample and (self.temperature != 1.0 or self.top_p != 1.0 or self.top_k != 0):
-            warnings.warn("temperature/top_p/top_k have no effect with greedy decoding; pass do_sample=True to sample",
+        for name in ("temperature", "top_p"):  # an int (temperature=2) is valid; transformers' warpers take floats only
+            object.__setattr__(self, name, float(getattr(self, name)))
+        if not self.do_sample and (self.temperature != 1.0 or self.top_p != 1.0 or self.top_k != 0 or self.seed is not None):
+            warnings.warn("temperature/top_p/top_k/seed have no effect with greedy decoding; pass do_sample=True to sample",
                           stacklevel=_stacklevel_outside_package())
 
     @classmethod

@@ -156,3 +156,37 @@ def test_a_missing_relative_path_and_a_corrupt_parquet_name_the_file(tmp_path):
     corrupt.write_bytes(b"PAR1" + b"\x00garbage" * 40 + b"PAR1")
     with pytest.raises(DatasetError, match=r"nq\.parquet.*cannot be read as parquet"):
         load_nq_swap(corrupt)
+
+
+def test_dataset_files_are_the_files_a_loader_reads(tmp_path, monkeypatch):
+    from fides_rag.eval.datasets import dataset_files
+
+    monkeypatch.setenv("FIDES_RAG_DATA", str(tmp_path))
+    (tmp_path / "popqa").mkdir()
+    for name in ("popqa_longtail.jsonl", "popqa_longtail_passages.txt"):
+        (tmp_path / "popqa" / name).write_text("")
+    assert dataset_files("popqa") == [tmp_path / "popqa" / "popqa_longtail.jsonl", tmp_path / "popqa" / "popqa_longtail_passages.txt"]
+    assert dataset_files("popqa", passages=tmp_path / "p.txt")[1] == tmp_path / "p.txt"
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text("")
+    assert dataset_files("jsonl", mine) == [mine] == dataset_files("nq-swap-both", mine)
+    assert dataset_files("nq-swap", "pminervini/NQ-Swap") == []  # a hub dataset id: no local file
+
+
+@pytest.mark.parametrize("suffix", ["parquet", "jsonl"])
+def test_an_answer_column_of_lists_written_as_text_is_read_as_lists(tmp_path, suffix):
+    import numpy as np
+
+    rows = [{**SWAP_ROWS[0], "sub_answer": str(["Yuliya"]), "org_answer": str(np.array(["Emma", "Emma Stone"]))},
+            {**SWAP_ROWS[1], "sub_answer": "Lyon", "org_answer": "['Paris', \"Paris's centre\"]"}]  # a bare string is one answer
+    path = tmp_path / f"swap.{suffix}"
+    if suffix == "parquet":
+        pd.DataFrame(rows).to_parquet(path)
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    first, second = load_nq_swap(path)
+    assert first.context_answers == ("Yuliya",) and first.memory_answers == ("Emma", "Emma Stone")
+    assert second.context_answers == ("Lyon",) and second.memory_answers == ("Paris", "Paris's centre")
+    pd.DataFrame([{**SWAP_ROWS[0], "sub_answer": "['Yuliya', 3]"}]).to_parquet(path.with_suffix(".bad.parquet"))
+    with pytest.raises(DatasetError, match=r"field 'sub_answer': a list written as text that cannot be read as a list of strings"):
+        load_nq_swap(path.with_suffix(".bad.parquet"))

@@ -149,3 +149,25 @@ def test_methods_needing_several_documents_are_skipped_or_refused():
     assert names == ["standard"] and "1 of the 2 examples" in skipped["dvd"]
     with pytest.raises(ValueError, match="method 'dvd' cannot run on this dataset: it needs at least 2 documents"):
         runnable_methods(["standard", "dvd"], [two_docs, EXAMPLES[0]])
+
+
+def test_bootstrap_is_checked_before_decoding(decoder, tmp_path, monkeypatch):
+    monkeypatch.setattr(decoder, "generate_batch", lambda *a, **k: pytest.fail("decoded before checking bootstrap_samples"))
+    with pytest.raises(ValueError, match="bootstrap_samples must be >= 1, got 0"):
+        run_eval(decoder, EXAMPLES[:1], build_methods(["standard"]), tmp_path, max_new_tokens=2, progress=False, bootstrap_samples=0)
+
+
+def test_run_json_records_each_labels_rule_and_a_changed_one_is_refused(decoder, tmp_path):
+    from fides_rag.eval.harness import METHOD_OPTIONS, RUN_INFO, check_resumable
+    from fides_rag.rules import get_method
+
+    methods = {"cad": get_method("cad", alpha=0.5), "fides": "fides"}
+    run_eval(decoder, EXAMPLES[:1], methods, tmp_path, max_new_tokens=2, progress=False, bootstrap_samples=5)
+    recorded = json.loads((tmp_path / RUN_INFO).read_text())[METHOD_OPTIONS]
+    assert recorded["cad"] == {"method": "cad", "options": {"alpha": 0.5}}
+    assert recorded["fides"]["method"] == "fides" and recorded["fides"]["options"]["weights"] == [0.5, 0.3, 0.2]
+    check_resumable(tmp_path, methods, max_new_tokens=2)  # the same run: nothing to refuse
+    with pytest.raises(ValueError, match=r"holds answers of cad decoded with other options \(cad: alpha 0\.5 -> 2\.0\)"):
+        check_resumable(tmp_path, {"cad": get_method("cad", alpha=2.0)}, max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"fides: lambda_ 1\.5 -> 3\.0"):
+        run_eval(decoder, EXAMPLES[:1], {"fides": get_method("fides", lambda_=3.0)}, tmp_path, max_new_tokens=2, progress=False)

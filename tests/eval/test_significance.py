@@ -36,3 +36,9 @@ def test_deterministic_and_validates():
     with pytest.raises(ValueError):
         paired_bootstrap([1, 0], [1])
     assert paired_bootstrap([], [])["p_value"] is None
+
+
+@pytest.mark.parametrize("samples", [0, -1, 2.5])
+def test_resample_count_must_be_a_positive_integer(samples):
+    with pytest.raises(ValueError, match="samples .* must be an integer >= 1"):
+        paired_bootstrap([1, 0], [0, 0], samples=samples)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from fides_rag.eval.datasets import QAExample
-from fides_rag.eval.store import PREDICTIONS, PredictionStore
+from fides_rag.eval.store import METHOD_OPTIONS, PREDICTIONS, PredictionStore, files_sha256, make_run_folder
 from fides_rag.result import GenerationResult, StepRecord
 
 
@@ -58,7 +58,52 @@ def test_a_record_from_other_documents_is_decoded_again(tmp_path):
 
 
 def test_refuses_a_folder_of_another_model_and_names_the_fix(tmp_path):
-    PredictionStore(tmp_path, {"model": "a"}, ("model",))
+    _decode(PredictionStore(tmp_path, {"model": "a"}, ("model",)), _EchoDecoder(), _examples(), ["standard"])
     with pytest.raises(ValueError, match=r"different model \(model: 'a' -> 'b'\); use a new --out folder, or delete .*predictions.jsonl"):
         PredictionStore(tmp_path, {"model": "b"}, ("model",))
     assert json.loads((tmp_path / "run.json").read_text()) == {"model": "a"}
+    (tmp_path / PREDICTIONS).unlink()  # the fix the error names: nothing is kept, so the folder starts over
+    assert PredictionStore(tmp_path, {"model": "b"}, ("model",)).missing(_examples(), ["standard"]) == {"q0": ("standard",), "q1": ("standard",)}
+    assert json.loads((tmp_path / "run.json").read_text()) == {"model": "b"}
+
+
+def _options(alpha):
+    return {"cad": {"method": "cad", "options": {"alpha": alpha}}, "standard": {"method": "standard", "options": {}}}
+
+
+def test_refuses_a_method_label_decoded_with_other_options(tmp_path):
+    info = lambda options: {"model": "m", METHOD_OPTIONS: options}  # noqa: E731
+    _decode(PredictionStore(tmp_path, info(_options(1.0)), ("model",)), _EchoDecoder(), _examples(), ["standard", "cad"])
+    with pytest.raises(ValueError, match=r"holds answers of cad decoded with other options \(cad: alpha 1\.0 -> 5\.0\); use a new --out "
+                                         r"folder or another method label, or delete .*predictions.jsonl"):
+        PredictionStore(tmp_path, info(_options(5.0)), ("model",))
+    # a run of other labels keeps the old labels' options recorded, so a later run cannot slip a change past them
+    PredictionStore(tmp_path, info({"standard": _options(1.0)["standard"]}), ("model",))
+    assert json.loads((tmp_path / "run.json").read_text())[METHOD_OPTIONS] == _options(1.0)
+    with pytest.raises(ValueError, match="cad: alpha 1.0 -> 5.0"):
+        PredictionStore(tmp_path, info({"cad": _options(5.0)["cad"]}), ("model",))
+    assert PredictionStore(tmp_path, info({**_options(1.0), "cad-2": _options(2.0)["cad"]}), ("model",)).missing(_examples(), ["cad-2"])
+
+
+def test_refuses_a_folder_that_did_not_record_what_this_run_checks(tmp_path):
+    _decode(PredictionStore(tmp_path, {"model": "m"}, ("model",)), _EchoDecoder(), _examples(), ["standard"])
+    with pytest.raises(ValueError, match=r"does not record data_sha256, method_options .*; use a new --out folder, or delete"):
+        PredictionStore(tmp_path, {"model": "m", "data_sha256": "ab", METHOD_OPTIONS: _options(1.0)}, ("model", "data_sha256"))
+
+
+def test_files_sha256_follows_the_content_not_the_path(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("one\n")
+    b.write_text("one\n")
+    assert files_sha256([a]) == files_sha256([b]) != files_sha256([a, b])
+    b.write_text("two\n")
+    assert files_sha256([a]) != files_sha256([b])
+
+
+def test_make_run_folder_names_the_fix(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match=r"--out .*file is a file, not a folder; pass a folder"):
+        make_run_folder(tmp_path / "file")
+    with pytest.raises(ValueError, match=r"cannot create the run folder .*; pass an --out folder in a place you can write"):
+        make_run_folder(tmp_path / "file" / "run")
+    assert make_run_folder(tmp_path / "a" / "b").is_dir()

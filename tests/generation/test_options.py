@@ -20,7 +20,7 @@ def test_generation_options_name_every_setting():
 
 def test_each_options_type_adds_its_own_keys():
     assert MethodOptions.__optional_keys__ - GenerationOptions.__optional_keys__ == {"method", "methods"}
-    assert RequestOptions.__optional_keys__ - MethodOptions.__optional_keys__ == {"context_prompt", "no_context_prompt", "add_special_tokens"}
+    assert RequestOptions.__optional_keys__ - MethodOptions.__optional_keys__ == {"context_prompt", "no_context_prompt", "add_special_tokens", "untrusted_texts"}
 
 
 @pytest.mark.parametrize(

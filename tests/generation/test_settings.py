@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from fides_rag import FidesDecoder, GenerationSettings, PromptPair
@@ -64,3 +66,23 @@ def test_the_greedy_sampling_warning_points_at_the_callers_line(tiny_llama, toke
     with pytest.warns(UserWarning, match="no effect with greedy decoding") as caught:
         decoder.generate("q?", ["a document"], max_new_tokens=1, temperature=0.5)
     assert [w.filename for w in caught] == [__file__]
+
+
+def test_integer_temperature_and_top_p_work_end_to_end(tiny_llama, tokenizer):
+    settings = GenerationSettings(do_sample=True, temperature=2, top_p=1)
+    assert (settings.temperature, settings.top_p) == (2.0, 1.0) and type(settings.temperature) is float
+    decoder = FidesDecoder(tiny_llama, tokenizer)
+    sampled = decoder.generate("q?", ["a document"], max_new_tokens=3, do_sample=True, temperature=2, seed=0)
+    again = decoder.generate("q?", ["a document"], max_new_tokens=3, do_sample=True, temperature=2.0, seed=0)
+    assert sampled.token_ids and sampled.token_ids == again.token_ids
+
+
+def test_a_seed_with_greedy_decoding_warns_at_the_callers_line(tiny_llama, tokenizer):
+    decoder = FidesDecoder(tiny_llama, tokenizer)
+    with pytest.warns(UserWarning, match="seed have no effect with greedy decoding; pass do_sample=True") as caught:
+        decoder.generate("q?", ["a document"], max_new_tokens=1, seed=3)
+    assert [w.filename for w in caught] == [__file__]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        GenerationSettings(do_sample=True, seed=3)
+        GenerationSettings()

@@ -71,6 +71,8 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     trimmed: bool = False
     document_tokens: tuple[int, int] | None = None
+    untrusted: list[str] = field(default_factory=list)
+    """Texts in the raw prompts (the documents as kept, the question) that are tokenised as plain text."""
 
     def fall_back(self, why: str, consequence: str) -> Plan:
         """Record a fallback: `why` for strict mode's error, `why: consequence` as the note and the warning."""
@@ -276,7 +278,8 @@ class FidesParams(BaseModel):
             context_window=self._dec.context_window, max_new_tokens=max_new, count=lambda pair: len(tokenizer(pair[0])["input_ids"]),
         )
         ctx, noctx = fitted.rendered
-        plan = Plan("prompts", source, documents=list(texts), context_prompt=ctx, no_context_prompt=noctx)
+        plan = Plan("prompts", source, documents=list(texts), context_prompt=ctx, no_context_prompt=noctx,
+                    untrusted=[*fitted.texts.values(), *([question] if question else [])])
         for note in fitted.notes:
             logger.warning(note)
         plan.notes += fitted.notes
@@ -306,9 +309,10 @@ class FidesParams(BaseModel):
             plan.notes.append(note)
         return plan
 
-    def _plain_plan(self, messages: list[tuple[str, str]], why: str) -> Plan:
+    def _plain_plan(self, messages: list[tuple[str, str]], why: str, question: str | None = None) -> Plan:
         prompt = self._render_messages(messages)
-        plan = Plan("prompts", "none", context_prompt=prompt, no_context_prompt=prompt, method="standard")
+        plan = Plan("prompts", "none", context_prompt=prompt, no_context_prompt=prompt, method="standard",
+                    untrusted=[question] if question else [])
         return plan.fall_back(why, "decoded with 'standard' on the prompt as given")
 
     def _check_fallback(self, plan: Plan, opts: CallOptions) -> None:
@@ -353,7 +357,8 @@ class FidesParams(BaseModel):
         if plan.kind == "template":
             result = self._batcher.generate(plan.question or "", plan.documents, **common)
         else:
-            result = self._batcher.generate(context_prompt=plan.context_prompt or "", no_context_prompt=plan.no_context_prompt or "", **common)
+            result = self._batcher.generate(context_prompt=plan.context_prompt or "", no_context_prompt=plan.no_context_prompt or "",
+                                            untrusted_texts=plan.untrusted, **common)
         return self._finish(plan, result)
 
     def _decode_stream(self, plan: Plan, opts: CallOptions) -> Iterator[str | GenerationResult]:
@@ -362,7 +367,8 @@ class FidesParams(BaseModel):
         if plan.kind == "template":
             stream = self._batcher.stream(plan.question or "", plan.documents, **common)
         else:
-            stream = self._batcher.stream(context_prompt=plan.context_prompt or "", no_context_prompt=plan.no_context_prompt or "", **common)
+            stream = self._batcher.stream(context_prompt=plan.context_prompt or "", no_context_prompt=plan.no_context_prompt or "",
+                                          untrusted_texts=plan.untrusted, **common)
         leftovers = TemplateLeftovers(self._dec.prompt_template) if plan.kind == "template" else None
         raw, emitted = "", ""
         try:

@@ -109,7 +109,7 @@ class ChatFides(FidesParams, BaseChatModel):
         if documents is not None:
             texts = document_texts(documents)
             if not texts:
-                return self._plain_plan(turns, "the documents given were empty")
+                return self._plain_plan(turns, "the documents given were empty", question)
             if single and fides_question:
                 return Plan("template", "prompt_value", question=fides_question, documents=texts)
             if all(any(t in c for _, c in turns) for t in texts):
@@ -128,7 +128,7 @@ class ChatFides(FidesParams, BaseChatModel):
         use_systems = self.system_message_as_context and bool(systems)
         if retrieved is not None and not retrieved:
             # An empty retrieval: the system message holds only its instruction, nothing to contrast.
-            return self._plain_plan(turns, _why_no_documents(retrieved, "the messages"))
+            return self._plain_plan(turns, _why_no_documents(retrieved, "the messages"), question)
         if use_systems:
             plan = self._prompt_plan(turns, [turns[i][1] for i in systems], "system_message", max_new, drop_in_no_context=systems, question=question)
             if retrieved:
@@ -140,7 +140,8 @@ class ChatFides(FidesParams, BaseChatModel):
             logger.info(note)
             plan.notes.insert(0, note)
             return plan
-        return self._plain_plan(turns, _why_no_documents(retrieved, "the messages") if retrieved else "no documents were given, attached or retrieved in this run")
+        why = _why_no_documents(retrieved, "the messages") if retrieved else "no documents were given, attached or retrieved in this run"
+        return self._plain_plan(turns, why, question)
 
     # -- hooks ----------------------------------------------------------------------------------------
 

@@ -135,11 +135,11 @@ class FidesLLM(FidesParams, BaseLLM):
         retrieved = recorder.retrieved_for(parent_run_id)
         if found:
             return self._retriever_plan(messages, found, retrieved, max_new, "the prompt", self._recorded_question(parent_run_id, prompt))
-        return self._plain_plan(messages, _why_no_documents(retrieved, "the prompt"))
+        return self._plain_plan(messages, _why_no_documents(retrieved, "the prompt"), self._recorded_question(parent_run_id, prompt))
 
     def _recorded_question(self, parent_run_id: UUID | None, prompt: str) -> str | None:
-        """The run's question for no_context_path='question'; not looked up under 'emptied', which needs none."""
-        return recorder.question_for(parent_run_id, prompt) if self.no_context_path == "question" else None
+        """The run's question: the no-context path's under no_context_path='question', and tokenised as plain text."""
+        return recorder.question_for(parent_run_id, prompt)
 
     def _generate_one(self, prompt: str, stop: list[str] | None, parent_run_id: UUID | None, kwargs: dict[str, Any]) -> Generation:
         opts = self._options(stop, kwargs)

@@ -90,7 +90,7 @@ class PairDecoding:
         if pair.uses_template:
             result = self._clean(pair, self._batcher.generate(*prompts, **args))
         else:
-            result = self._batcher.generate(context_prompt=prompts[0], no_context_prompt=prompts[1], **args)
+            result = self._batcher.generate(context_prompt=prompts[0], no_context_prompt=prompts[1], untrusted_texts=pair.untrusted, **args)
         info = self._report(pair, options, result)
         return CompletionResponse(text=result.text, raw=result.to_dict(), additional_kwargs=info)
 
@@ -99,7 +99,7 @@ class PairDecoding:
         if pair.uses_template:
             stream = self._batcher.stream(*prompts, **args)
         else:
-            stream = self._batcher.stream(context_prompt=prompts[0], no_context_prompt=prompts[1], **args)
+            stream = self._batcher.stream(context_prompt=prompts[0], no_context_prompt=prompts[1], untrusted_texts=pair.untrusted, **args)
         leftovers = TemplateLeftovers(self._decoder.prompt_template) if pair.uses_template else None
         raw, text, held = "", "", None  # one delta is held back so that the last response can carry the signals
         try:

@@ -32,12 +32,14 @@ class PromptPair:
 
     With `question` and `documents` set, fides-rag's own 2-shot template builds both prompts (the
     decoder renders them); otherwise `context_prompt` / `no_context_prompt` are decoded as they are.
-    `fallback` says why there is nothing to contrast (None: there is).
+    `fallback` says why there is nothing to contrast (None: there is). `untrusted`: the texts in the raw prompts
+    (the context as kept, the question) that are tokenised as plain text.
     """
 
     def __init__(
         self, context_prompt: str, no_context_prompt: str | None, info: dict[str, Any], *,
         question: str | None = None, documents: list[str] | None = None, fallback: str | None = None,
+        untrusted: Sequence[str | None] = (),
     ) -> None:
         self.context_prompt = context_prompt
         self.no_context_prompt = no_context_prompt
@@ -45,6 +47,7 @@ class PromptPair:
         self.question = question
         self.documents = documents
         self.fallback = fallback
+        self.untrusted = [t for t in untrusted if t]
         if fallback is not None:
             info.setdefault("notes", []).insert(0, f"{fallback}: decoded with 'standard'")
 
@@ -109,14 +112,16 @@ class PromptPairing:
         if not any(v.strip() for v in context.values()):
             what = "was empty" if context else "is not in the prompt"
             why = f"the context variable ({', '.join(self.context_variables)}) {what}"
-            return PromptPair(self._render_template(prompt, {**template_args, **context}), None, info, fallback=why)
+            question = template_args.get("query_str", (getattr(prompt, "kwargs", None) or {}).get("query_str"))
+            return PromptPair(self._render_template(prompt, {**template_args, **context}), None, info, fallback=why,
+                              untrusted=[None if question is None else str(question)])
         ctx_text, used, trim = self._fit(lambda c: self._render_template(prompt, {**template_args, **c}), context, max_new_tokens)
         question = template_args.get("query_str", (getattr(prompt, "kwargs", None) or {}).get("query_str"))
+        question = None if question is None else str(question)
         info.update(trim)
-        no_ctx_text = self._no_context_text(self._render_template(prompt, {**template_args, **{k: "" for k in context}}),
-                                            None if question is None else str(question), info)
+        no_ctx_text = self._no_context_text(self._render_template(prompt, {**template_args, **{k: "" for k in context}}), question, info)
         info["context"] = self.context_separator.join(used.values())
-        return PromptPair(ctx_text, no_ctx_text, info)
+        return PromptPair(ctx_text, no_ctx_text, info, untrusted=[*used.values(), question])
 
     def _documents_pair(self, query: str, documents: Any) -> PromptPair:
         """complete(query, documents=...): fides-rag's own 2-shot template (as langchain-fides' documents=)."""
@@ -138,14 +143,16 @@ class PromptPairing:
                 render = lambda c: self._messages_text(with_context_message(messages, template, c["context_str"]))  # noqa: E731
                 ctx_text, used, trim = self._fit(render, {"context_str": context}, max_new_tokens)
                 info = {"prompt_type": "chat", "context_variables": ["context_str"], "context": used["context_str"], **trim}
-                return PromptPair(ctx_text, self._no_context_text(render({"context_str": ""}), question, info), info)
+                return PromptPair(ctx_text, self._no_context_text(render({"context_str": ""}), question, info), info,
+                                  untrusted=[used["context_str"], question])
         found = split_context_from_messages(messages, self.chat_context_templates)
         if found is not None:
             emptied, context = found
             info = {"prompt_type": "chat", "context_variables": ["system message"], "context": context}
-            return PromptPair(self._messages_text(messages), self._no_context_text(self._messages_text(emptied), question, info), info)
+            return PromptPair(self._messages_text(messages), self._no_context_text(self._messages_text(emptied), question, info), info,
+                              untrusted=[context, question])
         why = "the documents given were empty" if documents is not None else "no documents= and no context system message in the chat"
-        return PromptPair(self._messages_text(messages), None, {"prompt_type": "chat"}, fallback=why)
+        return PromptPair(self._messages_text(messages), None, {"prompt_type": "chat"}, fallback=why, untrusted=[question])
 
     def _pair_for_complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any], options: dict[str, Any]) -> PromptPair:
         documents, no_ctx = kwargs.get("documents"), kwargs.get("no_context_prompt")
@@ -155,4 +162,5 @@ class PromptPairing:
             return PromptPair(prompt if formatted else self._completion_text(prompt, False), no_ctx, {"prompt_type": "explicit"})
         if documents is not None:
             return self._documents_pair(prompt, documents)
-        return PromptPair(self._completion_text(prompt, formatted), None, {"prompt_type": "completion"}, fallback="no documents= were given")
+        return PromptPair(self._completion_text(prompt, formatted), None, {"prompt_type": "completion"}, fallback="no documents= were given",
+                          untrusted=[] if formatted else [prompt])
