@@ -7,6 +7,7 @@ again), the per-token cost (fill the bitmask, accept the token), a batch of 8 ro
   * soundness: random walks that pick any token the mask admits end in text that parses and validates;
   * an always-true regex admits every non-special token.
 
+    .venv/bin/pip install xgrammar outlines-core   # llguidance comes with fides-rag[grammar]
     .venv/bin/python benchmarks/grammar_libraries.py --out results/grammar-libraries/cpu-2core.json
 """
 
