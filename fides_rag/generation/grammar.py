@@ -3,16 +3,18 @@ llguidance, and one state per request that refuses every token that would break 
 
 Contract with the decode loop. The mask applies to the FINAL logits of a step, after the contrast rule's
 `combine`, so the contrast decides among valid tokens only. Per step, with the rows' states (None for a row with
-no grammar):
+no grammar), on the thread that owns the states:
 
-    mask_logits_rows(states, logits)    # one host bitmask [n, ceil(V/32)], one H2D copy, one masked_fill
+    mask_logits_rows(states, logits)    # one host bitmask [n, ceil(V/32)], one H2D copy, one in-place add
     tokens = choose(logits)             # greedy or sampled, as without a grammar
     for state, token in zip(states, tokens.tolist()):
         state.accept(token)             # the host ints the loop brings back anyway
 
-EOS is admitted only where the structure is complete and is the only token admitted once nothing can follow;
-after EOS a state admits EOS only. Logits columns past the tokenizer's vocabulary (a padded output head) are
-always refused. `GrammarConstraint.any_text()` masks nothing, for checking that the masking path changes nothing.
+On a GPU the host half can overlap the forward: `fill_bitmask(states, bitmask)` right after launching it, then
+`apply_bitmask(logits, bitmask)` on its output. EOS is admitted only where the structure is complete and is the
+only token admitted once nothing can follow; after EOS a state admits EOS only. Logits columns past the tokenizer's
+vocabulary (a padded output head) are always refused. `GrammarConstraint.any_text()` refuses nothing: it runs the
+same masking path and must leave every logit as it was.
 """
 
 from __future__ import annotations
