@@ -16,7 +16,7 @@ from fides_rag.extras import MissingExtraError, check_extra, require
 
 ROOT = Path(__file__).resolve().parents[1]
 # rich is left out: transformers itself brings it (huggingface_hub -> typer -> rich).
-EXTRA_MODULES = ("pandas", "pyarrow", "scipy", "sklearn", "matplotlib", "faiss", "sentence_transformers", "tabulate")
+EXTRA_MODULES = ("pandas", "pyarrow", "scipy", "sklearn", "matplotlib", "faiss", "sentence_transformers", "tabulate", "llguidance")
 
 
 def test_require_names_the_extra_for_a_missing_module() -> None:
