@@ -73,7 +73,9 @@ class FidesDecoder:
             tokenizer, prompt_template or PromptTemplate(), has_template if use_chat_template is None else use_chat_template,
             context_window(model.config, tokenizer),
         )
-        self.requests = RequestBuilder(preparer, rule, max_new_tokens, self.engine.setup_heads)
+        self.requests = RequestBuilder(
+            preparer, rule, max_new_tokens, self.engine.setup_heads, vocab_size=self.engine.vocab_size, eos_token_ids=lambda: self.engine.eos_token_ids
+        )
         """The request builder every entry point on this decoder shares."""
 
     @classmethod

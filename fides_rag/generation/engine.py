@@ -146,6 +146,12 @@ class DecodeEngine:
             raise TypeError(f"unknown engine settings {sorted(settings)}")
 
     @property
+    def vocab_size(self) -> int:
+        """The width of the model's logits (its output head's rows; may exceed the tokenizer's vocabulary)."""
+        weight = getattr(self.anatomy.head, "weight", None)
+        return int(weight.shape[0]) if weight is not None else int(self.anatomy.config.vocab_size)
+
+    @property
     def input_device(self) -> torch.device:
         """Where input ids go: the input embeddings' device (the CPU when they are offloaded)."""
         weight = self.model.get_input_embeddings().weight
@@ -261,6 +267,7 @@ class DecodeEngine:
                 stop=example.stop + settings.stop, max_new_tokens=settings.max_new_tokens, text=IncrementalText(self.decode_text),
                 seed=settings.seed, head_set=head_set, processors=settings.unit_processors(len(example.context_ids), self.eos_token_ids),
                 criteria=settings.stopping_criteria or None,
+                grammar=request.constraint.start() if request.constraint is not None else None,
             ))
         return units
 

@@ -44,6 +44,8 @@ class Unit:
     """This unit's own logits processors (min_new_tokens and the user's), built at admission; None when none."""
     criteria: Any = None
     """This unit's stopping criteria (transformers' StoppingCriteriaList), or None."""
+    grammar: Any = None
+    """This unit's `GrammarState` (its answer held to a JSON schema, regex or grammar), or None."""
     generated: list[int] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
     stop_scanned: int = 0

@@ -7,7 +7,7 @@ validation: `GenerationSettings` (generation) and `RequestBuilder` (method, meth
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from transformers import LogitsProcessorList, StoppingCriteriaList
 
@@ -30,6 +30,9 @@ class GenerationOptions(TypedDict, total=False):
     seed: int | None
     logits_processor: LogitsProcessorList | None
     stopping_criteria: StoppingCriteriaList | None
+    json_schema: Any
+    regex: str | None
+    grammar: Any
 
 
 class MethodOptions(GenerationOptions, total=False):

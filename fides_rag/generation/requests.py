@@ -63,6 +63,8 @@ class Request:
     streams: bool = False
     several: bool = False
     """Asked with methods=: its result is label -> result even for one label."""
+    constraint: Any = None
+    """The compiled grammar (`GrammarConstraint`) the answer is held to, or None."""
     unit_of: list[int] = field(default_factory=list)
     """methods[i] is decoded by distinct effective rule number unit_of[i]."""
 
@@ -115,12 +117,30 @@ def _path_rows(rule: ContrastRule, example: PreparedExample, heads: Heads | None
 class RequestBuilder:
     """Builds `Request`s with one prompt preparer, one default method and token budget, and the engine's head setup."""
 
-    def __init__(self, preparer: PromptPreparer, default_method: ContrastRule, default_max_new_tokens: int, setup_heads: Any) -> None:
+    def __init__(
+        self, preparer: PromptPreparer, default_method: ContrastRule, default_max_new_tokens: int, setup_heads: Any,
+        vocab_size: int | None = None, eos_token_ids: Any = None,
+    ) -> None:
         self.preparer = preparer
         self.default_method = default_method
         self.default_max_new_tokens = default_max_new_tokens
         self._setup_heads = setup_heads
         """(rules) -> one Heads or None per rule: the rules' setup hook, run under the engine's model lock."""
+        self.vocab_size = vocab_size
+        """The model's logits width (grammars mask every column)."""
+        self.eos_token_ids = eos_token_ids
+        """() -> the ids that end an answer (grammars admit them only where the structure is complete)."""
+
+    def constraint(self, settings: GenerationSettings) -> Any:
+        """The compiled grammar of `settings` (cached per tokenizer and grammar), or None."""
+        if not settings.constrained:
+            return None
+        from fides_rag.generation.grammar import GrammarConstraint
+
+        if isinstance(settings.grammar, GrammarConstraint):
+            return settings.grammar
+        spec = {name: getattr(settings, name) for name in ("json_schema", "regex", "grammar") if getattr(settings, name) is not None}
+        return GrammarConstraint.compile(self.preparer.tokenizer, vocab_size=self.vocab_size, eos_token_ids=sorted(self.eos_token_ids()), **spec)
 
     def resolve(self, method: str | ContrastRule | None) -> ContrastRule:
         """A rule object for `method`; None, or the default rule's name, gives the configured default rule."""
@@ -198,7 +218,7 @@ class RequestBuilder:
         runs = [MethodRun(label, rule, standard or rule) for label, rule in labelled.items()]  # one 'standard': decoded once
         if stream and methods is not None:
             raise ValueError("a stream decodes one method; pass method=, not methods=")
-        request = Request(example, runs, settings, streams=stream, several=methods is not None)
+        request = Request(example, runs, settings, streams=stream, several=methods is not None, constraint=self.constraint(settings))
         check_document_paths([example], [run.effective for run in request.decoded], first=number)
         return request
 

@@ -64,6 +64,12 @@ class GenerationSettings:
     stop: tuple[str, ...] = ()
     logits_processor: LogitsProcessorList | None = None
     stopping_criteria: StoppingCriteriaList | None = None
+    json_schema: Any = None
+    """Constrain the answer to JSON valid under this schema (a dict, JSON text or a pydantic model class)."""
+    regex: str | None = None
+    """Constrain the answer to a match of this regular expression."""
+    grammar: Any = None
+    """Constrain the answer to this Lark or GBNF grammar (text), or a compiled `GrammarConstraint`."""
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_new_tokens) or self.max_new_tokens <= 0:
@@ -84,6 +90,11 @@ class GenerationSettings:
             raise ValueError(f"stop strings must be non-empty strings, got {self.stop!r}")
         for name in ("temperature", "top_p"):  # an int (temperature=2) is valid; transformers' warpers take floats only
             object.__setattr__(self, name, float(getattr(self, name)))
+        constraints = [name for name in ("json_schema", "regex", "grammar") if getattr(self, name) is not None]
+        if len(constraints) > 1:
+            raise ValueError(f"give at most one of json_schema=, regex= and grammar=, got {', '.join(constraints)}")
+        if self.regex is not None and not isinstance(self.regex, str):
+            raise ValueError(f"regex must be a string, got {type(self.regex).__name__}")
         if not self.do_sample and (self.temperature != 1.0 or self.top_p != 1.0 or self.top_k != 0 or self.seed is not None):
             warnings.warn("temperature/top_p/top_k/seed have no effect with greedy decoding; pass do_sample=True to sample",
                           stacklevel=_stacklevel_outside_package())
@@ -119,6 +130,11 @@ class GenerationSettings:
             if self.top_p < 1.0:
                 warpers.append(TopPLogitsWarper(self.top_p))
         return warpers
+
+    @property
+    def constrained(self) -> bool:
+        """Whether the answer is held to a JSON schema, regex or grammar."""
+        return any(getattr(self, name) is not None for name in ("json_schema", "regex", "grammar"))
 
     def sampling_key(self) -> tuple:
         """What requests decoded in one lane must share (everything else is held per request)."""

@@ -78,7 +78,8 @@ def decide(anatomy: ModelAnatomy, batch: RunningBatch, lanes: Sequence[Lane], pl
         try:
             inputs = plan.inputs(index, logits, layer_states, anatomy.num_layers)
             decided = _combined(lane.rule.name, lane.rule.combine(inputs), n)
-            chosen, has_nan, scores = choose(decided.logits, lane, taken.unit_errors)  # [n], [n], [n, V]
+            scores = constrain(decided, inputs.ctx_logits, taken.units, taken.unit_errors)  # after combine: the contrast picks among valid tokens
+            chosen, has_nan, scores = choose(scores, lane, taken.unit_errors)  # [n], [n], [n, V]
             parts = [chosen, _not_finite(inputs), has_nan]
             if any(u.criteria is not None for u in taken.units):
                 taken.criteria = True
@@ -92,6 +93,33 @@ def decide(anatomy: ModelAnatomy, batch: RunningBatch, lanes: Sequence[Lane], pl
     if not packed:
         return [], steps
     return torch.cat(packed).tolist(), steps  # the step's one device-to-host transfer
+
+
+def constrain(decided: StepOutput, context_logits: torch.Tensor, units: Sequence[Unit], errors: dict[int, BaseException]) -> torch.Tensor:
+    """The final logits [n, V] with every token a unit's grammar refuses set to -inf (a copy; units without a
+    grammar untouched). Where the rule left no token the grammar allows (DoLa's relative-top filter, say), the unit
+    chooses among the allowed tokens by its context path's logits, and its step records `grammar_fallback` 1.
+    A grammar that reaches a dead end fails its own unit only."""
+    states = [u.grammar for u in units]
+    if all(state is None for state in states):
+        return decided.logits
+    from fides_rag.generation.grammar import GrammarViolation, mask_logits_rows
+
+    masked, fallback = decided.logits.clone(), context_logits.clone()
+    try:
+        mask_logits_rows(states, masked)
+        mask_logits_rows(states, fallback)
+    except GrammarViolation:
+        for i, state in enumerate(states):  # find the failing rows, mask the others one by one
+            try:
+                if state is not None:
+                    mask_logits_rows([state], masked[i : i + 1])
+                    mask_logits_rows([state], fallback[i : i + 1])
+            except GrammarViolation as error:
+                errors.setdefault(i, error)
+    dead = torch.isneginf(masked).all(dim=-1) & torch.tensor([s is not None for s in states], device=masked.device)  # [n]
+    decided.records["grammar_fallback"] = dead.float()
+    return torch.where(dead[:, None], fallback, masked)
 
 
 def _packed_dtype(device: torch.device) -> torch.dtype:
@@ -130,5 +158,11 @@ def advance(
             unit.generated.append(token_id)
             unit.steps.append(StepRecord(token_id, tokenizer_decode([token_id]), dict(zip(taken.names, values[width - len(taken.names) :]))))
             unit.text.push(token_id)
+            if unit.grammar is not None:
+                try:
+                    unit.grammar.accept(token_id)
+                except ValueError as error:  # GrammarViolation
+                    failed.append((unit, error))
+                    continue
             unit.finish_reason = finish_reason(unit, eos_token_ids, bool(taken.criteria and values[3]))
     return failed
