@@ -15,7 +15,8 @@ from fides_rag import FidesConfig, FidesDecoder, GenerationResult, available_met
 from fides_rag.batching import RequestBatcher, shared_batcher
 from fides_rag.generation.settings import sampling_options
 from fides_rag.prompts import TemplateLeftovers, document_texts, template_stops
-from fides_rag.raw_prompts import check_no_context_path, fit_documents, question_only_text, render_chat
+from fides_rag.chat import DOCUMENTS_INSTRUCTION, ChatPlan, ChatPrompts
+from fides_rag.raw_prompts import check_no_context_path
 from fides_rag.rules import ContrastRule, accepts_option, get_method
 
 logger = logging.getLogger("langchain_fides")
@@ -53,32 +54,8 @@ def cache_key_options(kwargs: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-@dataclass
-class Plan:
-    """How one call will be decoded: fides-rag's template (question + documents) or two raw prompts."""
-
-    kind: Literal["template", "prompts"]
-    source: str
-    """Where the documents came from: documents, prompt_value, message, retriever, system_message or none."""
-    question: str | None = None
-    documents: list[str] = field(default_factory=list)
-    context_prompt: str | None = None
-    no_context_prompt: str | None = None
-    method: str | None = None
-    """Forces a method (\"standard\" when there are no documents)."""
-    fallback: str | None = None
-    """Why the documents could not be used as asked (None: they were); `strict=True` raises with this."""
-    notes: list[str] = field(default_factory=list)
-    trimmed: bool = False
-    document_tokens: tuple[int, int] | None = None
-    untrusted: list[str] = field(default_factory=list)
-    """Texts in the raw prompts (the documents as kept, the question) that are tokenised as plain text."""
-
-    def fall_back(self, why: str, consequence: str) -> Plan:
-        """Record a fallback: `why` for strict mode's error, `why: consequence` as the note and the warning."""
-        self.fallback = why
-        self.notes.insert(0, f"{why}: {consequence}")
-        return self
+Plan = ChatPlan
+"""How one call will be decoded (fides_rag.chat.ChatPlan)."""
 
 
 @dataclass
@@ -238,59 +215,24 @@ class FidesParams(BaseModel):
         assert self.decoder is not None
         return self.decoder
 
-    def _uses_chat_template(self) -> bool:
+    @property
+    def _chat(self) -> ChatPrompts:
+        """The core's conversation planner with this object's chat-template use and no-context design."""
         has = bool(getattr(self._dec.tokenizer, "chat_template", None))
-        return has if self.apply_chat_template is None else bool(self.apply_chat_template and has)
+        use = has if self.apply_chat_template is None else bool(self.apply_chat_template and has)
+        instruction = getattr(self, "documents_instruction", DOCUMENTS_INSTRUCTION)
+        return ChatPrompts(self._dec.tokenizer, context_window=self._dec.context_window, use_chat_template=use,
+                           no_context_path=self.no_context_path, documents_instruction=instruction, template=self._dec.prompt_template)
 
     def _render_messages(self, messages: list[tuple[str, str]]) -> str:
-        messages = [(r, c) for r, c in messages if c.strip()] or messages[-1:]
-        if self._uses_chat_template():
-            return render_chat(self._dec.tokenizer, [{"role": r, "content": c} for r, c in messages])
-        if len(messages) == 1 and messages[0][0] == "user":
-            return messages[0][1]
-        return "\n".join(f"{r.capitalize()}: {c}" for r, c in messages) + "\nAssistant:"
+        return self._chat.render(messages)
 
     def _prompt_plan(
         self, messages: list[tuple[str, str]], texts: list[str], source: str, max_new: int, *,
         drop_in_no_context: Sequence[int] = (), question: str | None = None,
     ) -> Plan:
-        """Context path: the messages as given; no-context path: the same with every document text removed, or
-        with no_context_path='question' the question alone under a neutral instruction.
-
-        Documents are trimmed (longest first) when the context path would not fit the window.
-        """
-
-        def render(repl: dict[str, str]) -> tuple[str, str]:
-            ctx, noctx = [], []
-            for i, (role, content) in enumerate(messages):
-                c, n = content, content
-                for t in texts:
-                    c = c.replace(t, repl.get(t, t))
-                    n = n.replace(t, "")
-                ctx.append((role, c))
-                if i not in drop_in_no_context:
-                    noctx.append((role, n))
-            return self._render_messages(ctx), self._render_messages(noctx)
-
-        tokenizer = self._dec.tokenizer
-        fitted = fit_documents(
-            {t: t for t in texts}, lambda kept: render({t: k for t, k in kept.items() if k != t}), tokenizer,
-            context_window=self._dec.context_window, max_new_tokens=max_new, count=lambda pair: len(tokenizer(pair[0])["input_ids"]),
-        )
-        ctx, noctx = fitted.rendered
-        plan = Plan("prompts", source, documents=list(texts), context_prompt=ctx, no_context_prompt=noctx,
-                    untrusted=[*fitted.texts.values(), *([question] if question else [])])
-        for note in fitted.notes:
-            logger.warning(note)
-        plan.notes += fitted.notes
-        plan.trimmed, plan.document_tokens = fitted.trimmed, fitted.document_tokens
-        if self.no_context_path == "question":
-            if question:
-                plan.no_context_prompt = self._render_messages([("user", question_only_text(question))])
-            else:
-                plan.fall_back("no_context_path='question' but no question was found for this call",
-                               "the no-context path is the prompt with its documents removed (pass fides_question=)")
-        return plan
+        """The prompt pair of `messages` with `texts` contrasted where they stand (`ChatPrompts.pair`)."""
+        return self._chat.pair(messages, texts, source, max_new, drop_in_no_context=drop_in_no_context, question=question)
 
     def _retriever_plan(
         self, messages: list[tuple[str, str]], found: list[Any], retrieved: list[Any] | None, max_new: int, where: str, question: str | None
@@ -310,10 +252,7 @@ class FidesParams(BaseModel):
         return plan
 
     def _plain_plan(self, messages: list[tuple[str, str]], why: str, question: str | None = None) -> Plan:
-        prompt = self._render_messages(messages)
-        plan = Plan("prompts", "none", context_prompt=prompt, no_context_prompt=prompt, method="standard",
-                    untrusted=[question] if question else [])
-        return plan.fall_back(why, "decoded with 'standard' on the prompt as given")
+        return self._chat.plain(messages, why, question)
 
     def _check_fallback(self, plan: Plan, opts: CallOptions) -> None:
         """Raise under strict mode, else log a warning, when the plan does not use the documents as asked."""
@@ -353,22 +292,14 @@ class FidesParams(BaseModel):
         return shared_batcher(self._dec, max_batch_size=self.max_batch_size, window_s=self.batch_window_s)
 
     def _decode(self, plan: Plan, opts: CallOptions) -> GenerationResult:
-        common = self._common(plan, opts)
-        if plan.kind == "template":
-            result = self._batcher.generate(plan.question or "", plan.documents, **common)
-        else:
-            result = self._batcher.generate(context_prompt=plan.context_prompt or "", no_context_prompt=plan.no_context_prompt or "",
-                                            untrusted_texts=plan.untrusted, **common)
+        prompt, documents = plan.prompt()
+        result = self._batcher.generate(prompt, documents, **self._common(plan, opts))
         return self._finish(plan, result)
 
     def _decode_stream(self, plan: Plan, opts: CallOptions) -> Iterator[str | GenerationResult]:
         """Text deltas, then the GenerationResult as the last item."""
-        common = self._common(plan, opts)
-        if plan.kind == "template":
-            stream = self._batcher.stream(plan.question or "", plan.documents, **common)
-        else:
-            stream = self._batcher.stream(context_prompt=plan.context_prompt or "", no_context_prompt=plan.no_context_prompt or "",
-                                          untrusted_texts=plan.untrusted, **common)
+        prompt, documents = plan.prompt()
+        stream = self._batcher.stream(prompt, documents, **self._common(plan, opts))
         leftovers = TemplateLeftovers(self._dec.prompt_template) if plan.kind == "template" else None
         raw, emitted = "", ""
         try:

@@ -16,13 +16,13 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 
 from fides_rag import GenerationResult
 from fides_rag.generation.streaming import iterate_in_thread
-from fides_rag.prompts import PromptTemplate, document_texts
+from fides_rag.prompts import document_texts
 
 from langchain_fides._base import CallOptions, FidesParams, Plan, logger
 from langchain_fides._discovery import model_parent_var, recorder
 from langchain_fides.llms import _why_no_documents
 
-_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "user", "function": "user"}
+_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "function": "tool"}
 
 
 def _role(message: BaseMessage) -> str:
@@ -105,20 +105,11 @@ class ChatFides(FidesParams, BaseChatModel):
                     documents, source = m.additional_kwargs["documents"], "message"
                     fides_question = m.additional_kwargs.get("fides_question") if m is last else None
                     break
-        single = len(messages) == 1
         if documents is not None:
-            texts = document_texts(documents)
-            if not texts:
-                return self._plain_plan(turns, "the documents given were empty", question)
-            if single and fides_question:
-                return Plan("template", "prompt_value", question=fides_question, documents=texts)
-            if all(any(t in c for _, c in turns) for t in texts):
-                return self._prompt_plan(turns, texts, source, max_new, question=question)
-            if single:
-                return Plan("template", source, question=question, documents=texts)
-            block = PromptTemplate().document_block(texts)
-            turns = [("system", f"{self.documents_instruction}\n{block}"), *turns]
-            return self._prompt_plan(turns, texts, source, max_new, drop_in_no_context=(0,), question=question)
+            return self._chat.with_documents(turns, document_texts(documents), source, max_new, question=question, template_question=fides_question)
+        tools = self._chat.from_tool_turns(turns, max_new, question=question)
+        if tools is not None:
+            return tools
         contents = [c for _, c in turns]
         found = recorder.documents_for(parent_run_id, contents)
         retrieved = recorder.retrieved_for(parent_run_id)

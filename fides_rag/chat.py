@@ -1,0 +1,162 @@
+"""A conversation and its documents become the two prompts of dual-path decoding, in one place that every chat
+entry point shares (LangChain's ChatFides and FidesLLM, the OpenAI-compatible server), so the same messages and
+documents give the same prompts, and the same answers, everywhere.
+
+The context path is the conversation as given. The no-context path is the same conversation with every document
+text removed (`no_context_path="emptied"`), or the question alone under the neutral instruction ("question").
+Documents that are not in the conversation yet are placed in it: a single question gets fides-rag's own template;
+a longer conversation gets a leading system turn that lists them. Tool results are documents too: an agent's
+retrieval comes back as tool turns, which form the context path and are emptied on the no-context path.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fides_rag.generation.requests import PromptPair
+from fides_rag.prompts import PromptTemplate
+from fides_rag.raw_prompts import check_no_context_path, fit_documents, question_only_text, render_chat
+
+logger = logging.getLogger("fides_rag.chat")
+
+Turn = tuple[str, str]
+"""(role, content), role one of user, assistant, system, tool."""
+DOCUMENTS_INSTRUCTION = "Use the following documents to answer the question."
+
+
+@dataclass
+class ChatPlan:
+    """How one conversation decodes: fides-rag's template (question + documents) or two rendered prompts."""
+
+    kind: Literal["template", "prompts"]
+    source: str
+    """Where the documents came from: documents, prompt_value, message, retriever, system_message, tool_messages or none."""
+    question: str | None = None
+    documents: list[str] = field(default_factory=list)
+    context_prompt: str | None = None
+    no_context_prompt: str | None = None
+    method: str | None = None
+    """Forces a method ('standard' when there are no documents)."""
+    fallback: str | None = None
+    """Why the documents could not be used as asked (None: they were); a strict caller raises with this."""
+    notes: list[str] = field(default_factory=list)
+    trimmed: bool = False
+    document_tokens: tuple[int, int] | None = None
+    untrusted: list[str] = field(default_factory=list)
+    """Texts in the rendered prompts (the documents as kept, the question) that are tokenised as plain text."""
+
+    def fall_back(self, why: str, consequence: str) -> ChatPlan:
+        """Record a fallback: `why` for a strict caller's error, `why: consequence` as the note and the warning."""
+        self.fallback = why
+        self.notes.insert(0, f"{why}: {consequence}")
+        return self
+
+    def prompt(self) -> tuple[Any, list[str] | None]:
+        """What the request builder takes: (question, documents) for the template, (PromptPair, None) otherwise."""
+        if self.kind == "template":
+            return self.question or "", list(self.documents)
+        return PromptPair(self.context_prompt or "", self.no_context_prompt or "", untrusted=tuple(self.untrusted)), None
+
+
+class ChatPrompts:
+    """Renders conversations with one tokenizer's chat template (or plain `Role:` lines) and plans their two paths."""
+
+    def __init__(
+        self, tokenizer: Any, *, context_window: int, use_chat_template: bool, no_context_path: str = "emptied",
+        documents_instruction: str = DOCUMENTS_INSTRUCTION, template: PromptTemplate | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.context_window = context_window
+        self.use_chat_template = use_chat_template and bool(getattr(tokenizer, "chat_template", None))
+        self.no_context_path = check_no_context_path(no_context_path)
+        self.documents_instruction = documents_instruction
+        self.template = template or PromptTemplate()
+
+    def render(self, turns: Sequence[Turn]) -> str:
+        """The conversation as one prompt that ends where the assistant's answer begins (empty turns dropped; tool
+        results render as user turns, which every chat template accepts)."""
+        turns = [("user" if r not in ("system", "assistant") else r, c) for r, c in turns]
+        turns = [(r, c) for r, c in turns if c.strip()] or turns[-1:]
+        if self.use_chat_template:
+            return render_chat(self.tokenizer, [{"role": r, "content": c} for r, c in turns])
+        if len(turns) == 1 and turns[0][0] == "user":
+            return turns[0][1]
+        return "\n".join(f"{r.capitalize()}: {c}" for r, c in turns) + "\nAssistant:"
+
+    def pair(
+        self, turns: Sequence[Turn], texts: Sequence[str], source: str, max_new_tokens: int, *,
+        drop_in_no_context: Sequence[int] = (), question: str | None = None,
+    ) -> ChatPlan:
+        """Context path: the turns as given; no-context path: the same with every document text removed (and turns
+        `drop_in_no_context` dropped), or with no_context_path='question' the question alone under a neutral
+        instruction. Documents are trimmed (longest first) when the context path would not fit the window."""
+
+        def render(replaced: dict[str, str]) -> tuple[str, str]:
+            ctx, noctx = [], []
+            for i, (role, content) in enumerate(turns):
+                c, n = content, content
+                for t in texts:
+                    c = c.replace(t, replaced.get(t, t))
+                    n = n.replace(t, "")
+                ctx.append((role, c))
+                if i not in drop_in_no_context:
+                    noctx.append((role, n))
+            return self.render(ctx), self.render(noctx)
+
+        fitted = fit_documents(
+            {t: t for t in texts}, lambda kept: render({t: k for t, k in kept.items() if k != t}), self.tokenizer,
+            context_window=self.context_window, max_new_tokens=max_new_tokens, count=lambda pair: len(self.tokenizer(pair[0])["input_ids"]),
+        )
+        ctx, noctx = fitted.rendered
+        plan = ChatPlan("prompts", source, documents=list(texts), context_prompt=ctx, no_context_prompt=noctx,
+                        untrusted=[*fitted.texts.values(), *([question] if question else [])])
+        for note in fitted.notes:
+            logger.warning(note)
+        plan.notes += fitted.notes
+        plan.trimmed, plan.document_tokens = fitted.trimmed, fitted.document_tokens
+        if self.no_context_path == "question":
+            if question:
+                plan.no_context_prompt = self.render([("user", question_only_text(question))])
+            else:
+                plan.fall_back("no_context_path='question' but no question was found for this call",
+                               "the no-context path is the prompt with its documents removed (pass fides_question=)")
+        return plan
+
+    def plain(self, turns: Sequence[Turn], why: str, question: str | None = None) -> ChatPlan:
+        """No documents to contrast: 'standard' on the conversation as given, with a note saying why."""
+        prompt = self.render(turns)
+        plan = ChatPlan("prompts", "none", context_prompt=prompt, no_context_prompt=prompt, method="standard",
+                        untrusted=[question] if question else [])
+        return plan.fall_back(why, "decoded with 'standard' on the prompt as given")
+
+    def with_documents(
+        self, turns: Sequence[Turn], texts: Sequence[str], source: str, max_new_tokens: int, *,
+        question: str | None = None, template_question: str | None = None,
+    ) -> ChatPlan:
+        """Plan a conversation with documents given beside it: found verbatim in it, they are contrasted where they
+        stand; a single question without them gets fides-rag's template; a longer conversation gets them in a
+        leading system turn (dropped on the no-context path)."""
+        texts = [t for t in texts if t.strip()]
+        if not texts:
+            return self.plain(turns, "the documents given were empty", question)
+        single = len(turns) == 1
+        if single and template_question:
+            return ChatPlan("template", "prompt_value", question=template_question, documents=list(texts))
+        if all(any(t in c for _, c in turns) for t in texts):
+            return self.pair(turns, texts, source, max_new_tokens, question=question)
+        if single:
+            return ChatPlan("template", source, question=question or turns[0][1], documents=list(texts))
+        block = self.template.document_block(texts)
+        turns = [("system", f"{self.documents_instruction}\n{block}"), *turns]
+        return self.pair(turns, texts, source, max_new_tokens, drop_in_no_context=(0,), question=question)
+
+    def from_tool_turns(self, turns: Sequence[Turn], max_new_tokens: int, question: str | None = None) -> ChatPlan | None:
+        """Tool results as the evidence: every non-empty tool turn's content is a document, contrasted where it
+        stands (emptied on the no-context path); None when the conversation holds no tool result."""
+        texts = list(dict.fromkeys(c for r, c in turns if r == "tool" and c.strip()))
+        if not texts:
+            return None
+        return self.pair(turns, texts, "tool_messages", max_new_tokens, question=question)

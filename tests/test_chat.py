@@ -1,0 +1,52 @@
+"""The conversation planner that every chat entry point shares: where documents go, what the no-context path
+holds, tool results as the evidence."""
+
+from __future__ import annotations
+
+from fides_rag import FidesDecoder, PromptPair
+from fides_rag.chat import ChatPrompts
+
+DOC = "The Eiffel Tower is in Rome."
+
+
+def prompts(tokenizer, **kw) -> ChatPrompts:
+    return ChatPrompts(tokenizer, context_window=2048, use_chat_template=True, **kw)
+
+
+def test_documents_in_the_conversation_are_emptied_on_the_no_context_path(chat_tokenizer):
+    turns = [("system", f"Context: {DOC}"), ("user", "Where is the Eiffel Tower?")]
+    plan = prompts(chat_tokenizer).with_documents(turns, [DOC], "documents", 16, question=turns[1][1])
+    assert plan.kind == "prompts" and plan.source == "documents"
+    assert DOC in plan.context_prompt and DOC not in plan.no_context_prompt and "Context:" in plan.no_context_prompt
+    pair, documents = plan.prompt()
+    assert isinstance(pair, PromptPair) and documents is None and DOC in pair.untrusted and turns[1][1] in pair.untrusted
+
+
+def test_documents_beside_the_conversation_go_in_the_template_or_a_system_turn(chat_tokenizer):
+    single = prompts(chat_tokenizer).with_documents([("user", "Where is it?")], [DOC], "documents", 16, question="Where is it?")
+    assert single.kind == "template" and single.question == "Where is it?" and single.documents == [DOC]
+    turns = [("user", "Hi"), ("assistant", "Hello!"), ("user", "Where is it?")]
+    multi = prompts(chat_tokenizer, documents_instruction="Read these:").with_documents(turns, [DOC], "documents", 16, question="Where is it?")
+    assert multi.kind == "prompts" and "Read these:\nDocument [1]: " + DOC in multi.context_prompt
+    assert "Read these:" not in multi.no_context_prompt and "Hello!" in multi.no_context_prompt
+    empty = prompts(chat_tokenizer).with_documents(turns, ["  "], "documents", 16)
+    assert empty.method == "standard" and empty.fallback == "the documents given were empty"
+
+
+def test_tool_results_are_the_evidence(chat_tokenizer, tiny_llama):
+    turns = [("user", "Where is the Eiffel Tower?"), ("assistant", "Let me look it up."), ("tool", DOC), ("tool", "  ")]
+    plan = prompts(chat_tokenizer).from_tool_turns(turns, 16, question=turns[0][1])
+    assert plan.source == "tool_messages" and plan.documents == [DOC]
+    assert "<|user|>\n" + DOC in plan.context_prompt and DOC not in plan.no_context_prompt  # tool turns render as user turns
+    assert prompts(chat_tokenizer).from_tool_turns(turns[:2], 16) is None
+    result = FidesDecoder(tiny_llama, chat_tokenizer).generate(plan.prompt()[0], max_new_tokens=3)
+    assert result.method == "fides" and result.no_context_prompt == plan.no_context_prompt
+
+
+def test_the_question_design_and_plain_text_rendering(tokenizer):
+    plain = ChatPrompts(tokenizer, context_window=2048, use_chat_template=False, no_context_path="question")
+    assert plain.render([("user", "Q?")]) == "Q?"
+    assert plain.render([("system", "S"), ("user", "Q?")]) == "System: S\nUser: Q?\nAssistant:"
+    plan = plain.pair([("system", DOC), ("user", "Q?")], [DOC], "documents", 8, question="Q?")
+    assert plan.no_context_prompt == "Answer the following question:\nQ?"
+    assert plain.pair([("user", DOC)], [DOC], "documents", 8).fallback.startswith("no_context_path='question'")
