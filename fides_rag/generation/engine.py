@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ContextManager, Literal
@@ -243,13 +244,16 @@ class DecodeEngine:
             if drive:
                 self._driver = threading.current_thread()
         if drive:
+            deadline = None if timeout is None else time.monotonic() + timeout
             try:
-                self._run(until=handle.done)
+                self._run(until=lambda: handle.done() or (deadline is not None and time.monotonic() >= deadline))
             finally:
                 with self._wake:
                     self._driver = None
                     if self._queue or self._in_flight:
                         self._ensure_driver()  # others' requests go on
+            if deadline is not None:
+                timeout = max(0.0, deadline - time.monotonic())
         return handle.future.result(timeout)
 
     def _units(self, handle: RequestHandle) -> list[Unit]:
