@@ -23,13 +23,10 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from fides_rag.generation.detokenize import IncrementalText
-from fides_rag.generation.gather import StepPlan
-from fides_rag.generation.hooks import HeadMasker, LayerCapture
-from fides_rag.generation.lanes import Lanes
-from fides_rag.generation.layout import Unit, prefill_groups
+from fides_rag.generation.in_flight import InFlight
+from fides_rag.generation.layout import Unit
 from fides_rag.generation.requests import Heads, Request
 from fides_rag.generation.running import RunningBatch
-from fides_rag.generation.step import advance, decide
 from fides_rag.generation.tickets import RequestHandle, Ticket
 from fides_rag.lens import ModelAnatomy
 from fides_rag.rules.base import CONTEXT, DOCUMENTS, MASKED_HEADS, NO_CONTEXT, ContrastRule
@@ -110,18 +107,13 @@ class DecodeEngine:
         self.configure(max_requests=max_requests, max_rows=max_rows, max_tokens=max_tokens, max_queue=max_queue,
                        window_s=window_s, admission=admission)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self._batch = RunningBatch(self.anatomy, pad, self.input_device, split_prefill)
-        self._lanes = Lanes(self.anatomy.num_layers)
+        self._flight = InFlight(
+            self.anatomy, lambda: RunningBatch(self.anatomy, pad, self.input_device, split_prefill), self.stats,
+            self.decode_text, self._decode_token,
+        )
         self._queue: collections.deque[Ticket] = collections.deque()
-        self._in_flight: list[Ticket] = []
-        self._held: list[Ticket] = []  # static admission: finished, released when the whole batch has
         self._wake = threading.Condition()
         self._driver: threading.Thread | None = None
-        self._head_sets: list[Heads] = []
-        self._masker: HeadMasker | None = None
-        self._masker_sets = 0
-        self._plan: StepPlan | None = None
-        self._plan_version = -1
 
     # -- configuration ----------------------------------------------------------------------------
 
@@ -187,11 +179,11 @@ class DecodeEngine:
 
     @property
     def requests_in_flight(self) -> int:
-        return len(self._in_flight)
+        return len(self._flight.tickets)
 
     @property
     def rows_in_flight(self) -> int:
-        return self._batch.layout.num_rows
+        return self._flight.batch.layout.num_rows
 
     def _check_fits(self, request: Request) -> None:
         for name, needed, what in (("max_rows", request.rows, "batch rows"), ("max_tokens", request.tokens, "KV positions")):
@@ -250,7 +242,7 @@ class DecodeEngine:
             finally:
                 with self._wake:
                     self._driver = None
-                    if self._queue or self._in_flight:
+                    if self._queue or self._flight.tickets:
                         self._ensure_driver()  # others' requests go on
             if deadline is not None:
                 timeout = max(0.0, deadline - time.monotonic())
@@ -277,12 +269,7 @@ class DecodeEngine:
 
     def _head_set(self, heads: Heads) -> int:
         with self._wake:
-            key = tuple(heads.items())
-            keys = [tuple(h.items()) for h in self._head_sets]
-            if key not in keys:
-                self._head_sets.append(dict(heads))
-                return len(self._head_sets) - 1
-            return keys.index(key)
+            return self._flight.head_set(heads)
 
     # -- the engine's thread ----------------------------------------------------------------------
 
@@ -297,9 +284,10 @@ class DecodeEngine:
                 return
             try:
                 with self.model_lock, torch.inference_mode(), (self.step_context or contextlib.nullcontext)():
-                    self._step(newcomers)
+                    self._flight.static = self.admission == "static"
+                    self._flight.step(newcomers, self.eos_token_ids, self.model.dtype)
             except BaseException as error:  # noqa: BLE001 - a failed forward fails what was decoding, not the engine
-                self._fail_all(error, newcomers)
+                self._flight.fail_all(error, newcomers)
                 if not isinstance(error, Exception):  # KeyboardInterrupt in a caller's thread: stop there
                     raise
 
@@ -307,12 +295,12 @@ class DecodeEngine:
         """The tickets to admit at this step boundary ([] is a step with no newcomer); None: nothing to do (the
         engine's thread ends after IDLE_EXIT_S of it)."""
         with self._wake:
-            while not self._queue and not self._in_flight:
-                if not wait or (not self._wake.wait(IDLE_EXIT_S) and not self._queue and not self._in_flight):
+            while not self._queue and not self._flight.tickets:
+                if not wait or (not self._wake.wait(IDLE_EXIT_S) and not self._queue and not self._flight.tickets):
                     if wait:
                         self._driver = None
                     return None
-            if not self._in_flight and self.window_s > 0:  # an idle engine gathers concurrent arrivals
+            if not self._flight.tickets and self.window_s > 0:  # an idle engine gathers concurrent arrivals
                 self._wake.wait_for(lambda: self._full(), self.window_s)
             return self._admissible()
 
@@ -320,12 +308,12 @@ class DecodeEngine:
         return self.max_requests is not None and len(self._queue) >= self.max_requests
 
     def _admissible(self) -> list[Ticket]:
-        if self._in_flight and (self.admission == "static" or not self._batch.extendable):
+        if self._flight.tickets and (self.admission == "static" or not self._flight.batch.extendable):
             return []
         taken: list[Ticket] = []
-        requests = len(self._in_flight)
-        rows = sum(t.request.rows for t in self._in_flight)
-        tokens = sum(t.request.tokens for t in self._in_flight)
+        requests = len(self._flight.tickets)
+        rows = sum(t.request.rows for t in self._flight.tickets)
+        tokens = sum(t.request.tokens for t in self._flight.tickets)
         while self._queue:
             ticket = self._queue[0]
             if ticket.handle.cancelled:
@@ -339,112 +327,9 @@ class DecodeEngine:
                 or (self.max_rows is not None and rows + request.rows > self.max_rows)
                 or (self.max_tokens is not None and tokens + request.tokens > self.max_tokens)
             )
-            if over and (self._in_flight or taken):
+            if over and (self._flight.tickets or taken):
                 break  # FIFO: the head waits for room, and nobody passes it
             self._queue.popleft()
             taken.append(ticket)
             requests, rows, tokens = requests + 1, rows + request.rows, tokens + request.tokens
         return taken
-
-    def _step(self, newcomers: list[Ticket]) -> None:
-        self._drop_cancelled()
-        for ticket in newcomers:
-            for unit in ticket.units:
-                unit.ticket = ticket
-                run = ticket.request.decoded[unit.index]
-                self._lanes.add(unit, run.effective, ticket.request.settings, unit.head_set)
-            self._in_flight.append(ticket)
-        if not self._in_flight:
-            return
-        batch = self._batch
-        old_units = [u for t in self._in_flight if t not in newcomers for u in t.units if u.finish_reason is None]
-        state_layers, layers = self._lanes.capture_layers()
-        with LayerCapture(self.anatomy, layers) as capture, self._masking() as masker:
-            if not batch.empty:
-                batch.forward(batch.layout.next_tokens(old_units), capture, masker)
-            if newcomers:
-                units = [(u, t.request.example, u.head_set) for t in newcomers for u in t.units]
-                groups, head_sets = prefill_groups(units, batch.layout.num_rows)
-                batch.join(groups, head_sets, capture, masker)
-                self.stats.admissions += 1
-        if self._plan is None or self._plan_version != batch.layout.version:
-            self._plan, self._plan_version = StepPlan(list(self._lanes), batch.layout.num_rows), batch.layout.version
-        host, lane_steps = decide(self.anatomy, batch, list(self._lanes), self._plan, state_layers)
-        failed = advance(host, lane_steps, self._decode_token, self.eos_token_ids, self.model.dtype)
-        self.stats.steps += 1
-        self.stats.tokens += sum(len(s.units) for s in lane_steps) - len(failed)
-        self.stats.largest_batch = max(self.stats.largest_batch, len(self._in_flight))
-        self.stats.peak_rows = max(self.stats.peak_rows, batch.layout.num_rows)
-        self._settle(failed)
-        self._compact()
-
-    def _masking(self) -> ContextManager[HeadMasker | None]:
-        """The head masker over every set of heads registered so far (rebuilt when a new set arrives)."""
-        if not self._head_sets:
-            return contextlib.nullcontext()
-        if self._masker is None or self._masker_sets != len(self._head_sets):
-            self._masker, self._masker_sets = HeadMasker(self.anatomy, list(self._head_sets)), len(self._head_sets)
-        return self._masker
-
-    def _settle(self, failed: list[tuple[Unit, BaseException]]) -> None:
-        """Fail the requests of failed units, stream new text, release every request that finished."""
-        for unit, error in failed:
-            ticket = unit.ticket
-            if ticket in self._in_flight and not ticket.handle.done():
-                ticket.fail(error)
-                self.stats.failed += 1
-            for other in ticket.units:
-                other.finish_reason = other.finish_reason or "cancelled"
-        still: list[Ticket] = []
-        for ticket in self._in_flight:
-            if ticket.handle.done() and not ticket.handle.cancelled:  # failed just now
-                continue
-            ticket.stream_delta()
-            if not ticket.finished:
-                still.append(ticket)
-            elif self.admission == "static":
-                self._held.append(ticket)
-            else:
-                self._release(ticket)
-        self._in_flight = still
-        if not still and self._held:
-            for ticket in self._held:
-                self._release(ticket)
-            self._held = []
-
-    def _release(self, ticket: Ticket) -> None:
-        if ticket.handle.cancelled:
-            ticket.close_cancelled()
-            self.stats.cancelled += 1
-            return
-        ticket.deliver(self.decode_text)
-        self.stats.finished += 1
-
-    def _drop_cancelled(self) -> None:
-        cancelled = [t for t in self._in_flight if t.handle.cancelled]
-        if not cancelled:
-            return
-        for ticket in cancelled:
-            for unit in ticket.units:
-                unit.finish_reason = unit.finish_reason or "cancelled"
-            ticket.close_cancelled()
-            self.stats.cancelled += 1
-        self._in_flight = [t for t in self._in_flight if t not in cancelled]
-        self._compact()
-
-    def _compact(self) -> None:
-        """Rows of units that stopped leave the batch; lanes keep only units still decoding."""
-        active = [u for t in self._in_flight for u in t.units if u.finish_reason is None]
-        self._batch.keep(self._batch.layout.compact(active))
-        self._lanes.keep(lambda unit: unit.finish_reason is None)
-
-    def _fail_all(self, error: BaseException, newcomers: list[Ticket]) -> None:
-        """A step failed outside any one rule (the forward itself): fail every request it held, start clean."""
-        for ticket in [*self._in_flight, *(t for t in newcomers if t not in self._in_flight), *self._held]:
-            ticket.fail(error)
-            self.stats.failed += 1
-        self._in_flight, self._held = [], []
-        pad = self._batch.pad_id
-        self._batch = RunningBatch(self.anatomy, pad, self.input_device, self.split_prefill)
-        self._lanes = Lanes(self.anatomy.num_layers)
-        self._plan = None
