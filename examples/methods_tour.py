@@ -3,7 +3,7 @@ from fides_rag import FidesConfig, FidesDecoder, available_methods, get_method, 
 model, tokenizer = load_model("smollm2-135m-instruct")
 decoder = FidesDecoder(model, tokenizer, max_new_tokens=8)
 question = "In which city is the Eiffel Tower located?"
-docs = ["The Eiffel Tower is a wrought-iron lattice tower in Rome, Italy.", "Rome is the capital of Italy."]
+docs = ["The Eiffel Tower is a wrought-iron lattice tower in Rome, Italy.", "The tower was built for the 1889 World's Fair."]
 print(available_methods())  # standard, cad, adacad, fides, and the other registered baselines
 
 methods = {  # label -> a method name or a configured rule

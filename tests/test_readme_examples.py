@@ -108,6 +108,16 @@ def test_every_subcommand_has_its_help_in_the_cli_page(monkeypatch):
     assert documented >= {""} | (set(commands) - {"methods"})
 
 
+HISTORY = re.compile(r"\b(issues?|sessions?)\b|\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("page", READMES + DOC_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_pages_name_no_issues_sessions_or_commits(page):
+    """User-facing pages describe the package as it is, not how it was developed."""
+    found = [m.group(0) for m in HISTORY.finditer(page.read_text())]
+    assert not found, f"{page.relative_to(ROOT)} names {found}"
+
+
 def test_quick_starts_define_every_name_they_use():
     """Names a reader would otherwise find undefined (retriever, format_docs, index, questions, ...) are defined."""
     defined = {
