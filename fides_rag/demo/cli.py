@@ -55,7 +55,7 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
         "demo",
         help="noisy-retrieval demo: FAISS top-k with 0/20/50%% irrelevant documents, accuracy per method",
         description=(
-            "Retrieve the top-k passages per question (all-MiniLM-L6-v2 + FAISS), replace 0%%, 20%% and 50%% of them "
+            "Retrieve the top-k passages per question (all-MiniLM-L6-v2 + FAISS), replace 0%, 20% and 50% of them "
             "with random passages that hold no gold alias, answer with standard RAG, CAD, AdaCAD and FIDES, and "
             "report accuracy, each method's drop, recall@k, a plot and a JSON record. Without --data/--corpus it "
             f"uses the corpus shipped with the package; --data, --corpus popqa or ${DATA_ENV} switch to PopQA long-tail."

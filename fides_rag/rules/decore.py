@@ -103,7 +103,7 @@ def _normalise_heads(heads: Any) -> dict[int, tuple[int, ...]]:
 class DecoreRule(ContrastRule):
     """z = (1 + a)·z_base − a·z_masked (retrieval heads masked), a = entropy of p_base (or fixed: "vanilla").
 
-    >>> rule = DecoreRule()                                   # DeCoRe_entropy, top 50 discovered heads
+    >>> rule = DecoreRule()                                   # DeCoRe_entropy, the reference's share of discovered heads
     >>> rule = DecoreRule(heads={12: [0, 3], 15: [5]})        # explicit heads (1-based layers)
     >>> rule = DecoreRule(variant="vanilla", alpha=0.5, num_heads=20)
     """

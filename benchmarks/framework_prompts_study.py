@@ -1,4 +1,4 @@
-"""How faithful the drop-in LLMs are under the frameworks' own prompts (issue 13), for each no-context design.
+"""How faithful the drop-in LLMs are under the frameworks' own prompts, for each no-context design.
 
 NQ-Swap conflict rows (the passage supports a substituted answer) go through
 - LlamaIndex's default `text_qa` prompt: a query engine over the row's passage (`SummaryIndex`, `compact` mode);
@@ -14,7 +14,7 @@ CAD, AdaCAD and FIDES then decode the captured pairs over one shared prefill (`g
 decode the objects run one call at a time; the first `--verify` rows of every form and design are also decoded end
 to end through the objects with FIDES, and the script stops if any answer differs.
 
-    python examples/framework_prompts_study.py --model smollm2-135m-instruct --limit 200 --out results/framework-prompts
+    python benchmarks/framework_prompts_study.py --model smollm2-135m-instruct --limit 200 --out results/framework-prompts
 
 Writes <out>/<model>.json (every answer, and FIDES's mean α per row) and <out>/<model>.md (the tables), and
 prints the tables.

@@ -1,17 +1,18 @@
 """The output head's matmul on CPU for 2-8 rows, unpadded and padded with zero rows, at the bundled backbones'
 head shapes (random weights: only the shapes matter). It shows why `ModelAnatomy.head_logits` pads 3 rows
-to 4: MKL's narrow sgemm runs 4 columns faster than 3. Median and min of 7 rounds of 4 products each,
+to 4: MKL's narrow sgemm runs 4 columns faster than 3. Median and min of 7 rounds (--rounds) of 4 products each,
 cases interleaved so the machine's drift hits all alike.
 
-    python results/decoder-v2/head_rows.py results/decoder-v2/head-rows.json
+    python benchmarks/head_rows.py --out results/head-rows/head-rows.json
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
-import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -28,11 +29,15 @@ def product(weight: torch.Tensor, states: torch.Tensor, padded_to: int) -> torch
     return (weight @ states.T)[:, :rows].T.contiguous()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=7, help="rounds of 4 products per case (default: %(default)s)")
+    parser.add_argument("--out", type=Path, help="also write the medians and every sample as JSON")
+    args = parser.parse_args(argv)
     torch.manual_seed(0)
     weights = {name: torch.randn(*shape) for name, shape in HEADS.items()}
     samples: dict[str, list[float]] = {}
-    for _ in range(7):
+    for _ in range(args.rounds):
         for name, weight in weights.items():
             for rows, padded_to in CASES:
                 states = torch.randn(rows, weight.shape[1])
@@ -47,9 +52,8 @@ def main() -> None:
     }
     for case, ms in report["ms"].items():
         print(f"{case:40s} median {ms['median']:7.1f} ms   min {ms['min']:7.1f} ms")
-    if len(sys.argv) > 1:
-        with open(sys.argv[1], "w") as f:
-            json.dump(report | {"samples_ms": samples}, f, indent=1)
+    if args.out:
+        args.out.write_text(json.dumps(report | {"samples_ms": samples}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
