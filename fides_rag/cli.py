@@ -71,6 +71,16 @@ def _non_empty_text(value: str) -> str:
     return value
 
 
+def _loads(text: str) -> list[float]:
+    try:
+        loads = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--serving-loads must be comma-separated numbers, e.g. 0.5,1,2; got {text!r}") from None
+    if not loads or any(not 0 < x <= 100 for x in loads):
+        raise ValueError(f"--serving-loads must be numbers in (0, 100], got {text!r}")
+    return loads
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fides-rag", description="Faithful RAG decoding with FIDES and its baselines.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -97,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--warmup", type=int, default=3, help="untimed prompts first (default 3)")
     bench.add_argument("--new-tokens", type=int, default=64, help="tokens forced per timed decode in latency and raw (default 64)")
     bench.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, ...")
+    bench.add_argument("--serving-requests", type=_integer_at_least(2), default=64, help="requests per load in serving (default 64)")
+    bench.add_argument("--serving-loads", default="0.5,1,2", help="loads of serving, as multiples of the sequential capacity (default 0.5,1,2)")
     bench.add_argument("--out", default="runs/bench.json", help="JSON report, rewritten after every section")
     evaluate = commands.add_parser("eval", help="score methods on a QA dataset (CF, EM, F1, memorisation, accuracy) with significance")
     evaluate.add_argument("--model", default=DEFAULT_MODEL, help="bundled alias, hub id, local folder or .gguf file")
@@ -141,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
 # Sub-commands that need an optional extra, checked before any work so that a missing one is a one-line message.
 _EXTRA_OF_COMMAND = {"eval": "eval", "analyze": "eval", "demo": "demo"}
 # Sub-commands whose bad input (a file, a model, a device, a value) is a one-line error with exit code 2.
-_ONE_LINE_ERRORS = ("generate", "eval", "calibrate", "analyze")
+_ONE_LINE_ERRORS = ("generate", "eval", "calibrate", "analyze", "bench")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -173,6 +185,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         run_bench(
             [m for m in args.models.split(",") if m], [s for s in args.sections.split(",") if s], data=args.data,
             samples=args.samples, warmup=args.warmup, new_tokens=args.new_tokens, device=args.device, out=args.out,
+            serving={"n_requests": args.serving_requests, "loads": _loads(args.serving_loads)},
         )
         print(f"\nJSON report: {args.out}")
         return 0

@@ -230,6 +230,7 @@ def run_bench(
     new_tokens: int = 64,
     device: str = "auto",
     out: str | Path | None = None,
+    serving: dict[str, Any] | None = None,
     log=lambda message: print(message, flush=True),
 ) -> dict:
     """Run the chosen sections on each model; write JSON to `out` after every section (nothing is lost)."""
@@ -255,9 +256,9 @@ def run_bench(
             elif section == "context":
                 result["context"] = bench.context_growth()
             elif section == "serving":
-                from fides_rag.eval.serving import serving
+                from fides_rag.eval.serving import serving as run_serving
 
-                result["serving"] = serving(bench.decoder, examples, log=log)
+                result["serving"] = run_serving(bench.decoder, examples, log=log, **(serving or {}))
             elif section == "throughput":
                 result["throughput"] = bench.throughput()
             else:
