@@ -93,11 +93,9 @@ def test_real_split_prefill_equals_joint_past_the_sliding_window(decoder):
     documents = [filler, CONFLICT_DOCUMENT]
     assert len(decoder.prepare(CONFLICT_QUESTION, documents, 8).context_ids) > 600
     split = decoder.generate(CONFLICT_QUESTION, documents, method="fides", max_new_tokens=8)
-    decoder.split_prefill = False
-    try:
-        joint = decoder.generate(CONFLICT_QUESTION, documents, method="fides", max_new_tokens=8)
-    finally:
-        decoder.split_prefill = True
+    joint_decoder = FidesDecoder(decoder.model, decoder.tokenizer, split_prefill=False)
+    assert not joint_decoder.split_prefill
+    joint = joint_decoder.generate(CONFLICT_QUESTION, documents, method="fides", max_new_tokens=8)
     assert split.token_ids == joint.token_ids
     assert split.alphas == pytest.approx(joint.alphas, abs=1e-4)
 
