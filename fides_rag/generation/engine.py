@@ -11,10 +11,12 @@ at once. A greedy request gives the same tokens whatever else is in flight.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ContextManager, Literal
@@ -34,6 +36,19 @@ from fides_rag.rules.base import CONTEXT, DOCUMENTS, MASKED_HEADS, NO_CONTEXT, C
 Admission = Literal["continuous", "static"]
 IDLE_EXIT_S = 2.0
 """The engine's thread ends after this long with nothing to do (a new request starts it again)."""
+EXIT_JOIN_S = 10.0
+"""At interpreter exit, how long an engine's thread may take to finish its step and stop."""
+_ENGINES: weakref.WeakSet[DecodeEngine] = weakref.WeakSet()
+_EXITING = threading.Event()
+
+
+@atexit.register
+def _stop_engines_at_exit() -> None:
+    """Engine threads stop at their next step boundary before the interpreter exits, so none is killed inside a
+    torch kernel (which aborts the process with 'terminate called without an active exception')."""
+    _EXITING.set()
+    for engine in list(_ENGINES):
+        engine._stop_at_exit()
 
 
 class QueueFullError(RuntimeError):
@@ -114,6 +129,7 @@ class DecodeEngine:
         self._queue: collections.deque[Ticket] = collections.deque()
         self._wake = threading.Condition()
         self._driver: threading.Thread | None = None
+        _ENGINES.add(self)
 
     # -- configuration ----------------------------------------------------------------------------
 
@@ -201,6 +217,8 @@ class DecodeEngine:
         The engine's thread decodes them, unless `wait_here`: then the caller will wait on the handles (`result()`),
         and while no thread is decoding it decodes them itself, on its own thread (a single-threaded program then
         runs every tensor operation on its main thread, as with `model.generate`)."""
+        if _EXITING.is_set() and not wait_here:
+            raise RuntimeError("the interpreter is exiting and the engine's thread has stopped; decode on this thread (generate)")
         for request in requests:
             self._check_fits(request)
         handles = [RequestHandle(r, self) for r in requests]
@@ -276,6 +294,13 @@ class DecodeEngine:
     def _serve(self) -> None:
         self._run(until=None)
 
+    def _stop_at_exit(self) -> None:
+        with self._wake:
+            driver = self._driver if self._driver is not None and self._driver.name == "fides-engine" else None
+            self._wake.notify_all()
+        if driver is not None and driver is not threading.current_thread():
+            driver.join(EXIT_JOIN_S)
+
     def _run(self, until: Callable[[], bool] | None) -> None:
         """Steps until `until()` holds (a caller decoding its own request) or, on the engine's thread, until idle."""
         while not (until is not None and until()):
@@ -295,8 +320,8 @@ class DecodeEngine:
         """The tickets to admit at this step boundary ([] is a step with no newcomer); None: nothing to do (the
         engine's thread ends after IDLE_EXIT_S of it)."""
         with self._wake:
-            while not self._queue and not self._flight.tickets:
-                if not wait or (not self._wake.wait(IDLE_EXIT_S) and not self._queue and not self._flight.tickets):
+            while (not self._queue and not self._flight.tickets) or (wait and _EXITING.is_set()):
+                if not wait or _EXITING.is_set() or (not self._wake.wait(IDLE_EXIT_S) and not self._queue and not self._flight.tickets):
                     if wait:
                         self._driver = None
                     return None

@@ -4,6 +4,9 @@ alone; short requests leave first with their results; cancelled requests free th
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -279,3 +282,24 @@ def test_prompt_pairs_and_questions_share_the_steps(decoder):
     assert together[1].token_ids == decoder.generate(QUESTIONS[1], DOCUMENTS[1], method="fides", max_new_tokens=5).token_ids
     with pytest.raises(ValueError, match="PromptPair already holds its documents"):
         decoder.generate(pair, ["a document"])
+
+
+def test_a_program_that_exits_with_requests_in_flight_exits_cleanly():
+    """The engine's thread stops at its next step boundary at interpreter exit instead of dying inside a kernel."""
+    program = textwrap.dedent("""
+        import time
+        from fides_rag import FidesDecoder
+        from fides_rag.batching import RequestBatcher
+        from fides_rag.testing import build_tiny_model, build_tokenizer
+        tokenizer = build_tokenizer()
+        decoder = FidesDecoder(build_tiny_model("llama", len(tokenizer)), tokenizer)
+        batcher = RequestBatcher(decoder)
+        futures = [batcher.submit("What is the capital?", ["Lyon is the capital."], max_new_tokens=600) for _ in range(3)]
+        while decoder.engine.stats.steps < 2:
+            time.sleep(0.01)
+        print("in flight:", decoder.engine.requests_in_flight)
+    """)
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "in flight: 3" in done.stdout
+    assert "terminate called" not in done.stderr
