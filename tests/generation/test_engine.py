@@ -295,7 +295,8 @@ def test_a_program_that_exits_with_requests_in_flight_exits_cleanly():
         decoder = FidesDecoder(build_tiny_model("llama", len(tokenizer)), tokenizer)
         batcher = RequestBatcher(decoder)
         futures = [batcher.submit("What is the capital?", ["Lyon is the capital."], max_new_tokens=600) for _ in range(3)]
-        while decoder.engine.stats.steps < 2:
+        deadline = time.monotonic() + 60
+        while decoder.engine.requests_in_flight < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
         print("in flight:", decoder.engine.requests_in_flight)
     """)
