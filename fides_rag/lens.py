@@ -8,6 +8,7 @@ model's own logits, see tests/test_lens.py) are accepted.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,11 @@ SUPPORTED_FAMILIES: dict[str, str | None] = {
     "gemma2": "final_logit_softcapping",
     "gemma3_text": "final_logit_softcapping",
 }
+
+
+def _cache_keyword(backbone: nn.Module) -> str:
+    """The name under which the backbone's forward takes its KV cache."""
+    return "cache" if "cache" in inspect.signature(backbone.forward).parameters else "past_key_values"
 
 
 class UnsupportedArchitectureError(ValueError):
@@ -48,6 +54,18 @@ class ModelAnatomy:
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    def run_backbone(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor, cache: Any
+    ) -> tuple[torch.Tensor, Any]:
+        """One cached forward of the backbone: (last hidden states [R, T, H], the updated cache).
+
+        transformers 5.24 renamed the forward's `past_key_values` to `cache`; either name is passed as the model takes it.
+        """
+        kwargs = {_cache_keyword(self.backbone): cache}
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kwargs)
+        updated = out["cache"] if "cache" in out else out["past_key_values"]
+        return out.last_hidden_state, updated
 
     @property
     def num_heads(self) -> int:

@@ -296,11 +296,10 @@ def _joint(anatomy: ModelAnatomy, groups: list[RowGroup], masker: HeadMasker | N
     if masker is not None:
         masker.set_rows([g.head_set for g in groups for _ in range(g.ids.shape[0])])
     cache = DecodeCache(config=anatomy.config, padded=padded)
-    out = anatomy.backbone(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
-    cache = out.past_key_values
+    hidden, cache = anatomy.run_backbone(ids, mask, positions, cache)
     if mergeable(cache):  # one segment per layer, appended in place from now on
         cache = ragged_cache([cache], anatomy.config, padded)
-    return Prefilled(out.last_hidden_state[:, -1, :].clone(), cache, mask, positions[:, -1:])
+    return Prefilled(hidden[:, -1, :].clone(), cache, mask, positions[:, -1:])
 
 
 def extendable(cache: Any) -> bool:
@@ -338,12 +337,10 @@ def prefill(
             masker.set_rows([group.head_set] * group.ids.shape[0])
         positions = (group.mask.cumsum(-1) - 1).clamp_min(0)  # real tokens count from 0
         cache = DecodeCache(config=anatomy.config)
-        out = anatomy.backbone(
-            input_ids=group.ids, attention_mask=group.mask, position_ids=positions, past_key_values=cache, use_cache=True
-        )
-        outputs.append((out.last_hidden_state[:, -1, :].clone(), out.past_key_values))
+        hidden, cache = anatomy.run_backbone(group.ids, group.mask, positions, cache)
+        outputs.append((hidden[:, -1, :].clone(), cache))
         captures.append(dict(capture.states))
-        del out
+        del hidden
     caches = [cache for _, cache in outputs]
     if not all(mergeable(c) for c in caches):  # a cache layout we cannot hold ragged: encode again, jointly
         return _joint(anatomy, groups, masker, padded)

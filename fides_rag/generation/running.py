@@ -50,11 +50,8 @@ class RunningBatch:
         self.cache.padded = not unpadded
         if masker is not None:
             masker.set_rows(self.layout.row_head_sets)
-        out = self.anatomy.backbone(
-            input_ids=step_ids, attention_mask=None if unpadded else self.mask, position_ids=self.positions,
-            past_key_values=self.cache, use_cache=True,
-        )
-        self.cache, self.hidden = out.past_key_values, out.last_hidden_state[:, -1, :]  # [R, H]
+        hidden, self.cache = self.anatomy.run_backbone(step_ids, None if unpadded else self.mask, self.positions, self.cache)
+        self.hidden = hidden[:, -1, :]  # [R, H]
         self.states = dict(capture.states)
 
     def join(self, groups: Sequence[GroupSpec], head_sets: Sequence[int], capture: LayerCapture, masker: HeadMasker | None) -> None:

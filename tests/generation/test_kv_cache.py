@@ -30,8 +30,8 @@ def decode_steps(anatomy, state, steps: int):
         mask = torch.cat([mask, mask.new_ones((rows, 1))], dim=-1)
         positions = positions[:, -1:] + 1
         ids = torch.full((rows, 1), 11 + step)
-        out = anatomy.backbone(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
-        outputs.append(out.last_hidden_state[:, -1])
+        hidden, cache = anatomy.run_backbone(ids, mask, positions, cache)
+        outputs.append(hidden[:, -1])
     return outputs
 
 
