@@ -64,7 +64,24 @@ def _assert_same_as_one_process(two: Path, one: Path) -> None:
     second = json.loads((two / "results.json").read_text())
     assert _comparable(second) == _comparable(first) and second["run"]["processes"] == 2
     single = {json.loads(l)["id"]: json.loads(l)["outputs"] for l in (one / "predictions.jsonl").read_text().splitlines()}
-    assert {i: r["outputs"] for i, r in _records(two).items()} == single
+    _assert_equal_to_1e5({i: r["outputs"] for i, r in _records(two).items()}, single)
+
+
+def _assert_equal_to_1e5(got, want, where: str = "") -> None:
+    """Texts, tokens and ids equal; recorded values (written to 5 decimals) within one unit of the last decimal,
+    since a batch of another size may move a value across a rounding boundary."""
+    if isinstance(want, float) and isinstance(got, (int, float)):
+        assert got == pytest.approx(want, abs=1.001e-5), where
+    elif isinstance(want, dict):
+        assert isinstance(got, dict) and got.keys() == want.keys(), where
+        for key in want:
+            _assert_equal_to_1e5(got[key], want[key], f"{where}/{key}")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), where
+        for index, (g, w) in enumerate(zip(got, want)):
+            _assert_equal_to_1e5(g, w, f"{where}[{index}]")
+    else:
+        assert got == want, where
 
 
 def _comparable(results: dict) -> dict:
