@@ -170,7 +170,7 @@ class ChatPrompts:
         texts = [t for t in texts if t.strip()]
         if not texts:
             return self.plain(turns, "the documents given were empty", question)
-        single = len(turns) == 1
+        single = len(turns) == 1 and self.tools is None  # fides-rag's template has no place for tools
         if single and template_question:
             return ChatPlan("template", "prompt_value", question=template_question, documents=list(texts))
         if all(any(t in c for _, c in turns) for t in texts):

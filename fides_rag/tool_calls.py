@@ -212,3 +212,43 @@ def _renders_tools(tokenizer: Any) -> bool:
     except Exception:  # a template that refuses tools= (jinja2 errors of any kind)
         return False
     return _PROBE in text
+
+
+class ToolCallStream:
+    """Streams a tool-calling answer: `feed` returns the text safe to show now (text that cannot be part of a call
+    is shown as it comes; a possible call is held back), `finish` the rest of the content and the calls."""
+
+    _TAG = "<tool_call>"
+
+    def __init__(self, calling: ToolCalling) -> None:
+        self.calling = calling
+        self.text = ""
+        self.emitted = ""
+
+    def _safe(self) -> str:
+        text = self.text
+        if self.calling.tool_choice == "none" or not self.calling.tools:
+            return text
+        if text.lstrip().startswith(("{", "[")) or self.calling.forced:
+            return ""  # a bare JSON call may be coming (always, when a call is forced)
+        cut = text.find(self._TAG)
+        if cut < 0:
+            cut = next((len(text) - k for k in range(len(self._TAG) - 1, 0, -1) if text.endswith(self._TAG[:k])), len(text))
+        return text[:cut].rstrip()
+
+    def feed(self, delta: str) -> str:
+        """Take the next piece of the answer; return the new text safe to show."""
+        self.text += delta
+        safe = self._safe()
+        if len(safe) <= len(self.emitted) or not safe.startswith(self.emitted):
+            return ""
+        new, self.emitted = safe[len(self.emitted) :], safe
+        return new
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        """(the content not shown yet, the calls) once the answer is complete."""
+        content, calls = self.calling.parse(self.text)
+        shown = self.emitted if not calls else self.emitted.strip()
+        if not content.startswith(shown):  # cannot happen for text parse keeps; never drop what was not shown
+            return content, calls
+        return content[len(shown) :], calls

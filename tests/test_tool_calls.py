@@ -122,3 +122,22 @@ def test_forced_call_decodes_to_a_valid_call(chat_tokenizer, tiny_llama):
     assert content == "" and len(calls) == 1 and calls[0].name in ("search", "add")
     spec = SEARCH if calls[0].name == "search" else ADD
     assert set(calls[0].arguments) == set(spec.parameters["required"])
+
+
+def test_stream_holds_back_what_may_be_a_call(chat_tokenizer):
+    from fides_rag.tool_calls import ToolCallStream
+
+    def run(choice: str, pieces: list[str]) -> tuple[list[str], str, list[ToolCall]]:
+        stream = ToolCallStream(ToolCalling(chat_tokenizer, [SEARCH], choice))
+        shown = [stream.feed(p) for p in pieces]
+        rest, calls = stream.finish()
+        return shown, rest, calls
+
+    shown, rest, calls = run("auto", ["Let me ", "look.\n<tool", '_call>{"name": "search", "arguments": {"query": "q"}}', "</tool_call>"])
+    assert shown == ["Let me", " look.", "", ""] and rest == "" and calls[0].arguments == {"query": "q"}
+    shown, rest, calls = run("auto", ["Paris ", "<b>is</b>", " big."])
+    assert "".join(shown) + rest == "Paris <b>is</b> big." and calls == []
+    shown, rest, calls = run("required", ['{"name": "search", ', '"arguments": {"query": "q"}}'])
+    assert shown == ["", ""] and rest == "" and calls[0].name == "search"
+    shown, rest, calls = run("auto", ['{"answer": ', '"Paris"}'])
+    assert shown == ["", ""] and rest == '{"answer": "Paris"}' and calls == []
