@@ -165,8 +165,8 @@ class ChatPrompts:
         question: str | None = None, template_question: str | None = None,
     ) -> ChatPlan:
         """Plan a conversation with documents given beside it: found verbatim in it, they are contrasted where they
-        stand; a single question without them gets fides-rag's template; a longer conversation gets them in a
-        leading system turn (dropped on the no-context path)."""
+        stand; a single question without them gets fides-rag's template (not when tools are bound); a longer
+        conversation gets them in a leading system turn (dropped on the no-context path)."""
         texts = [t for t in texts if t.strip()]
         if not texts:
             return self.plain(turns, "the documents given were empty", question)
