@@ -85,12 +85,12 @@ class ToolCalling:
 
     def __init__(self, tokenizer: Any, tools: Sequence[ToolSpec], tool_choice: str | None = "auto") -> None:
         self.tokenizer = tokenizer
-        self.tools = list(tools)
-        if not all(isinstance(t, ToolSpec) for t in self.tools):
-            raise TypeError(f"tools must be ToolSpec objects, got {[type(t).__name__ for t in self.tools]}")
+        if not all(isinstance(t, ToolSpec) for t in tools):
+            raise TypeError(f"tools must be ToolSpec objects, got {[type(t).__name__ for t in tools]}")
+        self.tools = list({json.dumps(t.openai(), sort_keys=True): t for t in tools}.values())  # the same tool twice: once
         names = [t.name for t in self.tools]
         if len(set(names)) != len(names):
-            raise ValueError(f"tool names must be unique, got {names}")
+            raise ValueError(f"two different tools share a name; tool names must be unique, got {names}")
         choice = "auto" if tool_choice is None else tool_choice
         if choice == "any":
             choice = "required"

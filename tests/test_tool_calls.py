@@ -46,8 +46,9 @@ def test_tool_choice_is_checked(chat_tokenizer):
         ToolCalling(chat_tokenizer, [SEARCH], "lookup")
     with pytest.raises(ValueError, match="needs at least one tool"):
         ToolCalling(chat_tokenizer, [], "required")
+    assert ToolCalling(chat_tokenizer, [SEARCH, ADD, SEARCH]).tools == [SEARCH, ADD]
     with pytest.raises(ValueError, match="unique"):
-        ToolCalling(chat_tokenizer, [SEARCH, SEARCH])
+        ToolCalling(chat_tokenizer, [SEARCH, ToolSpec("search", "Other.")])
 
 
 def test_constraint_forces_one_valid_call(chat_tokenizer):
