@@ -10,7 +10,8 @@ retrieval comes back as tool turns, which form the context path and are emptied 
 
 Tools: `ChatPrompts(..., tools=ToolCalling(...))` or `prompts.with_tools(calling)` puts the tool definitions in
 front of BOTH paths identically: through the chat template's `tools=` where the template renders them (tool turns
-then keep their `tool` role), else as a leading system block in the fallback format (`ToolCalling.fallback_text`).
+then keep their `tool` role), else as a leading system block in the fallback format (`ToolCalling.fallback_text`,
+tool turns as `<tool_response>` user turns). With tools bound, an emptied tool turn stays (the tool returned nothing).
 An assistant turn's earlier calls are part of its text (`ToolCalling.render_calls`), written by the caller.
 """
 
@@ -99,9 +100,12 @@ class ChatPrompts:
         """The conversation as one prompt that ends where the assistant's answer begins (empty turns dropped; tool
         results render as user turns, which every chat template accepts, unless the template renders tools)."""
         native = self.native_tools
+        if self.tools is not None:  # tool turns stay, emptied or not: the tool answered nothing on the no-context path
+            turns = [(r, c if native or r != "tool" else self.tools.render_result(c)) for r, c in turns]
+            turns = [(r if r != "tool" or native else "user", c) for r, c in turns if c.strip() or r == "tool"]
         keep = ("system", "assistant", "tool") if native else ("system", "assistant")
         turns = [("user" if r not in keep else r, c) for r, c in turns]
-        turns = [(r, c) for r, c in turns if c.strip()] or turns[-1:]
+        turns = [(r, c) for r, c in turns if c.strip() or r == "tool"] or turns[-1:]
         block = None if self.tools is None or native else self.tools.fallback_text()
         if block and turns and turns[0][0] == "system":
             turns = [("system", f"{block}\n\n{turns[0][1]}"), *turns[1:]]

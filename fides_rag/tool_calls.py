@@ -1,8 +1,8 @@
 """Tool calling, framework-free: tools go in front of a model (through its chat template when the template renders
 `tools=`, else as a fallback system block) and its calls are read back from the text it writes.
 
-The fallback format is Hermes/Qwen's: the tools as JSON lines inside `<tools></tools>`, and each call written as
-`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`. With `tool_choice` "required" (or "any") or a tool's
+The fallback format is Hermes/Qwen's: the tools as JSON lines inside `<tools></tools>`, each call written as
+`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, each result as `<tool_response>...</tool_response>`. With `tool_choice` "required" (or "any") or a tool's
 name, `constraint()` is a JSON schema that admits exactly one valid call as a bare JSON object; pass it as
 `json_schema=` to the decoder so a small model cannot write anything else. LangChain's ChatFides, LlamaIndex's
 FidesLLM and the server share this module.
@@ -71,10 +71,31 @@ class ToolCall:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": json.dumps(self.arguments)}}
 
 
+def closed_schema(schema: Any) -> Any:
+    """`schema` with every object that lists its properties closed to others (`additionalProperties: false` where
+    the schema does not say), as OpenAI's strict mode does: a grammar then cannot add keys the caller did not ask for."""
+    if not isinstance(schema, dict):
+        return schema
+    closed = dict(schema)
+    for key in ("properties", "$defs", "definitions", "patternProperties"):
+        if isinstance(closed.get(key), dict):
+            closed[key] = {name: closed_schema(sub) for name, sub in closed[key].items()}
+    for key in ("items", "additionalProperties", "not", "contains"):
+        if isinstance(closed.get(key), dict):
+            closed[key] = closed_schema(closed[key])
+    for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
+        if isinstance(closed.get(key), list):
+            closed[key] = [closed_schema(sub) for sub in closed[key]]
+    if (closed.get("type") == "object" or "properties" in closed) and "additionalProperties" not in closed:
+        closed.setdefault("properties", {})
+        closed["additionalProperties"] = False
+    return closed
+
+
 def _call_schema(tool: ToolSpec) -> dict:
     return {
         "type": "object",
-        "properties": {"name": {"const": tool.name}, "arguments": dict(tool.parameters)},
+        "properties": {"name": {"const": tool.name}, "arguments": closed_schema(dict(tool.parameters))},
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }
@@ -125,16 +146,14 @@ class ToolCalling:
 
     def fallback_text(self) -> str | None:
         """The fallback format's system text whatever the template (None without tools): the tools and how to call."""
-        if not self.tools:
-            return None
+        if not self.tools or self.tool_choice == "none":
+            return None  # no call may be made: the tools are not offered
         listed = "\n".join(json.dumps(t.openai()) for t in self.tools)
         how = (
             "To call a tool, answer with a JSON object inside <tool_call></tool_call> tags, one per call:\n"
             '<tool_call>\n{"name": <tool name>, "arguments": <arguments object>}\n</tool_call>'
         )
-        if self.tool_choice == "none":
-            how = "Do not call a tool now: answer directly."
-        elif self.tool_choice == "required":
+        if self.tool_choice == "required":
             how += "\nYou must call one of the tools."
         elif self.tool_choice != "auto":
             how += f"\nYou must call the tool {self.tool_choice}."
@@ -197,6 +216,10 @@ class ToolCalling:
     def render_call(self, call: ToolCall) -> str:
         """An earlier assistant call as prompt text, in the format the model is asked to write."""
         return f"<tool_call>\n{json.dumps({'name': call.name, 'arguments': call.arguments})}\n</tool_call>"
+
+    def render_result(self, content: str) -> str:
+        """A tool's result as prompt text in the fallback format (a user turn's content)."""
+        return f"<tool_response>\n{content}\n</tool_response>"
 
     def render_calls(self, content: str, calls: Sequence[ToolCall]) -> str:
         """An assistant turn's text: its content, then its calls."""

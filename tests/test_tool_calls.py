@@ -55,9 +55,21 @@ def test_constraint_forces_one_valid_call(chat_tokenizer):
     assert ToolCalling(chat_tokenizer, [SEARCH, ADD]).constraint() is None
     assert ToolCalling(chat_tokenizer, [SEARCH, ADD], "none").constraint() is None
     named = ToolCalling(chat_tokenizer, [SEARCH, ADD], "add").constraint()
-    assert named["properties"]["name"] == {"const": "add"} and named["properties"]["arguments"] == ADD.parameters
+    assert named["properties"]["name"] == {"const": "add"} and named["properties"]["arguments"] == {**ADD.parameters, "additionalProperties": False}
     required = ToolCalling(chat_tokenizer, [SEARCH, ADD], "required").constraint()
     assert [s["properties"]["name"]["const"] for s in required["anyOf"]] == ["search", "add"]
+
+
+def test_closed_schema_refuses_keys_nobody_asked_for():
+    from fides_rag.tool_calls import closed_schema
+
+    schema = {"type": "object", "properties": {"properties": {"type": "object", "properties": {"a": {"type": "integer"}}},
+                                               "any": {"type": "object", "additionalProperties": True}},
+              "$defs": {"P": {"type": "object", "properties": {}}}, "anyOf": [{"type": "object"}]}
+    closed = closed_schema(schema)
+    assert closed["additionalProperties"] is False and closed["properties"]["properties"]["additionalProperties"] is False
+    assert closed["properties"]["any"]["additionalProperties"] is True and closed["$defs"]["P"]["additionalProperties"] is False
+    assert closed["anyOf"][0] == {"type": "object", "properties": {}, "additionalProperties": False} and "additionalProperties" not in schema
 
 
 def test_parse_reads_blocks_and_bare_json_and_never_raises(chat_tokenizer):
@@ -89,7 +101,7 @@ def test_fallback_block_and_native_template(chat_tokenizer, tokenizer, native_to
     assert not fallback.native and not ToolCalling(tokenizer, [SEARCH]).native
     block = fallback.system_block()
     assert "<tools>\n" + json.dumps(SEARCH.openai()) + "\n</tools>" in block and "You must call the tool search." in block
-    assert "Do not call a tool" in ToolCalling(chat_tokenizer, [SEARCH], "none").system_block()
+    assert ToolCalling(chat_tokenizer, [SEARCH], "none").system_block() is None  # no call may be made: none offered
     native = ToolCalling(native_tokenizer, [SEARCH])
     assert native.native and native.system_block() is None and "<tools>" in native.fallback_text()
 
@@ -108,7 +120,9 @@ def test_tools_enter_both_paths_identically(chat_tokenizer, native_tokenizer, to
         marker = "search: Search the documents." if planner.native_tools else "<tools>"
         for prompt in (plan.context_prompt, plan.no_context_prompt):
             assert prompt.count(marker) == 1 and "Be brief." in prompt and '"query": "Eiffel Tower"' in prompt
-        assert plan.no_context_prompt == planner.render([turns[0], turns[1], turns[2]])
+        assert plan.no_context_prompt == planner.render([*turns[:3], ("tool", "")])  # the tool answered nothing
+        if not planner.native_tools:
+            assert f"<tool_response>\n{doc}\n</tool_response>" in plan.context_prompt and "<tool_response>\n\n</tool_response>" in plan.no_context_prompt
     assert ChatPrompts(native_tokenizer, context_window=2048, use_chat_template=True, tools=ToolCalling(native_tokenizer, [SEARCH])).render(
         [("user", "Q"), ("tool", doc)]).endswith(f"<|tool|>\n{doc}<|end|>\n<|assistant|>\n")  # tool turns keep their role
 

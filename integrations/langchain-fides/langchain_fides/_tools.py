@@ -15,7 +15,7 @@ from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
 
-from fides_rag.tool_calls import CHOICES, ToolCall, ToolCalling, ToolSpec
+from fides_rag.tool_calls import CHOICES, ToolCall, ToolCalling, ToolSpec, closed_schema
 
 STRUCTURED_METHODS = ("json_schema", "function_calling", "json_mode")
 
@@ -103,7 +103,8 @@ def structured_output(
         llm = bind_tools([schema], tool_choice=name, ls_structured_output_format={"kwargs": {"method": method}, "schema": tool})
         parser: Runnable = PydanticToolsParser(tools=[schema], first_tool_only=True) if pydantic else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
     else:
-        json_schema = {"type": "object"} if method == "json_mode" else convert_to_json_schema(schema)
+        # json_mode: any object, or the schema when one is given; objects are closed as in OpenAI's strict mode.
+        json_schema = {"type": "object"} if schema is None else closed_schema(convert_to_json_schema(schema))
         fmt = {"kwargs": {"method": method}, "schema": None if schema is None else json_schema}
         llm = bind(json_schema=json_schema, ls_structured_output_format=fmt)
         parser = PydanticOutputParser(pydantic_object=schema) if pydantic else JsonOutputParser()

@@ -77,7 +77,17 @@ def test_chat_fides_follows_system_context_where_standard_does_not():
     assert DOCS[2] not in fides.response_metadata["no_context_prompt"]
 
 
+ROOM_FOR_CALLS = 80
+"""max_tokens of the standard tests that need a whole tool call or JSON object (the others keep 6 to stay fast)."""
+
+
 class TestChatFidesIntegration(ChatModelIntegrationTests):
+    @pytest.fixture
+    def model(self, request: Any) -> ChatFides:
+        room = any(w in request.node.originalname for w in ("tool", "structured", "json", "agent"))
+        params = {**self.standard_chat_model_params, **self.chat_model_params, **(getattr(request, "param", None) or {})}
+        return ChatFides(**{**params, **({"max_tokens": ROOM_FOR_CALLS} if room else {})})
+
     @property
     def chat_model_class(self) -> type[ChatFides]:
         return ChatFides
@@ -92,11 +102,23 @@ class TestChatFidesIntegration(ChatModelIntegrationTests):
 
     @property
     def has_tool_calling(self) -> bool:
-        return False
+        return True
+
+    @property
+    def has_tool_choice(self) -> bool:
+        return True
 
     @property
     def has_structured_output(self) -> bool:
-        return False
+        return True
+
+    @property
+    def structured_output_kwargs(self) -> dict[str, Any]:
+        return {"method": "json_schema"}
+
+    @property
+    def supports_json_mode(self) -> bool:
+        return True
 
     @property
     def supports_image_inputs(self) -> bool:
