@@ -104,9 +104,9 @@ def structured_output(
         parser: Runnable = PydanticToolsParser(tools=[schema], first_tool_only=True) if pydantic else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
     else:
         # json_mode: any object, or the schema when one is given; objects are closed as in OpenAI's strict mode.
-        json_schema = {"type": "object"} if schema is None else closed_schema(convert_to_json_schema(schema))
-        fmt = {"kwargs": {"method": method}, "schema": None if schema is None else json_schema}
-        llm = bind(json_schema=json_schema, ls_structured_output_format=fmt)
+        given = None if schema is None else convert_to_json_schema(schema)
+        fmt = {"kwargs": {"method": method}, "schema": given}
+        llm = bind(json_schema={"type": "object"} if given is None else closed_schema(given), ls_structured_output_format=fmt)
         parser = PydanticOutputParser(pydantic_object=schema) if pydantic else JsonOutputParser()
     if not include_raw:
         return llm | parser
