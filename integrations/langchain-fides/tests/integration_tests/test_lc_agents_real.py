@@ -4,6 +4,10 @@ on the real tokenizer's fallback tool format."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +22,7 @@ from langchain_fides import ChatFides
 from .test_lc_fides_real import DOCS, real_llm, retriever  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[4]
 
 
 @wrap_model_call
@@ -74,3 +79,12 @@ def test_structured_output_on_the_tool_evidence(chat):
     print(f"[structured] {raw['parsed']!r} method={meta['method']}")
     assert isinstance(raw["parsed"], Place) and raw["parsing_error"] is None
     assert meta["method"] == "fides" and meta["documents_source"] == "system_message"
+
+
+def test_readme_agent_quick_start_runs_as_written():
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run([sys.executable, str(ROOT / "examples/quickstart_agent.py")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 3 and lines[0] == "Place(city='Rome', country='Italy')", lines  # what its comments say
+    assert "Rome" in lines[1] and lines[2] == "tool_messages fides", lines
