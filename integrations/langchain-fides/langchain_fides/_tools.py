@@ -11,7 +11,8 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.messages.tool import ToolCall as LCToolCall
 from langchain_core.messages.tool import tool_call, tool_call_chunk
 from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticOutputParser, PydanticToolsParser
-from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+from langchain_core.exceptions import OutputParserException
+from langchain_core.runnables import Runnable, RunnableLambda, RunnableMap, RunnablePassthrough
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
 
@@ -86,12 +87,23 @@ def lc_tool_call_chunks(calls: Sequence[ToolCall]) -> list[Any]:
     return [tool_call_chunk(name=c.name, args=json.dumps(c.arguments), id=c.id, index=i) for i, c in enumerate(calls)]
 
 
+def complete_answer(message: BaseMessage) -> BaseMessage:
+    """The message, if the model finished it: an answer cut at the token budget raises instead of parsing as a
+    partial object (LangChain's JSON parsers would accept a prefix) or as no call."""
+    if message.response_metadata.get("finish_reason") == "length":
+        raise OutputParserException(
+            f"the structured answer was cut at max_new_tokens before it was complete ({message.text!r}); raise max_new_tokens",
+            llm_output=message.text,
+        )
+    return message
+
+
 def structured_output(
     bind: Callable[..., Runnable], bind_tools: Callable[..., Runnable], schema: Any, method: str, include_raw: bool
 ) -> Runnable:
     """BaseChatModel.with_structured_output's conventions over a grammar: json_schema binds the schema as the
     decoding constraint, function_calling forces a call of the schema as a tool; parsers and include_raw as in
-    langchain-core."""
+    langchain-core, except that an answer cut at the token budget is a parsing error, never a partial object."""
     if method not in STRUCTURED_METHODS:
         raise ValueError(f"method must be one of {', '.join(STRUCTURED_METHODS)}, got {method!r}")
     if schema is None and method != "json_mode":
@@ -108,6 +120,7 @@ def structured_output(
         fmt = {"kwargs": {"method": method}, "schema": given}
         llm = bind(json_schema={"type": "object"} if given is None else closed_schema(given), ls_structured_output_format=fmt)
         parser = PydanticOutputParser(pydantic_object=schema) if pydantic else JsonOutputParser()
+    parser = RunnableLambda(complete_answer, name="complete_answer") | parser
     if not include_raw:
         return llm | parser
     parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)

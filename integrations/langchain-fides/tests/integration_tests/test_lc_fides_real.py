@@ -77,17 +77,19 @@ def test_chat_fides_follows_system_context_where_standard_does_not():
     assert DOCS[2] not in fides.response_metadata["no_context_prompt"]
 
 
-ROOM_FOR_CALLS = 48
+ROOM_FOR_CALLS = 32
 """max_tokens of the standard tests that need a whole tool call or JSON object (the others keep 6 to stay fast)."""
+MORE_ROOM = {"test_unicode_tool_call_integration": 48, "test_json_mode": 64}
+"""Tests whose answer is longer (a unicode argument; a whole joke, which the model finishes in about 45 tokens)."""
 NEEDS_ROOM = ("tool_call", "tool_choice", "structured", "json", "bind_runnables")
-LOOPS_IN_A_STRING = "greedy smollm2-135m repeats itself inside the Joke's free-text 'setup' until max_tokens, so 'punchline' never comes (the grammar keeps the JSON valid, it cannot make the model stop)"
+LOOPS_IN_A_STRING = "greedy smollm2-135m repeats itself inside the joke's free-text 'setup' ('A cat is a cat, a cat is a cat, ...') until max_tokens; the grammar keeps the JSON valid but cannot make it stop, and a cut answer is a parsing error, not a partial object"
 NO_UNFORCED_CALL = "smollm2-135m does not choose to call a tool by itself (tool_choice='auto'); forced calls: test_tool_choice, test_tool_calling and the create_agent test"
 
 
 EXPECTED_FAILURES = {
-    "test_structured_output[pydantic]": LOOPS_IN_A_STRING,
-    "test_structured_output_async[pydantic]": LOOPS_IN_A_STRING,
+    **{f"test_structured_output{sync}[{schema}]": LOOPS_IN_A_STRING for sync in ("", "_async") for schema in ("pydantic", "typeddict", "json_schema")},
     "test_structured_output_pydantic_2_v1": LOOPS_IN_A_STRING,
+    "test_structured_output_optional_param": LOOPS_IN_A_STRING,
     "test_agent_loop[model0]": NO_UNFORCED_CALL,
     "test_agent_loop[model1]": NO_UNFORCED_CALL,
 }
@@ -101,7 +103,8 @@ class TestChatFidesIntegration(ChatModelIntegrationTests):
             request.node.add_marker(pytest.mark.xfail(reason=EXPECTED_FAILURES[request.node.name], run=False))
         room = any(w in request.node.originalname for w in NEEDS_ROOM)
         params = {**self.standard_chat_model_params, **self.chat_model_params, **(getattr(request, "param", None) or {})}
-        return ChatFides(**{**params, **({"max_tokens": ROOM_FOR_CALLS} if room else {})})
+        budget = MORE_ROOM.get(request.node.originalname, ROOM_FOR_CALLS)
+        return ChatFides(**{**params, **({"max_tokens": budget} if room else {})})
 
     @property
     def chat_model_class(self) -> type[ChatFides]:
