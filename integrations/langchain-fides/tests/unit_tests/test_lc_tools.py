@@ -101,3 +101,20 @@ def test_structured_output_checks_its_arguments(chat):
         chat.with_structured_output(None)
     with pytest.raises(ValueError, match="unsupported arguments"):
         chat.with_structured_output(Answer, temperature=0)
+
+
+def test_a_template_that_renders_tools_gets_them_natively():
+    from fides_rag import FidesDecoder
+    from fides_rag.testing import CHAT_TEMPLATE, build_tiny_model, build_tokenizer
+
+    tok = build_tokenizer(chat=True)
+    tok.chat_template = "{% for t in tools or [] %}<|tool-def|>{{ t['function']['name'] }}<|end|>\n{% endfor %}" + CHAT_TEMPLATE
+    chat = ChatFides(decoder=FidesDecoder(build_tiny_model("llama", len(tok)), tok), max_new_tokens=80)
+    call = {"name": "search", "args": {"query": "rome"}, "id": "call_1", "type": "tool_call"}
+    msg = chat.bind_tools([search], tool_choice="search").invoke([HumanMessage(Q), AIMessage("", tool_calls=[call]), ToolMessage(DOC, tool_call_id="call_1")])
+    meta = msg.response_metadata
+    assert meta["tool_format"] == "native" and msg.tool_calls[0]["name"] == "search"
+    assert meta["documents_source"] == "tool_messages" and meta["method"] == "fides"
+    for prompt in (meta["context_prompt"], meta["no_context_prompt"]):
+        assert prompt.count("<|tool-def|>search") == 1 and "<tools>" not in prompt and "<|tool|>\n" in prompt  # the tool role kept
+    assert f"<|tool|>\n{DOC}<|end|>" in meta["context_prompt"] and "<|tool|>\n<|end|>" in meta["no_context_prompt"]
