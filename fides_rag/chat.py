@@ -97,15 +97,16 @@ class ChatPrompts:
         return self.tools is not None and self.use_chat_template and self.tools.native
 
     def render(self, turns: Sequence[Turn]) -> str:
-        """The conversation as one prompt that ends where the assistant's answer begins (empty turns dropped; tool
-        results render as user turns, which every chat template accepts, unless the template renders tools)."""
+        """The conversation as one prompt that ends where the assistant's answer begins. Empty turns are dropped,
+        except tool turns when tools are bound (the tool answered nothing). Tool results render as user turns, which
+        every chat template accepts: `<tool_response>` blocks in the fallback format; a template that renders tools
+        gets the `tool` role."""
         native = self.native_tools
-        if self.tools is not None:  # tool turns stay, emptied or not: the tool answered nothing on the no-context path
-            turns = [(r, c if native or r != "tool" else self.tools.render_result(c)) for r, c in turns]
-            turns = [(r if r != "tool" or native else "user", c) for r, c in turns if c.strip() or r == "tool"]
+        if self.tools is not None and not native:
+            turns = [(r, self.tools.render_result(c)) if r == "tool" else (r, c) for r, c in turns]
         keep = ("system", "assistant", "tool") if native else ("system", "assistant")
-        turns = [("user" if r not in keep else r, c) for r, c in turns]
-        turns = [(r, c) for r, c in turns if c.strip() or r == "tool"] or turns[-1:]
+        turns = [(r if r in keep else "user", c) for r, c in turns]
+        turns = [(r, c) for r, c in turns if c.strip() or (r == "tool" and native)] or turns[-1:]
         block = None if self.tools is None or native else self.tools.fallback_text()
         if block and turns and turns[0][0] == "system":
             turns = [("system", f"{block}\n\n{turns[0][1]}"), *turns[1:]]
