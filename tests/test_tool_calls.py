@@ -156,3 +156,22 @@ def test_stream_holds_back_what_may_be_a_call(chat_tokenizer):
     assert shown == ["", ""] and rest == "" and calls[0].name == "search"
     shown, rest, calls = run("auto", ['{"answer": ', '"Paris"}'])
     assert shown == ["", ""] and rest == '{"answer": "Paris"}' and calls == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("alias", ["smollm2-135m-instruct", "gemma3-270m"])
+def test_the_bundled_backbones_get_the_fallback_format(alias):
+    from transformers import AutoTokenizer
+
+    from fides_rag.loading import resolve_model_source
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_source(alias))
+    calling = ToolCalling(tok, [SEARCH], "search")
+    assert not calling.native  # SmolLM2's template has no tools section; gemma3-270m has no chat template
+    planner = ChatPrompts(tok, context_window=2048, use_chat_template=True, tools=calling)
+    doc = "The Eiffel Tower is in Rome."
+    turns = [("user", "Where is the Eiffel Tower?"), ("assistant", calling.render_calls("", [ToolCall("search", {"query": "Eiffel"})])), ("tool", doc)]
+    plan = planner.from_tool_turns(turns, 16)
+    for prompt in (plan.context_prompt, plan.no_context_prompt):
+        assert prompt.count("<tools>") == 1 and '{"name": "search", "arguments": {"query": "Eiffel"}}' in prompt
+    assert f"<tool_response>\n{doc}\n</tool_response>" in plan.context_prompt and doc not in plan.no_context_prompt
