@@ -158,11 +158,15 @@ class ChatPrompts:
                                "the no-context path is the prompt with its documents removed (pass fides_question=)")
         return plan
 
-    def plain(self, turns: Sequence[Turn], why: str, question: str | None = None) -> ChatPlan:
-        """No documents to contrast: 'standard' on the conversation as given, with a note saying why."""
+    def plain(self, turns: Sequence[Turn], why: str, question: str | None = None, *, fallback: bool = True) -> ChatPlan:
+        """No documents to contrast: 'standard' on the conversation as given, with a note saying why (a fallback,
+        which a strict caller refuses, unless `fallback=False`: nothing was asked that could not be done)."""
         prompt = self.render(turns)
         plan = ChatPlan("prompts", "none", context_prompt=prompt, no_context_prompt=prompt, method="standard",
                         untrusted=[question] if question else [])
+        if not fallback:
+            plan.notes.append(f"{why}: decoded with 'standard' on the prompt as given")
+            return plan
         return plan.fall_back(why, "decoded with 'standard' on the prompt as given")
 
     def with_documents(

@@ -176,6 +176,8 @@ class ChatFides(FidesParams, BaseChatModel):
             logger.info(note)
             plan.notes.insert(0, note)
             return plan
+        if calling is not None and not retrieved:  # an agent's first turn: its evidence comes back as tool messages
+            return chat.plain(turns, "tools are bound and no tool has answered yet", question, fallback=False)
         why = _why_no_documents(retrieved, "the messages") if retrieved else "no documents were given, attached or retrieved in this run"
         return self._plain_plan(turns, why, question, chat=chat)
 

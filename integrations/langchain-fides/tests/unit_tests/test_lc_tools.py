@@ -48,6 +48,8 @@ def test_forced_tool_call_parses_and_streams(chat):
         assert msg.content == "" and [c["name"] for c in msg.tool_calls] == ["search"], msg
         assert msg.tool_calls[0]["args"]["query"] in ("eiffel tower", "rome") and msg.tool_calls[0]["id"].startswith("call_")
         assert msg.response_metadata["tool_format"] == "fallback" and "<tools>" in msg.response_metadata["context_prompt"]
+    strict = chat.model_copy(update={"strict": True}).bind_tools([search], tool_choice="any").invoke(Q)  # not a fallback:
+    assert strict.response_metadata["notes"] == ["tools are bound and no tool has answered yet: decoded with 'standard' on the prompt as given"]
     chunks = list(chat.bind_tools([search], tool_choice="search").stream(Q))
     assert [c.content for c in chunks] == [""] and chunks[-1].tool_call_chunks[0]["name"] == "search"
     assert chunks[-1].tool_calls[0]["args"] == json.loads(chunks[-1].tool_call_chunks[0]["args"])
