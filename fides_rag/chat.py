@@ -7,10 +7,17 @@ text removed (`no_context_path="emptied"`), or the question alone under the neut
 Documents that are not in the conversation yet are placed in it: a single question gets fides-rag's own template;
 a longer conversation gets a leading system turn that lists them. Tool results are documents too: an agent's
 retrieval comes back as tool turns, which form the context path and are emptied on the no-context path.
+
+Tools: `ChatPrompts(..., tools=ToolCalling(...))` or `prompts.with_tools(calling)` puts the tool definitions in
+front of BOTH paths identically: through the chat template's `tools=` where the template renders them (tool turns
+then keep their `tool` role), else as a leading system block in the fallback format (`ToolCalling.fallback_text`,
+tool turns as `<tool_response>` user turns). With tools bound, an emptied tool turn stays (the tool returned nothing).
+An assistant turn's earlier calls are part of its text (`ToolCalling.render_calls`), written by the caller.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,6 +26,7 @@ from typing import Any, Literal
 from fides_rag.generation.requests import PromptPair
 from fides_rag.prompts import PromptTemplate
 from fides_rag.raw_prompts import check_no_context_path, fit_documents, question_only_text, render_chat
+from fides_rag.tool_calls import ToolCalling
 
 logger = logging.getLogger("fides_rag.chat")
 
@@ -67,6 +75,7 @@ class ChatPrompts:
     def __init__(
         self, tokenizer: Any, *, context_window: int, use_chat_template: bool, no_context_path: str = "emptied",
         documents_instruction: str = DOCUMENTS_INSTRUCTION, template: PromptTemplate | None = None,
+        tools: ToolCalling | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.context_window = context_window
@@ -74,14 +83,38 @@ class ChatPrompts:
         self.no_context_path = check_no_context_path(no_context_path)
         self.documents_instruction = documents_instruction
         self.template = template or PromptTemplate()
+        self.tools = tools
+
+    def with_tools(self, tools: ToolCalling | None) -> ChatPrompts:
+        """The same planner with `tools` in front of both paths (None: without tools)."""
+        planner = copy.copy(self)
+        planner.tools = tools
+        return planner
+
+    @property
+    def native_tools(self) -> bool:
+        """Tools are rendered by the chat template (else by the fallback system block)."""
+        return self.tools is not None and self.use_chat_template and self.tools.native
 
     def render(self, turns: Sequence[Turn]) -> str:
-        """The conversation as one prompt that ends where the assistant's answer begins (empty turns dropped; tool
-        results render as user turns, which every chat template accepts)."""
-        turns = [("user" if r not in ("system", "assistant") else r, c) for r, c in turns]
-        turns = [(r, c) for r, c in turns if c.strip()] or turns[-1:]
+        """The conversation as one prompt that ends where the assistant's answer begins. Empty turns are dropped,
+        except tool turns when tools are bound (the tool answered nothing). Tool results render as user turns, which
+        every chat template accepts: `<tool_response>` blocks in the fallback format; a template that renders tools
+        gets the `tool` role."""
+        native = self.native_tools
+        if self.tools is not None and not native:
+            turns = [(r, self.tools.render_result(c)) if r == "tool" else (r, c) for r, c in turns]
+        keep = ("system", "assistant", "tool") if native else ("system", "assistant")
+        turns = [(r if r in keep else "user", c) for r, c in turns]
+        turns = [(r, c) for r, c in turns if c.strip() or (r == "tool" and native)] or turns[-1:]
+        block = None if self.tools is None or native else self.tools.fallback_text()
+        if block and turns and turns[0][0] == "system":
+            turns = [("system", f"{block}\n\n{turns[0][1]}"), *turns[1:]]
+        elif block:
+            turns = [("system", block), *turns]
         if self.use_chat_template:
-            return render_chat(self.tokenizer, [{"role": r, "content": c} for r, c in turns])
+            tools = self.tools.openai_tools() if native else None
+            return render_chat(self.tokenizer, [{"role": r, "content": c} for r, c in turns], tools=tools)
         if len(turns) == 1 and turns[0][0] == "user":
             return turns[0][1]
         return "\n".join(f"{r.capitalize()}: {c}" for r, c in turns) + "\nAssistant:"
@@ -125,11 +158,15 @@ class ChatPrompts:
                                "the no-context path is the prompt with its documents removed (pass fides_question=)")
         return plan
 
-    def plain(self, turns: Sequence[Turn], why: str, question: str | None = None) -> ChatPlan:
-        """No documents to contrast: 'standard' on the conversation as given, with a note saying why."""
+    def plain(self, turns: Sequence[Turn], why: str, question: str | None = None, *, fallback: bool = True) -> ChatPlan:
+        """No documents to contrast: 'standard' on the conversation as given, with a note saying why (a fallback,
+        which a strict caller refuses, unless `fallback=False`: nothing was asked that could not be done)."""
         prompt = self.render(turns)
         plan = ChatPlan("prompts", "none", context_prompt=prompt, no_context_prompt=prompt, method="standard",
                         untrusted=[question] if question else [])
+        if not fallback:
+            plan.notes.append(f"{why}: decoded with 'standard' on the prompt as given")
+            return plan
         return plan.fall_back(why, "decoded with 'standard' on the prompt as given")
 
     def with_documents(
@@ -137,12 +174,12 @@ class ChatPrompts:
         question: str | None = None, template_question: str | None = None,
     ) -> ChatPlan:
         """Plan a conversation with documents given beside it: found verbatim in it, they are contrasted where they
-        stand; a single question without them gets fides-rag's template; a longer conversation gets them in a
-        leading system turn (dropped on the no-context path)."""
+        stand; a single question without them gets fides-rag's template (not when tools are bound); a longer
+        conversation gets them in a leading system turn (dropped on the no-context path)."""
         texts = [t for t in texts if t.strip()]
         if not texts:
             return self.plain(turns, "the documents given were empty", question)
-        single = len(turns) == 1
+        single = len(turns) == 1 and self.tools is None  # fides-rag's template has no place for tools
         if single and template_question:
             return ChatPlan("template", "prompt_value", question=template_question, documents=list(texts))
         if all(any(t in c for _, c in turns) for t in texts):

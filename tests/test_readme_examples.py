@@ -29,6 +29,7 @@ RUN_ELSEWHERE = {
     "quickstart_batching.py": "test_batching_quick_start_runs_and_answers_every_question (below)",
     "quickstart_langchain.py": "integrations/langchain-fides/tests/integration_tests/test_lc_quickstart_and_leftovers.py",
     "quickstart_llamaindex.py": "integrations/llama-index-llms-fides/tests/test_fides_llm_quickstart_slow.py",
+    "quickstart_agent.py": "integrations/langchain-fides/tests/integration_tests/test_lc_agents_real.py",
 }
 """Quoted examples that a dedicated test runs (with checks of what they print); the others run in test_docs_example_runs."""
 

@@ -7,7 +7,7 @@ import hashlib
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
@@ -24,10 +24,12 @@ logger = logging.getLogger("langchain_fides")
 CALL_OPTIONS = frozenset(
     {
         "documents", "method", "fides_config", "max_new_tokens", "max_tokens", "do_sample", "temperature", "top_p", "top_k", "seed",
-        "strict", "fides_question",
+        "strict", "fides_question", "json_schema", "regex", "grammar",
     }
 )
 """Keyword arguments accepted per call (invoke/stream/batch/.bind)."""
+CONSTRAINTS = ("json_schema", "regex", "grammar")
+"""Grammar-constrained decoding options (at most one per call)."""
 
 
 class FidesFallbackError(ValueError):
@@ -66,6 +68,8 @@ class CallOptions:
     generation: dict[str, Any]
     stop: list[str]
     strict: bool = False
+    constraint: dict[str, Any] = field(default_factory=dict)
+    """At most one of json_schema/regex/grammar, passed to the decoder."""
 
 
 class FidesParams(BaseModel):
@@ -116,6 +120,7 @@ class FidesParams(BaseModel):
     """How long a call waits for concurrent calls to share its batch, in seconds."""
 
     _last_result: GenerationResult | None = PrivateAttr(default=None)
+    _call_options: ClassVar[frozenset[str]] = CALL_OPTIONS
 
     @model_validator(mode="after")
     def _setup(self) -> Any:
@@ -188,9 +193,12 @@ class FidesParams(BaseModel):
         }
 
     def _options(self, stop: Sequence[str] | None, kwargs: dict[str, Any]) -> CallOptions:
-        unknown = sorted(k for k in kwargs if k not in CALL_OPTIONS and not k.startswith("ls_") and k != "model")
+        unknown = sorted(k for k in kwargs if k not in self._call_options and not k.startswith("ls_") and k != "model")
         if unknown:
-            raise TypeError(f"{type(self).__name__} got unsupported call options {unknown}; supported: {sorted(CALL_OPTIONS)}")
+            raise TypeError(f"{type(self).__name__} got unsupported call options {unknown}; supported: {sorted(self._call_options)}")
+        constraint = {k: kwargs[k] for k in CONSTRAINTS if kwargs.get(k) is not None}
+        if len(constraint) > 1:
+            raise ValueError(f"give at most one of json_schema=, regex= and grammar=, got {', '.join(constraint)}")
         method = kwargs.get("method", self.method)
         config = kwargs.get("fides_config", self.fides_config)
         if config is not None and not isinstance(config, FidesConfig):
@@ -206,7 +214,7 @@ class FidesParams(BaseModel):
         strict = kwargs.get("strict", self.strict)
         if not isinstance(strict, bool):
             raise TypeError(f"strict must be True or False, got {strict!r}")
-        return CallOptions(method, requested, self._max_new(max_new), generation, list(dict.fromkeys(stops)), strict)
+        return CallOptions(method, requested, self._max_new(max_new), generation, list(dict.fromkeys(stops)), strict, constraint)
 
     # -- prompts ------------------------------------------------------------------------------------
 
@@ -229,17 +237,19 @@ class FidesParams(BaseModel):
 
     def _prompt_plan(
         self, messages: list[tuple[str, str]], texts: list[str], source: str, max_new: int, *,
-        drop_in_no_context: Sequence[int] = (), question: str | None = None,
+        drop_in_no_context: Sequence[int] = (), question: str | None = None, chat: ChatPrompts | None = None,
     ) -> Plan:
-        """The prompt pair of `messages` with `texts` contrasted where they stand (`ChatPrompts.pair`)."""
-        return self._chat.pair(messages, texts, source, max_new, drop_in_no_context=drop_in_no_context, question=question)
+        """The prompt pair of `messages` with `texts` contrasted where they stand (`ChatPrompts.pair`; `chat`: the
+        planner to use, default this object's)."""
+        return (chat or self._chat).pair(messages, texts, source, max_new, drop_in_no_context=drop_in_no_context, question=question)
 
     def _retriever_plan(
-        self, messages: list[tuple[str, str]], found: list[Any], retrieved: list[Any] | None, max_new: int, where: str, question: str | None
+        self, messages: list[tuple[str, str]], found: list[Any], retrieved: list[Any] | None, max_new: int, where: str, question: str | None,
+        chat: ChatPrompts | None = None,
     ) -> Plan:
         """The prompt pair for the retrieved documents the run-tree recorder found verbatim in `where`, with a
         note for retrieved documents it did not find there."""
-        plan = self._prompt_plan(messages, [d.page_content for d in found], "retriever", max_new, question=question)
+        plan = self._prompt_plan(messages, [d.page_content for d in found], "retriever", max_new, question=question, chat=chat)
         found_texts = {d.page_content for d in found}
         missing = len({d.page_content for d in retrieved or [] if d.page_content.strip()} - found_texts)
         if missing:
@@ -251,8 +261,8 @@ class FidesParams(BaseModel):
             plan.notes.append(note)
         return plan
 
-    def _plain_plan(self, messages: list[tuple[str, str]], why: str, question: str | None = None) -> Plan:
-        return self._chat.plain(messages, why, question)
+    def _plain_plan(self, messages: list[tuple[str, str]], why: str, question: str | None = None, chat: ChatPrompts | None = None) -> Plan:
+        return (chat or self._chat).plain(messages, why, question)
 
     def _check_fallback(self, plan: Plan, opts: CallOptions) -> None:
         """Raise under strict mode, else log a warning, when the plan does not use the documents as asked."""
@@ -275,7 +285,7 @@ class FidesParams(BaseModel):
         stop = list(opts.stop)
         if plan.kind == "template":
             stop += [s for s in template_stops(self._dec.prompt_template) if s not in stop]
-        return dict(method=plan.method or opts.method, max_new_tokens=opts.max_new_tokens, stop=stop, **opts.generation)
+        return dict(method=plan.method or opts.method, max_new_tokens=opts.max_new_tokens, stop=stop, **opts.generation, **opts.constraint)
 
     def _finish(self, plan: Plan, result: GenerationResult) -> GenerationResult:
         """Clean template leftovers from an answer to fides-rag's template; remember the result."""

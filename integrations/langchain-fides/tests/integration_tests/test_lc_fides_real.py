@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 import pytest
+from langchain_core.exceptions import OutputParserException
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import PromptTemplate
 from langchain_core.runnables import RunnablePassthrough
@@ -77,7 +78,37 @@ def test_chat_fides_follows_system_context_where_standard_does_not():
     assert DOCS[2] not in fides.response_metadata["no_context_prompt"]
 
 
+ROOM_FOR_CALLS = 32
+"""max_tokens of the standard tests that need a whole tool call or JSON object (the others keep 6 to stay fast)."""
+MORE_ROOM = {"test_unicode_tool_call_integration": 48, "test_json_mode": 64}
+"""Tests whose answer is longer (a unicode argument; a whole joke, which the model finishes in about 45 tokens)."""
+NEEDS_ROOM = ("tool_call", "tool_choice", "structured", "json", "bind_runnables")
+LOOPS_IN_A_STRING = "greedy smollm2-135m repeats itself inside the joke's free-text 'setup' ('A cat is a cat, a cat is a cat, ...') until max_tokens; the grammar keeps the JSON valid but cannot make it stop, and a cut answer is a parsing error, not a partial object"
+NO_UNFORCED_CALL = "smollm2-135m does not choose to call a tool by itself (tool_choice='auto'); forced calls: test_tool_choice, test_tool_calling and the create_agent test"
+
+
+LOOPS = (LOOPS_IN_A_STRING, OutputParserException)
+EXPECTED_FAILURES = {
+    **{f"test_structured_output{sync}[{schema}]": LOOPS for sync in ("", "_async") for schema in ("pydantic", "typeddict", "json_schema")},
+    "test_structured_output_pydantic_2_v1": LOOPS,
+    "test_structured_output_optional_param": LOOPS,
+    "test_agent_loop[model0]": (NO_UNFORCED_CALL, AssertionError),
+    "test_agent_loop[model1]": (NO_UNFORCED_CALL, AssertionError),
+}
+"""Standard tests a 135M local model cannot pass: why, and the error that shows it (they still run: an XPASS would show)."""
+
+
 class TestChatFidesIntegration(ChatModelIntegrationTests):
+    @pytest.fixture
+    def model(self, request: Any) -> ChatFides:
+        if request.node.name in EXPECTED_FAILURES:
+            reason, error = EXPECTED_FAILURES[request.node.name]
+            request.node.add_marker(pytest.mark.xfail(reason=reason, raises=error))
+        room = any(w in request.node.originalname for w in NEEDS_ROOM)
+        params = {**self.standard_chat_model_params, **self.chat_model_params, **(getattr(request, "param", None) or {})}
+        budget = MORE_ROOM.get(request.node.originalname, ROOM_FOR_CALLS)
+        return ChatFides(**{**params, **({"max_tokens": budget} if room else {})})
+
     @property
     def chat_model_class(self) -> type[ChatFides]:
         return ChatFides
@@ -92,11 +123,23 @@ class TestChatFidesIntegration(ChatModelIntegrationTests):
 
     @property
     def has_tool_calling(self) -> bool:
-        return False
+        return True
+
+    @property
+    def has_tool_choice(self) -> bool:
+        return True
 
     @property
     def has_structured_output(self) -> bool:
-        return False
+        return True
+
+    @property
+    def structured_output_kwargs(self) -> dict[str, Any]:
+        return {"method": "json_schema"}
+
+    @property
+    def supports_json_mode(self) -> bool:
+        return True
 
     @property
     def supports_image_inputs(self) -> bool:

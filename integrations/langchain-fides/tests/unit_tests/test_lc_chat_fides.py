@@ -116,11 +116,23 @@ class TestChatFidesStandard(ChatModelUnitTests):
 
     @property
     def has_tool_calling(self) -> bool:
-        return False
+        return True
+
+    @property
+    def has_tool_choice(self) -> bool:
+        return True
 
     @property
     def has_structured_output(self) -> bool:
-        return False
+        return True
+
+    @property
+    def structured_output_kwargs(self) -> dict[str, Any]:
+        return {"method": "json_schema"}
+
+    @property
+    def supports_json_mode(self) -> bool:
+        return True
 
     @property
     def supports_image_inputs(self) -> bool:

@@ -1,0 +1,277 @@
+"""Tool calling, framework-free: tools go in front of a model (through its chat template when the template renders
+`tools=`, else as a fallback system block) and its calls are read back from the text it writes.
+
+The fallback format is Hermes/Qwen's: the tools as JSON lines inside `<tools></tools>`, each call written as
+`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, each result as `<tool_response>...</tool_response>`. With `tool_choice` "required" (or "any") or a tool's
+name, `constraint()` is a JSON schema that admits exactly one valid call as a bare JSON object; pass it as
+`json_schema=` to the decoder so a small model cannot write anything else. LangChain's ChatFides, LlamaIndex's
+FidesLLM and the server share this module.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fides_rag.raw_prompts import render_chat
+
+CHOICES = ("auto", "none", "required", "any")
+"""tool_choice values other than a tool's name ("any" is "required")."""
+_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+_PROBE = "fides_probe_tool_3f9c"
+
+
+def new_call_id() -> str:
+    """An OpenAI-style call id, "call_" and 24 hex digits."""
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One tool: its name, what it does, and the JSON schema of its arguments object."""
+
+    name: str
+    description: str
+    parameters: dict = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValueError(f"a tool needs a non-empty name, got {self.name!r}")
+        if not isinstance(self.parameters, Mapping) or self.parameters.get("type", "object") != "object":
+            raise ValueError(f"tool {self.name!r}: parameters must be a JSON schema of an object, got {self.parameters!r}")
+
+    def openai(self) -> dict:
+        """The tool in OpenAI's shape: {"type": "function", "function": {"name", "description", "parameters"}}."""
+        return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": dict(self.parameters)}}
+
+    @classmethod
+    def from_openai(cls, tool: Mapping[str, Any]) -> ToolSpec:
+        """A ToolSpec from OpenAI's shape ({"type": "function", "function": {...}}) or its inner function dict."""
+        function = tool.get("function", tool) if tool.get("type", "function") == "function" else None
+        if not isinstance(function, Mapping) or "name" not in function:
+            raise ValueError(f"not an OpenAI function tool (need {{'type': 'function', 'function': {{'name': ...}}}}): {dict(tool)!r}")
+        parameters = function.get("parameters") or {"type": "object", "properties": {}}
+        return cls(function["name"], function.get("description") or "", dict(parameters))
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model made: the tool's name, its arguments, and an id ("call_<hex>" when the model gave none)."""
+
+    name: str
+    arguments: dict
+    id: str = field(default_factory=new_call_id)
+
+    def openai(self) -> dict:
+        """The call in OpenAI's shape (arguments as a JSON string)."""
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": json.dumps(self.arguments)}}
+
+
+def closed_schema(schema: Any) -> Any:
+    """`schema` with every object that lists its properties closed to others (`additionalProperties: false` where
+    the schema does not say), as OpenAI's strict mode does: a grammar then cannot add keys the caller did not ask for."""
+    if not isinstance(schema, dict):
+        return schema
+    closed = dict(schema)
+    for key in ("properties", "$defs", "definitions", "patternProperties"):
+        if isinstance(closed.get(key), dict):
+            closed[key] = {name: closed_schema(sub) for name, sub in closed[key].items()}
+    for key in ("items", "additionalProperties", "not", "contains"):
+        if isinstance(closed.get(key), dict):
+            closed[key] = closed_schema(closed[key])
+    for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
+        if isinstance(closed.get(key), list):
+            closed[key] = [closed_schema(sub) for sub in closed[key]]
+    if (closed.get("type") == "object" or "properties" in closed) and "additionalProperties" not in closed:
+        closed.setdefault("properties", {})
+        closed["additionalProperties"] = False
+    return closed
+
+
+def _call_schema(tool: ToolSpec) -> dict:
+    return {
+        "type": "object",
+        "properties": {"name": {"const": tool.name}, "arguments": closed_schema(dict(tool.parameters))},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+class ToolCalling:
+    """Puts tools in front of a model and reads its calls back."""
+
+    def __init__(self, tokenizer: Any, tools: Sequence[ToolSpec], tool_choice: str | None = "auto") -> None:
+        self.tokenizer = tokenizer
+        if not all(isinstance(t, ToolSpec) for t in tools):
+            raise TypeError(f"tools must be ToolSpec objects, got {[type(t).__name__ for t in tools]}")
+        self.tools = list({json.dumps(t.openai(), sort_keys=True): t for t in tools}.values())  # the same tool twice: once
+        names = [t.name for t in self.tools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two different tools share a name; tool names must be unique, got {names}")
+        choice = "auto" if tool_choice is None else tool_choice
+        if choice == "any":
+            choice = "required"
+        if choice not in CHOICES and choice not in names:
+            raise ValueError(f"tool_choice must be one of {', '.join(CHOICES)} or a tool's name ({', '.join(names) or 'no tools'}), got {tool_choice!r}")
+        if choice == "required" and not self.tools:
+            raise ValueError("tool_choice='required' needs at least one tool")
+        self.tool_choice = choice
+        self._native: bool | None = None
+
+    @property
+    def forced(self) -> list[ToolSpec]:
+        """The tools one of which must be called ([] unless tool_choice is required or a name)."""
+        if self.tool_choice == "required":
+            return list(self.tools)
+        return [t for t in self.tools if t.name == self.tool_choice]
+
+    @property
+    def native(self) -> bool:
+        """The tokenizer's chat template renders `tools=` itself (checked once by rendering a probe tool)."""
+        if self._native is None:
+            self._native = _renders_tools(self.tokenizer)
+        return self._native
+
+    def openai_tools(self) -> list[dict]:
+        """The tools in OpenAI's shape, as chat templates take them."""
+        return [t.openai() for t in self.tools]
+
+    def system_block(self) -> str | None:
+        """The fallback format's system text (None when the chat template renders the tools itself)."""
+        return None if self.native else self.fallback_text()
+
+    def fallback_text(self) -> str | None:
+        """The fallback format's system text whatever the template (None without tools): the tools and how to call."""
+        if not self.tools or self.tool_choice == "none":
+            return None  # no call may be made: the tools are not offered
+        listed = "\n".join(json.dumps(t.openai()) for t in self.tools)
+        how = (
+            "To call a tool, answer with a JSON object inside <tool_call></tool_call> tags, one per call:\n"
+            '<tool_call>\n{"name": <tool name>, "arguments": <arguments object>}\n</tool_call>'
+        )
+        if self.tool_choice == "required":
+            how += "\nYou must call one of the tools."
+        elif self.tool_choice != "auto":
+            how += f"\nYou must call the tool {self.tool_choice}."
+        return f"You can call these tools:\n<tools>\n{listed}\n</tools>\n{how}"
+
+    def constraint(self) -> dict | None:
+        """A JSON schema admitting exactly one valid call for tool_choice required/named, else None."""
+        forced = self.forced
+        if not forced:
+            return None
+        if len(forced) == 1:
+            return _call_schema(forced[0])
+        return {"anyOf": [_call_schema(t) for t in forced]}
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        """(content with the calls removed, calls): `<tool_call>` blocks, or the whole text as one bare JSON call.
+        Invalid JSON, an unknown tool or tool_choice 'none' gives no call and keeps the text as content."""
+        if self.tool_choice == "none" or not self.tools:
+            return text, []
+        stripped = text.strip()
+        if stripped.startswith(("{", "[")):
+            calls = self._calls(stripped)
+            if calls:
+                return "", calls
+        calls, kept, last = [], [], 0
+        for match in _BLOCK.finditer(text):
+            found = self._calls(match.group(1))
+            if found:
+                calls += found
+                kept.append(text[last : match.start()])
+                last = match.end()
+        if not calls:
+            return text, []
+        kept.append(text[last:])
+        return "".join(kept).strip(), calls
+
+    def _calls(self, blob: str) -> list[ToolCall]:
+        try:
+            value = json.loads(blob)
+        except ValueError:
+            return []
+        items = value if isinstance(value, list) else [value]
+        calls = [self._call(item) for item in items]
+        return [c for c in calls if c is not None] if all(calls) else []
+
+    def _call(self, item: Any) -> ToolCall | None:
+        if not isinstance(item, dict) or item.get("name") not in {t.name for t in self.tools}:
+            return None
+        arguments = item.get("arguments", item.get("parameters", {}))
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                return None
+        if not isinstance(arguments, dict):
+            return None
+        call_id = item.get("id")
+        return ToolCall(item["name"], arguments, call_id if isinstance(call_id, str) and call_id else new_call_id())
+
+    def render_call(self, call: ToolCall) -> str:
+        """An earlier assistant call as prompt text, in the format the model is asked to write."""
+        return f"<tool_call>\n{json.dumps({'name': call.name, 'arguments': call.arguments})}\n</tool_call>"
+
+    def render_result(self, content: str) -> str:
+        """A tool's result as prompt text in the fallback format (a user turn's content)."""
+        return f"<tool_response>\n{content}\n</tool_response>"
+
+    def render_calls(self, content: str, calls: Sequence[ToolCall]) -> str:
+        """An assistant turn's text: its content, then its calls."""
+        return "\n".join([*([content] if content.strip() else []), *(self.render_call(c) for c in calls)])
+
+
+def _renders_tools(tokenizer: Any) -> bool:
+    if not getattr(tokenizer, "chat_template", None):
+        return False
+    probe = ToolSpec(_PROBE, "probe", {"type": "object", "properties": {}})
+    try:
+        text = render_chat(tokenizer, [{"role": "user", "content": "hi"}], tools=[probe.openai()])
+    except Exception:  # a template that refuses tools= (jinja2 errors of any kind)
+        return False
+    return _PROBE in text
+
+
+class ToolCallStream:
+    """Streams a tool-calling answer: `feed` returns the text safe to show now (text that cannot be part of a call
+    is shown as it comes; a possible call is held back), `finish` the rest of the content and the calls."""
+
+    _TAG = "<tool_call>"
+
+    def __init__(self, calling: ToolCalling) -> None:
+        self.calling = calling
+        self.text = ""
+        self.emitted = ""
+
+    def _safe(self) -> str:
+        text = self.text
+        if self.calling.tool_choice == "none" or not self.calling.tools:
+            return text
+        if text.lstrip().startswith(("{", "[")) or self.calling.forced:
+            return ""  # a bare JSON call may be coming (always, when a call is forced)
+        cut = text.find(self._TAG)
+        if cut < 0:
+            cut = next((len(text) - k for k in range(len(self._TAG) - 1, 0, -1) if text.endswith(self._TAG[:k])), len(text))
+        return text[:cut].rstrip()
+
+    def feed(self, delta: str) -> str:
+        """Take the next piece of the answer; return the new text safe to show."""
+        self.text += delta
+        safe = self._safe()
+        if len(safe) <= len(self.emitted) or not safe.startswith(self.emitted):
+            return ""
+        new, self.emitted = safe[len(self.emitted) :], safe
+        return new
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        """(the content not shown yet, the calls) once the answer is complete."""
+        content, calls = self.calling.parse(self.text)
+        shown = self.emitted if not calls else self.emitted.strip()
+        if not content.startswith(shown):  # cannot happen for text parse keeps; never drop what was not shown
+            return content, calls
+        return content[len(shown) :], calls
