@@ -89,6 +89,14 @@ def test_tool_messages_are_the_evidence_and_calls_render_in_history(llm):
     assert last.additional_kwargs["documents_source"] == "tool_messages" and "<tools>" not in last.additional_kwargs["context_prompt"]
 
 
+def test_parallel_calls_are_kept_only_when_allowed(llm):
+    block = '<tool_call>\n\\{"name": "search", "arguments": \\{"query": "rome"\\}\\}\n</tool_call>'
+    two = f"{block}\n{block}"  # a grammar makes the tiny model write two calls
+    assert len(llm.chat_with_tools([TOOL], Q, regex=two, max_new_tokens=200).message.additional_kwargs["tool_calls"]) == 1
+    both = llm.chat_with_tools([TOOL], Q, regex=two, max_new_tokens=200, allow_parallel_tool_calls=True)
+    assert [s.tool_kwargs for s in llm.get_tool_calls_from_response(both)] == [{"query": "rome"}] * 2
+
+
 def test_bad_tool_arguments_and_cut_calls_are_reported(llm):
     with pytest.raises(ValueError, match="a tool's name \\(search\\)"):
         llm.chat_with_tools([TOOL], Q, tool_choice="lookup")
@@ -113,6 +121,9 @@ def test_structured_predict_is_held_to_the_schema(llm):
     assert isinstance(asyncio.run(llm.astructured_predict(Answer, prompt, context_str=DOC, query_str=Q)), Answer)
     streamed = list(llm.stream_structured_predict(Answer, prompt, context_str=DOC, query_str=Q))
     assert streamed[-1] == answer and all(isinstance(s, BaseModel) for s in streamed)
+    assert asyncio.run(_last(llm.astream_structured_predict(Answer, prompt, context_str=DOC, query_str=Q))) == answer
+    as_json = llm.predict(prompt, context_str=DOC, query_str=Q, json_schema=Answer.model_json_schema())
+    assert Answer.model_validate_json(as_json) and llm.complete(Q, documents=[DOC], regex="(rome|paris)").text in ("rome", "paris")
     reply = llm.as_structured_llm(Answer).chat([ChatMessage(role=MessageRole.USER, content=Q)], documents=[DOC])
     assert Answer.model_validate_json(reply.message.content) == reply.raw
     assert llm.history[-1]["info"]["method"] == "fides" and llm.history[-1]["info"]["prompt_type"] == "fides_rag"
@@ -122,3 +133,8 @@ def test_structured_predict_is_held_to_the_schema(llm):
         llm.structured_predict(Answer, prompt, llm_kwargs={"max_new_tokens": 2}, context_str=DOC, query_str=Q)
     with pytest.raises(ValueError, match="drop regex="):
         llm.structured_predict(Answer, prompt, llm_kwargs={"regex": "a"}, context_str=DOC, query_str=Q)
+
+
+async def _last(stream):
+    items = [item async for item in await stream]
+    return items[-1]
