@@ -2,13 +2,13 @@
 additional_kwargs["tool_calls"] and ToolSelections (also streamed and async), tool messages are the evidence,
 structured_predict and as_structured_llm are held to the output class's schema."""
 
-
 import asyncio
 import json
 from typing import Literal
 
 import pytest
 from llama_index.core.base.llms.types import ChatMessage, MessageRole, ToolCallBlock
+from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.prompts import PromptTemplate
 from llama_index.core.tools import FunctionTool
 from llama_index.core.types import PydanticProgramMode
@@ -50,6 +50,7 @@ def assert_one_search_call(response, llm):
 
 
 def test_forced_tool_call_parses_streams_and_runs_async(llm):
+    assert FunctionCallingLLM.__name__ in [b.__name__ for b in FidesLLM.__mro__]  # llama-index integrations' class test
     assert llm.metadata.is_function_calling_model is True
     for kwargs in ({"tool_required": True}, {"tool_choice": "search"}, {"tool_choice": {"type": "function", "function": {"name": "search"}}}):
         response = llm.chat_with_tools([TOOL], Q, **kwargs)

@@ -10,6 +10,7 @@ a call of the class as a tool, forced by grammar too).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Callable, Generator, Iterator
 from typing import Any
 
@@ -90,8 +91,6 @@ class StructuredPrediction:
     ) -> BaseModel:
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
             return await super().astructured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
-        import asyncio
-
         return await asyncio.to_thread(self.structured_predict, output_cls, prompt, llm_kwargs, **prompt_args)
 
     def _structured_stream_call(
