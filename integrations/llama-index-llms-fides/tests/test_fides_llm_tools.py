@@ -90,6 +90,25 @@ def test_tool_messages_are_the_evidence_and_calls_render_in_history(llm):
     assert last.additional_kwargs["documents_source"] == "tool_messages" and "<tools>" not in last.additional_kwargs["context_prompt"]
 
 
+def test_a_template_that_renders_tools_gets_them_natively():
+    from fides_rag import FidesDecoder
+    from fides_rag.testing import CHAT_TEMPLATE, build_tiny_model, build_tokenizer
+
+    tok = build_tokenizer(chat=True)
+    tok.chat_template = "{% for t in tools or [] %}<|tool-def|>{{ t['function']['name'] }}<|end|>\n{% endfor %}" + CHAT_TEMPLATE
+    llm = FidesLLM(FidesDecoder(build_tiny_model("llama", len(tok)), tok), max_new_tokens=80)
+    call = {"id": "call_1", "type": "function", "function": {"name": "search", "arguments": '{"query": "rome"}'}}
+    history = [ChatMessage(role=MessageRole.USER, content=Q), ChatMessage(role=MessageRole.ASSISTANT, content="", additional_kwargs={"tool_calls": [call]}),
+               ChatMessage(role=MessageRole.TOOL, content=DOC, additional_kwargs={"tool_call_id": "call_1"})]
+    response = llm.chat_with_tools([TOOL], chat_history=history, tool_choice="search")
+    info = response.additional_kwargs
+    assert info["tool_format"] == "native" and llm.get_tool_calls_from_response(response)[0].tool_name == "search"
+    assert info["documents_source"] == "tool_messages" and info["method"] == "fides"
+    for prompt in (info["context_prompt"], info["no_context_prompt"]):
+        assert prompt.count("<|tool-def|>search") == 1 and "<tools>" not in prompt and "<|tool|>\n" in prompt  # the tool role kept
+    assert f"<|tool|>\n{DOC}<|end|>" in info["context_prompt"] and "<|tool|>\n<|end|>" in info["no_context_prompt"]
+
+
 def test_parallel_calls_are_kept_only_when_allowed(llm):
     block = '<tool_call>\n\\{"name": "search", "arguments": \\{"query": "rome"\\}\\}\n</tool_call>'
     two = f"{block}\n{block}"  # a grammar makes the tiny model write two calls
