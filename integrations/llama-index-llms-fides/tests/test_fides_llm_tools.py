@@ -115,6 +115,10 @@ def test_parallel_calls_are_kept_only_when_allowed(llm):
     assert len(llm.chat_with_tools([TOOL], Q, regex=two, max_new_tokens=200).message.additional_kwargs["tool_calls"]) == 1
     both = llm.chat_with_tools([TOOL], Q, regex=two, max_new_tokens=200, allow_parallel_tool_calls=True)
     assert [s.tool_kwargs for s in llm.get_tool_calls_from_response(both)] == [{"query": "rome"}] * 2
+    chunks = list(llm.stream_chat_with_tools([TOOL], Q, regex=f"Let me search\\. {block}", max_new_tokens=200))
+    assert "".join(c.delta for c in chunks) == chunks[-1].message.content == "Let me search."  # text streams, the call waits
+    assert len(chunks) > 2 and all("tool_calls" not in c.message.additional_kwargs for c in chunks[:-1])
+    assert llm.get_tool_calls_from_response(chunks[-1])[0].tool_kwargs == {"query": "rome"}
 
 
 def test_bad_tool_arguments_and_cut_calls_are_reported(llm):
