@@ -37,6 +37,7 @@ from llama_index.core.types import TokenAsyncGen, TokenGen
 from fides_rag import FidesConfig, FidesDecoder, GenerationResult, available_methods, load_model
 from fides_rag.generation.streaming import iterate_in_thread
 from fides_rag.raw_prompts import check_no_context_path
+from fides_rag.tool_calls import ToolCalling
 
 from llama_index.llms.fides.context import CONTEXT_VARIABLES, split_prompt_args
 from llama_index.llms.fides.options import CALL_OPTIONS, CONSTRAINTS, GENERATION_OPTIONS, FidesFallbackError, fold_fides_constants
@@ -269,7 +270,7 @@ class FidesLLM(PairDecoding, PromptPairing, FunctionCalling, StructuredPredictio
 
     # -- LlamaIndex hooks: chat ---------------------------------------------------------------------
 
-    def _chat_inputs(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> tuple[PromptPair, dict[str, Any], Any]:
+    def _chat_inputs(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> tuple[PromptPair, dict[str, Any], ToolCalling | None]:
         """The call's pair, options and tools (a ToolCalling, or None without tools)."""
         if "no_context_prompt" in kwargs:
             raise TypeError("chat does not take no_context_prompt=; use complete(..., no_context_prompt=...)")
