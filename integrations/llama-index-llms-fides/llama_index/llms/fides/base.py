@@ -29,7 +29,7 @@ from llama_index.core.chat_engine.context import DEFAULT_CONTEXT_TEMPLATE
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.events.llm import LLMPredictEndEvent, LLMPredictStartEvent
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
-from llama_index.core.llms.custom import CustomLLM
+from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import astream_completion_response_to_tokens, stream_completion_response_to_tokens
 from llama_index.core.prompts.base import BasePromptTemplate
 from llama_index.core.types import TokenAsyncGen, TokenGen
@@ -37,10 +37,13 @@ from llama_index.core.types import TokenAsyncGen, TokenGen
 from fides_rag import FidesConfig, FidesDecoder, GenerationResult, available_methods, load_model
 from fides_rag.generation.streaming import iterate_in_thread
 from fides_rag.raw_prompts import check_no_context_path
+from fides_rag.tool_calls import ToolCalling
 
 from llama_index.llms.fides.context import CONTEXT_VARIABLES, split_prompt_args
-from llama_index.llms.fides.options import CALL_OPTIONS, GENERATION_OPTIONS, FidesFallbackError, fold_fides_constants
+from llama_index.llms.fides.options import CALL_OPTIONS, CONSTRAINTS, GENERATION_OPTIONS, FidesFallbackError, fold_fides_constants
 from llama_index.llms.fides.decoding import PairDecoding
+from llama_index.llms.fides.function_calling import FunctionCalling
+from llama_index.llms.fides.structured import StructuredPrediction
 from llama_index.llms.fides.pairing import PromptPair, PromptPairing
 
 dispatcher = get_dispatcher(__name__)
@@ -48,12 +51,17 @@ logger = logging.getLogger("llama_index.llms.fides")
 __all__ = ["CALL_OPTIONS", "GENERATION_OPTIONS", "FidesFallbackError", "FidesLLM"]
 
 
-class FidesLLM(PairDecoding, PromptPairing, CustomLLM):
+class FidesLLM(PairDecoding, PromptPairing, FunctionCalling, StructuredPrediction, FunctionCallingLLM):
     """A LlamaIndex LLM that answers from the retrieved context with FIDES dual-path contrastive decoding.
 
     In query and chat engines the retrieved text (``context_str`` / ``context_msg``) forms the context
     path; the same prompt with that text emptied forms the no-context path. Plain ``complete``/``chat``
     calls decode normally unless given ``documents=[...]``.
+
+    It is a FunctionCallingLLM: tools (``chat_with_tools``, ``FunctionAgent``) enter both paths identically, tool
+    messages are the evidence (``documents_source: "tool_messages"``), tool_required or a named tool_choice forces a
+    valid call by grammar, and ``structured_predict``/``as_structured_llm`` answers are held to the output class's
+    JSON schema.
 
     >>> llm = FidesLLM.from_model_id("smollm2-135m-instruct", method="fides", max_new_tokens=64)
     >>> index.as_query_engine(llm=llm).query("In which city is the Eiffel Tower located?")
@@ -207,7 +215,7 @@ class FidesLLM(PairDecoding, PromptPairing, CustomLLM):
             num_output=self.max_new_tokens,
             model_name=self.model_name,
             is_chat_model=self.chat_template_active,
-            is_function_calling_model=False,
+            is_function_calling_model=True,
             system_role=MessageRole.SYSTEM,
         )
 
@@ -262,35 +270,40 @@ class FidesLLM(PairDecoding, PromptPairing, CustomLLM):
 
     # -- LlamaIndex hooks: chat ---------------------------------------------------------------------
 
-    def _chat_inputs(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> tuple[PromptPair, dict[str, Any]]:
+    def _chat_inputs(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> tuple[PromptPair, dict[str, Any], ToolCalling | None]:
+        """The call's pair, options and tools (a ToolCalling, or None without tools)."""
         if "no_context_prompt" in kwargs:
             raise TypeError("chat does not take no_context_prompt=; use complete(..., no_context_prompt=...)")
         options = self._options(kwargs)
-        return self._chat_pair(messages, kwargs.get("documents"), options["max_new_tokens"]), options
+        tools = self._tool_inputs(messages, kwargs, options)
+        if tools is not None:
+            return tools[0], options, tools[1]
+        return self._chat_pair(messages, kwargs.get("documents"), options["max_new_tokens"]), options, None
 
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        """Chat; the context is documents=[...], or a system message rendered from a chat_context_templates entry."""
-        pair, options = self._chat_inputs(messages, kwargs)
-        return _to_chat(self._generate(pair, options))
+        """Chat; the context is documents=[...], the tool messages, or a system message rendered from a
+        chat_context_templates entry. tools=[...] and tool_choice= as chat_with_tools passes them."""
+        pair, options, calling = self._chat_inputs(messages, kwargs)
+        return self._chat_response(self._generate(pair, options), calling, options)
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        pair, options = self._chat_inputs(messages, kwargs)
-        return (_to_chat(r) for r in self._stream(pair, options))
+        pair, options, calling = self._chat_inputs(messages, kwargs)
+        return self._chat_stream(self._stream(pair, options), calling, options)
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        pair, options = self._chat_inputs(messages, kwargs)
-        return _to_chat(await asyncio.to_thread(self._generate, pair, options))
+        pair, options, calling = self._chat_inputs(messages, kwargs)
+        return self._chat_response(await asyncio.to_thread(self._generate, pair, options), calling, options)
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
-        pair, options = self._chat_inputs(messages, kwargs)
+        pair, options, calling = self._chat_inputs(messages, kwargs)
 
         async def gen() -> ChatResponseAsyncGen:
-            async for response in iterate_in_thread(lambda: self._stream(pair, options)):
-                yield _to_chat(response)
+            async for response in iterate_in_thread(lambda: self._chat_stream(self._stream(pair, options), calling, options)):
+                yield response
 
         return gen()
 
@@ -336,6 +349,8 @@ class FidesLLM(PairDecoding, PromptPairing, CustomLLM):
         template_args, call = split_prompt_args(prompt, prompt_args, CALL_OPTIONS)
         dispatcher.event(LLMPredictStartEvent(template=prompt, template_args=template_args))
         self._log_template_data(prompt, **template_args)
+        if any(k in call for k in ("tools", "tool_choice")):
+            raise TypeError("predict does not take tools= or tool_choice=; use chat_with_tools(tools, ...)")
         if "documents" in call or "no_context_prompt" in call:
             raise TypeError("predict takes its context from the template variables (context_str/context_msg), not documents=")
         options = self._options(call)
@@ -343,14 +358,5 @@ class FidesLLM(PairDecoding, PromptPairing, CustomLLM):
 
 
 def _call_kwargs(call: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in call.items() if k in GENERATION_OPTIONS or k == "strict"}
-
-
-def _to_chat(response: CompletionResponse) -> ChatResponse:
-    return ChatResponse(
-        message=ChatMessage(role=MessageRole.ASSISTANT, content=response.text),
-        delta=response.delta,
-        raw=response.raw,
-        additional_kwargs=response.additional_kwargs,
-    )
+    return {k: v for k, v in call.items() if k in GENERATION_OPTIONS or k in CONSTRAINTS or k == "strict"}
 

@@ -17,6 +17,8 @@ from llama_index.llms.fides.options import FidesFallbackError, call_options, dec
 from llama_index.llms.fides.pairing import PromptPair
 
 logger = logging.getLogger("llama_index.llms.fides")
+PAIR_EXTRAS = ("documents_source", "num_documents", "tool_format", "tool_choice")
+"""What a tool-aware call adds to the response's metadata (additional_kwargs) and to its raw dict."""
 
 
 class PairDecoding:
@@ -48,8 +50,8 @@ class PairDecoding:
         method = options["method"]
         config = self.effective_fides_config
         rule: Any = get_method(method, config=config) if isinstance(method, str) and accepts_option(method, "config") else method
-        if pair.fallback is not None:
-            rule = "standard"
+        if pair.fallback is not None or pair.method is not None:
+            rule = pair.method or "standard"
         args = {**decoding_options(options), "method": rule}
         if pair.uses_template:
             stops = list(args["stop"] or [])
@@ -75,6 +77,7 @@ class PairDecoding:
             "document_tokens": pair.info.get("document_tokens"),
             "prompt_type": pair.info.get("prompt_type"),
             "context_variables": pair.info.get("context_variables", []),
+            **{k: pair.info[k] for k in PAIR_EXTRAS if k in pair.info},
             "context_prompt": result.context_prompt if pair.uses_template else pair.context_prompt,
             "no_context_prompt": result.no_context_prompt if pair.uses_template else pair.no_context_prompt,
         }
@@ -92,7 +95,7 @@ class PairDecoding:
         else:
             result = self._batcher.generate(context_prompt=prompts[0], no_context_prompt=prompts[1], untrusted_texts=pair.untrusted, **args)
         info = self._report(pair, options, result)
-        return CompletionResponse(text=result.text, raw=result.to_dict(), additional_kwargs=info)
+        return CompletionResponse(text=result.text, raw=_raw(result, info), additional_kwargs=info)
 
     def _stream(self, pair: PromptPair, options: dict[str, Any]) -> CompletionResponseGen:
         prompts, args = self._decode_args(pair, options)
@@ -122,4 +125,9 @@ class PairDecoding:
         pending = held or ""
         if result.text.startswith(text + pending) and len(result.text) > len(text + pending):  # a held-back tail
             pending = result.text[len(text) :]
-        yield CompletionResponse(text=text + pending, delta=pending, raw=result.to_dict(), additional_kwargs=info)
+        yield CompletionResponse(text=text + pending, delta=pending, raw=_raw(result, info), additional_kwargs=info)
+
+
+def _raw(result: GenerationResult, info: dict[str, Any]) -> dict[str, Any]:
+    """The result as a dict, with where the documents came from (an agent's final output carries only `raw`)."""
+    return {**result.to_dict(), **{k: info[k] for k in PAIR_EXTRAS if k in info}}

@@ -10,7 +10,12 @@ from fides_rag.generation.settings import sampling_options
 
 GENERATION_OPTIONS: tuple[str, ...] = ("method", "max_new_tokens", "stop", "do_sample", "temperature", "top_p", "top_k", "seed")
 """Per-call overrides accepted by complete/chat/predict and their stream/async forms."""
-CALL_OPTIONS: tuple[str, ...] = (*GENERATION_OPTIONS, "strict", "documents", "no_context_prompt")
+CONSTRAINTS: tuple[str, ...] = ("json_schema", "regex", "grammar")
+"""Grammar-constrained decoding options (at most one per call): the answer is held to a JSON schema, a regex or a
+Lark grammar."""
+TOOL_OPTIONS: tuple[str, ...] = ("tools", "tool_choice")
+"""What `_prepare_chat_with_tools` hands to chat: the tools (LlamaIndex tools, ToolSpec or OpenAI dicts) and the choice."""
+CALL_OPTIONS: tuple[str, ...] = (*GENERATION_OPTIONS, *CONSTRAINTS, "strict", "documents", "no_context_prompt", *TOOL_OPTIONS)
 FIDES_CONSTANTS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(FidesConfig) if f.name != "source")
 """FidesConfig's fields. FidesLLM takes them as one `fides_config=`; the names alone (weights=, lambda_=, ...)
 are still accepted at construction and folded into it."""
@@ -37,6 +42,10 @@ def call_options(llm: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
         raise TypeError(f"FidesLLM got unsupported keyword argument(s) {sorted(unknown)}; supported: {list(CALL_OPTIONS)}")
     options = {name: getattr(llm, name) for name in GENERATION_OPTIONS}
     options.update({k: v for k, v in kwargs.items() if k in GENERATION_OPTIONS})
+    constraint = {k: kwargs[k] for k in CONSTRAINTS if kwargs.get(k) is not None}
+    if len(constraint) > 1:
+        raise ValueError(f"give at most one of json_schema=, regex= and grammar=, got {', '.join(constraint)}")
+    options["constraint"] = constraint
     options["strict"] = kwargs.get("strict", llm.strict)
     if not isinstance(options["strict"], bool):
         raise TypeError(f"strict must be True or False, got {options['strict']!r}")
@@ -46,6 +55,6 @@ def call_options(llm: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def decoding_options(options: dict[str, Any]) -> dict[str, Any]:
-    """The decoder's keywords for the budget, stops and sampling of `call_options` (no method, no strict)."""
+    """The decoder's keywords for the budget, stops, sampling and grammar of `call_options` (no method, no strict)."""
     sampling = sampling_options(*(options[k] for k in ("do_sample", "temperature", "top_p", "top_k", "seed")))
-    return {"max_new_tokens": options["max_new_tokens"], "stop": options["stop"], **sampling}
+    return {"max_new_tokens": options["max_new_tokens"], "stop": options["stop"], **sampling, **options.get("constraint", {})}

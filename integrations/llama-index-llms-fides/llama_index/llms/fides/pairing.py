@@ -11,6 +11,7 @@ from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.chat_engine.context import DEFAULT_CONTEXT_TEMPLATE
 from llama_index.core.prompts.base import BasePromptTemplate
 
+from fides_rag.chat import ChatPlan
 from fides_rag.prompts import document_texts
 from fides_rag.raw_prompts import fit_documents, question_only_text
 
@@ -33,13 +34,14 @@ class PromptPair:
     With `question` and `documents` set, fides-rag's own 2-shot template builds both prompts (the
     decoder renders them); otherwise `context_prompt` / `no_context_prompt` are decoded as they are.
     `fallback` says why there is nothing to contrast (None: there is). `untrusted`: the texts in the raw prompts
-    (the context as kept, the question) that are tokenised as plain text.
+    (the context as kept, the question) that are tokenised as plain text. `method`: a method the pair forces
+    ('standard' where nothing is to be contrasted and nothing was asked that could not be done).
     """
 
     def __init__(
         self, context_prompt: str, no_context_prompt: str | None, info: dict[str, Any], *,
         question: str | None = None, documents: list[str] | None = None, fallback: str | None = None,
-        untrusted: Sequence[str | None] = (),
+        untrusted: Sequence[str | None] = (), method: str | None = None,
     ) -> None:
         self.context_prompt = context_prompt
         self.no_context_prompt = no_context_prompt
@@ -48,12 +50,25 @@ class PromptPair:
         self.documents = documents
         self.fallback = fallback
         self.untrusted = [t for t in untrusted if t]
+        self.method = method
         if fallback is not None:
             info.setdefault("notes", []).insert(0, f"{fallback}: decoded with 'standard'")
 
     @property
     def uses_template(self) -> bool:
         return self.documents is not None
+
+    @classmethod
+    def from_plan(cls, plan: ChatPlan, info: dict[str, Any]) -> PromptPair:
+        """The pair of a core `ChatPlan` (rendered prompts or fides-rag's template); its notes lead `info`'s."""
+        info = {**info, "notes": [*plan.notes, *info.get("notes", [])], "documents_source": plan.source,
+                "num_documents": len(plan.documents), "documents_trimmed": plan.trimmed, "document_tokens": plan.document_tokens}
+        if plan.kind == "template":
+            pair = cls("", None, info, question=plan.question or "", documents=list(plan.documents), method=plan.method)
+        else:
+            pair = cls(plan.context_prompt or "", plan.no_context_prompt, info, untrusted=plan.untrusted, method=plan.method)
+        pair.fallback = plan.fallback  # its note is the plan's first
+        return pair
 
 
 class PromptPairing:
@@ -155,6 +170,8 @@ class PromptPairing:
         return PromptPair(self._messages_text(messages), None, {"prompt_type": "chat"}, fallback=why, untrusted=[question])
 
     def _pair_for_complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any], options: dict[str, Any]) -> PromptPair:
+        if kwargs.get("tools") or kwargs.get("tool_choice") is not None:
+            raise TypeError("complete does not take tools= or tool_choice=; use chat_with_tools(tools, ...) or chat(messages, tools=[...])")
         documents, no_ctx = kwargs.get("documents"), kwargs.get("no_context_prompt")
         if no_ctx is not None:
             if documents is not None:

@@ -1,0 +1,120 @@
+"""FidesLLM's structured output (a mixin): `structured_predict`, its async and streaming forms, and so
+`as_structured_llm`, decode under a grammar that holds the answer to the output class's JSON schema, so even a small
+model returns a valid object.
+
+A prompt whose context variables (context_str/context_msg) are filled is paired as `predict` pairs it; any other
+prompt is formatted into messages and paired as `chat` pairs them (documents= in llm_kwargs, tool messages, a context
+system message). With `pydantic_program_mode` other than DEFAULT, LlamaIndex's own programs run instead (FUNCTION:
+a call of the class as a tool, forced by grammar too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Callable, Generator, Iterator
+from typing import Any
+
+from llama_index.core.base.llms.types import ChatResponse, CompletionResponse
+from llama_index.core.bridge.pydantic import BaseModel
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.events.llm import LLMStructuredPredictEndEvent, LLMStructuredPredictStartEvent
+from llama_index.core.program.utils import process_streaming_objects
+from llama_index.core.prompts.base import BasePromptTemplate
+from llama_index.core.types import PydanticProgramMode
+
+from fides_rag.generation.streaming import iterate_in_thread
+from fides_rag.tool_calls import closed_schema
+
+from llama_index.llms.fides.context import find_context, split_prompt_args
+from llama_index.llms.fides.options import CALL_OPTIONS, CONSTRAINTS
+
+dispatcher = get_dispatcher(__name__)
+
+
+def output_schema(output_cls: type[BaseModel]) -> dict[str, Any]:
+    """The JSON schema the answer is held to: the class's, every object closed to keys it does not list."""
+    if not (isinstance(output_cls, type) and issubclass(output_cls, BaseModel)):
+        raise TypeError(f"output_cls must be a pydantic BaseModel class, got {output_cls!r}")
+    return closed_schema(output_cls.model_json_schema())
+
+
+def parse_output(output_cls: type[BaseModel], text: str, info: dict[str, Any]) -> BaseModel:
+    """The answer as an `output_cls` object; an answer cut at the token budget raises instead of parsing."""
+    if info.get("finish_reason") == "length":
+        raise ValueError(f"the structured answer was cut at max_new_tokens before it was complete ({text!r}); raise max_new_tokens")
+    return output_cls.model_validate_json(text)
+
+
+class StructuredPrediction:
+    """Grammar-constrained structured_predict and friends (reads the LLM's fields and pairing methods)."""
+
+    def _structured_calls(
+        self, output_cls: type[BaseModel], prompt: BasePromptTemplate, llm_kwargs: dict[str, Any] | None, prompt_args: dict[str, Any]
+    ) -> tuple[Callable[[], CompletionResponse | ChatResponse], Callable[[], Iterator[CompletionResponse | ChatResponse]]]:
+        """(one call, its streaming form) under the output class's schema."""
+        template_args, call = split_prompt_args(prompt, prompt_args, CALL_OPTIONS)
+        call = {**call, **(llm_kwargs or {})}
+        given = [k for k in CONSTRAINTS if call.get(k) is not None]
+        if given:
+            raise ValueError(f"structured_predict holds the answer to output_cls's JSON schema; drop {', '.join(given)}=")
+        call["json_schema"] = output_schema(output_cls)
+        if find_context(prompt, template_args, self.context_variables, self, self.context_separator):
+            if "documents" in call:
+                raise TypeError("the prompt's context variables hold the context; drop documents=")
+            pair = self._template_pair(prompt, template_args, self._options(dict(call))["max_new_tokens"])
+            return (lambda: self.complete(pair.context_prompt, formatted=True, _pair=pair, **call),
+                    lambda: self.stream_complete(pair.context_prompt, formatted=True, _pair=pair, **call))
+        messages = prompt.format_messages(llm=self, **template_args)
+        return lambda: self.chat(messages, **call), lambda: self.stream_chat(messages, **call)
+
+    @staticmethod
+    def _text_and_info(response: CompletionResponse | ChatResponse) -> tuple[str, dict[str, Any]]:
+        text = response.message.content if isinstance(response, ChatResponse) else response.text
+        return text or "", response.additional_kwargs
+
+    @dispatcher.span
+    def structured_predict(
+        self, output_cls: type[BaseModel], prompt: BasePromptTemplate, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any
+    ) -> BaseModel:
+        """An `output_cls` object, decoded under its JSON schema (llm_kwargs: per-call options, documents=)."""
+        if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
+            return super().structured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
+        dispatcher.event(LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt, template_args=prompt_args))
+        one, _ = self._structured_calls(output_cls, prompt, llm_kwargs, prompt_args)
+        result = parse_output(output_cls, *self._text_and_info(one()))
+        dispatcher.event(LLMStructuredPredictEndEvent(output=result))
+        return result
+
+    @dispatcher.span
+    async def astructured_predict(
+        self, output_cls: type[BaseModel], prompt: BasePromptTemplate, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any
+    ) -> BaseModel:
+        if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
+            return await super().astructured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
+        return await asyncio.to_thread(self.structured_predict, output_cls, prompt, llm_kwargs, **prompt_args)
+
+    def _structured_stream_call(
+        self, output_cls: type[BaseModel], prompt: BasePromptTemplate, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any
+    ) -> Generator[Any, None, None]:
+        """Partial objects as the answer grows (LlamaIndex's flexible models), the validated object last."""
+        if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
+            return super()._structured_stream_call(output_cls, prompt, llm_kwargs, **prompt_args)
+        _, stream = self._structured_calls(output_cls, prompt, llm_kwargs, prompt_args)
+
+        def gen() -> Generator[Any, None, None]:
+            text, info, current = "", {}, None
+            for response in stream():
+                text, info = self._text_and_info(response)
+                if response.raw is None and text:
+                    current = process_streaming_objects(CompletionResponse(text=text), output_cls, cur_objects=None if current is None else [current])
+                    yield current
+            yield parse_output(output_cls, text, info)
+
+        return gen()
+
+    async def _structured_astream_call(
+        self, output_cls: type[BaseModel], prompt: BasePromptTemplate, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any
+    ) -> AsyncGenerator[Any, None]:
+        if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
+            return await super()._structured_astream_call(output_cls, prompt, llm_kwargs, **prompt_args)
+        return iterate_in_thread(lambda: self._structured_stream_call(output_cls, prompt, llm_kwargs, **prompt_args))

@@ -1,0 +1,76 @@
+"""LlamaIndex's FunctionAgent on the real backbone (smollm2-135m-instruct) with a retriever tool over a real FAISS index
+(MiniLM embeddings): the tool's result is the evidence FIDES contrasts on the final turn. The first call is forced
+(initial_tool_choice): a 135M model does not choose to call a tool by itself. Plus structured output on the real
+tokenizer."""
+
+import asyncio
+
+import pytest
+from llama_index.core.agent.workflow import FunctionAgent
+from llama_index.core.base.llms.types import ChatMessage, MessageRole
+from llama_index.core.prompts import PromptTemplate
+from llama_index.core.tools import RetrieverTool, ToolMetadata
+from pydantic import BaseModel, Field
+
+from llama_index.llms.fides import FidesLLM
+
+from .conftest import CONFLICT_DOCUMENTS
+
+pytestmark = pytest.mark.slow
+EIFFEL = CONFLICT_DOCUMENTS[0]
+
+
+class Query(BaseModel):
+    query: str = Field(max_length=24)
+    """A short query: the grammar stops a small model from writing a paragraph into it."""
+
+
+@pytest.fixture(scope="module")
+def llm(smollm_decoder):
+    return FidesLLM.from_decoder(smollm_decoder, max_new_tokens=40)
+
+
+@pytest.fixture(scope="module")
+def search(faiss_index):
+    metadata = ToolMetadata(name="search_documents", description="Search the documents for facts about landmarks.", fn_schema=Query)
+    return RetrieverTool(faiss_index.as_retriever(similarity_top_k=1), metadata)
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+def test_function_agent_runs_fides_on_the_tool_messages(llm, search, streaming):
+    agent = FunctionAgent(tools=[search], llm=llm, initial_tool_choice="search_documents", streaming=streaming,
+                          system_prompt="Answer questions about landmarks in one short sentence, from the search results.")
+    start = len(llm.history)
+    output = asyncio.run(_run(agent, "Where is the Eiffel Tower?"))
+    calls = llm.history[start:]
+    first, final = calls[0]["info"], calls[-1]["info"]
+    print(f"[agent streaming={streaming}] query={output.tool_calls[0].tool_kwargs} answer={output.response.content!r}")
+    assert len(calls) == 2 and first["tool_choice"] == "search_documents" and first["method"] == "standard"
+    assert output.tool_calls[0].tool_name == "search_documents" and EIFFEL in output.tool_calls[0].tool_output.content
+    assert output.raw["documents_source"] == "tool_messages" and output.raw["method"] == "fides"
+    assert final["documents_source"] == "tool_messages" and final["method"] == "fides" and final["num_documents"] == 1
+    assert final["tool_format"] == "fallback" and final["tool_choice"] == "auto"
+    assert f"<tool_response>\n{EIFFEL}" in final["context_prompt"] and EIFFEL not in final["no_context_prompt"]
+    assert output.response.role == MessageRole.ASSISTANT and "Rome" in output.response.content  # measured: the tool's evidence
+
+
+async def _run(agent: FunctionAgent, question: str):
+    return await agent.run(user_msg=question, max_iterations=4)
+
+
+class Place(BaseModel):
+    """Where a landmark is."""
+
+    city: str
+    country: str
+
+
+def test_structured_output_on_the_real_tokenizer(llm):
+    prompt = PromptTemplate("Context: {context_str}\nWhere is the Eiffel Tower? Give the city and the country.")
+    place = llm.structured_predict(Place, prompt, context_str=EIFFEL)
+    info = llm.history[-1]["info"]
+    print(f"[structured] {place!r} method={info['method']}")
+    assert isinstance(place, Place) and info["method"] == "fides" and EIFFEL not in info["no_context_prompt"]
+    reply = llm.as_structured_llm(Place).chat([ChatMessage(role=MessageRole.USER, content="Where is the Eiffel Tower?")], documents=[EIFFEL])
+    print(f"[as_structured_llm] {reply.raw!r}")
+    assert isinstance(reply.raw, Place) and llm.history[-1]["info"]["method"] == "fides"
