@@ -18,13 +18,15 @@ An assistant turn's earlier calls are part of its text (`ToolCalling.render_call
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fides_rag.generation.requests import PromptPair
-from fides_rag.prompts import PromptTemplate
+from fides_rag.prompts import PromptTemplate, TemplateLeftovers, template_stops
+from fides_rag.result import GenerationResult
 from fides_rag.raw_prompts import check_no_context_path, fit_documents, question_only_text, render_chat
 from fides_rag.tool_calls import ToolCalling
 
@@ -61,6 +63,20 @@ class ChatPlan:
         self.fallback = why
         self.notes.insert(0, f"{why}: {consequence}")
         return self
+
+    def stop_strings(self, stop: Sequence[str], template: PromptTemplate) -> list[str]:
+        """`stop`, plus the template's own stops when this plan decodes with fides-rag's template."""
+        stops = list(stop)
+        if self.kind == "template":
+            stops += [s for s in template_stops(template) if s not in stops]
+        return stops
+
+    def finish(self, result: GenerationResult, template: PromptTemplate) -> GenerationResult:
+        """The answer without fides-rag's template leftovers (noted) when this plan used that template."""
+        if self.kind != "template":
+            return result
+        text, notes = TemplateLeftovers(template).clean(result.text, truncated=result.finish_reason == "length")
+        return dataclasses.replace(result, text=text, notes=[*result.notes, *notes]) if notes else result
 
     def prompt(self) -> tuple[Any, list[str] | None]:
         """What the request builder takes: (question, documents) for the template, (PromptPair, None) otherwise."""
@@ -197,3 +213,31 @@ class ChatPrompts:
         if not texts:
             return None
         return self.pair(turns, texts, "tool_messages", max_new_tokens, question=question)
+
+
+class AnswerStream:
+    """A streamed answer's deltas as a caller shows them: under fides-rag's template, text that may still turn out
+    to be a template leftover is held back, so the deltas concatenate to `ChatPlan.finish`'s text."""
+
+    def __init__(self, plan: ChatPlan, template: PromptTemplate) -> None:
+        self.plan, self.template = plan, template
+        self._leftovers = TemplateLeftovers(template) if plan.kind == "template" else None
+        self._raw = self._emitted = ""
+
+    def feed(self, delta: str) -> str:
+        """The part of `delta` (with what was held back) that can be shown now."""
+        if self._leftovers is None:
+            return delta
+        self._raw += delta
+        visible = self._leftovers.visible(self._raw)
+        if len(visible) > len(self._emitted) and visible.startswith(self._emitted):
+            shown, self._emitted = visible[len(self._emitted) :], visible
+            return shown
+        return ""
+
+    def finish(self, result: GenerationResult) -> tuple[GenerationResult, str]:
+        """The cleaned result and the last delta (what was held back and belongs to the answer)."""
+        result = self.plan.finish(result, self.template)
+        if self._leftovers is not None and result.text.startswith(self._emitted) and len(result.text) > len(self._emitted):
+            return result, result.text[len(self._emitted) :]
+        return result, ""

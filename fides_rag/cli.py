@@ -16,6 +16,7 @@ from fides_rag.extras import MissingExtraError, check_extra
 from fides_rag.demo.cli import add_demo_parser, run_demo_command
 from fides_rag.report import step_table
 from fides_rag.rules import available_methods, get_method, parse_method_names
+from fides_rag.serve.command import add_serve_parser, run_serve_command
 
 DEFAULT_MODEL = "gemma3-270m"
 
@@ -98,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--steps", action="store_true", help="print the per-token alpha and signal table")
     generate.add_argument("--json", action="store_true", help="print results as JSON lines")
     add_demo_parser(commands)
+    add_serve_parser(commands, DEFAULT_MODEL)
 
     bench = commands.add_parser("bench", help="latency, time split, context growth and throughput, side by side")
     bench.add_argument("--models", default="gemma3-270m,smollm2-135m-instruct", help="comma-separated models")
@@ -151,9 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Sub-commands that need an optional extra, checked before any work so that a missing one is a one-line message.
-_EXTRA_OF_COMMAND = {"eval": "eval", "analyze": "eval", "demo": "demo"}
+_EXTRA_OF_COMMAND = {"eval": "eval", "analyze": "eval", "demo": "demo", "serve": "serve"}
 # Sub-commands whose bad input (a file, a model, a device, a value) is a one-line error with exit code 2.
-_ONE_LINE_ERRORS = ("generate", "eval", "calibrate", "analyze", "bench")
+_ONE_LINE_ERRORS = ("generate", "eval", "calibrate", "analyze", "bench", "serve")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -179,6 +181,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "demo":
         return run_demo_command(args)
+    if args.command == "serve":
+        return run_serve_command(args)
     if args.command == "bench":
         from fides_rag.eval.bench import run_bench
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 from collections.abc import Iterator, Sequence
@@ -14,8 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from fides_rag import FidesConfig, FidesDecoder, GenerationResult, available_methods, load_model
 from fides_rag.batching import RequestBatcher, shared_batcher
 from fides_rag.generation.settings import sampling_options
-from fides_rag.prompts import TemplateLeftovers, document_texts, template_stops
-from fides_rag.chat import DOCUMENTS_INSTRUCTION, ChatPlan, ChatPrompts
+from fides_rag.prompts import document_texts
+from fides_rag.chat import DOCUMENTS_INSTRUCTION, AnswerStream, ChatPlan, ChatPrompts
 from fides_rag.raw_prompts import check_no_context_path
 from fides_rag.rules import ContrastRule, accepts_option, get_method
 
@@ -282,17 +281,12 @@ class FidesParams(BaseModel):
 
     def _common(self, plan: Plan, opts: CallOptions) -> dict[str, Any]:
         self._check_fallback(plan, opts)
-        stop = list(opts.stop)
-        if plan.kind == "template":
-            stop += [s for s in template_stops(self._dec.prompt_template) if s not in stop]
+        stop = plan.stop_strings(opts.stop, self._dec.prompt_template)
         return dict(method=plan.method or opts.method, max_new_tokens=opts.max_new_tokens, stop=stop, **opts.generation, **opts.constraint)
 
     def _finish(self, plan: Plan, result: GenerationResult) -> GenerationResult:
         """Clean template leftovers from an answer to fides-rag's template; remember the result."""
-        if plan.kind == "template":
-            text, notes = TemplateLeftovers(self._dec.prompt_template).clean(result.text, truncated=result.finish_reason == "length")
-            if notes:
-                result = dataclasses.replace(result, text=text, notes=[*result.notes, *notes])
+        result = plan.finish(result, self._dec.prompt_template)
         self._last_result = result
         return result
 
@@ -310,24 +304,19 @@ class FidesParams(BaseModel):
         """Text deltas, then the GenerationResult as the last item."""
         prompt, documents = plan.prompt()
         stream = self._batcher.stream(prompt, documents, **self._common(plan, opts))
-        leftovers = TemplateLeftovers(self._dec.prompt_template) if plan.kind == "template" else None
-        raw, emitted = "", ""
+        answer = AnswerStream(plan, self._dec.prompt_template)
         try:
             for delta in stream:
-                if leftovers is None:
-                    yield delta
-                    continue
-                raw += delta
-                visible = leftovers.visible(raw)
-                if len(visible) > len(emitted) and visible.startswith(emitted):
-                    yield visible[len(emitted) :]
-                    emitted = visible
+                shown = answer.feed(delta)
+                if shown:
+                    yield shown
         finally:
             stream.close()
         assert stream.result is not None
-        result = self._finish(plan, stream.result)
-        if leftovers is not None and result.text.startswith(emitted) and len(result.text) > len(emitted):
-            yield result.text[len(emitted) :]
+        result, last = answer.finish(stream.result)
+        self._last_result = result
+        if last:
+            yield last
         yield result
 
     def _metadata(self, plan: Plan, opts: CallOptions, result: GenerationResult) -> dict[str, Any]:

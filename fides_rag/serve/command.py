@@ -1,0 +1,59 @@
+"""The `fides-rag serve` sub-command: its arguments and its run (uvicorn on the app, loopback by default)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from typing import Any
+
+from fides_rag.cli_model_options import add_model_arguments, load_options
+from fides_rag.rules import available_methods
+
+DEFAULT_PORT = 8000
+
+
+def _method(value: str) -> str:
+    if value not in available_methods():
+        raise argparse.ArgumentTypeError(f"unknown method {value!r}; available: {', '.join(available_methods())}")
+    return value
+
+
+def _positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return number
+
+
+def add_serve_parser(commands: Any, default_model: str) -> None:
+    serve = commands.add_parser("serve", help="an OpenAI-compatible server (chat, completions, models, health, metrics) on the engine")
+    serve.add_argument("--model", default=default_model, help="bundled alias, hub id, local folder or .gguf file")
+    serve.add_argument("--served-model-name", help="the model id clients see (default: --model)")
+    serve.add_argument("--method", type=_method, default="fides", help="default method of a request that names none (default fides)")
+    serve.add_argument("--config", help="a FidesConfig JSON file for fides (e.g. from calibration)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    serve.add_argument("--max-new-tokens", type=_positive, default=128, help="tokens of a request that sets no max_tokens (default 128)")
+    serve.add_argument("--max-queue", type=_positive, help="requests waiting for the engine beyond which a request gets 429 (default: no bound)")
+    serve.add_argument("--max-batch-size", type=_positive, help="requests decoding at once (default: no bound)")
+    serve.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds the requests in flight get to finish on SIGTERM (default 30)")
+    add_model_arguments(serve)
+
+
+def run_serve_command(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from fides_rag.config import FidesConfig
+    from fides_rag.decoder import FidesDecoder
+    from fides_rag.serve.app import build_app
+
+    config = FidesConfig.from_file(args.config) if args.config else FidesConfig()
+    decoder = FidesDecoder.from_pretrained(args.model, config=config, max_new_tokens=args.max_new_tokens, **load_options(args))
+    if args.max_batch_size is not None:
+        decoder.engine.configure(max_requests=args.max_batch_size)
+    app = build_app(decoder, model_name=args.served_model_name or args.model, method=args.method, max_queue=args.max_queue,
+                    shutdown_timeout_s=args.shutdown_timeout)
+    # uvicorn re-raises the SIGTERM it handled once it has shut down; after a graceful shutdown the exit code is 0.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=args.shutdown_timeout)
+    return 0

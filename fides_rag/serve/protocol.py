@@ -1,0 +1,107 @@
+"""The request bodies this server accepts: OpenAI's chat and completion fields that it honours, plus FIDES's
+extras (`documents`, `method`, `fides_config`, `no_context_path`). Any other field is refused, never ignored."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(_Strict):
+    name: str
+    arguments: str
+
+
+class ToolCallIn(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(_Strict):
+    """One message; `developer` is read as `system`."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class Sampling(_Strict):
+    """The fields every generation request shares."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = Field(default=1, ge=1, le=1, description="one choice per request")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # FIDES's extras (the openai client sends them with extra_body)
+    documents: list[StrictStr] | None = None
+    method: str | None = None
+    fides_config: dict[str, Any] | None = None
+    no_context_path: Literal["emptied", "question"] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value: str | list[str] | None) -> list[str]:
+        stops = [value] if isinstance(value, str) else list(value or [])
+        if len(stops) > 4:
+            raise ValueError(f"at most 4 stop sequences, got {len(stops)}")
+        return [s for s in stops if s]
+
+    def stops(self) -> list[str]:
+        return list(self.stop or [])  # type: ignore[arg-type]
+
+
+class ChatCompletionRequest(Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    def budget(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(Sampling):
+    prompt: str | list[str]
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list) and len(value) != 1:
+            raise ValueError(f"one prompt per request, got a list of {len(value)}")
+        return value
+
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+    def budget(self) -> int | None:
+        return self.max_tokens
+
+
+def supported_fields(model: type[BaseModel]) -> list[str]:
+    return sorted(model.model_fields)

@@ -1,0 +1,90 @@
+"""Response bodies in OpenAI's shapes (chat.completion, chat.completion.chunk, text_completion), each with FIDES's
+record in the extra field `fides`."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from fides_rag.chat import ChatPlan
+from fides_rag.result import GenerationResult
+
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "criteria": "stop", "length": "length", "cancelled": "stop"}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def record(plan: ChatPlan, result: GenerationResult, requested: str) -> dict[str, Any]:
+    """FIDES's record of one answer: method, per-token alphas and values, notes, fallback, where the documents came from."""
+    return {
+        **result.to_metadata(),
+        "requested_method": requested,
+        "notes": list(dict.fromkeys([*plan.notes, *result.notes])),
+        "fallback": plan.fallback,
+        "documents_source": plan.source,
+        "num_documents": len(plan.documents),
+        "documents_trimmed": plan.trimmed or result.documents_trimmed,
+        "document_tokens": plan.document_tokens or result.document_tokens,
+    }
+
+
+def usage(result: GenerationResult) -> dict[str, int]:
+    completion = len(result.token_ids)
+    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": completion, "total_tokens": result.prompt_tokens + completion}
+
+
+def chat_completion(id_: str, model: str, plan: ChatPlan, result: GenerationResult, requested: str) -> dict[str, Any]:
+    return {
+        "id": id_, "object": "chat.completion", "created": int(time.time()), "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text, "refusal": None},
+                     "logprobs": None, "finish_reason": FINISH_REASONS[result.finish_reason]}],
+        "usage": usage(result), "fides": record(plan, result, requested),
+    }
+
+
+def text_completion(id_: str, model: str, plan: ChatPlan, result: GenerationResult, requested: str) -> dict[str, Any]:
+    return {
+        "id": id_, "object": "text_completion", "created": int(time.time()), "model": model,
+        "choices": [{"index": 0, "text": result.text, "logprobs": None, "finish_reason": FINISH_REASONS[result.finish_reason]}],
+        "usage": usage(result), "fides": record(plan, result, requested),
+    }
+
+
+class ChunkWriter:
+    """Server-sent events of one streamed answer, in the chunk shape of its endpoint."""
+
+    def __init__(self, chat: bool, model: str) -> None:
+        self.chat, self.model = chat, model
+        self.id = new_id("chatcmpl" if chat else "cmpl")
+        self.created = int(time.time())
+
+    def _event(self, choices: list[dict[str, Any]], **extra: Any) -> str:
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        body = {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices, **extra}
+        return f"data: {json.dumps(body)}\n\n"
+
+    def _choice(self, text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
+        if not self.chat:
+            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+    def start(self) -> str | None:
+        return self._event([self._choice(None, None, role=True)]) if self.chat else None
+
+    def delta(self, text: str) -> str:
+        return self._event([self._choice(text, None)])
+
+    def end(self, plan: ChatPlan, result: GenerationResult, requested: str, include_usage: bool) -> list[str]:
+        events = [self._event([self._choice(None, FINISH_REASONS[result.finish_reason])], fides=record(plan, result, requested))]
+        if include_usage:
+            events.append(self._event([], usage=usage(result)))
+        return [*events, "data: [DONE]\n\n"]
+
+    @staticmethod
+    def error(body: dict[str, Any]) -> list[str]:
+        return [f"data: {json.dumps(body)}\n\n", "data: [DONE]\n\n"]
