@@ -137,8 +137,10 @@ def summarise(level: int, outcomes: list[Outcome], wall_s: float, reference: lis
     ttfts = [o.ttft_s for o in ok if o.stream and o.ttft_s is not None]
     latencies = [o.latency_s for o in ok]
     tokens = sum(o.completion_tokens for o in ok)
+    counted = sum(1 for o in ok if o.completion_tokens)
     row = {"concurrency": level, "requests": len(outcomes), "errors": len(outcomes) - len(ok), "wall_s": round(wall_s, 3),
            "requests_per_s": round(len(ok) / wall_s, 3), "completion_tokens_per_s": round(tokens / wall_s, 2),
+           "requests_with_usage": counted,
            "ttft_p50_s": pct(ttfts, 50), "ttft_p95_s": pct(ttfts, 95),
            "latency_p50_s": pct(latencies, 50), "latency_p95_s": pct(latencies, 95),
            "error_samples": sorted({o.error for o in outcomes if o.error})[:5]}

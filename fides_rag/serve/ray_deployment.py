@@ -33,9 +33,11 @@ class FidesReplica:
 
 def deployment(model: str, *, method: str = "fides", load_options: dict[str, Any] | None = None,
                num_replicas: int | None = None, min_replicas: int = 1, max_replicas: int = 2,
-               target_ongoing_requests: float = 8.0, num_cpus: float = 1.0, decoder_factory: Any = None):
+               target_ongoing_requests: float = 8.0, num_cpus: float = 1.0, num_gpus: float = 0.0,
+               decoder_factory: Any = None):
     """A bound deployment: `num_replicas` fixed replicas, or autoscaling between `min_replicas` and `max_replicas`.
 
+    `num_cpus`/`num_gpus` are reserved per replica (give a `device_map` replica every GPU it spreads over).
     `decoder_factory` (a picklable zero-argument callable returning a decoder) replaces loading `model` by name.
     """
     if num_replicas is not None and num_replicas < 1:
@@ -46,16 +48,16 @@ def deployment(model: str, *, method: str = "fides", load_options: dict[str, Any
         {"num_replicas": num_replicas} if num_replicas is not None else
         {"autoscaling_config": AutoscalingConfig(min_replicas=min_replicas, max_replicas=max_replicas,
                                                  target_ongoing_requests=target_ongoing_requests)})
-    options = {"name": "fides", "ray_actor_options": {"num_cpus": num_cpus},
+    options = {"name": "fides", "ray_actor_options": {"num_cpus": num_cpus, "num_gpus": num_gpus},
                "max_ongoing_requests": max(64, int(target_ongoing_requests * 4)), **scaling}
     return serve.deployment(FidesReplica, **options).bind(model, method, load_options, decoder_factory)
 
 
 def app_builder(args: dict[str, str]):
     """Entry point for `serve run fides_rag.serve.ray_deployment:app_builder model=NAME [method=..] [device_map=auto]
-    [num_replicas=N | min_replicas=1 max_replicas=2] [num_cpus=1]`."""
+    [num_replicas=N | min_replicas=1 max_replicas=2] [num_cpus=1] [num_gpus=0]`."""
     known = {"model", "method", "device_map", "dtype", "device", "num_replicas", "min_replicas", "max_replicas",
-             "num_cpus", "target_ongoing_requests"}
+             "num_cpus", "num_gpus", "target_ongoing_requests"}
     unknown = set(args) - known
     if unknown:
         raise ValueError(f"unknown serve run arguments {sorted(unknown)}; known: {sorted(known)}")
@@ -66,4 +68,5 @@ def app_builder(args: dict[str, str]):
         args["model"], method=args.get("method", "fides"), load_options=load,
         num_replicas=int(args["num_replicas"]) if "num_replicas" in args else None,
         min_replicas=int(args.get("min_replicas", 1)), max_replicas=int(args.get("max_replicas", 2)),
-        num_cpus=float(args.get("num_cpus", 1)), target_ongoing_requests=float(args.get("target_ongoing_requests", 8)))
+        num_cpus=float(args.get("num_cpus", 1)), num_gpus=float(args.get("num_gpus", 0)),
+        target_ongoing_requests=float(args.get("target_ongoing_requests", 8)))

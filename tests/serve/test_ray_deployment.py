@@ -74,3 +74,12 @@ def test_two_ray_replicas_answer_like_the_app_in_process() -> None:
         local = [answer(client, body) for body in bodies()]
     assert served == local
     assert all(text.strip() for text in served)
+
+
+def test_serve_run_arguments_are_checked() -> None:
+    from fides_rag.serve.ray_deployment import app_builder
+
+    with pytest.raises(ValueError, match="unknown serve run arguments"):
+        app_builder({"model": MODEL, "replicas": "2"})
+    with pytest.raises(ValueError, match="model=NAME"):
+        app_builder({"num_replicas": "2"})
