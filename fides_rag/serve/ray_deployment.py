@@ -34,20 +34,22 @@ class FidesReplica:
 def deployment(model: str, *, method: str = "fides", load_options: dict[str, Any] | None = None,
                num_replicas: int | None = None, min_replicas: int = 1, max_replicas: int = 2,
                target_ongoing_requests: float = 8.0, num_cpus: float = 1.0, num_gpus: float = 0.0,
-               decoder_factory: Any = None):
+               upscale_delay_s: float | None = None, decoder_factory: Any = None):
     """A bound deployment: `num_replicas` fixed replicas, or autoscaling between `min_replicas` and `max_replicas`.
 
     `num_cpus`/`num_gpus` are reserved per replica (give a `device_map` replica every GPU it spreads over).
+    `upscale_delay_s` overrides Ray's wait before adding a replica under load.
     `decoder_factory` (a picklable zero-argument callable returning a decoder) replaces loading `model` by name.
     """
     if num_replicas is not None and num_replicas < 1:
         raise ValueError(f"num_replicas must be at least 1, got {num_replicas}")
     if not 1 <= min_replicas <= max_replicas:
         raise ValueError(f"need 1 <= min_replicas <= max_replicas, got {min_replicas} and {max_replicas}")
+    delay = {} if upscale_delay_s is None else {"upscale_delay_s": upscale_delay_s}
     scaling: dict[str, Any] = (
         {"num_replicas": num_replicas} if num_replicas is not None else
         {"autoscaling_config": AutoscalingConfig(min_replicas=min_replicas, max_replicas=max_replicas,
-                                                 target_ongoing_requests=target_ongoing_requests)})
+                                                 target_ongoing_requests=target_ongoing_requests, **delay)})
     options = {"name": "fides", "ray_actor_options": {"num_cpus": num_cpus, "num_gpus": num_gpus},
                "max_ongoing_requests": max(64, int(target_ongoing_requests * 4)), **scaling}
     return serve.deployment(FidesReplica, **options).bind(model, method, load_options, decoder_factory)

@@ -1,5 +1,5 @@
-"""The server app under Ray Serve: two replicas on a local Ray cluster answer over Ray's HTTP proxy exactly as the
-same app answers in process (greedy), and bad deployment settings are refused."""
+"""The server app under Ray Serve: on a local Ray cluster, load makes the deployment autoscale from one replica to two,
+and every answer over Ray's HTTP proxy equals the same app's answer in process (greedy); bad settings are refused."""
 
 from __future__ import annotations
 
@@ -50,7 +50,10 @@ def test_bad_replica_settings_are_refused() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_two_ray_replicas_answer_like_the_app_in_process() -> None:
+def test_ray_autoscales_to_two_replicas_that_answer_like_the_app_in_process() -> None:
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
     import ray
     from fastapi.testclient import TestClient
     from ray import serve
@@ -61,19 +64,25 @@ def test_two_ray_replicas_answer_like_the_app_in_process() -> None:
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 2**20, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": PORT})
-        serve.run(deployment(MODEL, num_replicas=2, num_cpus=0.5), name="fides", route_prefix="/")
-        replicas = serve.status().applications["fides"].deployments["fides"].replica_states
-        assert replicas.get("RUNNING") == 2, replicas
-        with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as client:
+        serve.run(deployment(MODEL, min_replicas=1, max_replicas=2, target_ongoing_requests=1, num_cpus=0.5,
+                             upscale_delay_s=1), name="fides", route_prefix="/")
+        replicas = lambda: serve.status().applications["fides"].deployments["fides"].replica_states  # noqa: E731
+        assert replicas() == {"RUNNING": 1}
+        rounds, deadline = [], time.monotonic() + 90
+        with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60) as client, ThreadPoolExecutor(4) as pool:
             assert client.get("/health").status_code == 200
-            served = [answer(client, body) for body in bodies()]
+            while replicas().get("RUNNING", 0) < 2 and time.monotonic() < deadline:  # load until Ray adds a replica
+                rounds.append(list(pool.map(lambda body: answer(client, body), bodies())))
+            scaled = replicas()
+            rounds.append(list(pool.map(lambda body: answer(client, body), bodies())))  # served by both replicas
     finally:
         serve.shutdown()
         ray.shutdown()
+    assert scaled.get("RUNNING") == 2, scaled
     with TestClient(build_app(FidesDecoder.from_pretrained(MODEL, device="cpu"), model_name=MODEL)) as client:
         local = [answer(client, body) for body in bodies()]
-    assert served == local
-    assert all(text.strip() for text in served)
+    assert all(served == local for served in rounds)
+    assert all(text.strip() for text in local)
 
 
 def test_serve_run_arguments_are_checked() -> None:
