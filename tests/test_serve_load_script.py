@@ -1,0 +1,43 @@
+"""benchmarks/serve_load.py runs end to end against a real `fides-rag serve` process (tiny model, six NQ-Swap rows):
+it starts the server, sends the sequential pass and two concurrency levels, finds every answer equal to its
+sequential answer, and writes the JSON results and the markdown table."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fides_rag.eval.datasets import data_dir
+from fides_rag.testing import build_tiny_model, build_tokenizer
+
+pytest.importorskip("fides_rag.serve.app", reason="the serve extra is not installed")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.skipif(not (data_dir() / "nq_swap").is_dir(), reason="needs the NQ-Swap data of ../shared/data")
+@pytest.mark.timeout(300)
+def test_the_load_script_runs_against_a_real_server(tmp_path):
+    tokenizer = build_tokenizer(chat=True)
+    build_tiny_model("llama", len(tokenizer)).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    out = tmp_path / "load" / "results.json"
+    run = subprocess.run([sys.executable, "benchmarks/serve_load.py", "--model", str(tmp_path / "model"), "--port", "8212",
+                          "--requests", "6", "--levels", "3,6", "--timeout", "120", "--server-arg=--device",
+                          "--server-arg=cpu", "--server-log", str(tmp_path / "server.log"), "--out", str(out)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:] + (tmp_path / "server.log").read_text()[-3000:]
+    result = json.loads(out.read_text())
+    assert [r["concurrency"] for r in result["rows"]] == [1, 3, 6]
+    for row in result["rows"]:
+        assert row["errors"] == 0 and row["lost"] == 0 and row["duplicate_response_ids"] == 0
+    for row in result["rows"][1:]:
+        assert row["equal_to_sequential"] == 6 and row["mismatched_indices"] == []
+    assert row["ttft_p50_s"] is not None and row["latency_p95_s"] >= row["latency_p50_s"]
+    assert "| 6 | 6 | 0 |" in out.with_suffix(".md").read_text()
