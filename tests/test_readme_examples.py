@@ -30,6 +30,9 @@ RUN_ELSEWHERE = {
     "quickstart_langchain.py": "integrations/langchain-fides/tests/integration_tests/test_lc_quickstart_and_leftovers.py",
     "quickstart_llamaindex.py": "integrations/llama-index-llms-fides/tests/test_fides_llm_quickstart_slow.py",
     "quickstart_agent.py": "integrations/langchain-fides/tests/integration_tests/test_lc_agents_real.py",
+    "serve_openai.py": "tests/serve/test_server_real.py (against a running server)",
+    "serve_langchain.py": "tests/serve/test_server_real.py (against a running server)",
+    "serve_llamaindex.py": "tests/serve/test_server_real.py (against a running server)",
 }
 """Quoted examples that a dedicated test runs (with checks of what they print); the others run in test_docs_example_runs."""
 
