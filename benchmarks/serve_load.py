@@ -58,6 +58,8 @@ def build_requests(count: int, seed: int, data: str | None) -> list[dict]:
         body = {"model": "", "messages": [{"role": "user", "content": example.question}],
                 "documents": list(example.contexts), "max_tokens": rng.randint(8, 64), "temperature": 0.0,
                 "stream": index % 2 == 0}
+        if body["stream"]:
+            body["stream_options"] = {"include_usage": True}  # the last chunk carries the token count
         bodies.append(body)
     return bodies
 

@@ -1,0 +1,158 @@
+"""One generation request from body to response: validate, plan, admit to the engine, then answer (JSON) or
+stream (server-sent events), cancelling when the client goes away and counting everything in the metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+
+from fides_rag.chat import AnswerStream, ChatPlan
+from fides_rag.decoder import FidesDecoder
+from fides_rag.generation.engine import QueueFullError
+from fides_rag.generation.tickets import RequestHandle
+from fides_rag.serve.errors import APIError, bad_request, validation_error
+from fides_rag.serve.metrics import ServerMetrics
+from fides_rag.serve.planning import decode_options, method_of
+from fides_rag.serve.protocol import ChatCompletionRequest, Sampling, supported_fields
+from fides_rag.serve.responses import ChunkWriter, new_id
+
+logger = logging.getLogger("fides_rag.serve")
+DISCONNECT_POLL_S = 0.2
+Planner = Callable[[FidesDecoder, Any, int], ChatPlan]
+
+
+class Admitted:
+    """One request on the engine: its plan, handle, the method asked for and its arrival time."""
+
+    def __init__(self, plan: ChatPlan, handle: RequestHandle, requested: str, started: float) -> None:
+        self.plan, self.handle, self.requested, self.started = plan, handle, requested, started
+
+
+class RequestHandling:
+    """The request path of one server: the decoder, the default method, the metrics and the draining flag."""
+
+    def __init__(self, decoder: FidesDecoder, model_name: str, method: str) -> None:
+        self.decoder, self.model_name, self.method = decoder, model_name, method
+        self.metrics = ServerMetrics(decoder.engine)
+        self.draining = False
+
+    async def counted(self, endpoint: str, call: Awaitable[Response]) -> Response:
+        """The response of `call`, or its API error's (counted by status)."""
+        try:
+            return await call
+        except APIError as err:
+            self.metrics.requests.labels(endpoint, str(err.status)).inc()
+            return err.response()
+
+    async def serve(self, raw: Request, endpoint: str, model: type[Sampling], plan_of: Planner,
+                    respond: Callable[..., dict[str, Any]]) -> Response:
+        body = await self._body(raw, model)
+        admitted = self._admit(body, plan_of)
+        if body.stream:
+            writer = ChunkWriter(model is ChatCompletionRequest, self.model_name)
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(self._events(endpoint, admitted, writer, include_usage), media_type="text/event-stream")
+        try:
+            result = await self._answer(raw, admitted)
+        except asyncio.CancelledError:
+            self.metrics.requests.labels(endpoint, "499").inc()
+            return Response(status_code=499)
+        except Exception as err:
+            logger.exception("request failed")
+            self.metrics.requests.labels(endpoint, "500").inc()
+            return APIError(500, str(err), type="server_error").response()
+        result = admitted.plan.finish(result, self.decoder.prompt_template)
+        self._observe(endpoint, admitted, result, admitted.handle.first_token_at)
+        prefix = "chatcmpl" if model is ChatCompletionRequest else "cmpl"
+        return JSONResponse(respond(new_id(prefix), self.model_name, admitted.plan, result, admitted.requested))
+
+    @staticmethod
+    async def _body(raw: Request, model: type[Sampling]) -> Any:
+        try:
+            payload = json.loads(await raw.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise APIError(400, f"the request body is not valid JSON: {err}", code="invalid_json") from None
+        if not isinstance(payload, dict):
+            raise bad_request("the request body must be a JSON object")
+        try:
+            return model.model_validate(payload)
+        except ValidationError as err:
+            raise validation_error(list(err.errors()), supported_fields(model)) from None
+
+    def _admit(self, body: Any, plan_of: Planner) -> Admitted:
+        if self.draining:
+            raise APIError(503, "the server is shutting down; retry on another replica", type="server_error", code="shutting_down")
+        started = time.perf_counter()
+        max_new = body.budget() or self.decoder.max_new_tokens
+        rule = method_of(body, self.method)
+        plan = plan_of(self.decoder, body, max_new)
+        options = decode_options(self.decoder, plan, body, rule, max_new)
+        prompt, documents = plan.prompt()
+        try:
+            request = self.decoder.requests.build(prompt, documents, stream=body.stream, **options)
+        except (ValueError, TypeError) as err:
+            raise bad_request(" ".join(str(err).split())) from None
+        try:
+            handle = self.decoder.engine.submit([request])[0]
+        except QueueFullError as err:
+            raise APIError(429, str(err), type="rate_limit_error", code="queue_full", headers={"Retry-After": "1"}) from None
+        return Admitted(plan, handle, body.method or self.method, started)
+
+    @staticmethod
+    async def _answer(raw: Request, admitted: Admitted) -> Any:
+        """The result, cancelling the request if the client goes away first."""
+        waiting = asyncio.wrap_future(admitted.handle.future)
+        while True:
+            done, _ = await asyncio.wait({waiting}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return waiting.result()
+            if await raw.is_disconnected():
+                admitted.handle.cancel()
+                raise asyncio.CancelledError
+
+    def _observe(self, endpoint: str, admitted: Admitted, result: Any, first_token_at: float | None) -> None:
+        end, metrics = time.perf_counter(), self.metrics
+        metrics.requests.labels(endpoint, "200").inc()
+        metrics.prompt_tokens.inc(result.prompt_tokens)
+        metrics.completion_tokens.inc(len(result.token_ids))
+        metrics.latency.labels(endpoint).observe(end - admitted.started)
+        metrics.ttft.labels(endpoint).observe((first_token_at or end) - admitted.started)
+
+    async def _events(self, endpoint: str, admitted: Admitted, writer: ChunkWriter, include_usage: bool) -> AsyncIterator[str]:
+        shown = AnswerStream(admitted.plan, self.decoder.prompt_template)
+        stream = admitted.handle.astream()
+        first = writer.start()
+        if first:
+            yield first
+        first_token_at = None
+        try:
+            async for delta in stream:
+                first_token_at = first_token_at or time.perf_counter()
+                text = shown.feed(delta)
+                if text:
+                    yield writer.delta(text)
+            result, last = shown.finish(stream.result)
+        except (asyncio.CancelledError, GeneratorExit):  # the client went away: its rows leave at the next step
+            self.metrics.requests.labels(endpoint, "499").inc()
+            raise
+        except Exception as err:  # the request failed after its stream began: say so in the stream
+            logger.exception("request failed while streaming")
+            self.metrics.requests.labels(endpoint, "500").inc()
+            for event in writer.error(APIError(500, str(err), type="server_error").body()):
+                yield event
+            return
+        finally:
+            admitted.handle.cancel()  # no-op once finished
+        if last:
+            yield writer.delta(last)
+        self._observe(endpoint, admitted, result, first_token_at)
+        for event in writer.end(admitted.plan, result, admitted.requested, include_usage):
+            yield event
