@@ -74,29 +74,31 @@ def server(tiny_model_dir) -> Iterator[Server]:
     assert running.stop() == 0, running.log.read_text()[-3000:]
 
 
+class _Starter:
+    """Starts server processes and stops them all at the end."""
+
+    def __init__(self) -> None:
+        self.started: list[Server] = []
+
+    def __call__(self, model: str, *args: str) -> Server:
+        self.started.append(Server(model, *args))
+        return self.started[-1]
+
+    def stop_all(self) -> list[int]:
+        return [running.stop() for running in self.started]
+
+
 @pytest.fixture
-def start_server():
+def start_server() -> Iterator[_Starter]:
     """Start another server process (stopped at the end of the test if the test did not stop it)."""
-    started: list[Server] = []
-
-    def start(model: str, *args: str) -> Server:
-        started.append(Server(model, *args))
-        return started[-1]
-
-    yield start
-    for running in started:
-        running.stop()
+    starter = _Starter()
+    yield starter
+    starter.stop_all()
 
 
 @pytest.fixture(scope="module")
-def start_server_module():
-    """`start_server` for a module's shared server."""
-    started: list[Server] = []
-
-    def start(model: str, *args: str) -> Server:
-        started.append(Server(model, *args))
-        return started[-1]
-
-    yield start
-    for running in started:
-        assert running.stop() == 0, running.log.read_text()[-3000:]
+def start_server_module() -> Iterator[_Starter]:
+    """`start_server` for a module's shared server; each must exit with code 0."""
+    starter = _Starter()
+    yield starter
+    assert starter.stop_all() == [0] * len(starter.started)
