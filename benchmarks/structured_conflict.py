@@ -33,6 +33,7 @@ from fides_rag import FidesDecoder
 from fides_rag.chat import ChatPrompts
 from fides_rag.eval.datasets import QAExample, load_examples
 from fides_rag.eval.metrics import contains_answer
+from fides_rag.eval.significance import paired_bootstrap
 from fides_rag.eval.tables import markdown_table
 from fides_rag.tool_calls import ToolCall, ToolCalling, ToolSpec
 
@@ -120,6 +121,11 @@ def run_rows(decoder: FidesDecoder, rows: Sequence[QAExample], methods: Sequence
     return records
 
 
+def unfinished(output: dict[str, Any]) -> bool:
+    """An invalid constrained output that stopped before its closing brace (the token budget ran out)."""
+    return not output["valid_json"] and not output["text"].rstrip().endswith("}")
+
+
 def summarize(records: Sequence[dict[str, Any]], methods: Sequence[str]) -> dict[str, Any]:
     """Per form and method: valid JSON %, context / memory contained %; the tool-call validity; FIDES's gains."""
     n = len(records)
@@ -129,27 +135,55 @@ def summarize(records: Sequence[dict[str, Any]], methods: Sequence[str]) -> dict
         table[form] = {}
         for label in methods:
             outs = [r["forms"][form][label] for r in records]
-            table[form][label] = {"valid_json": pct([o["valid_json"] for o in outs]) if form != "plain" else None,
+            constrained = form != "plain"
+            table[form][label] = {"valid_json": pct([o["valid_json"] for o in outs]) if constrained else None,
+                                  "unfinished": pct([unfinished(o) for o in outs]) if constrained else None,
                                   "context": pct([o["context"] for o in outs]), "memory": pct([o["memory"] for o in outs])}
     gains = {form: {label: round(table[form][label]["context"] - table[form]["standard"]["context"], 1)
                     for label in methods if label != "standard"} for form in FORMS} if "standard" in methods and n else {}
     return {"rows": n, "tool_call_valid": pct([r["tool_call_valid"] for r in records]),
             "documents_source": sorted({r["documents_source"] for r in records}), "metrics": table,
-            "context_gain_over_standard": gains}
+            "context_gain_over_standard": gains, "comparisons": comparisons(records, methods) if "standard" in methods and n else []}
+
+
+def comparisons(records: Sequence[dict[str, Any]], methods: Sequence[str], samples: int = 1000) -> list[dict[str, Any]]:
+    """Paired bootstrap on context contained (points): each method − standard in each form, and each constrained
+    form's gain over standard − the plain template's gain on the same rows."""
+    def gain(form: str, label: str) -> list[float]:
+        return [100 * (r["forms"][form][label]["context"] - r["forms"][form]["standard"]["context"]) for r in records]
+
+    out = []
+    for label in [m for m in methods if m != "standard"]:
+        for form in FORMS:
+            test = paired_bootstrap(gain(form, label), [0.0] * len(records), samples=samples, seed=0)
+            out.append({"what": f"{label} − standard", "form": form, **_rounded(test)})
+        for form in FORMS[1:]:
+            test = paired_bootstrap(gain(form, label), gain("plain", label), samples=samples, seed=0)
+            out.append({"what": f"{label} gain − plain gain", "form": form, **_rounded(test)})
+    return out
+
+
+def _rounded(test: dict[str, Any]) -> dict[str, Any]:
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in test.items()}
 
 
 def markdown(model: str, summary: dict[str, Any], methods: Sequence[str], command: str) -> str:
-    head = ["form", "method", "valid JSON %", "context contained %", "memory contained %", "context gain over standard"]
+    head = ["form", "method", "valid JSON %", "unfinished %", "context contained %", "memory contained %", "context gain over standard"]
     rows = []
     for form in FORMS:
         for label in methods:
             m = summary["metrics"][form][label]
             gain = summary["context_gain_over_standard"].get(form, {}).get(label)
-            rows.append([form, label, "–" if m["valid_json"] is None else f"{m['valid_json']:.1f}", f"{m['context']:.1f}",
+            rows.append([form, label, *("–" if m[k] is None else f"{m[k]:.1f}" for k in ("valid_json", "unfinished")), f"{m['context']:.1f}",
                          f"{m['memory']:.1f}", "–" if gain is None else f"{gain:+.1f}"])
+    tests = [[c["what"], c["form"], f"{c['diff']:+.1f}", f"[{c['ci_low']:+.1f}, {c['ci_high']:+.1f}]", f"{c['p_value']:.3f}"]
+             for c in summary.get("comparisons", []) if c["diff"] is not None]
     return (f"Model `{model}`, {summary['rows']} NQ-Swap conflict rows, greedy. Agent form: schema-valid forced tool calls "
-            f"{summary['tool_call_valid']:.1f}% (documents source {', '.join(summary['documents_source'])}).\n\n"
-            f"{markdown_table(head, rows)}\n\nCommand: `{command}`\n")
+            f"{summary['tool_call_valid']:.1f}% (documents source {', '.join(summary['documents_source'])}). Unfinished: invalid output cut "
+            f"by the token budget before its closing brace.\n\n"
+            f"{markdown_table(head, rows)}\n\nContext contained, paired bootstrap (1000 resamples, two-sided 95% CI; p from a "
+            f"paired permutation test), in points:\n\n{markdown_table(['comparison', 'form', 'diff', '95% CI', 'p'], tests)}\n\n"
+            f"Command: `{command}`\n")
 
 
 def load_done(path: Path, settings: dict[str, Any]) -> list[dict[str, Any]]:

@@ -33,7 +33,7 @@ def test_a_tool_call_is_valid_only_with_the_tools_name_and_schema_valid_argument
 
 def test_the_summary_gives_rates_and_gains_over_standard():
     def out(context, valid=True):
-        return {"valid_json": valid, "context": context, "memory": 1.0 - context}
+        return {"valid_json": valid, "text": '{"answer": "x"}' if valid else '{"answer": "x', "context": context, "memory": 1.0 - context}
 
     records = [
         {"tool_call_valid": True, "documents_source": "tool_messages",
@@ -44,5 +44,8 @@ def test_the_summary_gives_rates_and_gains_over_standard():
     summary = study.summarize(records, ["standard", "fides"])
     assert summary["rows"] == 2 and summary["tool_call_valid"] == 50.0
     assert summary["metrics"]["plain"]["fides"]["valid_json"] is None
-    assert summary["metrics"]["agent"]["fides"] == {"valid_json": 50.0, "context": 50.0, "memory": 50.0}
+    assert summary["metrics"]["agent"]["fides"] == {"valid_json": 50.0, "unfinished": 50.0, "context": 50.0, "memory": 50.0}
     assert summary["context_gain_over_standard"]["structured"] == {"fides": 50.0}
+    tests = {(c["what"], c["form"]): c for c in summary["comparisons"]}
+    assert tests[("fides − standard", "structured")]["diff"] == 50.0
+    assert tests[("fides gain − plain gain", "structured")]["diff"] == 0.0  # the plain template gained as much
