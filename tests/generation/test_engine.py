@@ -4,6 +4,7 @@ alone; short requests leave first with their results; cancelled requests free th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import textwrap
@@ -129,18 +130,21 @@ def test_bounds_hold_and_the_queue_can_be_read(decoder):
     engine.configure(max_rows=4, max_queue=3)
     decoder.eos_token_ids = set()
     seen_rows: list[int] = []
-    engine.step_context = lambda: (seen_rows.append(engine.rows_in_flight), __import__("contextlib").nullcontext())[1]
+    held = threading.Event()  # no step finishes until the queue has been checked: nothing leaves it meanwhile
+    engine.step_context = lambda: (held.wait(60), seen_rows.append(engine.rows_in_flight), contextlib.nullcontext())[-1]
     try:
         requests = [decoder.requests.build(q, d, method="fides", max_new_tokens=6) for q, d in zip(QUESTIONS, DOCUMENTS)]
         handles = engine.submit(requests[:3])
         assert engine.queue_length + engine.requests_in_flight == 3
         with pytest.raises(QueueFullError, match="max_queue is 3"):
-            engine.submit(requests[3:] * 2)  # at most 3 wait, whatever is running
+            engine.submit(requests[3:] * 3)  # at least 1 of the 3 waits (at most 4 rows run): 1 + 3 > 3
+        held.set()
         results = [h.result() for h in handles]
         with pytest.raises(ValueError, match="needs 4 batch rows.*max_rows=2"):
             engine.configure(max_rows=2)
             engine.submit([decoder.requests.build(QUESTIONS[0], DOCUMENTS[0], methods=["cad", "fides"], max_new_tokens=2)])
     finally:
+        held.set()
         engine.step_context = None
         engine.configure(max_rows=128, max_queue=None)
     assert max(seen_rows) <= 4  # two FIDES requests (two rows each) at most
