@@ -51,6 +51,19 @@ def _stop_engines_at_exit() -> None:
         engine._stop_at_exit()
 
 
+_MODEL_LOCKS: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
+_MODEL_LOCKS_GUARD = threading.Lock()
+
+
+def model_lock(model: Any) -> threading.RLock:
+    """The one lock of `model`: engines of several decoders on one model take turns at its steps."""
+    with _MODEL_LOCKS_GUARD:
+        lock = _MODEL_LOCKS.get(model)
+        if lock is None:
+            lock = _MODEL_LOCKS[model] = threading.RLock()
+        return lock
+
+
 class QueueFullError(RuntimeError):
     """The engine's queue holds `max_queue` waiting requests already; try again later."""
 
@@ -114,8 +127,9 @@ class DecodeEngine:
         self.eos_token_ids = collect_eos_ids(model, tokenizer)
         self.split_prefill = split_prefill
         """Encode each path's prompt in its own forward (exact; saves the no-context path's padding)."""
-        self.model_lock = threading.RLock()
-        """Held for every step and for the rules' setup hooks (which may run the model)."""
+        self.model_lock = model_lock(model)
+        """Held for every step and for the rules' setup hooks (which may run the model); shared by every engine on
+        this model, since the hooks that capture states and mask heads are installed on the model itself."""
         self.step_context: Callable[[], ContextManager] | None = None
         """A context manager factory entered around every step on the engine's thread (profilers, torch modes)."""
         self.stats = EngineStats()

@@ -308,3 +308,18 @@ def test_a_program_that_exits_with_requests_in_flight_exits_cleanly():
     assert done.returncode == 0, done.stderr
     assert "in flight: 3" in done.stdout
     assert "terminate called" not in done.stderr
+
+
+def test_two_decoders_on_one_model_decode_at_once_without_mixing_their_states(tiny_llama, tokenizer):
+    """The hooks that capture layer states live on the model: two engines on one model take turns at their steps,
+    so concurrent FIDES requests of two decoders each equal the request alone."""
+    first, second = (FidesDecoder(tiny_llama, tokenizer, prompt_template=PromptTemplate(stop=())) for _ in range(2))
+    for decoder in (first, second):
+        decoder.eos_token_ids = set()
+    alone = [first.generate(q, d, method="fides", max_new_tokens=6) for q, d in zip(QUESTIONS, DOCUMENTS)]
+    handles = [d.engine.submit([d.requests.build(q, docs, method="fides", max_new_tokens=6)])[0]
+               for q, docs in zip(QUESTIONS, DOCUMENTS) for d in (first, second)]
+    results = [h.result(timeout=120) for h in handles]
+    assert [r.token_ids for r in results] == [a.token_ids for a in alone for _ in range(2)]
+    got = [x for r in results for x in r.alphas]
+    assert got == pytest.approx([x for a in alone for _ in range(2) for x in a.alphas], abs=1e-5)
