@@ -129,6 +129,13 @@ class ToolCalling:
             return list(self.tools)
         return [t for t in self.tools if t.name == self.tool_choice]
 
+    def missing_call_note(self, calls: Sequence[ToolCall], max_new_tokens: int) -> str | None:
+        """The note for a forced call that gave no readable call (cut at `max_new_tokens`); None when nothing is missing."""
+        if calls or not self.forced:
+            return None
+        return (f"tool_choice={self.tool_choice!r} forced a call, but none could be read: the answer stopped before the call "
+                f"was complete (max_new_tokens={max_new_tokens}); raise max_new_tokens")
+
     @property
     def native(self) -> bool:
         """The tokenizer's chat template renders `tools=` itself (checked once by rendering a probe tool)."""

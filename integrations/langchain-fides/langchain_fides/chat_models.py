@@ -36,12 +36,10 @@ def _role(message: BaseMessage) -> str:
 
 def _note_missing_call(calling: ToolCalling | None, calls: list[Any], meta: dict[str, Any], opts: CallOptions) -> None:
     """A forced call that did not finish (cut at max_new_tokens) gives no call: say so in the notes and the log."""
-    if calling is None or calls or not calling.forced:
-        return
-    note = (f"tool_choice={calling.tool_choice!r} forced a call, but none could be read: the answer stopped before the call "
-            f"was complete (max_new_tokens={opts.max_new_tokens}); raise max_new_tokens")
-    logger.warning(note)
-    meta["notes"] = [*meta["notes"], note]
+    note = calling.missing_call_note(calls, opts.max_new_tokens) if calling is not None else None
+    if note is not None:
+        logger.warning(note)
+        meta["notes"] = [*meta["notes"], note]
 
 
 class ChatFides(FidesParams, BaseChatModel):

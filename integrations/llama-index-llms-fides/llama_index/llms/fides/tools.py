@@ -116,9 +116,7 @@ def tool_selections(response: ChatResponse) -> list[ToolSelection]:
 
 def note_missing_call(calling: ToolCalling | None, calls: Sequence[ToolCall], info: dict[str, Any], max_new_tokens: int) -> None:
     """A forced call that did not finish (cut at max_new_tokens) gives no call: say so in the notes and the log."""
-    if calling is None or calls or not calling.forced:
-        return
-    note = (f"tool_choice={calling.tool_choice!r} forced a call, but none could be read: the answer stopped before the call "
-            f"was complete (max_new_tokens={max_new_tokens}); raise max_new_tokens")
-    logger.warning(note)
-    info["notes"] = [*info.get("notes", []), note]
+    note = calling.missing_call_note(calls, max_new_tokens) if calling is not None else None
+    if note is not None:
+        logger.warning(note)
+        info["notes"] = [*info.get("notes", []), note]
