@@ -78,6 +78,17 @@ class ChatPlan:
         text, notes = TemplateLeftovers(template).clean(result.text, truncated=result.finish_reason == "length")
         return dataclasses.replace(result, text=text, notes=[*result.notes, *notes]) if notes else result
 
+    def metadata(self, result: GenerationResult) -> dict[str, Any]:
+        """The result's metadata with what the plan knows: its notes first, where the documents came from, trimming."""
+        return {
+            **result.to_metadata(),
+            "notes": list(dict.fromkeys([*self.notes, *result.notes])),
+            "documents_source": self.source,
+            "num_documents": len(self.documents),
+            "documents_trimmed": self.trimmed or result.documents_trimmed,
+            "document_tokens": self.document_tokens or result.document_tokens,
+        }
+
     def prompt(self) -> tuple[Any, list[str] | None]:
         """What the request builder takes: (question, documents) for the template, (PromptPair, None) otherwise."""
         if self.kind == "template":

@@ -10,14 +10,13 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from fides_rag.decoder import FidesDecoder
-from fides_rag.serve.errors import APIError, validation_error
+from fides_rag.serve.errors import APIError
 from fides_rag.serve.handling import RequestHandling
 from fides_rag.serve.planning import chat_plan, completion_plan, method_of
-from fides_rag.serve.protocol import ChatCompletionRequest, CompletionRequest, Sampling, supported_fields
+from fides_rag.serve.protocol import ChatCompletionRequest, CompletionRequest, Sampling
 from fides_rag.serve.responses import chat_completion, text_completion
 
 
@@ -45,11 +44,6 @@ def build_app(decoder: FidesDecoder, *, model_name: str, method: str = "fides", 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, err: APIError) -> JSONResponse:
         return err.response()
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:
-        model = ChatCompletionRequest if request.url.path.endswith("chat/completions") else CompletionRequest
-        return validation_error(list(err.errors()), supported_fields(model)).response()
 
     @app.post("/v1/chat/completions")
     async def chat_completions(raw: Request) -> Response:

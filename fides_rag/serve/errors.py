@@ -35,7 +35,5 @@ def validation_error(errors: list[dict[str, Any]], supported: list[str]) -> APIE
     if first.get("type") == "extra_forbidden":
         message = f"unsupported field {param!r}: this server does not implement it; supported fields: {', '.join(supported)}"
         return bad_request(message, param, "unsupported_field")
-    if first.get("type") == "json_invalid":
-        return bad_request(f"the request body is not valid JSON: {first.get('msg', '')}", None, "invalid_json")
     where = f" at {param!r}" if param else ""
     return bad_request(f"invalid request{where}: {first.get('msg', 'invalid value')}", param, "invalid_value")

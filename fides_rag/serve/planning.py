@@ -3,6 +3,7 @@ the same messages and documents) and the decoder's options."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fides_rag.chat import ChatPlan, ChatPrompts
@@ -38,8 +39,6 @@ def _turns(decoder: FidesDecoder, body: ChatCompletionRequest) -> list[tuple[str
 
 
 def _arguments(text: str) -> dict[str, Any]:
-    import json
-
     try:
         value = json.loads(text or "{}")
     except json.JSONDecodeError as err:

@@ -20,16 +20,7 @@ def new_id(prefix: str) -> str:
 
 def record(plan: ChatPlan, result: GenerationResult, requested: str) -> dict[str, Any]:
     """FIDES's record of one answer: method, per-token alphas and values, notes, fallback, where the documents came from."""
-    return {
-        **result.to_metadata(),
-        "requested_method": requested,
-        "notes": list(dict.fromkeys([*plan.notes, *result.notes])),
-        "fallback": plan.fallback,
-        "documents_source": plan.source,
-        "num_documents": len(plan.documents),
-        "documents_trimmed": plan.trimmed or result.documents_trimmed,
-        "document_tokens": plan.document_tokens or result.document_tokens,
-    }
+    return {**plan.metadata(result), "requested_method": requested, "fallback": plan.fallback}
 
 
 def usage(result: GenerationResult) -> dict[str, int]:

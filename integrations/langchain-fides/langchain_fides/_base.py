@@ -321,14 +321,5 @@ class FidesParams(BaseModel):
 
     def _metadata(self, plan: Plan, opts: CallOptions, result: GenerationResult) -> dict[str, Any]:
         """The result's metadata, with what only this call knows: where the documents came from and its own notes."""
-        return {
-            **result.to_metadata(),
-            "model_name": self.model_id or type(self._dec.model).__name__,
-            "requested_method": opts.requested,
-            "notes": list(dict.fromkeys([*plan.notes, *result.notes])),
-            "documents_source": plan.source,
-            "num_documents": len(plan.documents),
-            "documents_trimmed": plan.trimmed or result.documents_trimmed,
-            "document_tokens": plan.document_tokens or result.document_tokens,
-        }
+        return {**plan.metadata(result), "model_name": self.model_id or type(self._dec.model).__name__, "requested_method": opts.requested}
 
