@@ -1,0 +1,43 @@
+"""The step probe counts the decode steps asked for, times the rest, and changes no token."""
+
+from __future__ import annotations
+
+import pytest
+
+from fides_rag import FidesDecoder, PromptTemplate
+from fides_rag.eval.step_probe import measure_engine, measure_generate, prepared_from_ids
+
+
+@pytest.fixture(scope="module")
+def example(tokenizer):
+    context = tokenizer("Lyon is the capital of France. Question: What is the capital of France? Answer:")["input_ids"]
+    return context, tokenizer("Question: What is the capital of France? Answer:")["input_ids"]
+
+
+@pytest.mark.parametrize("method", ["standard", "cad", "fides"])
+def test_a_measured_engine_decode_counts_its_steps_and_gives_the_unmeasured_tokens(tiny_llama, tokenizer, example, method):
+    decoder = FidesDecoder(tiny_llama, tokenizer, prompt_template=PromptTemplate(stop=()))
+    prepared = prepared_from_ids(tokenizer, *example)
+    plain = decoder.generate(prepared, method=method, max_new_tokens=7, min_new_tokens=7)
+    measured = measure_engine(decoder, prepared, method, new_tokens=7, counted=3)
+    assert measured["token_ids"] == plain.token_ids
+    assert measured["tokens"] == 7 and measured["counted_steps"] == 3 and measured["timed_steps"] == 3
+    assert all(step["ops"] > 50 and step["traffic_bytes"]["total"] > 0 for step in measured["steps"])
+    assert measured["decode_ms_per_token"] > 0 and measured["first_token_ms"] > 0
+    assert measured["host_syncs_per_token"] is None  # counted on CUDA only
+    assert decoder.engine.step_context is None
+
+
+@pytest.mark.parametrize("inference_mode", [False, True])
+def test_a_measured_generate_gives_standard_decoding_tokens(tiny_llama, tokenizer, example, inference_mode):
+    decoder = FidesDecoder(tiny_llama, tokenizer, prompt_template=PromptTemplate(stop=()))
+    standard = decoder.generate(prepared_from_ids(tokenizer, *example), method="standard", max_new_tokens=6, min_new_tokens=6)
+    measured = measure_generate(tiny_llama, example[0], 6, 2, inference_mode=inference_mode)
+    assert measured["token_ids"] == standard.token_ids
+    assert measured["counted_steps"] == 2 and measured["timed_steps"] == 3
+    assert measured["traffic_bytes_per_token"]["median"] > 0
+
+
+def test_classifier_free_guidance_is_measured_with_its_negative_prompt(tiny_llama, tokenizer, example):
+    measured = measure_generate(tiny_llama, example[0], 5, 2, negative_ids=example[1], guidance_scale=2.0)
+    assert len(measured["token_ids"]) == 5 and measured["ops_per_token"] > 0
