@@ -1,0 +1,285 @@
+"""The GPU benchmark in one command: a random-weight model with Llama-3.1-8B's configuration in bfloat16 (weights do not
+matter for timing; nothing is downloaded), on CUDA when present. It measures
+
+- per-token latency of standard, CAD and FIDES (fides-rag's engine) and transformers' CFG (`generate` with
+  `guidance_scale`), with host syncs per token on CUDA (`torch.cuda.set_sync_debug_mode`) and aten ops per step;
+- batch scaling of standard and FIDES from 1 to 32 requests;
+- the serving benchmark (`fides_rag.eval.serving`): continuous against static batching at 1x and 2x the sequential
+  capacity;
+- peak memory of each part.
+
+Prompts are token ids (a word-level tokenizer over the model's vocabulary is built offline): an instruction prefix,
+the documents and a question; the no-context prompt is the prefix and the question. It needs torch, transformers and
+accelerate only.
+
+    python benchmarks/gpu.py --out results/gpu/h100.json             # about 5 minutes on one H100
+    python benchmarks/gpu.py --tiny --device cpu --out /tmp/gpu.json  # a tiny configuration, seconds on a CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
+
+LLAMA_31_8B = dict(
+    vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+    num_key_value_heads=8, head_dim=128, max_position_embeddings=131072, rms_norm_eps=1e-5, hidden_act="silu",
+    rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    bos_token_id=128000, eos_token_id=[128001, 128008, 128009], tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+)
+"""meta-llama/Llama-3.1-8B-Instruct's config.json (the values that shape the computation)."""
+TINY = dict(LLAMA_31_8B, vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, bos_token_id=500, eos_token_id=[501])
+SPECIAL = {"pad": -252, "unk": -254}
+"""The pad and unknown-word ids, from the end of the vocabulary (Llama 3.1: 128004, its fine-tuning pad, and 128002)."""
+METHODS = ("standard", "cad", "fides")
+PEER = "hf-cfg"
+OPTIONAL = ("gguf", "pandas", "fastapi", "llguidance")
+"""Packages the GPU machine may lack: the run reports any of them it imported (it should import none)."""
+
+
+def word_tokenizer(vocab_size: int, bos: int, eos: int, max_length: int) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer whose words are w0 ... w{V-1}: any id decodes, and text of such words encodes back
+    (other words, such as the prompt template's, encode as the unknown word)."""
+    vocab = {f"w{i}": i for i in range(vocab_size)}
+    special = {"<bos>": bos, "<eos>": eos, "<pad>": vocab_size + SPECIAL["pad"], "<unk>": vocab_size + SPECIAL["unk"]}
+    for name, i in special.items():
+        del vocab[f"w{i}"]
+        vocab[name] = i
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
+    tokenizer.model_max_length = max_length
+    return tokenizer
+
+
+def build(config_values: dict[str, Any], device: torch.device, dtype: torch.dtype, seed: int = 0) -> tuple[Any, Any]:
+    """The random-weight model, initialised on `device`, and its tokenizer."""
+    config = LlamaConfig(**config_values)
+    torch.manual_seed(seed)
+    with device:
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    tokenizer = word_tokenizer(config.vocab_size, config.bos_token_id, config_values["eos_token_id"][0], config.max_position_embeddings)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
+class Prompts:
+    """Random token-id prompts: [prefix, documents, question] and [prefix, question]."""
+
+    def __init__(self, vocab_size: int, reserved: set[int], seed: int = 0) -> None:
+        self.rng = random.Random(seed)
+        self.words = [i for i in range(min(vocab_size, 100_000)) if i not in reserved]
+        self.prefix = self.ids(64)
+
+    def ids(self, n: int) -> list[int]:
+        return [self.rng.choice(self.words) for _ in range(n)]
+
+    def pair(self, context_tokens: int, question_tokens: int) -> tuple[list[int], list[int]]:
+        question = self.ids(question_tokens)
+        documents = self.ids(max(1, context_tokens - len(self.prefix) - question_tokens))
+        return self.prefix + documents + question, self.prefix + question
+
+    def text(self, n: int) -> str:
+        return " ".join(f"w{i}" for i in self.ids(n))
+
+
+def peak_memory(device: torch.device) -> dict[str, float]:
+    if device.type == "cuda":
+        return {"peak_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30, "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30}
+    import resource
+
+    return {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+
+
+def reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def latency(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """Batch 1, greedy, --new-tokens forced; one warm-up prompt, then --samples prompts with the methods interleaved."""
+    from fides_rag.eval.step_probe import measure_engine, measure_generate, prepared_from_ids
+
+    pairs = [prompts.pair(args.context_tokens, args.question_tokens) for _ in range(args.samples + 1)]
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in (*METHODS, PEER)}
+    reset_peak(device)
+    for i, (context, no_context) in enumerate(pairs):
+        for method in runs:
+            if method == PEER:
+                run = measure_generate(decoder.model, context, args.new_tokens, args.counted_steps, negative_ids=no_context,
+                                       guidance_scale=2.0, pad_token_id=decoder.tokenizer.pad_token_id)
+            else:
+                run = measure_engine(decoder, prepared_from_ids(decoder.tokenizer, context, no_context), method, args.new_tokens, args.counted_steps)
+            if i > 0:
+                runs[method].append(run)
+    out: dict[str, Any] = {"context_tokens": args.context_tokens, "no_context_tokens": len(pairs[0][1]), "new_tokens": args.new_tokens, "methods": {}}
+    for method, measured in runs.items():
+        out["methods"][method] = {
+            "decode_ms_per_token": statistics.median(r["decode_ms_per_token"] for r in measured),
+            "first_token_ms": statistics.median(r["first_token_ms"] for r in measured),
+            "ops_per_token": statistics.median(r["ops_per_token"] for r in measured),
+            "traffic_bytes_per_token": statistics.median(r["traffic_bytes_per_token"]["median"] for r in measured),
+            "host_syncs_per_token": measured[0]["host_syncs_per_token"],
+            "samples": len(measured),
+        }
+    decode = {m: d["decode_ms_per_token"] for m, d in out["methods"].items()}
+    out["ratios"] = {"fides/cad": decode["fides"] / decode["cad"], "fides/standard": decode["fides"] / decode["standard"],
+                     "cad/hf-cfg": decode["cad"] / decode[PEER]}
+    out["memory"] = peak_memory(device)
+    return out
+
+
+def batch_scaling(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """Decode ms per step and tokens/s of standard and FIDES with 1..32 requests decoding together."""
+    from fides_rag.eval.step_probe import StepProbe, prepared_from_ids
+
+    out: dict[str, Any] = {}
+    for method in ("standard", "fides"):
+        out[method] = {}
+        for size in args.batch_sizes:
+            examples = [prepared_from_ids(decoder.tokenizer, *prompts.pair(args.context_tokens, args.question_tokens)) for _ in range(size)]
+            reset_peak(device)
+            probe = StepProbe(0, device)
+            decoder.engine.step_context = probe.engine_step
+            try:
+                start = time.perf_counter()
+                decoder.generate_batch(examples, method=method, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens)
+            finally:
+                decoder.engine.step_context = None
+            report = probe.report(start)
+            step_ms = report["decode_ms_per_token"]
+            out[method][str(size)] = {"decode_ms_per_step": step_ms, "first_step_ms": report["first_token_ms"],
+                                      "tokens_per_s": size * 1000 / step_ms, **peak_memory(device)}
+    return out
+
+
+def serving(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """fides-rag's serving benchmark on synthetic NQ-Swap-sized examples: continuous against static batching."""
+    from fides_rag.eval.datasets import QAExample
+    from fides_rag.eval.serving import serving as run_serving
+
+    examples = [QAExample(prompts.text(args.question_tokens), (prompts.text(args.context_tokens // 2),), ("w1",))
+                for _ in range(args.serving_requests)]
+    reset_peak(device)
+    low, high = args.serving_tokens
+    result = run_serving(decoder, examples, loads=args.loads, n_requests=args.serving_requests, tokens=(low, high),
+                         static_batch=args.static_batch, modes=("continuous", "static"), log=lambda m: print(m, file=sys.stderr, flush=True))
+    result["memory"] = peak_memory(device)
+    return result
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from fides_rag import FidesDecoder
+    from fides_rag.loading import select_device
+
+    device = select_device(args.device)
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}[args.dtype]
+    values = dict(TINY if args.tiny else LLAMA_31_8B)
+    if args.layers:
+        values["num_hidden_layers"] = args.layers
+    started = time.perf_counter()
+    model, tokenizer = build(values, device, dtype)
+    decoder = FidesDecoder(model, tokenizer)
+    prompts = Prompts(values["vocab_size"], {values["bos_token_id"], *values["eos_token_id"], tokenizer.pad_token_id, tokenizer.unk_token_id})
+    report: dict[str, Any] = {
+        "config": "tiny" if args.tiny else "Llama-3.1-8B", "config_values": values, "dtype": args.dtype,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
+        "torch": torch.__version__, "weights_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30,
+        "settings": {k: v for k, v in vars(args).items() if k != "out"}, "sections": {},
+    }
+    sections = {"latency": latency, "batch": batch_scaling, "serving": serving}
+    for name in args.sections:
+        print(f"{name} ...", file=sys.stderr, flush=True)
+        begun = time.perf_counter()
+        report["sections"][name] = sections[name](decoder, prompts, args, device)
+        report["sections"][name]["seconds"] = time.perf_counter() - begun
+        write(report, args.out)
+    report["seconds"] = time.perf_counter() - started
+    report["optional_packages_imported"] = sorted(m for m in OPTIONAL if m in sys.modules)
+    write(report, args.out)
+    return report
+
+
+def write(report: dict[str, Any], out: str) -> None:
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(report, indent=2) + "\n")
+
+
+def tables(report: dict[str, Any]) -> str:
+    """Markdown tables of a report."""
+    lines = [f"{report['config']} ({report['dtype']}, random weights) on {report['device']}, torch {report['torch']}.", ""]
+    sections = report["sections"]
+    if "latency" in sections:
+        lat = sections["latency"]
+        lines += [f"Per-token latency, batch 1, {lat['context_tokens']}-token context prompt, {lat['new_tokens']} tokens:", "",
+                  "| method | decode ms/token | first token ms | host syncs/token | aten ops/token |", "|---|---|---|---|---|"]
+        for method, d in lat["methods"].items():
+            syncs = "-" if d["host_syncs_per_token"] is None else f"{d['host_syncs_per_token']:.1f}"
+            lines.append(f"| {method} | {d['decode_ms_per_token']:.2f} | {d['first_token_ms']:.1f} | {syncs} | {d['ops_per_token']:,.0f} |")
+        lines += ["", "Ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in lat["ratios"].items()), ""]
+    if "batch" in sections:
+        batch = sections["batch"]
+        sizes = list(batch["fides"])
+        lines += ["| requests | " + " | ".join(f"{m} ms/step | {m} tokens/s" for m in ("standard", "fides")) + " |",
+                  "|---|" + "---|---|" * 2]
+        for size in sizes:
+            lines.append(f"| {size} | " + " | ".join(f"{batch[m][size]['decode_ms_per_step']:.2f} | {batch[m][size]['tokens_per_s']:.1f}" for m in ("standard", "fides")) + " |")
+        lines.append("")
+    if "serving" in sections:
+        from fides_rag.eval.serving import format_serving
+
+        lines += [format_serving(sections["serving"]), ""]
+    return "\n".join(lines)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
+    parser.add_argument("--out", required=True, help="JSON results file (written after every section)")
+    parser.add_argument("--tiny", action="store_true", help="a tiny configuration (2 layers, hidden 64, vocabulary 512) for tests")
+    parser.add_argument("--layers", type=int, default=None, help="override the number of layers")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when present), cuda, cpu (default: %(default)s)")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    parser.add_argument("--sections", type=lambda s: s.split(","), default=["latency", "batch", "serving"], help="comma-separated (default: latency,batch,serving)")
+    parser.add_argument("--context-tokens", type=int, default=2048, help="context prompt tokens (default: %(default)s)")
+    parser.add_argument("--question-tokens", type=int, default=32, help="question tokens (default: %(default)s)")
+    parser.add_argument("--new-tokens", type=int, default=64, help="tokens decoded per request (default: %(default)s)")
+    parser.add_argument("--samples", type=int, default=3, help="latency prompts after one warm-up (default: %(default)s)")
+    parser.add_argument("--counted-steps", type=int, default=2, help="decode steps counted for ops and host syncs (default: %(default)s)")
+    parser.add_argument("--batch-sizes", type=ints, default=[1, 2, 4, 8, 16, 32], help="default: 1,2,4,8,16,32")
+    parser.add_argument("--serving-requests", type=int, default=32, help="default: %(default)s")
+    parser.add_argument("--serving-tokens", type=ints, default=[8, 64], help="new tokens per request, min,max (default: 8,64)")
+    parser.add_argument("--loads", type=lambda s: [float(x) for x in s.split(",")], default=[1.0, 2.0], help="default: 1,2")
+    parser.add_argument("--static-batch", type=int, default=8, help="default: %(default)s")
+    args = parser.parse_args(argv)
+    unknown = set(args.sections) - {"latency", "batch", "serving"}
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}; choose from latency, batch, serving")
+    if args.new_tokens < args.counted_steps + 2:
+        parser.error("--new-tokens must exceed --counted-steps by at least 2 (the steps after them are timed)")
+    if len(args.serving_tokens) != 2:
+        parser.error("--serving-tokens takes min,max")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    print(tables(run(args)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""benchmarks/gpu.py runs end to end on the CPU with a tiny configuration: every section is written with sane
+values, and nothing optional (gguf, pandas) is imported on its path."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.timeout(400)
+def test_the_gpu_benchmark_runs_with_a_tiny_configuration_on_cpu(tmp_path):
+    out = tmp_path / "gpu.json"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    run = subprocess.run(
+        [sys.executable, "benchmarks/gpu.py", "--tiny", "--device", "cpu", "--dtype", "float32", "--context-tokens", "48",
+         "--question-tokens", "8", "--new-tokens", "5", "--samples", "1", "--batch-sizes", "1,2", "--serving-requests", "4",
+         "--serving-tokens", "2,4", "--loads", "4,8", "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=380,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["config"] == "tiny" and report["config_values"]["num_hidden_layers"] == 2
+    assert report["optional_packages_imported"] == []
+
+    latency = report["sections"]["latency"]
+    assert set(latency["methods"]) == {"standard", "cad", "fides", "hf-cfg"}
+    for method in latency["methods"].values():
+        assert method["decode_ms_per_token"] > 0 and method["first_token_ms"] > 0 and method["ops_per_token"] > 0
+        assert method["host_syncs_per_token"] is None  # counted on CUDA only
+    assert latency["methods"]["cad"]["ops_per_token"] > latency["methods"]["standard"]["ops_per_token"]
+    assert latency["memory"]["peak_rss_gib"] > 0
+
+    batch = report["sections"]["batch"]
+    for method in ("standard", "fides"):
+        assert list(batch[method]) == ["1", "2"]
+        assert all(size["decode_ms_per_step"] > 0 and size["tokens_per_s"] > 0 for size in batch[method].values())
+
+    serving = report["sections"]["serving"]
+    assert list(serving["loads"]) == ["4.0", "8.0"]
+    for load in serving["loads"].values():
+        assert set(load["modes"]) == {"continuous", "static"}
+        assert isinstance(load["identical_outputs"], bool)
+        for mode in load["modes"].values():
+            assert mode["latency_s"]["p95"] >= mode["ttft_s"]["p50"] > 0 and mode["tokens"] and all(2 <= t <= 4 for t in mode["tokens"])
+    assert "| method | decode ms/token |" in run.stdout and "continuous / static" in run.stdout
