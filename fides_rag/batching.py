@@ -1,4 +1,5 @@
-"""The request batcher: concurrent calls from threads and asyncio tasks, each decoded on the decoder's one
+"""Deprecated: `FidesDecoder.submit` (a future) is the one front door to the engine; `RequestBatcher` remains as a
+thin shim over it. Concurrent calls from threads and asyncio tasks, each decoded on the decoder's one
 continuous-batching engine. A request joins the running decode at the next step boundary and its result
 (with every recorded value) comes back the moment it finishes; a greedy result equals the same request decoded
 alone. Bad input fails its own request at submission; a cancelled future or task, or a closed stream, leaves
@@ -17,7 +18,8 @@ from typing_extensions import Unpack  # typing.Unpack from Python 3.11 on
 from fides_rag.decoder import FidesDecoder
 from fides_rag.generation.engine import DecodeEngine, EngineStats
 from fides_rag.generation.options import RequestOptions
-from fides_rag.generation.requests import PromptPair, Request
+from fides_rag.generation.requests import PromptPair
+from fides_rag.generation.tickets import RequestHandle
 from fides_rag.generation.streaming import TextStream
 from fides_rag.result import GenerationResult
 
@@ -49,7 +51,7 @@ class RequestBatcher:
         settings: dict[str, Any] = {"max_requests": max_batch_size, "window_s": window_s}
         settings = {name: value for name, value in settings.items() if value is not None}
         if settings:
-            decoder.engine.configure(**settings)
+            decoder.configure(**settings)
 
     @property
     def engine(self) -> DecodeEngine:
@@ -59,8 +61,8 @@ class RequestBatcher:
     def stats(self) -> EngineStats:
         return self.engine.stats
 
-    def _request(self, question: str | PromptPair | None, documents: Any, stream: bool, options: dict[str, Any]) -> Request:
-        """Validate and tokenise one request in the caller's thread, so bad input fails it alone, at once."""
+    def _submit(self, question: str | PromptPair | None, documents: Any, stream: bool, options: dict[str, Any], wait_here: bool = False) -> RequestHandle:
+        """Validate and queue one request in the caller's thread, so bad input fails it alone, at once."""
         rest = dict(options)
         context_prompt, no_context_prompt = rest.pop("context_prompt", None), rest.pop("no_context_prompt", None)
         add_special_tokens, untrusted = rest.pop("add_special_tokens", True), rest.pop("untrusted_texts", ())
@@ -71,7 +73,7 @@ class RequestBatcher:
             question = PromptPair(context_prompt, no_context_prompt, add_special_tokens, untrusted)
         elif untrusted:
             raise ValueError("untrusted_texts goes with context_prompt/no_context_prompt: a question and its documents are always tokenised as plain text")
-        return self.decoder.requests.build(question, documents, stream=stream, **rest)
+        return self.decoder.submit(question, documents, stream=stream, wait_here=wait_here, **rest)
 
     def submit(self, question: str | PromptPair | None = None, documents: Any = None, **kwargs: Unpack[RequestOptions]) -> Future:
         """Queue one request; its `Future` resolves to the GenerationResult (cancel it to drop the request).
@@ -79,11 +81,11 @@ class RequestBatcher:
 
         kwargs: method, max_new_tokens, stop, do_sample, temperature, top_p, top_k, seed, ... as for
         `FidesDecoder.generate`, or context_prompt/no_context_prompt (and add_special_tokens) for raw prompts."""
-        return self.engine.submit([self._request(question, documents, False, kwargs)])[0].future
+        return self._submit(question, documents, False, kwargs).future
 
     def generate(self, question: str | PromptPair | None = None, documents: Any = None, **kwargs: Unpack[RequestOptions]) -> GenerationResult:
         """Submit and wait (thread-safe: concurrent callers share the engine's steps)."""
-        return self.engine.submit([self._request(question, documents, False, kwargs)], wait_here=True)[0].result()
+        return self._submit(question, documents, False, kwargs, wait_here=True).result()
 
     async def agenerate(self, question: str | PromptPair | None = None, documents: Any = None, **kwargs: Unpack[RequestOptions]) -> GenerationResult:
         """Submit and await without blocking the event loop; cancelling the task drops the request."""
@@ -92,11 +94,11 @@ class RequestBatcher:
     def stream(self, question: str | PromptPair | None = None, documents: Any = None, **kwargs: Unpack[RequestOptions]) -> TextStream:
         """Text deltas of one request; they concatenate to the final text, and `result` holds the GenerationResult
         once the stream is exhausted. Closing it drops the request."""
-        return self.engine.submit([self._request(question, documents, True, kwargs)])[0].stream()
+        return self._submit(question, documents, True, kwargs).stream()
 
     async def astream(self, question: str | PromptPair | None = None, documents: Any = None, **kwargs: Unpack[RequestOptions]) -> AsyncIterator[str]:
         """`stream` for asyncio: deltas arrive without blocking the event loop; cancelling drops the request."""
-        stream = self.engine.submit([self._request(question, documents, True, kwargs)])[0].astream()
+        stream = self._submit(question, documents, True, kwargs).astream()
         try:
             async for delta in stream:
                 yield delta

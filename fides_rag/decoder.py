@@ -2,7 +2,8 @@
 
 Each call builds its requests with the one request builder (`generation/requests.py`) and decodes them on the
 decoder's one continuous-batching engine (`generation/engine.py`), which every other entry point shares: calls
-from several threads or tasks, the request batcher and the framework integrations decode together. Each step:
+from several threads or tasks (`submit` queues one and returns its future), the framework integrations and the
+server decode together. Each step:
 one forward of every row of every request (context, no-context, per-document, masked-heads paths), one
 output-head matmul, each rule's `combine`, a token chosen per request, and one device-to-host transfer.
 """
@@ -24,6 +25,7 @@ from fides_rag.generation.prompting import PreparedExample, PromptPreparer, cont
 from fides_rag.generation.requests import PromptPair, RequestBuilder
 from fides_rag.generation.settings import GenerationSettings
 from fides_rag.generation.streaming import AsyncTextStream, TextStream
+from fides_rag.generation.tickets import RequestHandle
 from fides_rag.lens import ModelAnatomy
 from fides_rag.prompts import PromptTemplate
 from fides_rag.result import GenerationResult
@@ -153,12 +155,46 @@ class FidesDecoder:
     def split_prefill(self) -> bool:
         return self.engine.split_prefill
 
+    @property
+    def queue_length(self) -> int:
+        """Requests waiting for the engine."""
+        return self.engine.queue_length
+
+    @property
+    def requests_in_flight(self) -> int:
+        """Requests decoding now."""
+        return self.engine.requests_in_flight
+
+    @property
+    def rows_in_flight(self) -> int:
+        """Batch rows (paths) decoding now."""
+        return self.engine.rows_in_flight
+
+    @property
+    def stats(self) -> Any:
+        """The engine's counters (EngineStats: requests, steps, peak queue, cancellations, ...)."""
+        return self.engine.stats
+
     def prepare(self, question: str, documents: Any, max_new_tokens: int, *, document_paths: bool = False) -> PreparedExample:
         """Render and tokenise both branches of one example as `generate` would (e.g. to count its prompt tokens);
         `generate` and `generate_batch` also take the result."""
         return self.requests.preparer.prepare(question, documents, max_new_tokens, document_paths=document_paths)
 
     # -- decoding ---------------------------------------------------------------------------------
+
+    def configure(self, **engine_settings: Any) -> None:
+        """Change the engine's settings (max_requests, max_rows, max_tokens, max_queue, window_s); every caller of
+        this decoder shares them."""
+        self.engine.configure(**engine_settings)
+
+    def submit(self, question: Prompt, documents: Sequence[Any] | None = None, *, stream: bool = False, wait_here: bool = False,
+               **options: Unpack[MethodOptions]) -> RequestHandle:
+        """Queue one request from any thread and return its future at once: `result()` waits for the
+        GenerationResult, `cancel()` drops the request, `.future` is a `concurrent.futures.Future` (for
+        `asyncio.wrap_future`), and with `stream=True` its deltas arrive on `stream()` / `astream()`. Bad input
+        raises here, before anything decodes; concurrent requests decode together. `wait_here`: the caller will
+        wait on `result()` and decodes on its own thread while no other thread does."""
+        return self.engine.submit([self.requests.build(question, documents, stream=stream, **options)], wait_here=wait_here)[0]
 
     def generate(self, question: Prompt, documents: Sequence[Any] | None = None, **options: Unpack[MethodOptions]) -> Any:
         """Answer `question` with its `documents`, or a `PromptPair` (or a `PreparedExample` from `prepare`).

@@ -1,6 +1,7 @@
-"""A conversation and its documents become the two prompts of dual-path decoding, in one place that every chat
-entry point shares (LangChain's ChatFides and FidesLLM, the OpenAI-compatible server), so the same messages and
-documents give the same prompts, and the same answers, everywhere.
+"""A conversation and its documents become the two prompts of dual-path decoding, in one place that every entry
+point shares (LangChain's ChatFides and FidesLLM, LlamaIndex's FidesLLM, the OpenAI-compatible server), so the same
+messages and documents give the same prompts, and the same answers, everywhere. One role map (`role_of`) reads every
+front door's roles; one policy (`ChatPrompts.conversation`) decides where a conversation's context comes from.
 
 The context path is the conversation as given. The no-context path is the same conversation with every document
 text removed (`no_context_path="emptied"`), or the question alone under the neutral instruction ("question").
@@ -28,13 +29,39 @@ from fides_rag.generation.requests import PromptPair
 from fides_rag.prompts import PromptTemplate, TemplateLeftovers, template_stops
 from fides_rag.result import GenerationResult
 from fides_rag.raw_prompts import check_no_context_path, fit_documents, question_only_text, render_chat
-from fides_rag.tool_calls import ToolCalling
+from fides_rag.calls.tools import ToolCalling
 
-logger = logging.getLogger("fides_rag.chat")
+logger = logging.getLogger("fides_rag.calls")
 
 Turn = tuple[str, str]
 """(role, content), role one of user, assistant, system, tool."""
 DOCUMENTS_INSTRUCTION = "Use the following documents to answer the question."
+ROLE_LINE_STOPS = ("\nUser:", "\nHuman:", "\nQuestion:")
+"""An answer ends where the model starts writing the next turn's role line (each starts with a newline, so an
+answer is never cut to nothing)."""
+TOOL_MARKUP_STOPS = ("<tool_response>",)
+"""With tools bound, an answer ends where the model starts writing a tool's result itself."""
+ROLES = {
+    "user": "user", "human": "user", "assistant": "assistant", "ai": "assistant", "chatbot": "assistant", "model": "assistant",
+    "system": "system", "developer": "system", "tool": "tool", "function": "tool",
+}
+"""Every front door's role names (OpenAI's, LangChain's message types, LlamaIndex's MessageRole values) as the
+planner's four roles; anything else is a user turn."""
+
+
+def role_of(role: Any) -> str:
+    """A role name (or an enum whose value is one) as user, assistant, system or tool."""
+    return ROLES.get(str(getattr(role, "value", role)).lower(), "user")
+
+
+def why_no_documents(retrieved: Sequence[str] | None, where: str) -> str:
+    """Why a call has no documents to contrast, from what a retriever returned (None: no retriever ran)."""
+    if retrieved is None:
+        return "no documents were given (documents=) and no retriever ran in this chain run"
+    if not retrieved:
+        return "the retriever in this chain run returned no documents"
+    return (f"{len(retrieved)} document(s) were retrieved in this chain run but none was found verbatim in {where} "
+            f"(a formatter rewrote them, e.g. numbering or cleaning their text)")
 
 
 @dataclass
@@ -64,12 +91,15 @@ class ChatPlan:
         self.notes.insert(0, f"{why}: {consequence}")
         return self
 
-    def stop_strings(self, stop: Sequence[str], template: PromptTemplate) -> list[str]:
-        """`stop`, plus the template's own stops when this plan decodes with fides-rag's template."""
-        stops = list(stop)
+    def stop_strings(self, stop: Sequence[str], template: PromptTemplate, *, tools: bool = False) -> list[str]:
+        """`stop`, plus where an answer ends whatever the prompt: a new role line ("\nUser:", "\nQuestion:": the
+        model writing the next turn), a tool result's markup when tools are bound, and fides-rag's template's own
+        stops when this plan decodes with that template."""
+        extra = [*ROLE_LINE_STOPS, *(TOOL_MARKUP_STOPS if tools else ())]
         if self.kind == "template":
-            stops += [s for s in template_stops(template) if s not in stops]
-        return stops
+            extra += template_stops(template)
+        stops = list(stop)
+        return stops + [s for s in dict.fromkeys(extra) if s not in stops]
 
     def finish(self, result: GenerationResult, template: PromptTemplate) -> GenerationResult:
         """The answer without fides-rag's template leftovers (noted) when this plan used that template."""
@@ -111,6 +141,28 @@ class ChatPrompts:
         self.documents_instruction = documents_instruction
         self.template = template or PromptTemplate()
         self.tools = tools
+
+    @classmethod
+    def for_decoder(
+        cls, decoder: Any, *, chat: bool = True, use_chat_template: bool | None = None, no_context_path: str = "emptied",
+        documents_instruction: str = DOCUMENTS_INSTRUCTION, tools: ToolCalling | None = None,
+    ) -> ChatPrompts:
+        """The planner of a FidesDecoder's calls: its tokenizer, window and template; the chat template for chat
+        calls when the tokenizer has one (`use_chat_template=False` refuses it; a completion, `chat=False`, never
+        uses it)."""
+        has = bool(getattr(decoder.tokenizer, "chat_template", None))
+        use = chat and has and use_chat_template is not False
+        return cls(decoder.tokenizer, context_window=decoder.context_window, use_chat_template=use, no_context_path=no_context_path,
+                   documents_instruction=documents_instruction, template=decoder.prompt_template, tools=tools)
+
+    def template(self, question: str, documents: Sequence[str], source: str = "documents") -> ChatPlan:
+        """fides-rag's own template: the question and its documents (none: 'standard' on the question, a fallback)."""
+        texts = [t for t in documents if t.strip()]
+        plan = ChatPlan("template", source, question=question, documents=texts)
+        if not texts:
+            plan.method = "standard"
+            plan.fall_back("the documents given were empty", "decoded with 'standard' on the question alone")
+        return plan
 
     def with_tools(self, tools: ToolCalling | None) -> ChatPrompts:
         """The same planner with `tools` in front of both paths (None: without tools)."""
@@ -225,30 +277,45 @@ class ChatPrompts:
             return None
         return self.pair(turns, texts, "tool_messages", max_new_tokens, question=question)
 
-
-class AnswerStream:
-    """A streamed answer's deltas as a caller shows them: under fides-rag's template, text that may still turn out
-    to be a template leftover is held back, so the deltas concatenate to `ChatPlan.finish`'s text."""
-
-    def __init__(self, plan: ChatPlan, template: PromptTemplate) -> None:
-        self.plan, self.template = plan, template
-        self._leftovers = TemplateLeftovers(template) if plan.kind == "template" else None
-        self._raw = self._emitted = ""
-
-    def feed(self, delta: str) -> str:
-        """The part of `delta` (with what was held back) that can be shown now."""
-        if self._leftovers is None:
-            return delta
-        self._raw += delta
-        visible = self._leftovers.visible(self._raw)
-        if len(visible) > len(self._emitted) and visible.startswith(self._emitted):
-            shown, self._emitted = visible[len(self._emitted) :], visible
-            return shown
-        return ""
-
-    def finish(self, result: GenerationResult) -> tuple[GenerationResult, str]:
-        """The cleaned result and the last delta (what was held back and belongs to the answer)."""
-        result = self.plan.finish(result, self.template)
-        if self._leftovers is not None and result.text.startswith(self._emitted) and len(result.text) > len(self._emitted):
-            return result, result.text[len(self._emitted) :]
-        return result, ""
+    def conversation(
+        self, turns: Sequence[Turn], max_new_tokens: int, *, documents: Sequence[str] | None = None, source: str = "documents",
+        template_question: str | None = None, found: Sequence[str] = (), retrieved: Sequence[str] | None = None,
+        system_as_context: bool = True, question: str | None = None, where: str = "the messages",
+    ) -> ChatPlan:
+        """Where a conversation's context comes from, first that applies: `documents` given beside it; the tool turns'
+        results; `found` (retrieved texts found verbatim in it; `retrieved`: all a retriever returned, None when none
+        ran); the system turns (`system_as_context`); else none ('standard', noted). An agent's first turn (tools
+        bound, nothing retrieved) is 'standard' without a fallback: its evidence comes back as tool turns."""
+        if not any(r == "user" for r, _ in turns):
+            raise ValueError(f"a conversation needs a user message (the question); got the roles {[r for r, _ in turns]}")
+        if question is None:
+            question = next(c for r, c in reversed(turns) if r == "user")
+        if documents is not None:
+            return self.with_documents(turns, documents, source, max_new_tokens, question=question, template_question=template_question)
+        from_tools = self.from_tool_turns(turns, max_new_tokens, question=question)
+        if from_tools is not None:
+            return from_tools
+        if found:
+            plan = self.pair(turns, list(found), "retriever", max_new_tokens, question=question)
+            missing = len({t for t in retrieved or [] if t.strip()} - set(found))
+            if missing:
+                note = (f"{missing} of the {missing + len(found)} documents retrieved in this run were not found verbatim in "
+                        f"{where} (rewritten by a formatter?); their text, if any, stays in both paths")
+                logger.warning(note)
+                plan.notes.append(note)
+            return plan
+        systems = [i for i, (r, c) in enumerate(turns) if r == "system" and c.strip()]
+        if retrieved is not None and not retrieved:  # an empty retrieval: a system turn holds only its instruction
+            return self.plain(turns, why_no_documents(retrieved, where), question)
+        if system_as_context and systems:
+            plan = self.pair(turns, [turns[i][1] for i in systems], "system_message", max_new_tokens, drop_in_no_context=systems, question=question)
+            if retrieved:
+                return plan.fall_back(why_no_documents(retrieved, where), "took the whole system message(s) as the context instead (system_message_as_context=True)")
+            note = "no documents were given, attached or retrieved: the system message(s) were taken as the context (system_message_as_context=True)"
+            logger.info(note)
+            plan.notes.insert(0, note)
+            return plan
+        if self.tools is not None and not retrieved:
+            return self.plain(turns, "tools are bound and no tool has answered yet", question, fallback=False)
+        why = why_no_documents(retrieved, where) if retrieved else "no documents were given, attached or retrieved in this run"
+        return self.plain(turns, why, question)

@@ -5,7 +5,8 @@ The fallback format is Hermes/Qwen's: the tools as JSON lines inside `<tools></t
 `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, each result as `<tool_response>...</tool_response>`. With `tool_choice` "required" (or "any") or a tool's
 name, `constraint()` is a JSON schema that admits exactly one valid call as a bare JSON object; pass it as
 `json_schema=` to the decoder so a small model cannot write anything else. LangChain's ChatFides, LlamaIndex's
-FidesLLM and the server share this module.
+FidesLLM and the server share this module: `tool_choice_name` reads every front door's tool_choice forms,
+`ToolSpec.from_any` their tools, `calls_from_openai` the calls an assistant message carries.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fides_rag.calls.options import CallInputError
+from fides_rag.calls.structure import check_json_schema, closed_schema
 from fides_rag.raw_prompts import render_chat
 
 CHOICES = ("auto", "none", "required", "any")
@@ -40,9 +43,11 @@ class ToolSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
-            raise ValueError(f"a tool needs a non-empty name, got {self.name!r}")
+            raise CallInputError(f"a tool needs a non-empty name, got {self.name!r}", "tools.function.name")
         if not isinstance(self.parameters, Mapping) or self.parameters.get("type", "object") != "object":
-            raise ValueError(f"tool {self.name!r}: parameters must be a JSON schema of an object, got {self.parameters!r}")
+            raise CallInputError(f"tool {self.name!r}: parameters must be a JSON schema of an object, got {self.parameters!r}",
+                                 "tools.function.parameters")
+        check_json_schema(dict(self.parameters), "tools.function.parameters", what=f"tool {self.name!r}: its parameters")
 
     def openai(self) -> dict:
         """The tool in OpenAI's shape: {"type": "function", "function": {"name", "description", "parameters"}}."""
@@ -56,6 +61,17 @@ class ToolSpec:
             raise ValueError(f"not an OpenAI function tool (need {{'type': 'function', 'function': {{'name': ...}}}}): {dict(tool)!r}")
         parameters = function.get("parameters") or {"type": "object", "properties": {}}
         return cls(function["name"], function.get("description") or "", dict(parameters))
+
+    @classmethod
+    def from_any(cls, tool: Any) -> ToolSpec:
+        """A ToolSpec, an OpenAI tool dict, or an object with `.metadata.to_openai_tool()` (a LlamaIndex tool)."""
+        if isinstance(tool, ToolSpec):
+            return tool
+        if isinstance(tool, Mapping):
+            return cls.from_openai(tool)
+        if hasattr(getattr(tool, "metadata", None), "to_openai_tool"):
+            return cls.from_openai(tool.metadata.to_openai_tool(skip_length_check=True))
+        raise CallInputError(f"tools must be ToolSpecs, OpenAI tool dicts or LlamaIndex tools, got {type(tool).__name__}", "tools")
 
 
 @dataclass(frozen=True)
@@ -71,27 +87,6 @@ class ToolCall:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": json.dumps(self.arguments)}}
 
 
-def closed_schema(schema: Any) -> Any:
-    """`schema` with every object that lists its properties closed to others (`additionalProperties: false` where
-    the schema does not say), as OpenAI's strict mode does: a grammar then cannot add keys the caller did not ask for."""
-    if not isinstance(schema, dict):
-        return schema
-    closed = dict(schema)
-    for key in ("properties", "$defs", "definitions", "patternProperties"):
-        if isinstance(closed.get(key), dict):
-            closed[key] = {name: closed_schema(sub) for name, sub in closed[key].items()}
-    for key in ("items", "additionalProperties", "not", "contains"):
-        if isinstance(closed.get(key), dict):
-            closed[key] = closed_schema(closed[key])
-    for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
-        if isinstance(closed.get(key), list):
-            closed[key] = [closed_schema(sub) for sub in closed[key]]
-    if (closed.get("type") == "object" or "properties" in closed) and "additionalProperties" not in closed:
-        closed.setdefault("properties", {})
-        closed["additionalProperties"] = False
-    return closed
-
-
 def _call_schema(tool: ToolSpec) -> dict:
     return {
         "type": "object",
@@ -101,26 +96,84 @@ def _call_schema(tool: ToolSpec) -> dict:
     }
 
 
+def tool_choice_name(tool_choice: Any, names: Sequence[str], *, required: bool = False) -> str:
+    """Every front door's tool_choice as one string: None ("required" when `required`, else "auto"), "auto", "none",
+    "any"/"required", a tool's name, True (the only tool), False ("none"), or OpenAI's {"type": "function",
+    "function": {"name": ...}} (and {"type": "required"}). A ValueError names tool_choice when it fits no tool."""
+    if tool_choice is None or tool_choice is False:
+        return "none" if tool_choice is False else "required" if required else "auto"
+    if tool_choice is True:
+        if len(names) != 1:
+            raise CallInputError(f"tool_choice=True forces the only tool, but {len(names)} tools were given; name one", "tool_choice")
+        return names[0]
+    if isinstance(tool_choice, Mapping):
+        name = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
+        if not name and tool_choice.get("type") in CHOICES:
+            return tool_choice_name(tool_choice["type"], names, required=required)
+        if not isinstance(name, str):
+            raise CallInputError(f"tool_choice dict must name a function ({{'type': 'function', 'function': {{'name': ...}}}}), got {dict(tool_choice)!r}", "tool_choice")
+        tool_choice = name
+    if not isinstance(tool_choice, str):
+        raise CallInputError(f"tool_choice must be a string, a bool or a dict, got {type(tool_choice).__name__}", "tool_choice")
+    if required and tool_choice in ("auto", "none"):
+        raise CallInputError(f"tool_required=True contradicts tool_choice={tool_choice!r}", "tool_choice")
+    choice = "required" if tool_choice == "any" else tool_choice
+    if choice not in CHOICES and choice not in names:
+        raise CallInputError(f"tool_choice must be one of {', '.join(CHOICES)} or a tool's name ({', '.join(names) or 'no tools'}), "
+                             f"got {tool_choice!r}", "tool_choice")
+    if choice == "required" and not names:
+        raise CallInputError(f"tool_choice={tool_choice!r} needs at least one tool", "tool_choice")
+    return choice
+
+
+def _arguments(value: Any) -> dict:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except ValueError:
+            raise CallInputError(f"a tool call's arguments must be a JSON object, got {value!r}", "messages.tool_calls.function.arguments") from None
+    if not isinstance(value, Mapping):
+        raise CallInputError(f"a tool call's arguments must be a JSON object, got {value!r}", "messages.tool_calls.function.arguments")
+    return dict(value)
+
+
+def calls_from_openai(items: Sequence[Any]) -> list[ToolCall]:
+    """An assistant message's earlier calls in OpenAI's shape ({"id", "function": {"name", "arguments"}}, arguments
+    as JSON text or a dict; dicts or objects with those attributes, as Ollama's and LangChain's are)."""
+    calls = []
+    for item in items or []:
+        get = item.get if isinstance(item, Mapping) else lambda k, d=None, o=item: getattr(o, k, d)
+        function = get("function") or item
+        fget = function.get if isinstance(function, Mapping) else lambda k, d=None, o=function: getattr(o, k, d)
+        name = fget("name")
+        if name:
+            arguments = fget("arguments", fget("args", get("args")))
+            calls.append(ToolCall(name, _arguments(arguments if arguments is not None else {}), get("id") or ""))
+    return calls
+
+
 class ToolCalling:
     """Puts tools in front of a model and reads its calls back."""
 
-    def __init__(self, tokenizer: Any, tools: Sequence[ToolSpec], tool_choice: str | None = "auto") -> None:
+    def __init__(self, tokenizer: Any, tools: Sequence[Any], tool_choice: Any = "auto", *, required: bool = False) -> None:
+        """`tools`: ToolSpecs, OpenAI tool dicts or LlamaIndex tools; `tool_choice`: any form `tool_choice_name` reads."""
         self.tokenizer = tokenizer
-        if not all(isinstance(t, ToolSpec) for t in tools):
-            raise TypeError(f"tools must be ToolSpec objects, got {[type(t).__name__ for t in tools]}")
-        self.tools = list({json.dumps(t.openai(), sort_keys=True): t for t in tools}.values())  # the same tool twice: once
+        specs = [ToolSpec.from_any(t) for t in tools]
+        self.tools = list({json.dumps(t.openai(), sort_keys=True): t for t in specs}.values())  # the same tool twice: once
         names = [t.name for t in self.tools]
         if len(set(names)) != len(names):
-            raise ValueError(f"two different tools share a name; tool names must be unique, got {names}")
-        choice = "auto" if tool_choice is None else tool_choice
-        if choice == "any":
-            choice = "required"
-        if choice not in CHOICES and choice not in names:
-            raise ValueError(f"tool_choice must be one of {', '.join(CHOICES)} or a tool's name ({', '.join(names) or 'no tools'}), got {tool_choice!r}")
-        if choice == "required" and not self.tools:
-            raise ValueError("tool_choice='required' needs at least one tool")
-        self.tool_choice = choice
+            raise CallInputError(f"two different tools share a name; tool names must be unique, got {names}", "tools")
+        self.tool_choice = tool_choice_name(tool_choice, names, required=required)
         self._native: bool | None = None
+
+    @classmethod
+    def of_call(cls, tokenizer: Any, tools: Sequence[Any] | None, tool_choice: Any = None, *, required: bool = False) -> ToolCalling | None:
+        """A call's tool calling, or None without tools (a forcing tool_choice without tools is refused)."""
+        if not tools:
+            if tool_choice not in (None, "auto", "none", False) or required:
+                raise CallInputError(f"tool_choice={tool_choice!r} needs tools: bind them (bind_tools, chat_with_tools, tools=)", "tool_choice")
+            return None
+        return cls(tokenizer, tools, tool_choice, required=required)
 
     @property
     def forced(self) -> list[ToolSpec]:
@@ -133,8 +186,8 @@ class ToolCalling:
         """The note for a forced call that gave no readable call (cut at `max_new_tokens`); None when nothing is missing."""
         if calls or not self.forced:
             return None
-        return (f"tool_choice={self.tool_choice!r} forced a call, but none could be read: the answer stopped before the call "
-                f"was complete (max_new_tokens={max_new_tokens}); raise max_new_tokens")
+        return (f"tool_choice={self.tool_choice!r} forced a call, but none could be read: the model wrote no complete call "
+                f"(max_new_tokens={max_new_tokens}); raise max_new_tokens")
 
     @property
     def native(self) -> bool:
@@ -222,7 +275,7 @@ class ToolCalling:
 
     def render_call(self, call: ToolCall) -> str:
         """An earlier assistant call as prompt text, in the format the model is asked to write."""
-        return f"<tool_call>\n{json.dumps({'name': call.name, 'arguments': call.arguments})}\n</tool_call>"
+        return render_call(call)
 
     def render_result(self, content: str) -> str:
         """A tool's result as prompt text in the fallback format (a user turn's content)."""
@@ -230,7 +283,17 @@ class ToolCalling:
 
     def render_calls(self, content: str, calls: Sequence[ToolCall]) -> str:
         """An assistant turn's text: its content, then its calls."""
-        return "\n".join([*([content] if content.strip() else []), *(self.render_call(c) for c in calls)])
+        return render_calls(content, calls)
+
+
+def render_call(call: ToolCall) -> str:
+    """An earlier assistant call as prompt text, in the format the model is asked to write."""
+    return f"<tool_call>\n{json.dumps({'name': call.name, 'arguments': call.arguments})}\n</tool_call>"
+
+
+def render_calls(content: str, calls: Sequence[ToolCall]) -> str:
+    """An assistant turn's text for the prompt: its content, then its earlier calls."""
+    return "\n".join([*([content] if content.strip() else []), *(render_call(c) for c in calls)])
 
 
 def _renders_tools(tokenizer: Any) -> bool:

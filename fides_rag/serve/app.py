@@ -12,11 +12,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from fides_rag.calls import resolve_method
 from fides_rag.decoder import FidesDecoder
 from fides_rag.serve.errors import APIError
 from fides_rag.serve.handling import RequestHandling
-from fides_rag.serve.planning import chat_plan, completion_plan, method_of
-from fides_rag.serve.protocol import ChatCompletionRequest, CompletionRequest, Sampling
+from fides_rag.serve.planning import chat_plan, completion_plan
+from fides_rag.serve.protocol import ChatCompletionRequest, CompletionRequest
 from fides_rag.serve.responses import chat_completion, text_completion
 
 
@@ -25,11 +26,11 @@ def build_app(decoder: FidesDecoder, *, model_name: str, method: str = "fides", 
     """The OpenAI-compatible app on `decoder`'s engine: `method` is the default rule, `max_queue` bounds the
     requests waiting for the engine (beyond it: 429), and at shutdown the requests in flight get
     `shutdown_timeout_s` seconds to finish before they are cancelled."""
-    method_of(Sampling(method=method), method)  # an unknown default method fails here, not at the first request
+    resolve_method(method)  # an unknown default method fails here, not at the first request
     if max_queue is not None:
-        decoder.engine.configure(max_queue=max_queue)
+        decoder.configure(max_queue=max_queue)
     handling = RequestHandling(decoder, model_name, method)
-    engine, metrics = decoder.engine, handling.metrics
+    engine, metrics = decoder, handling.metrics
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -50,7 +50,7 @@ def run_serve_command(args: argparse.Namespace) -> int:
     config = FidesConfig.from_file(args.config) if args.config else FidesConfig()
     decoder = FidesDecoder.from_pretrained(args.model, config=config, max_new_tokens=args.max_new_tokens, **load_options(args))
     if args.max_batch_size is not None:
-        decoder.engine.configure(max_requests=args.max_batch_size)
+        decoder.configure(max_requests=args.max_batch_size)
     app = build_app(decoder, model_name=args.served_model_name or args.model, method=args.method, max_queue=args.max_queue,
                     shutdown_timeout_s=args.shutdown_timeout)
     # uvicorn re-raises the SIGTERM it handled once it has shut down; after a graceful shutdown the exit code is 0.

@@ -14,13 +14,13 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from fides_rag.chat import AnswerStream, ChatPlan
+from fides_rag.calls import Call, ChatPlan
 from fides_rag.decoder import FidesDecoder
 from fides_rag.generation.engine import QueueFullError
 from fides_rag.generation.tickets import RequestHandle
 from fides_rag.serve.errors import APIError, bad_request, validation_error
 from fides_rag.serve.metrics import ServerMetrics
-from fides_rag.serve.planning import decode_options, method_of
+from fides_rag.serve.planning import build_call
 from fides_rag.serve.protocol import ChatCompletionRequest, Sampling, supported_fields
 from fides_rag.serve.responses import ChunkWriter, new_id
 
@@ -30,10 +30,10 @@ Planner = Callable[[FidesDecoder, Any, int], ChatPlan]
 
 
 class Admitted:
-    """One request on the engine: its plan, handle, the method asked for and its arrival time."""
+    """One request on the engine: its call, handle and arrival time."""
 
-    def __init__(self, plan: ChatPlan, handle: RequestHandle, requested: str, started: float) -> None:
-        self.plan, self.handle, self.requested, self.started = plan, handle, requested, started
+    def __init__(self, call: Call, handle: RequestHandle, started: float) -> None:
+        self.call, self.handle, self.started = call, handle, started
 
 
 class RequestHandling:
@@ -41,7 +41,7 @@ class RequestHandling:
 
     def __init__(self, decoder: FidesDecoder, model_name: str, method: str) -> None:
         self.decoder, self.model_name, self.method = decoder, model_name, method
-        self.metrics = ServerMetrics(decoder.engine)
+        self.metrics = ServerMetrics(decoder)
         self.draining = False
 
     async def counted(self, endpoint: str, call: Awaitable[Response]) -> Response:
@@ -69,10 +69,10 @@ class RequestHandling:
             logger.exception("request failed")
             self.metrics.requests.labels(endpoint, "500").inc()
             return APIError(500, str(err), type="server_error").response()
-        result = admitted.plan.finish(result, self.decoder.prompt_template)
+        answer = admitted.call.finish(result)
         self._observe(endpoint, admitted, result, admitted.handle.first_token_at)
         prefix = "chatcmpl" if model is ChatCompletionRequest else "cmpl"
-        return JSONResponse(respond(new_id(prefix), self.model_name, admitted.plan, result, admitted.requested))
+        return JSONResponse(respond(new_id(prefix), self.model_name, answer))
 
     @staticmethod
     async def _body(raw: Request, model: type[Sampling]) -> Any:
@@ -91,20 +91,14 @@ class RequestHandling:
         if self.draining:
             raise APIError(503, "the server is shutting down; retry on another replica", type="server_error", code="shutting_down")
         started = time.perf_counter()
-        max_new = body.budget() or self.decoder.max_new_tokens
-        rule = method_of(body, self.method)
-        plan = plan_of(self.decoder, body, max_new)
-        options = decode_options(self.decoder, plan, body, rule, max_new)
-        prompt, documents = plan.prompt()
+        call = build_call(self.decoder, body, self.method, plan_of)
         try:
-            request = self.decoder.requests.build(prompt, documents, stream=body.stream, **options)
-        except (ValueError, TypeError) as err:
-            raise bad_request(" ".join(str(err).split())) from None
-        try:
-            handle = self.decoder.engine.submit([request])[0]
+            handle = call.submit(stream=body.stream)
         except QueueFullError as err:
             raise APIError(429, str(err), type="rate_limit_error", code="queue_full", headers={"Retry-After": "1"}) from None
-        return Admitted(plan, handle, body.method or self.method, started)
+        except (ValueError, TypeError) as err:
+            raise bad_request(" ".join(str(err).split()), getattr(err, "field", None)) from None
+        return Admitted(call, handle, started)
 
     @staticmethod
     async def _answer(raw: Request, admitted: Admitted) -> Any:
@@ -127,7 +121,7 @@ class RequestHandling:
         metrics.ttft.labels(endpoint).observe((first_token_at or end) - admitted.started)
 
     async def _events(self, endpoint: str, admitted: Admitted, writer: ChunkWriter, include_usage: bool) -> AsyncIterator[str]:
-        shown = AnswerStream(admitted.plan, self.decoder.prompt_template)
+        shown = admitted.call.shown()
         stream = admitted.handle.astream()
         first = writer.start()
         if first:
@@ -139,7 +133,7 @@ class RequestHandling:
                 text = shown.feed(delta)
                 if text:
                     yield writer.delta(text)
-            result, last = shown.finish(stream.result)
+            answer, last = shown.finish(stream.result)
         except (asyncio.CancelledError, GeneratorExit):  # the client went away: its rows leave at the next step
             self.metrics.requests.labels(endpoint, "499").inc()
             raise
@@ -153,6 +147,6 @@ class RequestHandling:
             admitted.handle.cancel()  # no-op once finished
         if last:
             yield writer.delta(last)
-        self._observe(endpoint, admitted, result, first_token_at)
-        for event in writer.end(admitted.plan, result, admitted.requested, include_usage):
+        self._observe(endpoint, admitted, answer.result, first_token_at)
+        for event in writer.end(answer, include_usage):
             yield event

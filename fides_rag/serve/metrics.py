@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from fides_rag.generation.engine import DecodeEngine
+from typing import Any
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120, 300)
 
@@ -12,7 +12,8 @@ LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120, 300)
 class ServerMetrics:
     """The counters, gauges and histograms that `GET /metrics` exposes in Prometheus text format."""
 
-    def __init__(self, engine: DecodeEngine) -> None:
+    def __init__(self, engine: Any) -> None:
+        """`engine`: anything with queue_length, requests_in_flight and rows_in_flight (a FidesDecoder)."""
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("fides_requests", "Requests answered, by endpoint and HTTP status", ["endpoint", "status"], registry=r)

@@ -8,40 +8,27 @@ import time
 import uuid
 from typing import Any
 
-from fides_rag.chat import ChatPlan
-from fides_rag.result import GenerationResult
-
-FINISH_REASONS = {"eos": "stop", "stop": "stop", "criteria": "stop", "length": "length", "cancelled": "stop"}
+from fides_rag.calls import Answer
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def record(plan: ChatPlan, result: GenerationResult, requested: str) -> dict[str, Any]:
-    """FIDES's record of one answer: method, per-token alphas and values, notes, fallback, where the documents came from."""
-    return {**plan.metadata(result), "requested_method": requested, "fallback": plan.fallback}
-
-
-def usage(result: GenerationResult) -> dict[str, int]:
-    completion = len(result.token_ids)
-    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": completion, "total_tokens": result.prompt_tokens + completion}
-
-
-def chat_completion(id_: str, model: str, plan: ChatPlan, result: GenerationResult, requested: str) -> dict[str, Any]:
+def chat_completion(id_: str, model: str, answer: Answer) -> dict[str, Any]:
     return {
         "id": id_, "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text, "refusal": None},
-                     "logprobs": None, "finish_reason": FINISH_REASONS[result.finish_reason]}],
-        "usage": usage(result), "fides": record(plan, result, requested),
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": answer.text, "refusal": None},
+                     "logprobs": None, "finish_reason": answer.finish_reason}],
+        "usage": answer.usage, "fides": answer.record,
     }
 
 
-def text_completion(id_: str, model: str, plan: ChatPlan, result: GenerationResult, requested: str) -> dict[str, Any]:
+def text_completion(id_: str, model: str, answer: Answer) -> dict[str, Any]:
     return {
         "id": id_, "object": "text_completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "text": result.text, "logprobs": None, "finish_reason": FINISH_REASONS[result.finish_reason]}],
-        "usage": usage(result), "fides": record(plan, result, requested),
+        "choices": [{"index": 0, "text": answer.text, "logprobs": None, "finish_reason": answer.finish_reason}],
+        "usage": answer.usage, "fides": answer.record,
     }
 
 
@@ -70,10 +57,10 @@ class ChunkWriter:
     def delta(self, text: str) -> str:
         return self._event([self._choice(text, None)])
 
-    def end(self, plan: ChatPlan, result: GenerationResult, requested: str, include_usage: bool) -> list[str]:
-        events = [self._event([self._choice(None, FINISH_REASONS[result.finish_reason])], fides=record(plan, result, requested))]
+    def end(self, answer: Answer, include_usage: bool) -> list[str]:
+        events = [self._event([self._choice(None, answer.finish_reason)], fides=answer.record)]
         if include_usage:
-            events.append(self._event([], usage=usage(result)))
+            events.append(self._event([], usage=answer.usage))
         return [*events, "data: [DONE]\n\n"]
 
     @staticmethod

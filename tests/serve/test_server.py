@@ -66,6 +66,13 @@ def test_method_and_no_documents_are_recorded(server):
     assert record["method"] == "standard" and record["documents_source"] == "none" and "no documents" in record["fallback"]
 
 
+def test_a_system_message_with_context_is_the_context_as_in_process(server):
+    messages = [{"role": "system", "content": f"Context: {DOCS[0]}"}, {"role": "user", "content": QUESTION}]
+    record = _client(server).chat.completions.create(model="tiny", messages=messages, max_tokens=4).model_extra["fides"]
+    assert record["method"] == "fides" and record["documents_source"] == "system_message" and record["fallback"] is None
+    assert DOCS[0] in record["context_prompt"] and DOCS[0] not in record["no_context_prompt"]
+
+
 def test_tool_messages_are_the_documents(server):
     messages = [
         {"role": "user", "content": QUESTION},

@@ -4,7 +4,7 @@ holds, tool results as the evidence."""
 from __future__ import annotations
 
 from fides_rag import FidesDecoder, PromptPair
-from fides_rag.chat import ChatPrompts
+from fides_rag.calls import ChatPrompts
 
 DOC = "The Eiffel Tower is in Rome."
 

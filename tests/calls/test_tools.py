@@ -8,9 +8,9 @@ import json
 import pytest
 
 from fides_rag import FidesDecoder, PromptPair
-from fides_rag.chat import ChatPrompts
+from fides_rag.calls import ChatPrompts
 from fides_rag.testing import CHAT_TEMPLATE, build_tokenizer
-from fides_rag.tool_calls import ToolCall, ToolCalling, ToolSpec
+from fides_rag.calls.tools import ToolCall, ToolCalling, ToolSpec
 
 SEARCH = ToolSpec("search", "Search the documents.", {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]})
 ADD = ToolSpec("add", "Add two integers.", {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]})
@@ -61,7 +61,7 @@ def test_constraint_forces_one_valid_call(chat_tokenizer):
 
 
 def test_closed_schema_refuses_keys_nobody_asked_for():
-    from fides_rag.tool_calls import closed_schema
+    from fides_rag.calls import closed_schema
 
     schema = {"type": "object", "properties": {"properties": {"type": "object", "properties": {"a": {"type": "integer"}}},
                                                "any": {"type": "object", "additionalProperties": True}},
@@ -140,7 +140,7 @@ def test_forced_call_decodes_to_a_valid_call(chat_tokenizer, tiny_llama):
 
 
 def test_stream_holds_back_what_may_be_a_call(chat_tokenizer):
-    from fides_rag.tool_calls import ToolCallStream
+    from fides_rag.calls.tools import ToolCallStream
 
     def run(choice: str, pieces: list[str]) -> tuple[list[str], str, list[ToolCall]]:
         stream = ToolCallStream(ToolCalling(chat_tokenizer, [SEARCH], choice))
@@ -175,3 +175,28 @@ def test_the_bundled_backbones_get_the_fallback_format(alias):
     for prompt in (plan.context_prompt, plan.no_context_prompt):
         assert prompt.count("<tools>") == 1 and '{"name": "search", "arguments": {"query": "Eiffel"}}' in prompt
     assert f"<tool_response>\n{doc}\n</tool_response>" in plan.context_prompt and doc not in plan.no_context_prompt
+
+
+@pytest.mark.parametrize("tools, choice, field", [
+    ([SEARCH], "no_such_tool", "tool_choice"),
+    ([SEARCH], {"type": "function", "function": {}}, "tool_choice"),
+    ([{"type": "function", "function": {"name": "bad", "parameters": {"type": "object", "properties": {"q": {"type": "strin"}}}}}],
+     "auto", "tools.function.parameters"),
+    ([], "required", "tool_choice"),
+])
+def test_bad_tools_and_choices_name_their_field(chat_tokenizer, tools, choice, field):
+    pytest.importorskip("llguidance")
+    from fides_rag.calls import CallInputError
+
+    with pytest.raises(CallInputError) as err:
+        ToolCalling.of_call(chat_tokenizer, tools, choice)
+    assert err.value.field == field
+
+
+def test_every_front_doors_tool_choice_forms_read_alike():
+    from fides_rag.calls import tool_choice_name
+
+    names = ["search"]
+    assert [tool_choice_name(c, names) for c in (None, False, True, "any", "auto", {"type": "function", "function": {"name": "search"}})] == [
+        "auto", "none", "search", "required", "auto", "search"]
+    assert tool_choice_name(None, names, required=True) == "required"

@@ -1,0 +1,43 @@
+"""The call layer: what one call to a FIDES model means, owned once for every front door (LangChain, LlamaIndex, the
+OpenAI-compatible server). The front doors only convert messages in and answers out.
+
+One job per file: `options` (one options type, the method check, `FidesFallbackError`, `CallInputError`),
+`planning` (one planner and one role map: where a conversation's context comes from, its two prompts), `tools`
+(tool_choice, the forced call's grammar, parsing, streamed calls), `structure` (JSON schema / pydantic / regex
+constraints, checked before decoding), `answering` (decode and stream through `FidesDecoder.submit`, stops and
+leftover cleaning, one `Answer`), `metadata` (the FIDES record, finish reasons, usage).
+
+Usage (a front door's whole job between its own types):
+
+    from fides_rag.calls import Call, CallOptions, ChatPrompts, ToolCalling, constraint_of
+
+    opts = CallOptions.parse({"method": "fides", "max_new_tokens": 128}, call_kwargs)    # unknown keys: TypeError
+    opts.constraint = constraint_of(json_schema=schema)          # response_format / with_structured_output
+    calling = ToolCalling.of_call(decoder.tokenizer, tools, tool_choice)     # None without tools
+    planner = ChatPrompts.for_decoder(decoder, no_context_path="emptied", tools=calling)
+    turns = [(role_of(m.role), text) for m in messages]           # earlier calls: render_calls(text, calls)
+    plan = planner.conversation(turns, opts.max_new_tokens, documents=documents)   # same messages, same context
+    call = Call(decoder, plan, opts, calling=calling, native_tools=planner.native_tools,
+                structure=schema, extra={"model_name": name})     # strict: FidesFallbackError here
+    answer = call.run()          # or await call.arun(); call.stream() / call.astream() yield str deltas, then the Answer
+    answer.text, answer.tool_calls, answer.parsed, answer.finish_reason, answer.record, answer.notes, answer.usage
+
+A server streaming by hand: `handle = call.submit(stream=True)`, `shown = call.shown()`, `shown.feed(delta)` per
+delta, then `answer, last = shown.finish(handle_stream.result)`. Bad input raises `CallInputError` (a ValueError)
+whose `field` names what to fix (a tool's schema, tool_choice, a schema the grammar library cannot compile).
+"""
+
+from fides_rag.calls.answering import Answer, AnswerStream, Call, CallStream
+from fides_rag.calls.metadata import FINISH_REASONS, record, usage
+from fides_rag.calls.options import CONSTRAINTS, CallInputError, CallOptions, FidesFallbackError, resolve_method
+from fides_rag.calls.planning import DOCUMENTS_INSTRUCTION, ROLES, ChatPlan, ChatPrompts, Turn, role_of, why_no_documents
+from fides_rag.calls.structure import IncompleteAnswerError, check_complete, closed_schema, constraint_of, parse_structure, schema_of
+from fides_rag.calls.tools import ToolCall, ToolCallStream, ToolCalling, ToolSpec, calls_from_openai, new_call_id, render_calls, tool_choice_name
+
+__all__ = [
+    "CONSTRAINTS", "DOCUMENTS_INSTRUCTION", "FINISH_REASONS", "ROLES", "Answer", "AnswerStream", "Call", "CallInputError",
+    "CallOptions", "CallStream", "ChatPlan", "ChatPrompts", "FidesFallbackError", "IncompleteAnswerError", "ToolCall",
+    "ToolCallStream", "ToolCalling", "ToolSpec", "Turn", "calls_from_openai", "check_complete", "closed_schema", "constraint_of",
+    "new_call_id", "parse_structure", "render_calls", "record", "resolve_method", "role_of", "schema_of", "tool_choice_name", "usage",
+    "why_no_documents",
+]

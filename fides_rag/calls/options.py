@@ -1,0 +1,112 @@
+"""One call's options, parsed once for every front door (LangChain, LlamaIndex, the server): the rule (the method
+checked by the registry, with its FidesConfig where the rule takes one), the budget, stops, sampling, at most one
+grammar constraint and strict mode; and the one fallback check with its one error."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fides_rag.config import FidesConfig
+from fides_rag.generation.settings import sampling_options
+from fides_rag.rules import ContrastRule, accepts_option, get_method
+
+logger = logging.getLogger("fides_rag.calls")
+
+CONSTRAINTS = ("json_schema", "regex", "grammar")
+"""Grammar-constrained decoding options (at most one per call)."""
+SAMPLING = ("do_sample", "temperature", "top_p", "top_k", "seed")
+OPTIONS = frozenset({"method", "fides_config", "max_new_tokens", "stop", "strict", *SAMPLING, *CONSTRAINTS})
+"""What a call may set (each front door adds its own: documents, tools, ...)."""
+
+
+class FidesFallbackError(ValueError):
+    """Raised with `strict=True` where a call would otherwise fall back (to `standard`, or to guessing the context)."""
+
+
+class CallInputError(ValueError):
+    """Bad input to a call; `field` names what to fix (the server answers it with a 400 naming that field)."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def resolve_method(method: str | ContrastRule, config: FidesConfig | None = None, *, explicit_config: bool = False) -> str | ContrastRule:
+    """`method` checked by the registry, as a rule with `config` where the rule takes a FidesConfig (else as given, so
+    the decoder's own configured rule decodes its name). `explicit_config`: the caller set `config` on this call, so a
+    rule that takes none refuses it."""
+    get_method(method)
+    if config is None or not isinstance(method, str):
+        return method
+    if not isinstance(config, FidesConfig):
+        raise CallInputError(f"fides_config must be a FidesConfig, got {type(config).__name__}", "fides_config")
+    if accepts_option(method, "config"):
+        return get_method(method, config=config)
+    if explicit_config:
+        raise CallInputError(f"fides_config applies to methods that take a FidesConfig (fides and its variants), not {method!r}", "fides_config")
+    return method
+
+
+def positive_budget(value: Any) -> int:
+    """`value` as a token budget (a positive integer), or a ValueError naming max_new_tokens."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise CallInputError(f"max_new_tokens must be a positive integer, got {value!r}", "max_new_tokens")
+    return value
+
+
+@dataclass
+class CallOptions:
+    """How one call decodes: `method` (a name or a configured rule), `requested` (its name), the budget, stops, sampling
+    keywords, at most one grammar constraint, and strict mode."""
+
+    method: str | ContrastRule
+    requested: str
+    max_new_tokens: int
+    stop: list[str] = field(default_factory=list)
+    sampling: dict[str, Any] = field(default_factory=dict)
+    constraint: dict[str, Any] = field(default_factory=dict)
+    strict: bool = False
+
+    @classmethod
+    def parse(cls, defaults: Mapping[str, Any], call: Mapping[str, Any], *, allowed: Sequence[str] = (), who: str = "this call") -> CallOptions:
+        """`defaults` (an object's fields: method, fides_config, max_new_tokens, stop, strict, sampling) overridden by
+        `call` (one call's keywords). Keywords outside `OPTIONS` and `allowed` raise a TypeError naming them."""
+        unknown = sorted(k for k in call if k not in OPTIONS and k not in allowed)
+        if unknown:
+            raise TypeError(f"{who} got unsupported call options {unknown}; supported: {sorted({*OPTIONS, *allowed})}")
+        merged = {**defaults, **{k: v for k, v in call.items() if k in OPTIONS}}
+        constraint = {k: call[k] for k in CONSTRAINTS if call.get(k) is not None}
+        if len(constraint) > 1:
+            raise CallInputError(f"give at most one of json_schema=, regex= and grammar=, got {', '.join(constraint)}", next(iter(constraint)))
+        asked = merged.get("method") or "fides"
+        method = asked
+        try:
+            method = resolve_method(method, merged.get("fides_config"), explicit_config=call.get("fides_config") is not None)
+        except CallInputError:
+            raise
+        except (ValueError, TypeError) as err:
+            raise CallInputError(str(err), "method") from None
+        requested = asked if isinstance(asked, str) else asked.name
+        strict = merged.get("strict", False)
+        if not isinstance(strict, bool):
+            raise CallInputError(f"strict must be True or False, got {strict!r}", "strict")
+        stop = merged.get("stop") or []
+        stops = [stop] if isinstance(stop, str) else [s for s in stop if isinstance(s, str) and s]
+        sampling = sampling_options(*(merged.get(k, d) for k, d in zip(SAMPLING, (False, None, 1.0, 0, None))))
+        return cls(method, requested, positive_budget(merged.get("max_new_tokens", 128)), list(dict.fromkeys(stops)), sampling, constraint, strict)
+
+    def check_fallback(self, plan: Any) -> None:
+        """Raise FidesFallbackError under strict mode, else log a warning, when `plan` cannot use the documents as asked
+        (a call that asked for 'standard' loses nothing)."""
+        if plan.fallback is None or self.requested == "standard":
+            return
+        if self.strict:
+            raise FidesFallbackError(
+                f"strict=True: {plan.fallback}, so method {self.requested!r} has nothing to contrast as asked. Pass the "
+                f"documents (documents=, a retriever, a context variable) with their texts as they appear in the prompt, or "
+                f"set strict=False to accept the fallback (it is then logged and recorded in the notes)"
+            )
+        logger.warning(plan.notes[0])

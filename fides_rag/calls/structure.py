@@ -1,0 +1,101 @@
+"""Structured output: what a call's answer is held to (a JSON schema, a pydantic class, a regex, a grammar), checked
+before anything decodes, and the answer read back as that structure, for every front door.
+
+Bad input is a `CallInputError` (a ValueError) naming the field: a schema the grammar library cannot compile, or one
+with a keyword it does not implement (refused, never ignored, strict or not).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from fides_rag.calls.options import CallInputError
+
+
+class IncompleteAnswerError(ValueError):
+    """A structured answer (or a forced call) stopped at max_new_tokens before it was complete."""
+
+
+def closed_schema(schema: Any) -> Any:
+    """`schema` with every object that lists its properties closed to others (`additionalProperties: false` where
+    the schema does not say), as OpenAI's strict mode does: a grammar then cannot add keys the caller did not ask for."""
+    if not isinstance(schema, dict):
+        return schema
+    closed = dict(schema)
+    for key in ("properties", "$defs", "definitions", "patternProperties"):
+        if isinstance(closed.get(key), dict):
+            closed[key] = {name: closed_schema(sub) for name, sub in closed[key].items()}
+    for key in ("items", "additionalProperties", "not", "contains"):
+        if isinstance(closed.get(key), dict):
+            closed[key] = closed_schema(closed[key])
+    for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
+        if isinstance(closed.get(key), list):
+            closed[key] = [closed_schema(sub) for sub in closed[key]]
+    if (closed.get("type") == "object" or "properties" in closed) and "additionalProperties" not in closed:
+        closed.setdefault("properties", {})
+        closed["additionalProperties"] = False
+    return closed
+
+
+def schema_of(spec: Any, field: str = "json_schema") -> dict[str, Any]:
+    """A JSON schema from a dict, JSON text or a pydantic model class."""
+    if isinstance(spec, type) and hasattr(spec, "model_json_schema"):
+        return spec.model_json_schema()
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except json.JSONDecodeError as err:
+            raise CallInputError(f"{field} is not valid JSON: {err}", field) from None
+    if not isinstance(spec, Mapping):
+        raise CallInputError(f"{field} must be a JSON schema (a dict) or a pydantic model class, got {type(spec).__name__}", field)
+    return dict(spec)
+
+
+def check_json_schema(schema: Mapping[str, Any], field: str, *, what: str | None = None) -> None:
+    """A CallInputError naming `field` when the grammar library cannot compile `schema` (an invalid schema, or a
+    keyword it does not implement). Nothing is checked where the `grammar` extra (llguidance) is not installed: the
+    decoder then refuses every constrained call with the install command."""
+    try:
+        import llguidance
+    except ImportError:
+        return
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema))
+        problem = llguidance.LLMatcher.validate_grammar(grammar)
+    except (ValueError, TypeError) as err:
+        problem = str(err)
+    if problem:
+        raise CallInputError(f"{what or field}: the schema cannot be compiled to a grammar: {problem.strip()}", field)
+
+
+def constraint_of(*, json_schema: Any = None, regex: str | None = None, grammar: Any = None, strict: bool = True,
+                  field: str = "json_schema") -> dict[str, Any]:
+    """The decoder's keyword for at most one of `json_schema` (closed as OpenAI's strict mode closes objects unless
+    `strict=False`), `regex` or `grammar`, checked before anything decodes; {} when none is given."""
+    given = {k: v for k, v in (("json_schema", json_schema), ("regex", regex), ("grammar", grammar)) if v is not None}
+    if len(given) > 1:
+        raise CallInputError(f"give at most one of json_schema=, regex= and grammar=, got {', '.join(given)}", next(iter(given)))
+    if "json_schema" in given:
+        schema = schema_of(json_schema, field)
+        schema = closed_schema(schema) if strict else schema
+        check_json_schema(schema, field)
+        return {"json_schema": schema}
+    return given
+
+
+def check_complete(text: str, finish_reason: str | None) -> str:
+    """`text`, if the model finished it: a structured answer cut at the token budget raises instead of parsing as a
+    partial object."""
+    if finish_reason == "length":
+        raise IncompleteAnswerError(f"the structured answer was cut at max_new_tokens before it was complete ({text!r}); raise max_new_tokens")
+    return text
+
+
+def parse_structure(text: str, finish_reason: str | None, schema: Any = None) -> Any:
+    """The answer as `schema`'s object (a pydantic class validates it), or as JSON; cut answers raise."""
+    check_complete(text, finish_reason)
+    if isinstance(schema, type) and hasattr(schema, "model_validate_json"):
+        return schema.model_validate_json(text)
+    return json.loads(text)

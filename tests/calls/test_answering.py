@@ -1,0 +1,58 @@
+"""A call from plan to Answer through the facade: the same tokens as the decoder's own call, streamed deltas that
+concatenate to the answer, role lines and tool markup as stops, and a forced call that gave none never an answer."""
+
+from __future__ import annotations
+
+import pytest
+
+from fides_rag import FidesDecoder
+from fides_rag.calls import Call, CallOptions, ChatPrompts, ToolCalling, ToolSpec
+
+DOC = "The Eiffel Tower is in Rome."
+TURNS = [("system", f"Context: {DOC}"), ("user", "Where is the Eiffel Tower?")]
+SEARCH = ToolSpec("search", "Search.", {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]})
+
+
+@pytest.fixture(scope="module")
+def decoder(tiny_llama, chat_tokenizer):
+    return FidesDecoder(tiny_llama, chat_tokenizer, max_new_tokens=8)
+
+
+def test_a_call_answers_as_the_decoder_does_and_records_its_plan(decoder):
+    planner = ChatPrompts.for_decoder(decoder)
+    plan = planner.conversation(TURNS, 8, documents=[DOC])
+    answer = Call(decoder, plan, CallOptions.parse({}, {"max_new_tokens": 8}), extra={"model_name": "tiny"}).run()
+    prompt, _ = plan.prompt()
+    alone = decoder.submit(prompt, method="fides", max_new_tokens=8, stop=plan.stop_strings([], decoder.prompt_template)).result()
+    assert answer.result.token_ids == alone.token_ids and answer.text == alone.text
+    assert answer.record["documents_source"] == "documents" and answer.record["requested_method"] == "fides"
+    assert answer.record["model_name"] == "tiny" and answer.finish_reason in ("stop", "length") and answer.usage["completion_tokens"] > 0
+
+
+def test_streamed_deltas_concatenate_to_the_answer(decoder):
+    plan = ChatPrompts.for_decoder(decoder).conversation([("user", "Where is it?")], 12, documents=[DOC])
+    assert plan.kind == "template"
+    items = list(Call(decoder, plan, CallOptions.parse({}, {"max_new_tokens": 12})).stream())
+    *deltas, answer = items
+    assert "".join(deltas) == answer.text == Call(decoder, plan, CallOptions.parse({}, {"max_new_tokens": 12})).run().text
+
+
+def test_role_lines_and_tool_markup_end_an_answer(decoder):
+    plan = ChatPrompts.for_decoder(decoder).conversation(TURNS, 8)
+    stops = Call(decoder, plan, CallOptions.parse({}, {"stop": ["END"]}), calling=ToolCalling(decoder.tokenizer, [SEARCH])).decode_kwargs()["stop"]
+    assert stops[0] == "END" and {"\nUser:", "\nQuestion:", "<tool_response>"} <= set(stops)
+
+
+def test_the_same_messages_mean_the_same_context_without_documents(decoder):
+    plan = ChatPrompts.for_decoder(decoder).conversation(TURNS, 8)
+    assert plan.source == "system_message" and DOC not in plan.no_context_prompt and plan.fallback is None
+
+
+def test_a_forced_call_that_gave_none_is_never_an_answer(decoder):
+    calling = ToolCalling(decoder.tokenizer, [SEARCH], "search")
+    planner = ChatPrompts.for_decoder(decoder, tools=calling)
+    plan = planner.conversation([("user", "Find the tower.")], 3)
+    answer = Call(decoder, plan, CallOptions.parse({}, {"max_new_tokens": 3}), calling=calling).run()
+    if not answer.tool_calls:  # three tokens cannot hold the call (until the grammar closes it early)
+        assert answer.text == "" and "forced a call, but none could be read" in answer.notes[-1]
+        assert answer.record["tool_choice"] == "search" and answer.finish_reason == "length"
