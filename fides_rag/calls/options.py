@@ -42,7 +42,7 @@ def resolve_method(method: str | ContrastRule, config: FidesConfig | None = None
     if config is None or not isinstance(method, str):
         return method
     if not isinstance(config, FidesConfig):
-        raise CallInputError(f"fides_config must be a FidesConfig, got {type(config).__name__}", "fides_config")
+        raise TypeError(f"fides_config must be a FidesConfig, got {type(config).__name__}")
     if accepts_option(method, "config"):
         return get_method(method, config=config)
     if explicit_config:
@@ -85,14 +85,14 @@ class CallOptions:
         method = asked
         try:
             method = resolve_method(method, merged.get("fides_config"), explicit_config=call.get("fides_config") is not None)
-        except CallInputError:
+        except (CallInputError, TypeError):
             raise
-        except (ValueError, TypeError) as err:
+        except ValueError as err:
             raise CallInputError(str(err), "method") from None
         requested = asked if isinstance(asked, str) else asked.name
         strict = merged.get("strict", False)
         if not isinstance(strict, bool):
-            raise CallInputError(f"strict must be True or False, got {strict!r}", "strict")
+            raise TypeError(f"strict must be True or False, got {strict!r}")
         stop = merged.get("stop") or []
         stops = [stop] if isinstance(stop, str) else [s for s in stop if isinstance(s, str) and s]
         sampling = sampling_options(*(merged.get(k, d) for k, d in zip(SAMPLING, (False, None, 1.0, 0, None))))

@@ -36,6 +36,8 @@ logger = logging.getLogger("fides_rag.calls")
 Turn = tuple[str, str]
 """(role, content), role one of user, assistant, system, tool."""
 DOCUMENTS_INSTRUCTION = "Use the following documents to answer the question."
+LAST_USER_TURN: Any = object()
+"""`ChatPrompts.conversation`'s default question: the last user turn's text."""
 ROLE_LINE_STOPS = ("\nUser:", "\nHuman:", "\nQuestion:")
 """An answer ends where the model starts writing the next turn's role line (each starts with a newline, so an
 answer is never cut to nothing)."""
@@ -155,7 +157,7 @@ class ChatPrompts:
         return cls(decoder.tokenizer, context_window=decoder.context_window, use_chat_template=use, no_context_path=no_context_path,
                    documents_instruction=documents_instruction, template=decoder.prompt_template, tools=tools)
 
-    def template(self, question: str, documents: Sequence[str], source: str = "documents") -> ChatPlan:
+    def fides_template(self, question: str, documents: Sequence[str], source: str = "documents") -> ChatPlan:
         """fides-rag's own template: the question and its documents (none: 'standard' on the question, a fallback)."""
         texts = [t for t in documents if t.strip()]
         plan = ChatPlan("template", source, question=question, documents=texts)
@@ -280,15 +282,16 @@ class ChatPrompts:
     def conversation(
         self, turns: Sequence[Turn], max_new_tokens: int, *, documents: Sequence[str] | None = None, source: str = "documents",
         template_question: str | None = None, found: Sequence[str] = (), retrieved: Sequence[str] | None = None,
-        system_as_context: bool = True, question: str | None = None, where: str = "the messages",
+        system_as_context: bool = True, question: Any = LAST_USER_TURN, where: str = "the messages",
     ) -> ChatPlan:
         """Where a conversation's context comes from, first that applies: `documents` given beside it; the tool turns'
         results; `found` (retrieved texts found verbatim in it; `retrieved`: all a retriever returned, None when none
         ran); the system turns (`system_as_context`); else none ('standard', noted). An agent's first turn (tools
-        bound, nothing retrieved) is 'standard' without a fallback: its evidence comes back as tool turns."""
+        bound, nothing retrieved) is 'standard' without a fallback: its evidence comes back as tool turns. `question`:
+        the no-context path's under no_context_path='question' (default: the last user turn; None: unknown)."""
         if not any(r == "user" for r, _ in turns):
             raise ValueError(f"a conversation needs a user message (the question); got the roles {[r for r, _ in turns]}")
-        if question is None:
+        if question is LAST_USER_TURN:
             question = next(c for r, c in reversed(turns) if r == "user")
         if documents is not None:
             return self.with_documents(turns, documents, source, max_new_tokens, question=question, template_question=template_question)
@@ -317,5 +320,4 @@ class ChatPrompts:
             return plan
         if self.tools is not None and not retrieved:
             return self.plain(turns, "tools are bound and no tool has answered yet", question, fallback=False)
-        why = why_no_documents(retrieved, where) if retrieved else "no documents were given, attached or retrieved in this run"
-        return self.plain(turns, why, question)
+        return self.plain(turns, why_no_documents(retrieved, where), question)

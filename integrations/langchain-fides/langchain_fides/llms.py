@@ -13,11 +13,11 @@ from langchain_core.language_models import BaseLLM, LanguageModelInput
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from langchain_core.runnables import Runnable, RunnableConfig
 
-from fides_rag import GenerationResult
+from fides_rag.calls import Answer, ChatPlan
 from fides_rag.generation.streaming import iterate_in_thread
 from fides_rag.prompts import document_texts
 
-from langchain_fides._base import FidesParams, Plan, cache_key_options
+from langchain_fides._base import FidesParams, cache_key_options
 from langchain_fides._discovery import recorder
 from langchain_fides.prompts import FidesPromptValue
 
@@ -122,54 +122,38 @@ class FidesLLM(FidesParams, BaseLLM):
 
     # -- framework hooks ------------------------------------------------------------------------------
 
-    def _plan(self, prompt: str, kwargs: dict[str, Any], parent_run_id: UUID | None, max_new: int) -> Plan:
-        messages = [("user", prompt)]
-        question = kwargs.get("fides_question")
-        documents = kwargs.get("documents")
-        if documents is not None:
-            texts = document_texts(documents)
-            if question is not None or not (texts and all(t in prompt for t in texts)):
-                return Plan("template", "documents", question=question if question is not None else prompt, documents=texts)
-            return self._prompt_plan(messages, texts, "documents", max_new, question=self._recorded_question(parent_run_id, prompt))
-        found = recorder.documents_for(parent_run_id, [prompt])
+    def _plan(self, prompt: str, kwargs: dict[str, Any], parent_run_id: UUID | None, max_new: int) -> ChatPlan:
+        planner, question = self._planner(), kwargs.get("fides_question")
+        texts = None if kwargs.get("documents") is None else document_texts(kwargs["documents"])
+        if texts is not None and (question is not None or not (texts and all(t in prompt for t in texts))):
+            return planner.fides_template(question if question is not None else prompt, texts)
         retrieved = recorder.retrieved_for(parent_run_id)
-        if found:
-            return self._retriever_plan(messages, found, retrieved, max_new, "the prompt", self._recorded_question(parent_run_id, prompt))
-        return self._plain_plan(messages, _why_no_documents(retrieved, "the prompt"), self._recorded_question(parent_run_id, prompt))
+        found = [] if texts is not None else [d.page_content for d in recorder.documents_for(parent_run_id, [prompt])]
+        return planner.conversation([("user", prompt)], max_new, documents=texts, found=found, system_as_context=False,
+                                    retrieved=None if retrieved is None else [d.page_content for d in retrieved],
+                                    question=recorder.question_for(parent_run_id, prompt), where="the prompt")
 
-    def _recorded_question(self, parent_run_id: UUID | None, prompt: str) -> str | None:
-        """The run's question: the no-context path's under no_context_path='question', and tokenised as plain text."""
-        return recorder.question_for(parent_run_id, prompt)
-
-    def _generate_one(self, prompt: str, stop: list[str] | None, parent_run_id: UUID | None, kwargs: dict[str, Any]) -> Generation:
+    def _prepared(self, prompt: str, stop: list[str] | None, parent_run_id: UUID | None, kwargs: dict[str, Any]) -> Any:
         opts = self._options(stop, kwargs)
-        plan = self._plan(prompt, kwargs, parent_run_id, opts.max_new_tokens)
-        result = self._decode(plan, opts)
-        return Generation(text=result.text, generation_info=self._metadata(plan, opts, result))
+        return self._call(self._plan(prompt, kwargs, parent_run_id, opts.max_new_tokens), opts)
+
+    def _results(self, prompts: list[str], stop: list[str] | None, parent: UUID | None, kwargs: dict[str, Any]) -> LLMResult:
+        answers = [self._run(self._prepared(p, stop, parent, kwargs)) for p in prompts]
+        return LLMResult(generations=[[Generation(text=a.text, generation_info=a.record)] for a in answers])
 
     def _generate(
         self, prompts: list[str], stop: list[str] | None = None, run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any
     ) -> LLMResult:
-        parent = run_manager.parent_run_id if run_manager else None
-        return LLMResult(generations=[[self._generate_one(p, stop, parent, kwargs)] for p in prompts])
+        return self._results(prompts, stop, run_manager.parent_run_id if run_manager else None, kwargs)
 
     async def _agenerate(
         self, prompts: list[str], stop: list[str] | None = None, run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any
     ) -> LLMResult:
-        parent = run_manager.parent_run_id if run_manager else None
-        generations = []
-        for p in prompts:
-            generations.append([await asyncio.to_thread(self._generate_one, p, stop, parent, kwargs)])
-        return LLMResult(generations=generations)
+        return await asyncio.to_thread(self._results, prompts, stop, run_manager.parent_run_id if run_manager else None, kwargs)
 
     def _stream_items(self, prompt: str, stop: list[str] | None, parent_run_id: UUID | None, kwargs: dict[str, Any]) -> Iterator[GenerationChunk]:
-        opts = self._options(stop, kwargs)
-        plan = self._plan(prompt, kwargs, parent_run_id, opts.max_new_tokens)
-        for item in self._decode_stream(plan, opts):
-            if isinstance(item, GenerationResult):
-                yield GenerationChunk(text="", generation_info=self._metadata(plan, opts, item))
-            else:
-                yield GenerationChunk(text=item)
+        for item in self._run_stream(self._prepared(prompt, stop, parent_run_id, kwargs)):
+            yield GenerationChunk(text="", generation_info=item.record) if isinstance(item, Answer) else GenerationChunk(text=item)
 
     def _stream(
         self, prompt: str, stop: list[str] | None = None, run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any
@@ -188,15 +172,3 @@ class FidesLLM(FidesParams, BaseLLM):
             if run_manager and chunk.text:
                 await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
-
-
-def _why_no_documents(retrieved: list[Any] | None, where: str) -> str:
-    """Why a call has no documents to contrast: what the run-tree recorder saw."""
-    if retrieved is None:
-        return "no documents were given (documents=) and no retriever ran in this chain run"
-    if not retrieved:
-        return "the retriever in this chain run returned no documents"
-    return (
-        f"{len(retrieved)} document(s) were retrieved in this chain run but none was found verbatim in {where} "
-        f"(a formatter rewrote them, e.g. numbering or cleaning their text)"
-    )

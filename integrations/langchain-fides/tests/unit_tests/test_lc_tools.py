@@ -120,3 +120,17 @@ def test_a_template_that_renders_tools_gets_them_natively():
     for prompt in (meta["context_prompt"], meta["no_context_prompt"]):
         assert prompt.count("<|tool-def|>search") == 1 and "<tools>" not in prompt and "<|tool|>\n" in prompt  # the tool role kept
     assert f"<|tool|>\n{DOC}<|end|>" in meta["context_prompt"] and "<|tool|>\n<|end|>" in meta["no_context_prompt"]
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
+def test_call_options_pass_through_every_structured_output_wrapper(chat, method):
+    structured = chat.with_structured_output(Answer, method=method, include_raw=True)
+    for runnable, kwargs in ((structured, {"documents": [DOC], "max_new_tokens": 5}),
+                             (structured.bind(documents=[DOC], max_new_tokens=5), {}),
+                             (structured.with_config(tags=["t"]), {"documents": [DOC], "max_new_tokens": 5})):
+        raw = runnable.invoke(Q, **kwargs)["raw"]
+        meta = raw.response_metadata
+        assert meta["documents_source"] == "documents" and meta["method"] == "fides", meta["notes"]
+        assert meta["completion_tokens"] <= 5
+    with pytest.raises(TypeError, match="unsupported call options"):
+        structured.invoke(Q, no_such_option=1)  # refused, never dropped
