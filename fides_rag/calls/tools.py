@@ -119,8 +119,9 @@ def tool_choice_name(tool_choice: Any, names: Sequence[str], *, required: bool =
         raise CallInputError(f"tool_required=True contradicts tool_choice={tool_choice!r}", "tool_choice")
     choice = "required" if tool_choice == "any" else tool_choice
     if choice not in CHOICES and choice not in names:
-        raise CallInputError(f"tool_choice must be one of {', '.join(CHOICES)} or a bound tool's name ({', '.join(names) or 'no tools'}), "
-                             f"got {tool_choice!r}", "tool_choice")
+        bound = ', '.join(names) or 'no tools'
+        raise CallInputError(f"tool_choice must be one of {', '.join(CHOICES)} or a tool's name ({bound}); {tool_choice!r} is not "
+                             f"a bound tool's name ({bound})", "tool_choice")
     if choice == "required" and not names:
         raise CallInputError(f"tool_choice={tool_choice!r} needs at least one tool", "tool_choice")
     return choice
