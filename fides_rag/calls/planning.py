@@ -85,7 +85,8 @@ class ChatPlan:
     trimmed: bool = False
     document_tokens: tuple[int, int] | None = None
     untrusted: list[str] = field(default_factory=list)
-    """Texts in the rendered prompts (the documents as kept, the question) that are tokenised as plain text."""
+    """Texts in the rendered prompts (the documents as kept, the question, every turn's content) that are tokenised as
+    plain text."""
 
     def fall_back(self, why: str, consequence: str) -> ChatPlan:
         """Record a fallback: `why` for a strict caller's error, `why: consequence` as the note and the warning."""
@@ -211,13 +212,9 @@ class ChatPrompts:
         def render(replaced: dict[str, str]) -> tuple[str, str]:
             ctx, noctx = [], []
             for i, (role, content) in enumerate(turns):
-                c, n = content, content
-                for t in texts:
-                    c = c.replace(t, replaced.get(t, t))
-                    n = n.replace(t, "")
-                ctx.append((role, c))
+                ctx.append((role, _replace_all(content, {t: replaced.get(t, t) for t in texts})))
                 if i not in drop_in_no_context:
-                    noctx.append((role, n))
+                    noctx.append((role, _replace_all(content, dict.fromkeys(texts, ""))))
             return self.render(ctx), self.render(noctx)
 
         fitted = fit_documents(
@@ -225,8 +222,10 @@ class ChatPrompts:
             context_window=self.context_window, max_new_tokens=max_new_tokens, count=lambda pair: len(self.tokenizer(pair[0])["input_ids"]),
         )
         ctx, noctx = fitted.rendered
+        kept = [(r, _replace_all(c, fitted.texts)) for r, c in turns]
+        emptied = [(r, _replace_all(c, dict.fromkeys(texts, ""))) for r, c in turns]
         plan = ChatPlan("prompts", source, documents=list(texts), context_prompt=ctx, no_context_prompt=noctx,
-                        untrusted=[*fitted.texts.values(), *([question] if question else [])])
+                        untrusted=_untrusted([*fitted.texts.values(), *([question] if question else [])], kept, emptied))
         for note in fitted.notes:
             logger.warning(note)
         plan.notes += fitted.notes
@@ -244,7 +243,7 @@ class ChatPrompts:
         which a strict caller refuses, unless `fallback=False`: nothing was asked that could not be done)."""
         prompt = self.render(turns)
         plan = ChatPlan("prompts", "none", context_prompt=prompt, no_context_prompt=prompt, method="standard",
-                        untrusted=[question] if question else [])
+                        untrusted=_untrusted([question] if question else [], turns))
         if not fallback:
             plan.notes.append(f"{why}: decoded with 'standard' on the prompt as given")
             return plan
@@ -321,3 +320,15 @@ class ChatPrompts:
         if self.tools is not None and not retrieved:
             return self.plain(turns, "tools are bound and no tool has answered yet", question, fallback=False)
         return self.plain(turns, why_no_documents(retrieved, where), question)
+
+
+def _replace_all(content: str, replaced: dict[str, str]) -> str:
+    for text, by in replaced.items():
+        content = content.replace(text, by)
+    return content
+
+
+def _untrusted(texts: Sequence[str], *conversations: Sequence[Turn]) -> list[str]:
+    """`texts` and every turn's content, whatever its role: all of it is tokenised as plain text, so markup typed
+    into any turn stays text and only the chat template's own tokens are control tokens."""
+    return list(dict.fromkeys([*texts, *(c for turns in conversations for _, c in turns if c.strip())]))

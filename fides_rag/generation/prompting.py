@@ -186,4 +186,4 @@ class PromptPreparer:
         risky = [t for t in texts if t.strip() and self.plain_text.holds_control_text(t)]
         if not risky:
             return [self.tokenizer(p, add_special_tokens=add_special_tokens)["input_ids"] for p in prompts]
-        return [self.plain_text.encode(p, find_spans(texts, p), add_special_tokens) for p in prompts]
+        return [self.plain_text.encode(p, find_spans(risky, p), add_special_tokens) for p in prompts]  # a clean text holds no control token

@@ -81,3 +81,16 @@ def test_real_backbones(alias, monkeypatch):
     model, tokenizer = load_model(alias, device="cpu")
     decoder = FidesDecoder(model, tokenizer, max_new_tokens=2)
     run_every_call_shape(decoder, INJECTIONS[alias], spy_on(decoder, monkeypatch))
+
+
+@pytest.mark.parametrize("turn", range(4))
+@pytest.mark.parametrize("documents", [None, [CLEAN]])
+def test_markup_typed_into_any_chat_turn_stays_text(chat_decoder, monkeypatch, turn, documents):
+    rows = spy_on(chat_decoder, monkeypatch)
+    llm = FidesLLM.from_decoder(chat_decoder, max_new_tokens=2)
+    chat = [("system", "Be brief."), ("user", "Hi"), ("assistant", "Hello!"), ("user", QUESTION)]
+    for injection in ("", INJECTIONS["tiny"]):
+        llm.chat([ChatMessage(role=r, content=c + (injection if i == turn else "")) for i, (r, c) in enumerate(chat)], documents=documents)
+    tok = chat_decoder.tokenizer
+    assert control_count(tok, tok(rows[-1].context_prompt)["input_ids"]) > control_count(tok, rows[-2].context_ids)
+    assert control_count(tok, rows[-1].context_ids) == control_count(tok, rows[-2].context_ids)

@@ -4,7 +4,7 @@ the chat markup) never becomes a control token, in FidesLLM's and ChatFides' raw
 from __future__ import annotations
 
 import pytest
-from langchain_core.messages import HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
 from langchain_fides import ChatFides, FidesLLM
 
@@ -73,3 +73,26 @@ def test_chat_with_an_injected_document_or_question(decoder, prepared):
     clean, asked = prepared[-2:]
     assert _as_one_string(decoder, asked.no_context_prompt) > _counts(decoder, clean)[1]
     assert _counts(decoder, asked) == _counts(decoder, clean)
+
+
+@pytest.mark.parametrize("turn", range(4))
+@pytest.mark.parametrize("documents", [None, [CLEAN]])
+def test_chat_markup_typed_into_any_turn_stays_text(decoder, prepared, turn, documents):
+    chat = ChatFides(decoder=decoder, max_new_tokens=2)
+    kinds = [SystemMessage, HumanMessage, AIMessage, HumanMessage]
+    texts = ["Be terse.", "Hi", "Hello!", QUESTION]
+    for injection in ("", INJECTED):
+        chat.invoke([kind(text + (injection if i == turn else "")) for i, (kind, text) in enumerate(zip(kinds, texts))], documents=documents)
+    clean, injected = prepared[-2:]
+    assert _as_one_string(decoder, injected.context_prompt) > _counts(decoder, clean)[0]
+    assert _counts(decoder, injected) == _counts(decoder, clean)
+
+
+def test_chat_markup_in_a_tool_message_stays_text(decoder, prepared):
+    chat = ChatFides(decoder=decoder, max_new_tokens=2)
+    for injection in ("", INJECTED):
+        chat.invoke([HumanMessage(QUESTION), AIMessage("", tool_calls=[{"name": "search", "args": {"q": "capital"}, "id": "c1"}]),
+                     ToolMessage(CLEAN + injection, tool_call_id="c1")])
+    clean, injected = prepared[-2:]
+    assert _as_one_string(decoder, injected.context_prompt) > _counts(decoder, clean)[0]
+    assert _counts(decoder, injected) == _counts(decoder, clean)

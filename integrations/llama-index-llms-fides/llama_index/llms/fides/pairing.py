@@ -71,6 +71,12 @@ class PromptPair:
         return pair
 
 
+def _contents(messages: Sequence[ChatMessage]) -> list[str | None]:
+    """Every message's text, whatever its role: tokenised as plain text, so markup typed into an earlier turn or an
+    assistant turn stays text."""
+    return [m.content for m in messages]
+
+
 class PromptPairing:
     """FidesLLM's pairing methods (a mixin: it reads the LLM's fields, decoder and LlamaIndex formatting hooks)."""
 
@@ -159,15 +165,15 @@ class PromptPairing:
                 ctx_text, used, trim = self._fit(render, {"context_str": context}, max_new_tokens)
                 info = {"prompt_type": "chat", "context_variables": ["context_str"], "context": used["context_str"], **trim}
                 return PromptPair(ctx_text, self._no_context_text(render({"context_str": ""}), question, info), info,
-                                  untrusted=[used["context_str"], question])
+                                  untrusted=[used["context_str"], question, *_contents(messages)])
         found = split_context_from_messages(messages, self.chat_context_templates)
         if found is not None:
             emptied, context = found
             info = {"prompt_type": "chat", "context_variables": ["system message"], "context": context}
             return PromptPair(self._messages_text(messages), self._no_context_text(self._messages_text(emptied), question, info), info,
-                              untrusted=[context, question])
+                              untrusted=[context, question, *_contents(messages)])
         why = "the documents given were empty" if documents is not None else "no documents= and no context system message in the chat"
-        return PromptPair(self._messages_text(messages), None, {"prompt_type": "chat"}, fallback=why, untrusted=[question])
+        return PromptPair(self._messages_text(messages), None, {"prompt_type": "chat"}, fallback=why, untrusted=[question, *_contents(messages)])
 
     def _pair_for_complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any], options: dict[str, Any]) -> PromptPair:
         if kwargs.get("tools") or kwargs.get("tool_choice") is not None:
