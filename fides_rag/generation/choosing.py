@@ -34,6 +34,14 @@ def _own(unit: Unit, errors: dict[int, BaseException], i: int, call) -> Any:
         return None
 
 
+def _drawable(scores: torch.Tensor) -> torch.Tensor:
+    """[n, V] scores to draw from: a row's +inf entries (infinitely likely) share all its mass, as argmax would pick
+    one of them; NaN (reported by the caller, never drawn) counts as 0."""
+    infinite = torch.isposinf(scores)
+    certain = torch.zeros((), device=scores.device).where(infinite, float("-inf"))
+    return certain.where(infinite.any(dim=-1, keepdim=True), scores.masked_fill(scores.isnan(), 0.0))
+
+
 def choose(scores: torch.Tensor, lane: Lane, errors: dict[int, BaseException]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The chosen token of every unit of `lane` [n] (long), whether its processed scores hold a NaN [n] (bool; the
     caller raises once it is on the host), and the processed scores [n, V]. A unit whose own processors raise gets
@@ -53,7 +61,7 @@ def choose(scores: torch.Tensor, lane: Lane, errors: dict[int, BaseException]) -
     has_nan = torch.isnan(scores).any(dim=-1)
     if not lane.do_sample:
         return scores.argmax(dim=-1), has_nan, scores
-    probs = torch.softmax(scores.nan_to_num(nan=0.0, posinf=0.0, neginf=float("-inf")), dim=-1)  # [n, V]; NaN is reported, not drawn
+    probs = torch.softmax(_drawable(scores), dim=-1)  # [n, V]
     chosen = []
     for i, unit in enumerate(units):
         if unit.generator is None and unit.seed is not None:

@@ -19,6 +19,11 @@ from transformers import (
 )
 
 MAX_SEED = 2**63 - 1
+GREEDY_BELOW_TEMPERATURE = 1e-5
+"""A sampling temperature below this decodes greedily (vLLM's convention): the limit of sampling as the
+temperature goes to 0, which dividing the scores by it cannot reach without overflowing them."""
+MAX_TEMPERATURE = 1e30
+"""Above this, the temperature is not representable next to float32 scores (dividing by it gives NaN)."""
 
 
 def _is_int(value: Any) -> bool:
@@ -78,8 +83,8 @@ class GenerationSettings:
             raise ValueError(f"min_new_tokens must be an integer in [0, max_new_tokens], got {self.min_new_tokens!r}")
         if not isinstance(self.do_sample, bool):
             raise ValueError(f"do_sample must be True or False, got {self.do_sample!r}")
-        if not _is_number(self.temperature) or not math.isfinite(self.temperature) or not self.temperature > 0:
-            raise ValueError(f"temperature must be a finite number > 0 (use do_sample=False for greedy), got {self.temperature!r}")
+        if not _is_number(self.temperature) or not math.isfinite(self.temperature) or not 0 < self.temperature <= MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be a number in (0, {MAX_TEMPERATURE:g}] (use do_sample=False for greedy), got {self.temperature!r}")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
         if not _is_int(self.top_k) or self.top_k < 0:
@@ -90,6 +95,9 @@ class GenerationSettings:
             raise ValueError(f"stop strings must be non-empty strings, got {self.stop!r}")
         for name in ("temperature", "top_p"):  # an int (temperature=2) is valid; transformers' warpers take floats only
             object.__setattr__(self, name, float(getattr(self, name)))
+        if self.do_sample and self.temperature < GREEDY_BELOW_TEMPERATURE:  # greedy, in the greedy lane
+            for name, value in (("do_sample", False), ("temperature", 1.0), ("top_p", 1.0), ("top_k", 0), ("seed", None)):
+                object.__setattr__(self, name, value)
         constraints = [name for name in ("json_schema", "regex", "grammar") if getattr(self, name) is not None]
         if len(constraints) > 1:
             raise ValueError(f"give at most one of json_schema=, regex= and grammar=, got {', '.join(constraints)}")

@@ -28,15 +28,16 @@ class SyncCounter(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-@pytest.mark.parametrize("method", ["fides", "cad", "standard"])
-def test_greedy_decode_makes_one_host_transfer_per_step(tiny_llama, tokenizer, method):
+@pytest.mark.parametrize("method, sampling", [("fides", {}), ("cad", {}), ("standard", {}),
+                                              ("fides", {"do_sample": True, "temperature": 0.7, "top_p": 0.9, "seed": 0})])
+def test_a_decode_makes_one_host_transfer_per_step(tiny_llama, tokenizer, method, sampling):
     decoder = FidesDecoder(tiny_llama, tokenizer, prompt_template=PromptTemplate(stop=()))
     decoder.eos_token_ids = set()  # every generation runs its full length
     for new_tokens in (6, 12):
         counter = SyncCounter()
         decoder.engine.step_context = lambda: counter  # torch modes are per thread: count on the engine's thread
         try:
-            result = decoder.generate("What is the capital?", ["Lyon is the capital of France."], method=method, max_new_tokens=new_tokens)
+            result = decoder.generate("What is the capital?", ["Lyon is the capital of France."], method=method, max_new_tokens=new_tokens, **sampling)
         finally:
             decoder.engine.step_context = None
         assert len(result.token_ids) == new_tokens
