@@ -10,26 +10,33 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
 
 from fides_rag.calls import resolve_method
 from fides_rag.decoder import FidesDecoder
+from fides_rag.serve.access import AccessControl, AccessPolicy
 from fides_rag.serve.errors import APIError
 from fides_rag.serve.handling import RequestHandling
+from fides_rag.serve.limits import RequestLimits
 from fides_rag.serve.planning import chat_plan, completion_plan
 from fides_rag.serve.protocol import ChatCompletionRequest, CompletionRequest
 from fides_rag.serve.responses import chat_completion, text_completion
 
 
 def build_app(decoder: FidesDecoder, *, model_name: str, method: str = "fides", max_queue: int | None = None,
-              shutdown_timeout_s: float = 30.0) -> FastAPI:
+              shutdown_timeout_s: float = 30.0, limits: RequestLimits | None = None, access: AccessPolicy | None = None) -> FastAPI:
     """The OpenAI-compatible app on `decoder`'s engine: `method` is the default rule, `max_queue` bounds the
     requests waiting for the engine (beyond it: 429), and at shutdown the requests in flight get
-    `shutdown_timeout_s` seconds to finish before they are cancelled."""
+    `shutdown_timeout_s` seconds to finish before they are cancelled. `limits`: what one request may hold (default
+    `RequestLimits()`); `access`: API key, allowed hosts and CORS origins (default: none checked, as for an app
+    mounted behind its own gateway; `fides-rag serve` sets them from its flags)."""
     resolve_method(method)  # an unknown default method fails here, not at the first request
     if max_queue is not None:
         decoder.configure(max_queue=max_queue)
-    handling = RequestHandling(decoder, model_name, method)
+    access = access or AccessPolicy(allowed_hosts=None)
+    handling = RequestHandling(decoder, model_name, method, limits or RequestLimits())
     engine, metrics = decoder, handling.metrics
 
     @asynccontextmanager
@@ -42,9 +49,20 @@ def build_app(decoder: FidesDecoder, *, model_name: str, method: str = "fides", 
 
     app = FastAPI(title="fides-rag", lifespan=lifespan)
 
+    app.add_middleware(AccessControl, policy=access)
+    if access.cors_origins:  # outermost: answers preflights, and puts its headers on refusals too
+        app.add_middleware(CORSMiddleware, allow_origins=list(access.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
+
     @app.exception_handler(APIError)
     async def _api_error(_: Request, err: APIError) -> JSONResponse:
         return err.response()
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(raw: Request, err: HTTPException) -> JSONResponse:  # 404, 405 in OpenAI's shape
+        what = {404: f"no route {raw.method} {raw.url.path}", 405: f"{raw.url.path} does not take {raw.method}"}.get(err.status_code, str(err.detail))
+        code = {404: "not_found", 405: "method_not_allowed"}.get(err.status_code)
+        return APIError(err.status_code, what, code=code, headers=dict(err.headers or {})).response()
 
     @app.post("/v1/chat/completions")
     async def chat_completions(raw: Request) -> Response:

@@ -6,8 +6,12 @@ import argparse
 import signal
 from typing import Any
 
+import logging
+import os
+
 from fides_rag.cli_model_options import add_model_arguments, load_options
 from fides_rag.rules import available_methods
+from fides_rag.serve import API_KEY_ENV, DEFAULT_MAX_REQUEST_BYTES
 
 DEFAULT_PORT = 8000
 
@@ -37,6 +41,16 @@ def add_serve_parser(commands: Any, default_model: str) -> None:
     serve.add_argument("--max-queue", type=_positive, help="requests waiting for the engine beyond which a request gets 429 (default: no bound)")
     serve.add_argument("--max-batch-size", type=_positive, help="requests decoding at once (default: no bound)")
     serve.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds the requests in flight get to finish on SIGTERM (default 30)")
+    serve.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' on every route but /health (default: ${API_KEY_ENV}; unset: no key)")
+    serve.add_argument("--allowed-hosts", nargs="+", metavar="HOST",
+                       help="Host headers answered ('*': any; default: 127.0.0.1, localhost and ::1 when bound to loopback, else any)")
+    serve.add_argument("--cors-origins", nargs="+", metavar="ORIGIN", default=[],
+                       help="origins whose pages may call the server from a browser (default: none, CORS off)")
+    serve.add_argument("--max-request-bytes", type=_positive, default=DEFAULT_MAX_REQUEST_BYTES,
+                       help=f"largest request body; larger gets 413 (default {DEFAULT_MAX_REQUEST_BYTES})")
+    serve.add_argument("--max-document-tokens", type=_positive, help="most tokens a request's documents may hold together; more gets 400 (default: the context window)")
+    serve.add_argument("--trim-documents", action="store_true",
+                       help="trim documents that do not fit the context window, recorded as documents_trimmed (default: refuse with 400)")
     add_model_arguments(serve)
 
 
@@ -45,14 +59,23 @@ def run_serve_command(args: argparse.Namespace) -> int:
 
     from fides_rag.config import FidesConfig
     from fides_rag.decoder import FidesDecoder
+    from fides_rag.serve.access import AccessPolicy, is_loopback
     from fides_rag.serve.app import build_app
+    from fides_rag.serve.limits import RequestLimits
 
     config = FidesConfig.from_file(args.config) if args.config else FidesConfig()
     decoder = FidesDecoder.from_pretrained(args.model, config=config, max_new_tokens=args.max_new_tokens, **load_options(args))
     if args.max_batch_size is not None:
         decoder.configure(max_requests=args.max_batch_size)
+    access = AccessPolicy.for_bind(args.host, api_key=args.api_key or os.environ.get(API_KEY_ENV), allowed_hosts=args.allowed_hosts,
+                                   cors_origins=args.cors_origins)
+    if access.api_key is None and not is_loopback(args.host):
+        logging.getLogger("fides_rag.serve").warning("serving %s without an API key: anyone who reaches it can use it (--api-key or $%s)",
+                                                     args.host, API_KEY_ENV)
+    limits = RequestLimits(max_request_bytes=args.max_request_bytes, max_document_tokens=args.max_document_tokens,
+                           trim_documents=args.trim_documents)
     app = build_app(decoder, model_name=args.served_model_name or args.model, method=args.method, max_queue=args.max_queue,
-                    shutdown_timeout_s=args.shutdown_timeout)
+                    shutdown_timeout_s=args.shutdown_timeout, limits=limits, access=access)
     # uvicorn re-raises the SIGTERM it handled once it has shut down; after a graceful shutdown the exit code is 0.
     signal.signal(signal.SIGTERM, lambda *_: None)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=args.shutdown_timeout)

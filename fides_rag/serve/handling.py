@@ -4,12 +4,12 @@ stream (server-sent events), cancelling when the client goes away and counting e
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
@@ -19,6 +19,7 @@ from fides_rag.decoder import FidesDecoder
 from fides_rag.generation.engine import QueueFullError
 from fides_rag.generation.tickets import RequestHandle
 from fides_rag.serve.errors import APIError, bad_request, validation_error
+from fides_rag.serve.limits import RequestLimits
 from fides_rag.serve.metrics import ServerMetrics
 from fides_rag.serve.planning import build_call
 from fides_rag.serve.protocol import ChatCompletionRequest, Sampling, supported_fields
@@ -27,6 +28,10 @@ from fides_rag.serve.responses import ChunkWriter, new_id
 logger = logging.getLogger("fides_rag.serve")
 DISCONNECT_POLL_S = 0.2
 Planner = Callable[[FidesDecoder, Any, int], ChatPlan]
+
+
+def _queue_full(message: str) -> APIError:
+    return APIError(429, message, type="rate_limit_error", code="queue_full", headers={"Retry-After": "1"})
 
 
 class Admitted:
@@ -39,8 +44,8 @@ class Admitted:
 class RequestHandling:
     """The request path of one server: the decoder, the default method, the metrics and the draining flag."""
 
-    def __init__(self, decoder: FidesDecoder, model_name: str, method: str) -> None:
-        self.decoder, self.model_name, self.method = decoder, model_name, method
+    def __init__(self, decoder: FidesDecoder, model_name: str, method: str, limits: RequestLimits) -> None:
+        self.decoder, self.model_name, self.method, self.limits = decoder, model_name, method, limits
         self.metrics = ServerMetrics(decoder)
         self.draining = False
 
@@ -54,8 +59,11 @@ class RequestHandling:
 
     async def serve(self, raw: Request, endpoint: str, model: type[Sampling], plan_of: Planner,
                     respond: Callable[..., dict[str, Any]]) -> Response:
-        body = await self._body(raw, model)
-        admitted = self._admit(body, plan_of)
+        raw_body = await self.limits.read_body(raw)
+        self._refuse_when_full()
+        # Parsing, planning and tokenising take long for a long prompt and the engine's admission waits for the
+        # model lock: off the event loop, so health checks, metrics and 429s answer meanwhile.
+        body, admitted = await anyio.to_thread.run_sync(self._admit, raw_body, model, plan_of)
         if body.stream:
             writer = ChunkWriter(model is ChatCompletionRequest, self.model_name)
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -74,31 +82,39 @@ class RequestHandling:
         prefix = "chatcmpl" if model is ChatCompletionRequest else "cmpl"
         return JSONResponse(respond(new_id(prefix), self.model_name, answer))
 
-    @staticmethod
-    async def _body(raw: Request, model: type[Sampling]) -> Any:
+    def _validated(self, body: bytes, model: type[Sampling]) -> Any:
         try:
-            payload = json.loads(await raw.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise APIError(400, f"the request body is not valid JSON: {err}", code="invalid_json") from None
-        if not isinstance(payload, dict):
-            raise bad_request("the request body must be a JSON object")
-        try:
-            return model.model_validate(payload)
+            return model.model_validate(self.limits.parse(body), strict=True)
         except ValidationError as err:
             raise validation_error(list(err.errors()), supported_fields(model)) from None
 
-    def _admit(self, body: Any, plan_of: Planner) -> Admitted:
+    def _refuse_when_full(self) -> None:
+        engine = self.decoder.engine
         if self.draining:
             raise APIError(503, "the server is shutting down; retry on another replica", type="server_error", code="shutting_down")
+        if engine.max_queue is not None and engine.queue_length >= engine.max_queue:
+            raise _queue_full(f"{engine.queue_length} requests are waiting, the engine's max_queue is {engine.max_queue}; retry later")
+
+    def _admit(self, raw_body: bytes, model: type[Sampling], plan_of: Planner) -> tuple[Any, Admitted]:
+        """Validate, plan, build and submit one request (on a worker thread)."""
         started = time.perf_counter()
-        call = build_call(self.decoder, body, self.method, plan_of)
+        body = self._validated(raw_body, model)
+        self._refuse_when_full()
+        self.limits.check_documents(self.decoder.tokenizer, body.documents or [], self.decoder.context_window,
+                                    body.budget() or self.decoder.max_new_tokens)
         try:
+            call = build_call(self.decoder, body, self.method, plan_of)
             handle = call.submit(stream=body.stream)
         except QueueFullError as err:
-            raise APIError(429, str(err), type="rate_limit_error", code="queue_full", headers={"Retry-After": "1"}) from None
+            raise _queue_full(str(err)) from None
         except (ValueError, TypeError) as err:
             raise bad_request(" ".join(str(err).split()), getattr(err, "field", None)) from None
-        return Admitted(call, handle, started)
+        try:
+            self.limits.check_trimmed(call.plan.trimmed or handle.request.example.documents_trimmed)
+        except APIError:
+            handle.cancel()
+            raise
+        return body, Admitted(call, handle, started)
 
     @staticmethod
     async def _answer(raw: Request, admitted: Admitted) -> Any:

@@ -6,10 +6,12 @@ over the replicas. `serve run fides_rag.serve.ray_deployment:app_builder model=s
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from fides_rag.decoder import FidesDecoder
 from fides_rag.extras import require
+from fides_rag.serve import API_KEY_ENV, DEFAULT_MAX_REQUEST_BYTES
 
 serve = require("ray.serve", "scale", purpose="the Ray Serve deployment")
 AutoscalingConfig = serve.config.AutoscalingConfig
@@ -20,26 +22,39 @@ class FidesReplica:
     """One replica: a decoder loaded in the replica's process and the OpenAI-compatible app around it."""
 
     def __init__(self, model: str, method: str = "fides", load_options: dict[str, Any] | None = None,
-                 decoder_factory: Any = None) -> None:
-        self.model_name, self.method = model, method
+                 decoder_factory: Any = None, serving: dict[str, Any] | None = None) -> None:
+        self.model_name, self.method, self.serving = model, method, dict(serving or {})
         factory = decoder_factory or (lambda: FidesDecoder.from_pretrained(model, **(load_options or {})))
         self.decoder = factory()
 
     def __serve_build_asgi_app__(self):
-        from fides_rag.serve.app import build_app
+        return replica_app(self.decoder, self.model_name, self.method, self.serving)
 
-        return build_app(self.decoder, model_name=self.model_name, method=self.method)
+
+def replica_app(decoder: FidesDecoder, model_name: str, method: str, serving: dict[str, Any]):
+    """A replica's FastAPI app with `serving`'s access and limits (see `deployment`)."""
+    from fides_rag.serve.access import AccessPolicy
+    from fides_rag.serve.app import build_app
+    from fides_rag.serve.limits import RequestLimits
+
+    access = AccessPolicy.for_bind("0.0.0.0", api_key=serving.get("api_key"), allowed_hosts=serving.get("allowed_hosts"),
+                                   cors_origins=serving.get("cors_origins", ()))
+    limits = RequestLimits(max_request_bytes=serving.get("max_request_bytes", DEFAULT_MAX_REQUEST_BYTES),
+                           max_document_tokens=serving.get("max_document_tokens"), trim_documents=serving.get("trim_documents", False))
+    return build_app(decoder, model_name=model_name, method=method, limits=limits, access=access)
 
 
 def deployment(model: str, *, method: str = "fides", load_options: dict[str, Any] | None = None,
                num_replicas: int | None = None, min_replicas: int = 1, max_replicas: int = 2,
                target_ongoing_requests: float = 8.0, num_cpus: float = 1.0, num_gpus: float = 0.0,
-               upscale_delay_s: float | None = None, decoder_factory: Any = None):
+               upscale_delay_s: float | None = None, decoder_factory: Any = None, serving: dict[str, Any] | None = None):
     """A bound deployment: `num_replicas` fixed replicas, or autoscaling between `min_replicas` and `max_replicas`.
 
     `num_cpus`/`num_gpus` are reserved per replica (give a `device_map` replica every GPU it spreads over).
     `upscale_delay_s` overrides Ray's wait before adding a replica under load.
     `decoder_factory` (a picklable zero-argument callable returning a decoder) replaces loading `model` by name.
+    `serving`: the app's access and limits, as `fides-rag serve`'s flags: api_key, allowed_hosts (default any: the
+    replicas sit behind Ray's proxy), cors_origins, max_request_bytes, max_document_tokens, trim_documents.
     """
     if num_replicas is not None and num_replicas < 1:
         raise ValueError(f"num_replicas must be at least 1, got {num_replicas}")
@@ -52,14 +67,16 @@ def deployment(model: str, *, method: str = "fides", load_options: dict[str, Any
                                                  target_ongoing_requests=target_ongoing_requests, **delay)})
     options = {"name": "fides", "ray_actor_options": {"num_cpus": num_cpus, "num_gpus": num_gpus},
                "max_ongoing_requests": max(64, int(target_ongoing_requests * 4)), **scaling}
-    return serve.deployment(FidesReplica, **options).bind(model, method, load_options, decoder_factory)
+    return serve.deployment(FidesReplica, **options).bind(model, method, load_options, decoder_factory, serving)
 
 
 def app_builder(args: dict[str, str]):
     """Entry point for `serve run fides_rag.serve.ray_deployment:app_builder model=NAME [method=..] [device_map=auto]
-    [num_replicas=N | min_replicas=1 max_replicas=2] [num_cpus=1] [num_gpus=0]`."""
+    [num_replicas=N | min_replicas=1 max_replicas=2] [num_cpus=1] [num_gpus=0] [api_key=KEY] [allowed_hosts=a,b]
+    [cors_origins=https://a,https://b] [max_request_bytes=N] [max_document_tokens=N] [trim_documents=true]`; the API key
+    defaults to $FIDES_RAG_API_KEY."""
     known = {"model", "method", "device_map", "dtype", "device", "num_replicas", "min_replicas", "max_replicas",
-             "num_cpus", "num_gpus", "target_ongoing_requests"}
+             "num_cpus", "num_gpus", "target_ongoing_requests", *SERVING_ARGUMENTS}
     unknown = set(args) - known
     if unknown:
         raise ValueError(f"unknown serve run arguments {sorted(unknown)}; known: {sorted(known)}")
@@ -71,4 +88,24 @@ def app_builder(args: dict[str, str]):
         num_replicas=int(args["num_replicas"]) if "num_replicas" in args else None,
         min_replicas=int(args.get("min_replicas", 1)), max_replicas=int(args.get("max_replicas", 2)),
         num_cpus=float(args.get("num_cpus", 1)), num_gpus=float(args.get("num_gpus", 0)),
-        target_ongoing_requests=float(args.get("target_ongoing_requests", 8)))
+        target_ongoing_requests=float(args.get("target_ongoing_requests", 8)), serving=serving_options(args))
+
+
+SERVING_ARGUMENTS = ("api_key", "allowed_hosts", "cors_origins", "max_request_bytes", "max_document_tokens", "trim_documents")
+
+
+def serving_options(args: dict[str, str]) -> dict[str, Any]:
+    """The app's access and limits from `serve run` arguments (lists comma-separated; the key from the environment
+    when not given)."""
+    options: dict[str, Any] = {"api_key": args.get("api_key") or os.environ.get(API_KEY_ENV)}
+    for name in ("allowed_hosts", "cors_origins"):
+        if name in args:
+            options[name] = [item.strip() for item in args[name].split(",") if item.strip()]
+    for name in ("max_request_bytes", "max_document_tokens"):
+        if name in args:
+            options[name] = int(args[name])
+    if "trim_documents" in args:
+        if args["trim_documents"].lower() not in ("true", "false"):
+            raise ValueError(f"trim_documents must be true or false, got {args['trim_documents']!r}")
+        options["trim_documents"] = args["trim_documents"].lower() == "true"
+    return options

@@ -26,11 +26,11 @@ def free_port() -> int:
 class Server:
     """A running server process: its base URL, its log, and a SIGTERM stop that returns the exit code."""
 
-    def __init__(self, model: str, *args: str, startup_s: float = 120.0) -> None:
+    def __init__(self, model: str, *args: str, startup_s: float = 120.0, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"fides-serve-{self.port}.log"
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), **(env or {})}
         with self.log.open("w") as log:
             self.process = subprocess.Popen([sys.executable, "-m", "fides_rag.cli", "serve", "--model", model, "--port", str(self.port),
                                              "--device", "cpu", *args], stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -80,8 +80,8 @@ class _Starter:
     def __init__(self) -> None:
         self.started: list[Server] = []
 
-    def __call__(self, model: str, *args: str) -> Server:
-        self.started.append(Server(model, *args))
+    def __call__(self, model: str, *args: str, env: dict[str, str] | None = None) -> Server:
+        self.started.append(Server(model, *args, env=env))
         return self.started[-1]
 
     def stop_all(self) -> list[int]:

@@ -92,3 +92,30 @@ def test_serve_run_arguments_are_checked() -> None:
         app_builder({"model": MODEL, "replicas": "2"})
     with pytest.raises(ValueError, match="model=NAME"):
         app_builder({"num_replicas": "2"})
+
+
+def test_serve_run_arguments_set_the_apps_access_and_limits(monkeypatch) -> None:
+    from fides_rag.serve.ray_deployment import serving_options
+
+    monkeypatch.setenv("FIDES_RAG_API_KEY", "from-env")
+    options = serving_options({"allowed_hosts": "api.example, 10.0.0.5", "cors_origins": "https://ok.example", "max_request_bytes": "1000",
+                               "max_document_tokens": "500", "trim_documents": "true"})
+    assert options == {"api_key": "from-env", "allowed_hosts": ["api.example", "10.0.0.5"], "cors_origins": ["https://ok.example"],
+                       "max_request_bytes": 1000, "max_document_tokens": 500, "trim_documents": True}
+    assert serving_options({"api_key": "given"})["api_key"] == "given"
+    with pytest.raises(ValueError, match="trim_documents must be true or false"):
+        serving_options({"trim_documents": "yes please"})
+
+
+def test_a_replicas_app_checks_the_key_and_the_limits(tiny_model_dir) -> None:
+    from fastapi.testclient import TestClient
+
+    from fides_rag import FidesDecoder
+    from fides_rag.serve.ray_deployment import replica_app
+
+    app = replica_app(FidesDecoder.from_pretrained(tiny_model_dir, device="cpu"), "tiny", "fides", {"api_key": "sesame", "max_request_bytes": 100})
+    client = TestClient(app)
+    assert client.get("/v1/models").status_code == 401
+    assert client.get("/v1/models", headers={"Authorization": "Bearer sesame"}).status_code == 200
+    big = client.post("/v1/chat/completions", content=b"{" + b" " * 200 + b"}", headers={"Authorization": "Bearer sesame", "Content-Type": "application/json"})
+    assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"

@@ -115,7 +115,7 @@ def test_bad_requests_get_a_400_in_openai_shape(server, body, param):
 
 
 def test_malformed_json_and_the_openai_client_error(server):
-    response = httpx.post(f"{server.url}/v1/chat/completions", content=b"{not json", timeout=30)
+    response = httpx.post(f"{server.url}/v1/chat/completions", content=b"{not json", headers={"Content-Type": "application/json"}, timeout=30)
     assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
     with pytest.raises(openai.BadRequestError, match="unknown method"):
         _ask(_client(server), extra={"method": "nope"})
