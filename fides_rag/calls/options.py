@@ -76,7 +76,8 @@ class CallOptions:
         `call` (one call's keywords). Keywords outside `OPTIONS` and `allowed` raise a TypeError naming them."""
         unknown = sorted(k for k in call if k not in OPTIONS and k not in allowed)
         if unknown:
-            raise TypeError(f"{who} got unsupported call options {unknown}; supported: {sorted({*OPTIONS, *allowed})}")
+            raise TypeError(f"{who} got unsupported call options {unknown} (unsupported keyword arguments are refused, never "
+                            f"dropped); supported: {sorted({*OPTIONS, *allowed})}")
         merged = {**defaults, **{k: v for k, v in call.items() if k in OPTIONS}}
         constraint = {k: call[k] for k in CONSTRAINTS if call.get(k) is not None}
         if len(constraint) > 1:

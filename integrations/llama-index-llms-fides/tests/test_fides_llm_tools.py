@@ -153,6 +153,8 @@ def test_structured_predict_is_held_to_the_schema(llm):
     assert llm.history[-1]["info"]["method"] == "fides" and llm.history[-1]["info"]["prompt_type"] == "fides_rag"
     function = llm.model_copy(update={"pydantic_program_mode": PydanticProgramMode.FUNCTION})  # a forced call of the class
     assert isinstance(function.structured_predict(Answer, prompt, context_str=DOC, query_str=Q), Answer)
+    info = function.history[-1]["info"]  # context_str is the context here too, as in predict
+    assert info["method"] == "fides" and info["documents_source"] == "documents" and DOC not in info["no_context_prompt"]
     with pytest.raises(ValueError, match="cut at max_new_tokens"):
         llm.structured_predict(Answer, prompt, llm_kwargs={"max_new_tokens": 2}, context_str=DOC, query_str=Q)
     with pytest.raises(ValueError, match="drop regex="):

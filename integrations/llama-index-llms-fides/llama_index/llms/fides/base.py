@@ -34,10 +34,10 @@ from llama_index.core.llms.llm import astream_completion_response_to_tokens, str
 from llama_index.core.prompts.base import BasePromptTemplate
 from llama_index.core.types import TokenAsyncGen, TokenGen
 
-from fides_rag import FidesConfig, FidesDecoder, GenerationResult, available_methods, load_model
+from fides_rag import FidesConfig, FidesDecoder, GenerationResult, load_model
+from fides_rag.calls import ToolCalling, resolve_method
 from fides_rag.generation.streaming import iterate_in_thread
 from fides_rag.raw_prompts import check_no_context_path
-from fides_rag.tool_calls import ToolCalling
 
 from llama_index.llms.fides.context import CONTEXT_VARIABLES, split_prompt_args
 from llama_index.llms.fides.options import CALL_OPTIONS, CONSTRAINTS, GENERATION_OPTIONS, FidesFallbackError, fold_fides_constants
@@ -175,8 +175,7 @@ class FidesLLM(PairDecoding, PromptPairing, FunctionCalling, StructuredPredictio
     @field_validator("method")
     @classmethod
     def _known_method(cls, value: str) -> str:
-        if value not in available_methods():
-            raise ValueError(f"unknown method {value!r}; choose one of {available_methods()}")
+        resolve_method(value)
         return value
 
     @field_validator("no_context_path")
@@ -275,34 +274,34 @@ class FidesLLM(PairDecoding, PromptPairing, FunctionCalling, StructuredPredictio
         if "no_context_prompt" in kwargs:
             raise TypeError("chat does not take no_context_prompt=; use complete(..., no_context_prompt=...)")
         options = self._options(kwargs)
-        tools = self._tool_inputs(messages, kwargs, options)
+        tools = self._tool_inputs(messages, kwargs, options.max_new_tokens)
         if tools is not None:
             return tools[0], options, tools[1]
-        return self._chat_pair(messages, kwargs.get("documents"), options["max_new_tokens"]), options, None
+        return self._chat_pair(messages, kwargs.get("documents"), options.max_new_tokens), options, None
 
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         """Chat; the context is documents=[...], the tool messages, or a system message rendered from a
         chat_context_templates entry. tools=[...] and tool_choice= as chat_with_tools passes them."""
         pair, options, calling = self._chat_inputs(messages, kwargs)
-        return self._chat_response(self._generate(pair, options), calling, options)
+        return self._generate(pair, options, calling, chat=True)
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
         pair, options, calling = self._chat_inputs(messages, kwargs)
-        return self._chat_stream(self._stream(pair, options), calling, options)
+        return self._stream(pair, options, calling, chat=True)
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         pair, options, calling = self._chat_inputs(messages, kwargs)
-        return self._chat_response(await asyncio.to_thread(self._generate, pair, options), calling, options)
+        return await asyncio.to_thread(self._generate, pair, options, calling, True)
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
         pair, options, calling = self._chat_inputs(messages, kwargs)
 
         async def gen() -> ChatResponseAsyncGen:
-            async for response in iterate_in_thread(lambda: self._chat_stream(self._stream(pair, options), calling, options)):
+            async for response in iterate_in_thread(lambda: self._stream(pair, options, calling, chat=True)):
                 yield response
 
         return gen()
@@ -354,7 +353,7 @@ class FidesLLM(PairDecoding, PromptPairing, FunctionCalling, StructuredPredictio
         if "documents" in call or "no_context_prompt" in call:
             raise TypeError("predict takes its context from the template variables (context_str/context_msg), not documents=")
         options = self._options(call)
-        return self._template_pair(prompt, template_args, options["max_new_tokens"]), call
+        return self._template_pair(prompt, template_args, options.max_new_tokens), call
 
 
 def _call_kwargs(call: dict[str, Any]) -> dict[str, Any]:

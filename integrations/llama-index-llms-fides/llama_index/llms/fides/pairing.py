@@ -51,12 +51,33 @@ class PromptPair:
         self.fallback = fallback
         self.untrusted = [t for t in untrusted if t]
         self.method = method
+        self._plan: ChatPlan | None = None
         if fallback is not None:
             info.setdefault("notes", []).insert(0, f"{fallback}: decoded with 'standard'")
 
     @property
     def uses_template(self) -> bool:
         return self.documents is not None
+
+    def plan(self) -> ChatPlan:
+        """The core's plan of this pair (what the call layer decodes)."""
+        if self._plan is not None:
+            return self._plan
+        if self.uses_template:
+            plan = ChatPlan("template", "documents", question=self.question or "", documents=list(self.documents or []))
+        else:
+            source = "none" if self.fallback is not None else self.info.get("documents_source", "context")
+            no_ctx = self.no_context_prompt if self.no_context_prompt is not None else self.context_prompt
+            plan = ChatPlan("prompts", source, context_prompt=self.context_prompt, no_context_prompt=no_ctx, untrusted=self.untrusted)
+        plan.method = self.method or ("standard" if self.fallback is not None else None)
+        plan.fallback, plan.notes = self.fallback, list(self.info.get("notes", []))
+        plan.trimmed, plan.document_tokens = bool(self.info.get("documents_trimmed")), self.info.get("document_tokens")
+        return plan
+
+    def extras(self) -> dict[str, Any]:
+        """What the pair adds to the FIDES record: the prompt's type, its context variables and context."""
+        return {k: self.info[k] for k in ("prompt_type", "context_variables", "context") if k in self.info} | {
+            "context_variables": self.info.get("context_variables", []), "prompt_type": self.info.get("prompt_type")}
 
     @classmethod
     def from_plan(cls, plan: ChatPlan, info: dict[str, Any]) -> PromptPair:
@@ -68,6 +89,7 @@ class PromptPair:
         else:
             pair = cls(plan.context_prompt or "", plan.no_context_prompt, info, untrusted=plan.untrusted, method=plan.method)
         pair.fallback = plan.fallback  # its note is the plan's first
+        pair._plan = plan
         return pair
 
 

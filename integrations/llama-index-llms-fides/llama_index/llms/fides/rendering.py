@@ -5,27 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from llama_index.core.base.llms.types import ChatMessage, MessageRole
+from llama_index.core.base.llms.types import ChatMessage
 
+from fides_rag.calls import role_of
 from fides_rag.raw_prompts import render_chat
-
-_ROLE_NAMES = {
-    MessageRole.SYSTEM: "system",
-    MessageRole.DEVELOPER: "system",
-    MessageRole.USER: "user",
-    MessageRole.ASSISTANT: "assistant",
-    MessageRole.CHATBOT: "assistant",
-    MessageRole.MODEL: "assistant",
-    MessageRole.TOOL: "user",
-    MessageRole.FUNCTION: "user",
-}
-
-
-def as_template_turns(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
-    return [{"role": _ROLE_NAMES.get(m.role, "user"), "content": m.content or ""} for m in messages]
 
 
 def render_messages(tokenizer: Any, messages: Sequence[ChatMessage]) -> str:
-    """The chat-templated prompt, ending with the assistant's generation prompt (fides_rag.raw_prompts.render_chat:
-    no doubled BOS, system turns merged where the template refuses them)."""
-    return render_chat(tokenizer, as_template_turns(messages))
+    """The chat-templated prompt, ending with the assistant's generation prompt (the core's role map; tool results
+    render as user turns, which every chat template accepts, as the core's planner renders them without tools)."""
+    turns = [(role_of(m.role), m.content or "") for m in messages]
+    return render_chat(tokenizer, [{"role": "user" if r == "tool" else r, "content": c} for r, c in turns])

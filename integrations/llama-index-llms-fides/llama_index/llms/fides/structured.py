@@ -23,7 +23,7 @@ from llama_index.core.prompts.base import BasePromptTemplate
 from llama_index.core.types import PydanticProgramMode
 
 from fides_rag.generation.streaming import iterate_in_thread
-from fides_rag.tool_calls import closed_schema
+from fides_rag.calls import closed_schema
 
 from llama_index.llms.fides.context import find_context, split_prompt_args
 from llama_index.llms.fides.options import CALL_OPTIONS, CONSTRAINTS
@@ -48,6 +48,15 @@ def parse_output(output_cls: type[BaseModel], text: str, info: dict[str, Any]) -
 class StructuredPrediction:
     """Grammar-constrained structured_predict and friends (reads the LLM's fields and pairing methods)."""
 
+    def _program_kwargs(self, prompt: BasePromptTemplate, llm_kwargs: dict[str, Any] | None, prompt_args: dict[str, Any]) -> dict[str, Any]:
+        """LlamaIndex's own programs (pydantic_program_mode other than DEFAULT) format the prompt into messages, so its
+        context variables reach the chat as text only: they go along as documents=, the same context as predict's."""
+        context = find_context(prompt, split_prompt_args(prompt, prompt_args, CALL_OPTIONS)[0], self.context_variables, self, self.context_separator)
+        texts = [t for t in context.values() if t.strip()]
+        if not texts or "documents" in (llm_kwargs or {}):
+            return dict(llm_kwargs or {})
+        return {**(llm_kwargs or {}), "documents": texts}
+
     def _structured_calls(
         self, output_cls: type[BaseModel], prompt: BasePromptTemplate, llm_kwargs: dict[str, Any] | None, prompt_args: dict[str, Any]
     ) -> tuple[Callable[[], CompletionResponse | ChatResponse], Callable[[], Iterator[CompletionResponse | ChatResponse]]]:
@@ -61,7 +70,7 @@ class StructuredPrediction:
         if find_context(prompt, template_args, self.context_variables, self, self.context_separator):
             if "documents" in call:
                 raise TypeError("the prompt's context variables hold the context; drop documents=")
-            pair = self._template_pair(prompt, template_args, self._options(dict(call))["max_new_tokens"])
+            pair = self._template_pair(prompt, template_args, self._options(dict(call)).max_new_tokens)
             return (lambda: self.complete(pair.context_prompt, formatted=True, _pair=pair, **call),
                     lambda: self.stream_complete(pair.context_prompt, formatted=True, _pair=pair, **call))
         messages = prompt.format_messages(llm=self, **template_args)
@@ -78,7 +87,7 @@ class StructuredPrediction:
     ) -> BaseModel:
         """An `output_cls` object, decoded under its JSON schema (llm_kwargs: per-call options, documents=)."""
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
-            return super().structured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
+            return super().structured_predict(output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args)
         dispatcher.event(LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt, template_args=prompt_args))
         one, _ = self._structured_calls(output_cls, prompt, llm_kwargs, prompt_args)
         result = parse_output(output_cls, *self._text_and_info(one()))
@@ -90,7 +99,7 @@ class StructuredPrediction:
         self, output_cls: type[BaseModel], prompt: BasePromptTemplate, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any
     ) -> BaseModel:
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
-            return await super().astructured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
+            return await super().astructured_predict(output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args)
         return await asyncio.to_thread(self.structured_predict, output_cls, prompt, llm_kwargs, **prompt_args)
 
     def _structured_stream_call(
@@ -98,7 +107,7 @@ class StructuredPrediction:
     ) -> Generator[Any, None, None]:
         """Partial objects as the answer grows (LlamaIndex's flexible models), the validated object last."""
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
-            return super()._structured_stream_call(output_cls, prompt, llm_kwargs, **prompt_args)
+            return super()._structured_stream_call(output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args)
         _, stream = self._structured_calls(output_cls, prompt, llm_kwargs, prompt_args)
 
         def gen() -> Generator[Any, None, None]:
@@ -116,5 +125,5 @@ class StructuredPrediction:
         self, output_cls: type[BaseModel], prompt: BasePromptTemplate, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any
     ) -> AsyncGenerator[Any, None]:
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
-            return await super()._structured_astream_call(output_cls, prompt, llm_kwargs, **prompt_args)
+            return await super()._structured_astream_call(output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args)
         return iterate_in_thread(lambda: self._structured_stream_call(output_cls, prompt, llm_kwargs, **prompt_args))
