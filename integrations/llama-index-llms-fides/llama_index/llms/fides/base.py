@@ -44,14 +44,14 @@ from llama_index.llms.fides.options import CALL_OPTIONS, CONSTRAINTS, GENERATION
 from llama_index.llms.fides.decoding import PairDecoding
 from llama_index.llms.fides.function_calling import FunctionCalling
 from llama_index.llms.fides.structured import StructuredPrediction
-from llama_index.llms.fides.pairing import PromptPair, PromptPairing
+from llama_index.llms.fides.pairing import CallPrompts, CallPairing
 
 dispatcher = get_dispatcher(__name__)
 logger = logging.getLogger("llama_index.llms.fides")
 __all__ = ["CALL_OPTIONS", "GENERATION_OPTIONS", "FidesFallbackError", "FidesLLM"]
 
 
-class FidesLLM(PairDecoding, PromptPairing, FunctionCalling, StructuredPrediction, FunctionCallingLLM):
+class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction, FunctionCallingLLM):
     """A LlamaIndex LLM that answers from the retrieved context with FIDES dual-path contrastive decoding.
 
     In query and chat engines the retrieved text (``context_str`` / ``context_msg``) forms the context
@@ -269,7 +269,7 @@ class FidesLLM(PairDecoding, PromptPairing, FunctionCalling, StructuredPredictio
 
     # -- LlamaIndex hooks: chat ---------------------------------------------------------------------
 
-    def _chat_inputs(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> tuple[PromptPair, dict[str, Any], ToolCalling | None]:
+    def _chat_inputs(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> tuple[CallPrompts, dict[str, Any], ToolCalling | None]:
         """The call's pair, options and tools (a ToolCalling, or None without tools)."""
         if "no_context_prompt" in kwargs:
             raise TypeError("chat does not take no_context_prompt=; use complete(..., no_context_prompt=...)")
@@ -344,7 +344,7 @@ class FidesLLM(PairDecoding, PromptPairing, FunctionCalling, StructuredPredictio
         responses = await self.astream_complete(pair.context_prompt, formatted=True, _pair=pair, **_call_kwargs(options))
         return await astream_completion_response_to_tokens(responses)
 
-    def _predict_pair(self, prompt: BasePromptTemplate, prompt_args: dict[str, Any]) -> tuple[PromptPair, dict[str, Any]]:
+    def _predict_pair(self, prompt: BasePromptTemplate, prompt_args: dict[str, Any]) -> tuple[CallPrompts, dict[str, Any]]:
         template_args, call = split_prompt_args(prompt, prompt_args, CALL_OPTIONS)
         dispatcher.event(LLMPredictStartEvent(template=prompt, template_args=template_args))
         self._log_template_data(prompt, **template_args)

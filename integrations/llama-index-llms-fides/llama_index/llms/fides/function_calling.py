@@ -19,7 +19,7 @@ from fides_rag.calls import ChatPrompts, ToolCalling, ToolSpec, tool_choice_name
 from fides_rag.prompts import document_texts
 
 from llama_index.llms.fides.context import check_has_user_message
-from llama_index.llms.fides.pairing import PromptPair
+from llama_index.llms.fides.pairing import CallPrompts
 from llama_index.llms.fides.tools import message_turn, tool_selections
 
 TOOL_ROLES = (MessageRole.TOOL, MessageRole.FUNCTION)
@@ -68,7 +68,7 @@ class FunctionCalling:
         return ChatPrompts(dec.tokenizer, context_window=dec.context_window, use_chat_template=self.chat_template_active,
                            no_context_path=self.no_context_path, template=dec.prompt_template)
 
-    def _tool_inputs(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any], max_new_tokens: int) -> tuple[PromptPair, ToolCalling | None] | None:
+    def _tool_inputs(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any], max_new_tokens: int) -> tuple[CallPrompts, ToolCalling | None] | None:
         """The pair of a conversation with tools or tool messages (None: neither, the ordinary chat pairing applies)."""
         calling = ToolCalling.of_call(self._decoder.tokenizer, kwargs.get("tools"), kwargs.get("tool_choice"))
         if calling is None and not any(m.role in TOOL_ROLES for m in messages):
@@ -79,4 +79,4 @@ class FunctionCalling:
         documents = kwargs.get("documents")
         plan = chat.conversation(turns, max_new_tokens, documents=None if documents is None else document_texts(documents), system_as_context=False)
         info = {"prompt_type": "chat", "context_variables": ["tool messages"] if plan.source == "tool_messages" else []}
-        return PromptPair.from_plan(plan, info), calling
+        return CallPrompts.from_plan(plan, info), calling

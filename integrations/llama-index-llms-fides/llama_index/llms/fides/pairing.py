@@ -28,7 +28,7 @@ from llama_index.llms.fides.rendering import render_messages
 logger = logging.getLogger("llama_index.llms.fides")
 
 
-class PromptPair:
+class CallPrompts:
     """The two prompts of one call and how they were found.
 
     With `question` and `documents` set, fides-rag's own 2-shot template builds both prompts (the
@@ -80,7 +80,7 @@ class PromptPair:
             "context_variables": self.info.get("context_variables", []), "prompt_type": self.info.get("prompt_type")}
 
     @classmethod
-    def from_plan(cls, plan: ChatPlan, info: dict[str, Any]) -> PromptPair:
+    def from_plan(cls, plan: ChatPlan, info: dict[str, Any]) -> CallPrompts:
         """The pair of a core `ChatPlan` (rendered prompts or fides-rag's template); its notes lead `info`'s."""
         info = {**info, "notes": [*plan.notes, *info.get("notes", [])], "documents_source": plan.source,
                 "num_documents": len(plan.documents), "documents_trimmed": plan.trimmed, "document_tokens": plan.document_tokens}
@@ -99,7 +99,7 @@ def _contents(messages: Sequence[ChatMessage]) -> list[str | None]:
     return [m.content for m in messages]
 
 
-class PromptPairing:
+class CallPairing:
     """FidesLLM's pairing methods (a mixin: it reads the LLM's fields, decoder and LlamaIndex formatting hooks)."""
 
     def _messages_text(self, messages: Sequence[ChatMessage]) -> str:
@@ -142,7 +142,7 @@ class PromptPairing:
             return fitted.rendered, fitted.texts, {}
         return fitted.rendered, fitted.texts, {"notes": fitted.notes, "documents_trimmed": True, "document_tokens": fitted.document_tokens}
 
-    def _template_pair(self, prompt: BasePromptTemplate, template_args: dict[str, Any], max_new_tokens: int) -> PromptPair:
+    def _template_pair(self, prompt: BasePromptTemplate, template_args: dict[str, Any], max_new_tokens: int) -> CallPrompts:
         context = find_context(prompt, template_args, self.context_variables, self, self.context_separator)
         info: dict[str, Any] = {"prompt_type": prompt_type(prompt, self), "context_variables": sorted(context)}
         if is_fides_rag_template(prompt):
@@ -151,12 +151,12 @@ class PromptPairing:
             texts = [t for t in context.values() if t.strip()]
             info["prompt_type"] = "fides_rag"
             fallback = None if texts else "the retrieved context (context_str) was empty"
-            return PromptPair("", None, info, question=question, documents=texts, fallback=fallback)
+            return CallPrompts("", None, info, question=question, documents=texts, fallback=fallback)
         if not any(v.strip() for v in context.values()):
             what = "was empty" if context else "is not in the prompt"
             why = f"the context variable ({', '.join(self.context_variables)}) {what}"
             question = template_args.get("query_str", (getattr(prompt, "kwargs", None) or {}).get("query_str"))
-            return PromptPair(self._render_template(prompt, {**template_args, **context}), None, info, fallback=why,
+            return CallPrompts(self._render_template(prompt, {**template_args, **context}), None, info, fallback=why,
                               untrusted=[None if question is None else str(question)])
         ctx_text, used, trim = self._fit(lambda c: self._render_template(prompt, {**template_args, **c}), context, max_new_tokens)
         question = template_args.get("query_str", (getattr(prompt, "kwargs", None) or {}).get("query_str"))
@@ -164,15 +164,15 @@ class PromptPairing:
         info.update(trim)
         no_ctx_text = self._no_context_text(self._render_template(prompt, {**template_args, **{k: "" for k in context}}), question, info)
         info["context"] = self.context_separator.join(used.values())
-        return PromptPair(ctx_text, no_ctx_text, info, untrusted=[*used.values(), question])
+        return CallPrompts(ctx_text, no_ctx_text, info, untrusted=[*used.values(), question])
 
-    def _documents_pair(self, query: str, documents: Any) -> PromptPair:
+    def _documents_pair(self, query: str, documents: Any) -> CallPrompts:
         """complete(query, documents=...): fides-rag's own 2-shot template (as langchain-fides' documents=)."""
         texts = document_texts(documents)
         fallback = None if texts else "the documents given were empty"
-        return PromptPair("", None, {"prompt_type": "fides_rag", "context_variables": []}, question=query, documents=texts, fallback=fallback)
+        return CallPrompts("", None, {"prompt_type": "fides_rag", "context_variables": []}, question=query, documents=texts, fallback=fallback)
 
-    def _chat_pair(self, messages: Sequence[ChatMessage], documents: Any, max_new_tokens: int) -> PromptPair:
+    def _chat_pair(self, messages: Sequence[ChatMessage], documents: Any, max_new_tokens: int) -> CallPrompts:
         check_has_user_message(messages)
         if documents is not None and len(messages) == 1 and not self.system_prompt:
             # One question: fides-rag's template, as complete(documents=) and langchain-fides' ChatFides.
@@ -186,26 +186,26 @@ class PromptPairing:
                 render = lambda c: self._messages_text(with_context_message(messages, template, c["context_str"]))  # noqa: E731
                 ctx_text, used, trim = self._fit(render, {"context_str": context}, max_new_tokens)
                 info = {"prompt_type": "chat", "context_variables": ["context_str"], "context": used["context_str"], **trim}
-                return PromptPair(ctx_text, self._no_context_text(render({"context_str": ""}), question, info), info,
+                return CallPrompts(ctx_text, self._no_context_text(render({"context_str": ""}), question, info), info,
                                   untrusted=[used["context_str"], question, *_contents(messages)])
         found = split_context_from_messages(messages, self.chat_context_templates)
         if found is not None:
             emptied, context = found
             info = {"prompt_type": "chat", "context_variables": ["system message"], "context": context}
-            return PromptPair(self._messages_text(messages), self._no_context_text(self._messages_text(emptied), question, info), info,
+            return CallPrompts(self._messages_text(messages), self._no_context_text(self._messages_text(emptied), question, info), info,
                               untrusted=[context, question, *_contents(messages)])
         why = "the documents given were empty" if documents is not None else "no documents= and no context system message in the chat"
-        return PromptPair(self._messages_text(messages), None, {"prompt_type": "chat"}, fallback=why, untrusted=[question, *_contents(messages)])
+        return CallPrompts(self._messages_text(messages), None, {"prompt_type": "chat"}, fallback=why, untrusted=[question, *_contents(messages)])
 
-    def _pair_for_complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any], options: dict[str, Any]) -> PromptPair:
+    def _pair_for_complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any], options: dict[str, Any]) -> CallPrompts:
         if kwargs.get("tools") or kwargs.get("tool_choice") is not None:
             raise TypeError("complete does not take tools= or tool_choice=; use chat_with_tools(tools, ...) or chat(messages, tools=[...])")
         documents, no_ctx = kwargs.get("documents"), kwargs.get("no_context_prompt")
         if no_ctx is not None:
             if documents is not None:
                 raise TypeError("pass documents= or no_context_prompt=, not both")
-            return PromptPair(prompt if formatted else self._completion_text(prompt, False), no_ctx, {"prompt_type": "explicit"})
+            return CallPrompts(prompt if formatted else self._completion_text(prompt, False), no_ctx, {"prompt_type": "explicit"})
         if documents is not None:
             return self._documents_pair(prompt, documents)
-        return PromptPair(self._completion_text(prompt, formatted), None, {"prompt_type": "completion"}, fallback="no documents= were given",
+        return CallPrompts(self._completion_text(prompt, formatted), None, {"prompt_type": "completion"}, fallback="no documents= were given",
                           untrusted=[] if formatted else [prompt])
