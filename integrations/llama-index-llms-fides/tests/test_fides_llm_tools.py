@@ -133,6 +133,7 @@ def test_bad_tool_arguments_and_cut_calls_are_reported(llm):
     cut = llm.chat_with_tools([TOOL], Q, tool_required=True, max_new_tokens=3)
     assert llm.get_tool_calls_from_response(cut, error_on_no_tool_call=False) == []
     assert "forced a call, but none could be read" in cut.additional_kwargs["notes"][-1]
+    assert cut.message.content == ""  # a cut forced call is never the answer (an agent would take it as final)
     with pytest.raises(ValueError, match="Expected at least one tool call"):
         llm.get_tool_calls_from_response(cut)
 

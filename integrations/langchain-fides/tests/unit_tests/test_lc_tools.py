@@ -64,6 +64,7 @@ def test_bad_tool_choice_and_cut_calls_are_reported(chat, caplog):
         chat.bind_tools([search], tool_choice="any").invoke(Q, json_schema={"type": "object"})
     cut = chat.bind_tools([search], tool_choice="any").invoke(Q, max_new_tokens=3)
     assert cut.tool_calls == [] and "forced a call, but none could be read" in cut.response_metadata["notes"][-1]
+    assert cut.content == ""  # a cut forced call is never the answer (an agent would take it as final)
 
 
 def test_tool_messages_are_the_evidence_and_calls_render_in_history(chat):
