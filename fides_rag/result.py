@@ -18,6 +18,10 @@ class StepRecord:
     token_id: int
     token: str
     values: dict[str, float] = field(default_factory=dict)
+    logprob: float | None = None
+    """The token's log-probability under the distribution it was chosen from (when the call asked for logprobs)."""
+    top_logprobs: list[tuple[int, float]] | None = None
+    """The most likely tokens of that distribution as (id, log-probability), most likely first (when asked)."""
 
     def __getattr__(self, name: str) -> float | None:
         # FIDES's signal names read as attributes (step.alpha, step.noise, ...); None where not recorded.
@@ -26,14 +30,22 @@ class StepRecord:
         raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        """token_id, token and every recorded value as flat keys."""
-        return {"token_id": self.token_id, "token": self.token, **self.values}
+        """token_id, token and every recorded value as flat keys (and logprob, top_logprobs where recorded)."""
+        data: dict[str, Any] = {"token_id": self.token_id, "token": self.token, **self.values}
+        if self.logprob is not None:
+            data["logprob"] = self.logprob
+        if self.top_logprobs is not None:
+            data["top_logprobs"] = [list(pair) for pair in self.top_logprobs]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepRecord:
         """Inverse of `to_dict` (None values are dropped)."""
-        values = {k: float(v) for k, v in data.items() if k not in ("token_id", "token") and v is not None}
-        return cls(int(data["token_id"]), str(data["token"]), values)
+        values = {k: float(v) for k, v in data.items() if k not in ("token_id", "token", "logprob", "top_logprobs") and v is not None}
+        top = data.get("top_logprobs")
+        logprob = data.get("logprob")
+        return cls(int(data["token_id"]), str(data["token"]), values, None if logprob is None else float(logprob),
+                   None if top is None else [(int(i), float(lp)) for i, lp in top])
 
 
 @dataclass

@@ -46,6 +46,8 @@ class Unit:
     """This unit's stopping criteria (transformers' StoppingCriteriaList), or None."""
     grammar: Any = None
     """This unit's `GrammarState` (its answer held to a JSON schema, regex or grammar), or None."""
+    logprobs: int | None = None
+    """Alternatives per token of the log-probabilities this unit records (None: it records none)."""
     generated: list[int] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
     stop_scanned: int = 0

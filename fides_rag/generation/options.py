@@ -33,6 +33,7 @@ class GenerationOptions(TypedDict, total=False):
     json_schema: Any
     regex: str | None
     grammar: Any
+    logprobs: int | None
 
 
 class MethodOptions(GenerationOptions, total=False):

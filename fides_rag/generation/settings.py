@@ -18,6 +18,8 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from fides_rag.generation.logprobs import MAX_TOP_LOGPROBS
+
 MAX_SEED = 2**63 - 1
 GREEDY_BELOW_TEMPERATURE = 1e-5
 """A sampling temperature below this decodes greedily (vLLM's convention): the limit of sampling as the
@@ -75,6 +77,9 @@ class GenerationSettings:
     """Constrain the answer to a match of this regular expression."""
     grammar: Any = None
     """Constrain the answer to this Lark or GBNF grammar (text), or a compiled `GrammarConstraint`."""
+    logprobs: int | None = None
+    """Record each token's log-probability under the distribution it was chosen from, with this many most likely
+    alternatives (0 to 20; None: record none)."""
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_new_tokens) or self.max_new_tokens <= 0:
@@ -101,6 +106,8 @@ class GenerationSettings:
         constraints = [name for name in ("json_schema", "regex", "grammar") if getattr(self, name) is not None]
         if len(constraints) > 1:
             raise ValueError(f"give at most one of json_schema=, regex= and grammar=, got {', '.join(constraints)}")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            raise ValueError(f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}] (alternatives per token), got {self.logprobs!r}")
         if self.regex is not None and not isinstance(self.regex, str):
             raise ValueError(f"regex must be a string, got {type(self.regex).__name__}")
         if not self.do_sample and (self.temperature != 1.0 or self.top_p != 1.0 or self.top_k != 0 or self.seed is not None):

@@ -15,6 +15,7 @@ from fides_rag.generation.choosing import NonFiniteLogitsError, choose, criteria
 from fides_rag.generation.gather import StepPlan
 from fides_rag.generation.hooks import stack_states
 from fides_rag.generation.lanes import Lane
+from fides_rag.generation.logprobs import column_count, lane_top_k, logprob_columns, read_logprobs
 from fides_rag.generation.layout import Unit
 from fides_rag.generation.running import RunningBatch
 from fides_rag.generation.stopping import finish_reason
@@ -32,6 +33,8 @@ class LaneStep:
     names: list[str] = field(default_factory=list)
     """The names of the values its rule recorded, in the order they are packed."""
     criteria: bool = False
+    top_k: int | None = None
+    """Alternatives per token packed for the units that asked for log-probabilities (None: none asked)."""
     error: BaseException | None = None
     """Raised by the lane's rule: its units fail, the others go on."""
     unit_errors: dict[int, BaseException] = field(default_factory=dict)
@@ -84,6 +87,9 @@ def decide(anatomy: ModelAnatomy, batch: RunningBatch, lanes: Sequence[Lane], pl
             if any(u.criteria is not None for u in taken.units):
                 taken.criteria = True
                 parts.append(criteria_hits(taken.units, chosen, scores, taken.unit_errors))
+            taken.top_k = lane_top_k([u.logprobs for u in taken.units])
+            if taken.top_k is not None:  # only when asked: the scores chosen from, on the device
+                parts += logprob_columns(scores, chosen, taken.top_k)
             taken.names = list(decided.records)
             parts += [decided.records[name].detach().reshape(-1) for name in taken.names]  # [n] each
         except Exception as error:  # noqa: BLE001 - the lane's requests get it
@@ -138,7 +144,8 @@ def advance(
         if taken.error is not None:
             failed += [(unit, taken.error) for unit in taken.units]
             continue
-        width = 3 + taken.criteria + len(taken.names)
+        extra = column_count(taken.top_k)
+        width = 3 + taken.criteria + extra + len(taken.names)
         for i, unit in enumerate(taken.units):
             values, at = host[at : at + width], at + width
             step = len(unit.generated)
@@ -156,7 +163,11 @@ def advance(
                 continue
             token_id = int(values[0])
             unit.generated.append(token_id)
-            unit.steps.append(StepRecord(token_id, tokenizer_decode([token_id]), dict(zip(taken.names, values[width - len(taken.names) :]))))
+            record = StepRecord(token_id, tokenizer_decode([token_id]), dict(zip(taken.names, values[width - len(taken.names) :])))
+            if unit.logprobs is not None:
+                at_logprobs = 3 + taken.criteria
+                record.logprob, record.top_logprobs = read_logprobs(values[at_logprobs : at_logprobs + extra], taken.top_k, unit.logprobs)
+            unit.steps.append(record)
             unit.text.push(token_id)
             if unit.grammar is not None:
                 try:

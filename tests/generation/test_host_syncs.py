@@ -28,21 +28,23 @@ class SyncCounter(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+@pytest.mark.parametrize("logprobs", [None, 5])
 @pytest.mark.parametrize("method, sampling", [("fides", {}), ("cad", {}), ("standard", {}),
                                               ("fides", {"do_sample": True, "temperature": 0.7, "top_p": 0.9, "seed": 0})])
-def test_a_decode_makes_one_host_transfer_per_step(tiny_llama, tokenizer, method, sampling):
+def test_a_decode_makes_one_host_transfer_per_step(tiny_llama, tokenizer, method, sampling, logprobs):
     decoder = FidesDecoder(tiny_llama, tokenizer, prompt_template=PromptTemplate(stop=()))
     decoder.eos_token_ids = set()  # every generation runs its full length
     for new_tokens in (6, 12):
         counter = SyncCounter()
         decoder.engine.step_context = lambda: counter  # torch modes are per thread: count on the engine's thread
         try:
-            result = decoder.generate("What is the capital?", ["Lyon is the capital of France."], method=method, max_new_tokens=new_tokens, **sampling)
+            result = decoder.generate("What is the capital?", ["Lyon is the capital of France."], method=method, max_new_tokens=new_tokens,
+                                      logprobs=logprobs, **sampling)
         finally:
             decoder.engine.step_context = None
         assert len(result.token_ids) == new_tokens
         total = sum(counter.calls.values())
-        # N transfers of the chosen ids (with every recorded value packed beside them), and transformers' mask
+        # N transfers of the chosen ids (with every recorded value and any logprobs packed beside them), and transformers' mask
         # check in each prefill forward (one per path with split prefill).
         assert counter.calls["tolist"] == new_tokens, counter.calls
         assert total <= new_tokens + 2, counter.calls

@@ -43,14 +43,14 @@ def test_every_option_is_accepted_and_an_unknown_one_is_named(tiny_llama, tokeni
     tiny_decoder = FidesDecoder(tiny_llama, tokenizer)
     options: MethodOptions = {
         "method": "cad", "max_new_tokens": 2, "stop": ["\n"], "min_new_tokens": 1, "do_sample": True, "temperature": 0.7,
-        "top_p": 0.9, "top_k": 5, "seed": 3, "logits_processor": None, "stopping_criteria": None,
+        "top_p": 0.9, "top_k": 5, "seed": 3, "logits_processor": None, "stopping_criteria": None, "logprobs": 2,
     }
     # methods= is the other way to name the rule; json_schema=, regex= and grammar= exclude each other (tested apart)
     options["json_schema"] = {"type": "string", "maxLength": 2}
     assert set(options) == MethodOptions.__optional_keys__ - {"methods", "regex", "grammar"}
     first = tiny_decoder.generate("q?", ["a document"], **options)
     assert first.token_ids == tiny_decoder.generate("q?", ["a document"], **options).token_ids  # the seed is used
-    assert 1 <= len(first.token_ids) <= 2
+    assert 1 <= len(first.token_ids) <= 2 and all(len(step.top_logprobs) <= 2 for step in first.steps)
     with pytest.raises(TypeError, match="temprature"):
         tiny_decoder.generate("q?", ["a document"], temprature=0.5)
 
