@@ -14,12 +14,15 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from fides_rag.calls import Call, ChatPlan
+from fides_rag.calls import Answer, Call, ChatPlan
 from fides_rag.decoder import FidesDecoder
 from fides_rag.generation.engine import QueueFullError
 from fides_rag.generation.tickets import RequestHandle
+from fides_rag.serve.agent_call import AgentCall, agent_call
 from fides_rag.serve.errors import APIError, bad_request, validation_error
+from fides_rag.serve.fides_headers import plan_headers, record_headers
 from fides_rag.serve.limits import RequestLimits
+from fides_rag.serve.logprobs import answer_steps, chat_logprobs, completion_logprobs
 from fides_rag.serve.metrics import ServerMetrics
 from fides_rag.serve.planning import build_call
 from fides_rag.serve.protocol import ChatCompletionRequest, Sampling, supported_fields
@@ -27,7 +30,7 @@ from fides_rag.serve.responses import ChunkWriter, new_id
 
 logger = logging.getLogger("fides_rag.serve")
 DISCONNECT_POLL_S = 0.2
-Planner = Callable[[FidesDecoder, Any, int], ChatPlan]
+Planner = Callable[[FidesDecoder, Any, int, Any], ChatPlan]
 
 
 def _queue_full(message: str) -> APIError:
@@ -35,10 +38,10 @@ def _queue_full(message: str) -> APIError:
 
 
 class Admitted:
-    """One request on the engine: its call, handle and arrival time."""
+    """One request on the engine: its call, its agent fields, handle, endpoint kind and arrival time."""
 
-    def __init__(self, call: Call, handle: RequestHandle, started: float) -> None:
-        self.call, self.handle, self.started = call, handle, started
+    def __init__(self, call: Call, agent: AgentCall, handle: RequestHandle, chat: bool, started: float) -> None:
+        self.call, self.agent, self.handle, self.chat, self.started = call, agent, handle, chat, started
 
 
 class RequestHandling:
@@ -65,9 +68,10 @@ class RequestHandling:
         # model lock: off the event loop, so health checks, metrics and 429s answer meanwhile.
         body, admitted = await anyio.to_thread.run_sync(self._admit, raw_body, model, plan_of)
         if body.stream:
-            writer = ChunkWriter(model is ChatCompletionRequest, self.model_name)
+            writer = ChunkWriter(admitted.chat, self.model_name)
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(self._events(endpoint, admitted, writer, include_usage), media_type="text/event-stream")
+            return StreamingResponse(self._events(endpoint, admitted, writer, include_usage), media_type="text/event-stream",
+                                     headers=plan_headers(admitted.call.plan, admitted.call.options.requested))
         try:
             result = await self._answer(raw, admitted)
         except asyncio.CancelledError:
@@ -77,10 +81,19 @@ class RequestHandling:
             logger.exception("request failed")
             self.metrics.requests.labels(endpoint, "500").inc()
             return APIError(500, str(err), type="server_error").response()
-        answer = admitted.call.finish(result)
+        answer, logprobs = self._served(admitted, admitted.call.finish(result))
         self._observe(endpoint, admitted, result, admitted.handle.first_token_at)
-        prefix = "chatcmpl" if model is ChatCompletionRequest else "cmpl"
-        return JSONResponse(respond(new_id(prefix), self.model_name, answer))
+        prefix = "chatcmpl" if admitted.chat else "cmpl"
+        return JSONResponse(respond(new_id(prefix), self.model_name, answer, logprobs), headers=record_headers(answer.record))
+
+    def _served(self, admitted: Admitted, answer: Answer) -> tuple[Answer, dict[str, Any] | None]:
+        """The answer with the agent fields' notes in its record, and its logprobs in the endpoint's shape (if asked)."""
+        if admitted.agent.notes:
+            answer.record["notes"] = list(dict.fromkeys([*answer.record["notes"], *admitted.agent.notes]))
+        if admitted.agent.logprobs is None:
+            return answer, None
+        steps, decode = answer_steps(answer.result.steps, self.decoder.eos_token_ids), self.decoder.tokenizer.decode
+        return answer, chat_logprobs(steps, decode) if admitted.chat else completion_logprobs(steps, decode)
 
     def _validated(self, body: bytes, model: type[Sampling]) -> Any:
         try:
@@ -102,8 +115,9 @@ class RequestHandling:
         self._refuse_when_full()
         self.limits.check_documents(self.decoder.tokenizer, body.documents or [], self.decoder.context_window,
                                     body.budget() or self.decoder.max_new_tokens)
+        agent = agent_call(self.decoder, body)
         try:
-            call = build_call(self.decoder, body, self.method, plan_of)
+            call = build_call(self.decoder, body, self.method, plan_of, agent)
             handle = call.submit(stream=body.stream)
         except QueueFullError as err:
             raise _queue_full(str(err)) from None
@@ -114,7 +128,7 @@ class RequestHandling:
         except APIError:
             handle.cancel()
             raise
-        return body, Admitted(call, handle, started)
+        return body, Admitted(call, agent, handle, model is ChatCompletionRequest, started)
 
     @staticmethod
     async def _answer(raw: Request, admitted: Admitted) -> Any:
@@ -150,6 +164,7 @@ class RequestHandling:
                 if text:
                     yield writer.delta(text)
             answer, last = shown.finish(stream.result)
+            answer, logprobs = self._served(admitted, answer)
         except (asyncio.CancelledError, GeneratorExit):  # the client went away: its rows leave at the next step
             self.metrics.requests.labels(endpoint, "499").inc()
             raise
@@ -161,8 +176,6 @@ class RequestHandling:
             return
         finally:
             admitted.handle.cancel()  # no-op once finished
-        if last:
-            yield writer.delta(last)
         self._observe(endpoint, admitted, answer.result, first_token_at)
-        for event in writer.end(answer, include_usage):
+        for event in writer.end(answer, last, include_usage, logprobs):
             yield event

@@ -5,20 +5,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from fides_rag.calls import Call, CallInputError, CallOptions, ChatPlan, ChatPrompts, calls_from_openai, render_calls, role_of
+from fides_rag.calls import Call, CallInputError, CallOptions, ChatPlan, ChatPrompts, ToolCalling, calls_from_openai, render_calls, role_of
 from fides_rag.config import FidesConfig
 from fides_rag.decoder import FidesDecoder
+from fides_rag.serve.agent_call import AgentCall
 from fides_rag.serve.errors import bad_request
 from fides_rag.serve.protocol import ChatCompletionRequest, CompletionRequest, Sampling
 
+FIELDS = {"json_schema": "response_format"}
+"""The call layer's option names that are another field over HTTP."""
 
-def _planner(decoder: FidesDecoder, body: Sampling, *, chat: bool) -> ChatPrompts:
-    return ChatPrompts.for_decoder(decoder, chat=chat, no_context_path=body.no_context_path or "emptied")
+
+def _planner(decoder: FidesDecoder, body: Sampling, *, chat: bool, tools: ToolCalling | None = None) -> ChatPrompts:
+    return ChatPrompts.for_decoder(decoder, chat=chat, no_context_path=body.no_context_path or "emptied", tools=tools)
 
 
-def chat_plan(decoder: FidesDecoder, body: ChatCompletionRequest, max_new: int) -> ChatPlan:
-    """The conversation's plan: documents from `documents`, the tool messages, or the system messages."""
-    prompts = _planner(decoder, body, chat=True)
+def chat_plan(decoder: FidesDecoder, body: ChatCompletionRequest, max_new: int, tools: ToolCalling | None = None) -> ChatPlan:
+    """The conversation's plan: documents from `documents`, the tool messages, or the system messages; `tools` in
+    front of both paths."""
+    prompts = _planner(decoder, body, chat=True, tools=tools)
     turns = []
     for message in body.messages:
         text = message.text()
@@ -30,7 +35,7 @@ def chat_plan(decoder: FidesDecoder, body: ChatCompletionRequest, max_new: int) 
     return prompts.conversation(turns, max_new, documents=body.documents)
 
 
-def completion_plan(decoder: FidesDecoder, body: CompletionRequest, max_new: int) -> ChatPlan:
+def completion_plan(decoder: FidesDecoder, body: CompletionRequest, max_new: int, tools: None = None) -> ChatPlan:
     """The prompt as given: documents found in it are contrasted where they stand; otherwise fides-rag's template
     with the prompt as the question."""
     prompt = body.text()
@@ -55,10 +60,16 @@ def call_options(decoder: FidesDecoder, body: Sampling, default_method: str) -> 
     return CallOptions.parse(defaults, {k: v for k, v in call.items() if v is not None})
 
 
-def build_call(decoder: FidesDecoder, body: Any, default_method: str, plan_of: Any) -> Call:
-    """The request's call (bad input: a 400 naming the field)."""
+def build_call(decoder: FidesDecoder, body: Any, default_method: str, plan_of: Any, agent: AgentCall) -> Call:
+    """The request's call with its agent fields (bad input: a 400 naming the field)."""
     try:
         options = call_options(decoder, body, default_method)
-        return Call(decoder, plan_of(decoder, body, options.max_new_tokens), options)
+        options.stop = list(dict.fromkeys([*options.stop, *agent.stop]))
+        options.constraint = dict(agent.constraint)
+        if agent.logprobs is not None:
+            options.sampling["logprobs"] = agent.logprobs
+        plan = plan_of(decoder, body, options.max_new_tokens, agent.calling)
+        native = agent.calling is not None and _planner(decoder, body, chat=True, tools=agent.calling).native_tools
+        return Call(decoder, plan, options, calling=agent.calling, native_tools=native)
     except CallInputError as err:
-        raise bad_request(" ".join(str(err).split()), err.field) from None
+        raise bad_request(" ".join(str(err).split()), FIELDS.get(err.field, err.field)) from None

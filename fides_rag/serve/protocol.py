@@ -1,11 +1,15 @@
-"""The request bodies this server accepts: OpenAI's chat and completion fields that it honours, plus FIDES's
-extras (`documents`, `method`, `fides_config`, `no_context_path`). Any other field is refused, never ignored."""
+"""The request bodies this server accepts: OpenAI's chat and completion fields that it honours (the agents' fields
+in `agent_fields`), plus FIDES's extras (`documents`, `method`, `fides_config`, `no_context_path`). Any other field
+is refused, never ignored."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
+
+from fides_rag.generation.logprobs import MAX_TOP_LOGPROBS
+from fides_rag.serve.agent_fields import AgentFields, NoOpFields
 
 
 class _Strict(BaseModel):
@@ -47,7 +51,7 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class Sampling(_Strict):
+class Sampling(NoOpFields, _Strict):
     """The fields every generation request shares."""
 
     model: str | None = None
@@ -78,7 +82,7 @@ class Sampling(_Strict):
         return list(self.stop or [])  # type: ignore[arg-type]
 
 
-class ChatCompletionRequest(Sampling):
+class ChatCompletionRequest(AgentFields, Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
 
@@ -88,6 +92,7 @@ class ChatCompletionRequest(Sampling):
 
 class CompletionRequest(Sampling):
     prompt: str | list[str]
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
     @field_validator("prompt")
     @classmethod
@@ -101,6 +106,9 @@ class CompletionRequest(Sampling):
 
     def budget(self) -> int | None:
         return self.max_tokens
+
+    def top_logprob_count(self) -> int | None:
+        return self.logprobs
 
 
 def supported_fields(model: type[BaseModel]) -> list[str]:
