@@ -33,6 +33,9 @@ RUN_ELSEWHERE = {
     "serve_openai.py": "tests/serve/test_server_real.py (against a running server)",
     "serve_langchain.py": "tests/serve/test_server_real.py (against a running server)",
     "serve_llamaindex.py": "tests/serve/test_server_real.py (against a running server)",
+    "agents_http_openai.py": "tests/serve/test_server_real.py (against a running server)",
+    "agents_http_langchain.py": "tests/serve/test_server_real.py (against a running server)",
+    "agents_http_llamaindex.py": "tests/serve/test_server_real.py (against a running server)",
 }
 """Quoted examples that a dedicated test runs (with checks of what they print); the others run in test_docs_example_runs."""
 
