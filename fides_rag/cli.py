@@ -13,6 +13,7 @@ from fides_rag.cli_model_options import add_model_arguments, load_options
 from fides_rag.config import FidesConfig
 from fides_rag.decoder import FidesDecoder
 from fides_rag.extras import MissingExtraError, check_extra
+from fides_rag.models_command import add_models_parser, run_models_command
 from fides_rag.demo.cli import add_demo_parser, run_demo_command
 from fides_rag.report import step_table
 from fides_rag.rules import available_methods, get_method, parse_method_names
@@ -100,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--json", action="store_true", help="print results as JSON lines")
     add_demo_parser(commands)
     add_serve_parser(commands, DEFAULT_MODEL)
+    add_models_parser(commands)
 
     bench = commands.add_parser("bench", help="latency, time split, context growth and throughput, side by side")
     bench.add_argument("--models", default="gemma3-270m,smollm2-135m-instruct", help="comma-separated models")
@@ -181,6 +183,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "demo":
         return run_demo_command(args)
+    if args.command == "models":
+        return run_models_command(args)
     if args.command == "serve":
         return run_serve_command(args)
     if args.command == "bench":

@@ -20,9 +20,11 @@ from typing import Any, Callable
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-logger = logging.getLogger(__name__)
+from fides_rag.fetching import FETCHED_MODELS, fetched_path
+from fides_rag.model_memory import check_fits
+from fides_rag.model_cache import CACHE_ENV, cache_root  # noqa: F401  (public here too)
 
-CACHE_ENV = "FIDES_RAG_CACHE"
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -62,11 +64,6 @@ BUNDLED_MODELS: dict[str, BundledModel] = {
         locate=_file_in_package("SmolLM2-135M-Instruct.Q4_1.gguf"),
     ),
 }
-
-
-def cache_root() -> Path:
-    """Where converted models are kept: $FIDES_RAG_CACHE, else ~/.cache/fides-rag."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "fides-rag")
 
 
 def select_device(device: str | torch.device = "auto") -> torch.device:
@@ -125,6 +122,7 @@ def convert_gguf(gguf_path: str | Path) -> Path:
     gguf_path = Path(gguf_path).resolve()
     if not gguf_path.is_file():
         raise FileNotFoundError(f"no .gguf file at {gguf_path}; pass the path of an existing GGUF file")
+    check_fits(gguf_path)  # before dequantising, and before every load of the converted copy
     target = _gguf_cache_dir(gguf_path)
     if (target / "fides_rag_source.json").is_file():
         return target
@@ -167,11 +165,13 @@ def resolve_model_source(name_or_path: str | os.PathLike) -> str:
     name = str(name_or_path)
     if name in BUNDLED_MODELS:
         return str(convert_gguf(locate_bundled(name)))
+    if name in FETCHED_MODELS:
+        return str(convert_gguf(fetched_path(name)))
     if name.endswith(".gguf"):
         return str(convert_gguf(name))
     if not Path(name).expanduser().exists() and _looks_like_a_path(name):
         raise FileNotFoundError(f"no model folder at {name}; pass an existing folder, a .gguf file, a hub id or a bundled alias "
-                                f"({', '.join(BUNDLED_MODELS)})")
+                                f"({', '.join(BUNDLED_MODELS)}) or a fetched model ({', '.join(FETCHED_MODELS)})")
     return str(Path(name).expanduser()) if name.startswith("~") else name
 
 
@@ -179,7 +179,8 @@ def _unknown_model(name: str, err: OSError) -> OSError:
     """The error for a hub id that could not be loaded: what the name could have been, and why the hub did not help."""
     from huggingface_hub import constants
 
-    tried = f"{name!r} is not a bundled alias ({', '.join(BUNDLED_MODELS)}), a local folder or a .gguf file"
+    tried = (f"{name!r} is not a bundled alias ({', '.join(BUNDLED_MODELS)}), a fetched model ({', '.join(FETCHED_MODELS)}), "
+             f"a local folder or a .gguf file")
     if constants.HF_HUB_OFFLINE:
         return OSError(f"unknown model: {tried}, and no hub model of that id is in the local Hugging Face cache "
                        f"(offline mode, HF_HUB_OFFLINE=1: nothing is downloaded); pass one of those, or download it first")
