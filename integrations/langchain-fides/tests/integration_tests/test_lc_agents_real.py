@@ -86,5 +86,5 @@ def test_readme_agent_quick_start_runs_as_written():
     done = subprocess.run([sys.executable, str(ROOT / "examples/quickstart_agent.py")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
-    assert len(lines) == 3 and lines[0] == "Place(city='Rome', country='Italy')", lines  # what its comments say
-    assert "Rome" in lines[1] and lines[2] == "tool_messages fides", lines
+    assert len(lines) == 4 and lines[0] == "Place(city='Rome', country='Italy')", lines  # what its comments say
+    assert "Rome" in lines[1] and lines[2] == "tool_messages fides" and lines[3] == "True", lines
