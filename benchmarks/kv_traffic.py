@@ -7,7 +7,7 @@ the no-context prompt is the question alone. Each (length, method) is one forced
 1..--counted-steps are counted, the next --timed-steps are timed without the counter.
 
     nice -n 19 python benchmarks/kv_traffic.py --lengths 256,1024,4096,16384 --out results/kv-traffic/before.json
-    python benchmarks/kv_traffic.py --table results/kv-traffic/before.json
+    python benchmarks/kv_traffic.py --table results/kv-traffic/before.json   # several files: merged
 
 Lengths the model cannot hold (SmolLM2: 8,192 positions) run on a random-weight model of the same configuration with
 a longer max_position_embeddings: the counts do not depend on the weights. Entries already in --out are kept
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,7 @@ def measure(args: argparse.Namespace) -> None:
             for step in result["steps"]:
                 step.pop("op_calls")
             runs[method] = {
-                "context_tokens": len(context_ids), "no_context_tokens": len(no_context_ids),
+                "context_tokens": len(context_ids), "no_context_tokens": len(no_context_ids), "load_average_1min": os.getloadavg()[0],
                 "weights": "real" if real else f"random, {args.model}'s configuration with max_position_embeddings={twin.config.max_position_embeddings}",
                 **result,
             }
@@ -135,18 +136,22 @@ def tables(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct", help="a load_model name (default: %(default)s)")
-    parser.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[256, 1024, 4096, 16384],
-                        help="context prompt lengths in tokens, comma-separated (default: 256,1024,4096,16384)")
-    parser.add_argument("--methods", type=lambda s: s.split(","), default=list(METHODS),
+    parser.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default="256,1024,4096,16384",
+                        help="context prompt lengths in tokens, comma-separated (default: %(default)s)")
+    parser.add_argument("--methods", type=lambda s: s.split(","), default=",".join(METHODS),
                         help=f"comma-separated, of {', '.join((*METHODS, GENERATE_INFERENCE_MODE))} (default: %(default)s)")
     parser.add_argument("--counted-steps", type=int, default=8, help="decode steps counted (default: %(default)s)")
     parser.add_argument("--timed-steps", type=int, default=8, help="decode steps timed after them (default: %(default)s)")
     parser.add_argument("--data", default=None, help="benchmark data folder (default: $FIDES_RAG_DATA or ../shared/data)")
     parser.add_argument("--out", help="JSON results file; entries already in it are kept")
-    parser.add_argument("--table", metavar="FILE", help="print the markdown tables of a results file and exit")
+    parser.add_argument("--table", metavar="FILE", nargs="+", help="print the markdown tables of results files (merged) and exit")
     args = parser.parse_args(argv)
     if args.table:
-        print(tables(json.loads(Path(args.table).read_text())))
+        runs: dict[str, Any] = {}
+        for path in args.table:
+            for length, by in json.loads(Path(path).read_text())["runs"].items():
+                runs.setdefault(length, {}).update(by)
+        print(tables({"runs": dict(sorted(runs.items(), key=lambda item: int(item[0])))}))
         return
     if not args.out:
         parser.error("--out is required to measure")
