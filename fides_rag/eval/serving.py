@@ -76,6 +76,7 @@ class ServingBench:
         self._configure(mode)
         engine = self.decoder.engine
         handles = []
+        before = (engine.stats.prompt_tokens, engine.stats.prefill_tokens, engine.prefix_cache.stats.hits, engine.prefix_cache.stats.misses)
         start = time.perf_counter()
         for at, request in zip(arrivals, requests):
             delay = start + at - time.perf_counter()
@@ -90,8 +91,18 @@ class ServingBench:
             "latency_s": _percentiles([h.finished_at - h.submitted_at for h in handles]),
             "examples_per_s": len(handles) / (end - start),
             "tokens": [len(r.token_ids) for r in results],
+            "prefill": _prefill_counts(engine, before, len(handles)),
             "token_ids": [r.token_ids for r in results],
         }
+
+
+def _prefill_counts(engine: DecodeEngine, before: tuple[int, int, int, int], requests: int) -> dict[str, float]:
+    """Prompt tokens (every path) and tokens computed per request since `before`, and the prefix cache's hits,
+    misses and bytes."""
+    prompt, computed = engine.stats.prompt_tokens - before[0], engine.stats.prefill_tokens - before[1]
+    return {"prompt_tokens_per_request": prompt / requests, "computed_tokens_per_request": computed / requests,
+            "prefix_hits": engine.prefix_cache.stats.hits - before[2], "prefix_misses": engine.prefix_cache.stats.misses - before[3],
+            "prefix_cache_bytes": engine.prefix_cache.bytes}
 
 
 def serving(decoder: FidesDecoder, examples: Sequence[QAExample], *, loads: Sequence[float] = (0.5, 1.0, 2.0), n_requests: int = 64,
@@ -131,6 +142,15 @@ def format_serving(data: dict[str, Any]) -> str:
                 f"{d['latency_s']['p95']:.2f} | {d['examples_per_s']:.3f} | {entry['identical_outputs']} |"
             )
         modes = entry["modes"]
+        for mode, d in modes.items():
+            p = d.get("prefill")
+            if p and p["prompt_tokens_per_request"]:
+                lines.append(
+                    f"| {load}x | {mode}: prompt tokens computed per request | | | | | "
+                    f"{p['computed_tokens_per_request']:.0f} of {p['prompt_tokens_per_request']:.0f} "
+                    f"({p['computed_tokens_per_request'] / p['prompt_tokens_per_request']:.2f}x); prefix cache {p['prefix_hits']} hits, "
+                    f"{p['prefix_misses']} misses, {p['prefix_cache_bytes'] / 2**20:.0f} MiB | |"
+                )
         if "continuous" in modes and "static" in modes:
             c, s = modes["continuous"], modes["static"]
             lines.append(

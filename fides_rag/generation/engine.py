@@ -2,11 +2,11 @@
 the input device, the model lock, the rules' head setup, text decoding) and decodes every request submitted
 to it with continuous batching.
 
-Its thread runs steps while anything is in flight. At each step boundary it admits waiting requests (FIFO,
-within the bounds on requests, rows and tokens in flight: their prompts are prefilled and their rows appended
-to the running cache), runs one forward of every row, one head matmul, each lane's rule and choice, and one
-host transfer, then releases every request that finished: its result, with every recorded value, goes back
-at once. A greedy request gives the same tokens whatever else is in flight.
+Its thread runs steps while anything is in flight: the scheduler (`scheduler.py`) admits waiting requests and
+budgets the step; the step runs one forward of every decoding row, then prefill chunks of admitted requests
+within the budget (a request's rows join the running cache once its prompts are prefilled), one head matmul,
+each lane's rule and choice, and one host transfer, then releases every request that finished: its result,
+with every recorded value, goes back at once. A greedy request gives the same tokens whatever else is in flight.
 """
 
 from __future__ import annotations
@@ -19,21 +19,26 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ContextManager, Literal
+from typing import Any, ContextManager
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from fides_rag.generation.detokenize import IncrementalText
 from fides_rag.generation.in_flight import InFlight
+from fides_rag.generation.kv_cache import DecodeCache, mergeable
 from fides_rag.generation.layout import Unit
+from fides_rag.generation.prefix_cache import DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
+from fides_rag.generation.prompting import context_window
 from fides_rag.generation.requests import Heads, Request
 from fides_rag.generation.running import RunningBatch
+from fides_rag.generation.scheduler import DEFAULT_BATCHED_TOKENS, Admission, QueueFullError, Scheduler
 from fides_rag.generation.tickets import RequestHandle, Ticket
 from fides_rag.lens import ModelAnatomy
 from fides_rag.rules.base import CONTEXT, DOCUMENTS, MASKED_HEADS, NO_CONTEXT, ContrastRule
 
-Admission = Literal["continuous", "static"]
+__all__ = ["Admission", "DecodeEngine", "EngineStats", "QueueFullError", "collect_eos_ids", "model_lock"]
+_SCHEDULER_SETTINGS = ("max_requests", "max_rows", "max_tokens", "max_queue", "window_s", "admission", "max_num_batched_tokens")
 IDLE_EXIT_S = 2.0
 """The engine's thread ends after this long with nothing to do (a new request starts it again)."""
 EXIT_JOIN_S = 10.0
@@ -64,10 +69,6 @@ def model_lock(model: Any) -> threading.RLock:
         return lock
 
 
-class QueueFullError(RuntimeError):
-    """The engine's queue holds `max_queue` waiting requests already; try again later."""
-
-
 @dataclass
 class EngineStats:
     """Counters of what the engine did (for tests, logs, metrics and benchmarks)."""
@@ -84,6 +85,10 @@ class EngineStats:
     """Most requests decoding in one step."""
     peak_rows: int = 0
     peak_queue: int = 0
+    prompt_tokens: int = 0
+    """Prompt tokens of every row prefilled in chunks (each path's prompt counts)."""
+    prefill_tokens: int = 0
+    """Of those, the tokens computed (the rest came from the prefix cache)."""
 
 
 def collect_eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
@@ -102,12 +107,6 @@ def collect_eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) 
     return ids
 
 
-def _bound(name: str, value: Any) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"{name} must be None (no bound) or an integer >= 1, got {value!r}")
-    return value
-
-
 class DecodeEngine:
     """Continuous-batching decoder of `Request`s on one model.
 
@@ -120,27 +119,35 @@ class DecodeEngine:
         self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, split_prefill: bool = True,
         max_requests: int | None = None, max_rows: int | None = 128, max_tokens: int | None = None,
         max_queue: int | None = None, window_s: float = 0.0, admission: Admission = "continuous",
+        max_num_batched_tokens: int | None = None, prefix_caching: bool = True, prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.anatomy = ModelAnatomy.of(model)
         self.eos_token_ids = collect_eos_ids(model, tokenizer)
         self.split_prefill = split_prefill
-        """Encode each path's prompt in its own forward (exact; saves the no-context path's padding)."""
+        """Encode each prompt row in its own forwards (exact; saves the no-context path's padding), in chunks under the
+        step's token budget; False: every path of the newcomers in one forward at their admission step."""
         self.model_lock = model_lock(model)
         """Held for every step and for the rules' setup hooks (which may run the model); shared by every engine on
         this model, since the hooks that capture states and mask heads are installed on the model itself."""
         self.step_context: Callable[[], ContextManager] | None = None
         """A context manager factory entered around every step on the engine's thread (profilers, torch modes)."""
         self.stats = EngineStats()
-        self.configure(max_requests=max_requests, max_rows=max_rows, max_tokens=max_tokens, max_queue=max_queue,
-                       window_s=window_s, admission=admission)
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = DEFAULT_BATCHED_TOKENS.get(self.input_device.type, DEFAULT_BATCHED_TOKENS["cpu"])
+        self.scheduler = Scheduler(max_num_batched_tokens=max_num_batched_tokens, max_requests=max_requests, max_rows=max_rows,
+                                   max_tokens=max_tokens, max_queue=max_queue, window_s=window_s, admission=admission)
+        self.prefix_cache = PrefixCache(prefix_cache_bytes if prefix_caching else 0)
+        """KV states of prompt prefixes, reused by later prompts that start with them (bounded in bytes, LRU)."""
+        self.chunked = split_prefill and mergeable(DecodeCache(config=self.anatomy.config))
+        """Whether prompts are prefilled in chunks (their rows are held ragged); else in one forward at admission."""
+        self.context_window = context_window(model.config, tokenizer)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self._flight = InFlight(
             self.anatomy, lambda: RunningBatch(self.anatomy, pad, self.input_device, split_prefill), self.stats,
-            self.decode_text, self._decode_token,
+            self.decode_text, self._decode_token, self.prefix_cache, self.input_device,
         )
-        self._queue: collections.deque[Ticket] = collections.deque()
         self._wake = threading.Condition()
         self._driver: threading.Thread | None = None
         _ENGINES.add(self)
@@ -148,25 +155,15 @@ class DecodeEngine:
     # -- configuration ----------------------------------------------------------------------------
 
     def configure(self, **settings: Any) -> None:
-        """Set any of max_requests, max_rows, max_tokens (bounds on what decodes at once; None: no bound),
-        max_queue (waiting requests beyond it are refused with QueueFullError), window_s (how long an idle
-        engine waits for more arrivals before the first step) and admission ('continuous', or 'static': a batch
-        runs to its end before the next is admitted, and releases its results together, as a static batcher)."""
-        for name in ("max_requests", "max_rows", "max_tokens", "max_queue"):
-            if name in settings:
-                setattr(self, name, _bound(name, settings.pop(name)))
-        if "window_s" in settings:
-            window = settings.pop("window_s")
-            if isinstance(window, bool) or not isinstance(window, (int, float)) or not 0 <= window <= 10:
-                raise ValueError(f"window_s must be a number of seconds in [0, 10], got {window!r}")
-            self.window_s = float(window)
-        if "admission" in settings:
-            admission = settings.pop("admission")
-            if admission not in ("continuous", "static"):
-                raise ValueError(f"admission must be 'continuous' or 'static', got {admission!r}")
-            self.admission: Admission = admission
-        if settings:
-            raise TypeError(f"unknown engine settings {sorted(settings)}")
+        """Set any of the scheduler's settings (see `Scheduler.configure`): max_requests, max_rows, max_tokens,
+        max_queue, window_s, admission, max_num_batched_tokens."""
+        with self._wake:
+            self.scheduler.configure(**settings)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _SCHEDULER_SETTINGS:  # the scheduler's settings read through the engine
+            return getattr(self.__dict__["scheduler"], name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def vocab_size(self) -> int:
@@ -205,24 +202,25 @@ class DecodeEngine:
     @property
     def queue_length(self) -> int:
         """Requests waiting to be admitted."""
-        return len(self._queue)
+        return len(self.scheduler.queue)
 
     @property
     def requests_in_flight(self) -> int:
-        return len(self._flight.tickets)
+        """Requests admitted: decoding, or having their prompts prefilled."""
+        return len(self._flight.tickets) + len(self._flight.prefilling)
 
     @property
     def rows_in_flight(self) -> int:
         return self._flight.batch.layout.num_rows
 
     def _check_fits(self, request: Request) -> None:
-        for name, needed, what in (("max_rows", request.rows, "batch rows"), ("max_tokens", request.tokens, "KV positions")):
-            bound = getattr(self, name)
-            if bound is not None and needed > bound:
-                raise ValueError(
-                    f"this request needs {needed} {what} (every path of every method, prompt plus max_new_tokens), "
-                    f"more than the engine's {name}={bound}; raise {name} (engine.configure) or shorten the request"
-                )
+        longest = max(len(ids) for ids in (request.example.context_ids, request.example.no_context_ids, *(request.example.document_ids or [])))
+        if longest + request.settings.max_new_tokens > self.context_window:
+            raise ValueError(
+                f"a prompt of {longest} tokens plus max_new_tokens={request.settings.max_new_tokens} exceeds the model's "
+                f"context window of {self.context_window}; shorten the prompt or documents, or lower max_new_tokens"
+            )
+        self.scheduler.check_fits(request)
 
     def submit(self, requests: Sequence[Request], *, wait_here: bool = False) -> list[RequestHandle]:
         """Queue requests (admitted together when they fit); one handle each. Raises at once if one can never fit,
@@ -238,11 +236,9 @@ class DecodeEngine:
         handles = [RequestHandle(r, self) for r in requests]
         tickets = [Ticket(h, self._units(h)) for h in handles]
         with self._wake:
-            if self.max_queue is not None and len(self._queue) + len(tickets) > self.max_queue:
-                raise QueueFullError(f"{len(self._queue)} requests are waiting, the engine's max_queue is {self.max_queue}; retry later")
-            self._queue.extend(tickets)
+            self.scheduler.add(tickets)
             self.stats.requests += len(tickets)
-            self.stats.peak_queue = max(self.stats.peak_queue, len(self._queue))
+            self.stats.peak_queue = max(self.stats.peak_queue, len(self.scheduler.queue))
             if not wait_here:
                 self._ensure_driver()
             self._wake.notify_all()
@@ -274,7 +270,7 @@ class DecodeEngine:
             finally:
                 with self._wake:
                     self._driver = None
-                    if self._queue or self._flight.tickets:
+                    if self.scheduler.queue or self._flight.requests:
                         self._ensure_driver()  # others' requests go on
             if deadline is not None:
                 timeout = max(0.0, deadline - time.monotonic())
@@ -323,8 +319,13 @@ class DecodeEngine:
                 return
             try:
                 with self.model_lock, torch.inference_mode(), (self.step_context or contextlib.nullcontext)():
-                    self._flight.static = self.admission == "static"
-                    self._flight.step(newcomers, self.eos_token_ids, self.model.dtype)
+                    self._flight.static = self.scheduler.admission == "static"
+                    budget = None
+                    if self.chunked:
+                        self.prefix_cache.bind(self.model, self.tokenizer)
+                        self._flight.chunk_tokens = self.scheduler.max_num_batched_tokens
+                        budget = self.scheduler.step_budget(self._flight.batch.layout.num_rows)
+                    self._flight.step(newcomers, self.eos_token_ids, self.model.dtype, budget)
             except BaseException as error:  # noqa: BLE001 - a failed forward fails what was decoding, not the engine
                 self._flight.fail_all(error, newcomers)
                 if not isinstance(error, Exception):  # KeyboardInterrupt in a caller's thread: stop there
@@ -333,42 +334,17 @@ class DecodeEngine:
     def _next_admission(self, wait: bool) -> list[Ticket] | None:
         """The tickets to admit at this step boundary ([] is a step with no newcomer); None: nothing to do (the
         engine's thread ends after IDLE_EXIT_S of it)."""
+        scheduler = self.scheduler
         with self._wake:
-            while (not self._queue and not self._flight.tickets) or (wait and _EXITING.is_set()):
-                if not wait or _EXITING.is_set() or (not self._wake.wait(IDLE_EXIT_S) and not self._queue and not self._flight.tickets):
+            while (not scheduler.queue and not self._flight.requests) or (wait and _EXITING.is_set()):
+                if not wait or _EXITING.is_set() or (not self._wake.wait(IDLE_EXIT_S) and not scheduler.queue and not self._flight.requests):
                     if wait:
                         self._driver = None
                     return None
-            if not self._flight.tickets and self.window_s > 0:  # an idle engine gathers concurrent arrivals
-                self._wake.wait_for(lambda: self._full(), self.window_s)
-            return self._admissible()
+            if not self._flight.requests and scheduler.window_s > 0:  # an idle engine gathers concurrent arrivals
+                self._wake.wait_for(scheduler.full, scheduler.window_s)
+            return scheduler.admit(self._flight.requests, self._flight.batch.extendable, self._cancelled_in_queue)
 
-    def _full(self) -> bool:
-        return self.max_requests is not None and len(self._queue) >= self.max_requests
-
-    def _admissible(self) -> list[Ticket]:
-        if self._flight.tickets and (self.admission == "static" or not self._flight.batch.extendable):
-            return []
-        taken: list[Ticket] = []
-        requests = len(self._flight.tickets)
-        rows = sum(t.request.rows for t in self._flight.tickets)
-        tokens = sum(t.request.tokens for t in self._flight.tickets)
-        while self._queue:
-            ticket = self._queue[0]
-            if ticket.handle.cancelled:
-                self._queue.popleft()
-                self.stats.cancelled += 1
-                ticket.close_cancelled()
-                continue
-            request = ticket.request
-            over = (
-                (self.max_requests is not None and requests + 1 > self.max_requests)
-                or (self.max_rows is not None and rows + request.rows > self.max_rows)
-                or (self.max_tokens is not None and tokens + request.tokens > self.max_tokens)
-            )
-            if over and (self._flight.tickets or taken):
-                break  # FIFO: the head waits for room, and nobody passes it
-            self._queue.popleft()
-            taken.append(ticket)
-            requests, rows, tokens = requests + 1, rows + request.rows, tokens + request.tokens
-        return taken
+    def _cancelled_in_queue(self, ticket: Ticket) -> None:
+        self.stats.cancelled += 1
+        ticket.close_cancelled()

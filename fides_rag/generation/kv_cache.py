@@ -274,7 +274,7 @@ def _growable(layer: DynamicLayer) -> DynamicLayer:
 def ragged_cache(caches: Sequence[Any], config: Any, padded: bool = True) -> DecodeCache:
     """One cache over the row groups of `caches` (in order), each kept at its own length."""
     cache = DecodeCache(config=config, padded=padded)
-    cache.layers = [RaggedLayer([_growable(c.layers[i]) for c in caches]) for i in range(len(caches[0].layers))]
+    cache.layers = [RaggedLayer(_merge_equal_lengths([_growable(c.layers[i]) for c in caches])) for i in range(len(caches[0].layers))]
     return cache
 
 

@@ -5,6 +5,7 @@ settings share every forward; each lane runs its own rule and warpers over its o
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from transformers import LogitsProcessorList
@@ -77,8 +78,12 @@ class Lanes:
     def units(self) -> list[Unit]:
         return [u for lane in self._lanes.values() for u in lane.units]
 
-    def capture_layers(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """(layers whose per-layer states some rule reads, every layer to capture: those and the lens layers)."""
-        state_layers = tuple(range(1, self.num_layers + 1)) if any(l.needs_layer_states for l in self._lanes.values()) else ()
+    def capture_layers(self, coming: Sequence[ContrastRule] = ()) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(layers whose per-layer states some rule reads, every layer to capture: those and the lens layers, of the
+        lanes' rules and of the `coming` rules of requests still being prefilled)."""
+        every = tuple(range(1, self.num_layers + 1))
+        state_layers = every if any(l.needs_layer_states for l in self._lanes.values()) else ()
         lens = {layer for lane in self._lanes.values() for layer in lane.lens_layers}
+        for rule in coming:
+            lens |= set(every if rule.layer_state_paths else ()) | set(rule.lens_layers(self.num_layers))
         return state_layers, tuple(sorted({*state_layers, *lens}))

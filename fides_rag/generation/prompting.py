@@ -36,6 +36,9 @@ class PreparedExample:
     """One prompt per document [d_n; x] (the context template with that document alone), for rules with a
     per-document path; None when they were not asked for (or cannot exist: raw prompts)."""
     document_ids: list[list[int]] | None = None
+    template_prefixes: tuple[list[int], ...] = ()
+    """The ids every prompt of this example's template starts with (context and no-context), where the prefill
+    cuts its prompts so that other requests can reuse the states (the prefix cache)."""
 
 
 def context_window(model_config: Any, tokenizer: PreTrainedTokenizerBase) -> int:
@@ -70,6 +73,17 @@ class PromptPreparer:
         self.use_chat_template = use_chat_template
         self.context_window = window
         self.plain_text = PlainTextEncoder(tokenizer)
+        self._prefixes: tuple[list[int], ...] | None = None
+
+    @property
+    def template_prefixes(self) -> tuple[list[int], ...]:
+        """The fixed ids the template's context prompts start with, and its no-context prompts': the common part of
+        prompts rendered for two unlike questions and documents."""
+        if self._prefixes is None:
+            pairs = [(self.render(q, d)[1] for q, d in (("Why one?", doc_a), ("Who two?", doc_b)))
+                     for doc_a, doc_b in ((self.template.document_block(["Alpha."]), self.template.document_block(["Beta."])), (None, None))]
+            self._prefixes = tuple(a[: common_prefix(a, b)] for a, b in pairs)
+        return self._prefixes
 
     def encode(self, text: str, templated: bool) -> list[int]:
         # A chat template already wrote any BOS token into the text.
@@ -139,10 +153,11 @@ class PromptPreparer:
         if not texts:
             note = "no documents were given: decoded with 'standard' on the question alone"
             logger.warning(note)
-            return PreparedExample(no_ctx_prompt, no_ctx_prompt, no_ctx_ids, no_ctx_ids, stop, False, [note])
+            return PreparedExample(no_ctx_prompt, no_ctx_prompt, no_ctx_ids, no_ctx_ids, stop, False, [note],
+                                   template_prefixes=self.template_prefixes)
 
         ctx_prompt, ctx_ids, trimmed = self.render_fitted(question, texts, max_new_tokens)
-        example = PreparedExample(ctx_prompt, no_ctx_prompt, ctx_ids, no_ctx_ids, stop, True)
+        example = PreparedExample(ctx_prompt, no_ctx_prompt, ctx_ids, no_ctx_ids, stop, True, template_prefixes=self.template_prefixes)
         if trimmed is not None:
             self._note(example, f"documents trimmed from {trimmed[0]} to {trimmed[1]} tokens", max_new_tokens)
             example.documents_trimmed = True
@@ -187,3 +202,8 @@ class PromptPreparer:
         if not risky:
             return [self.tokenizer(p, add_special_tokens=add_special_tokens)["input_ids"] for p in prompts]
         return [self.plain_text.encode(p, find_spans(risky, p), add_special_tokens) for p in prompts]  # a clean text holds no control token
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading ids `a` and `b` share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

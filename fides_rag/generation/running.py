@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from fides_rag.generation.hooks import HeadMasker, LayerCapture
-from fides_rag.generation.kv_cache import RowGroup, cached_length, extend, extendable, left_padded, pad_left, prefill, prune
+from fides_rag.generation.kv_cache import Prefilled, RowGroup, cached_length, extend, extendable, left_padded, pad_left, prefill, prune
 from fides_rag.generation.layout import GroupSpec, RowLayout
 from fides_rag.lens import ModelAnatomy
 
@@ -59,16 +59,22 @@ class RunningBatch:
         row_groups = [RowGroup(*left_padded(g.sequences, self.pad_id, self.input_device), head_set=g.head_set) for g in groups]
         lengths = [len(seq) for g in groups for seq in g.sequences]
         state = prefill(self.anatomy, row_groups, capture, masker, self.split_prefill, padded=len(set(lengths)) > 1)
+        self.append(state, dict(capture.states), head_sets, lengths)
+
+    def append(self, state: Prefilled, states: dict[int, torch.Tensor], head_sets: Sequence[int], lengths: Sequence[int]) -> None:
+        """Append prefilled rows (their cache, mask, last positions and states, layer -> [n, H]) after the current ones."""
         if self.empty:
             self.cache, self.mask, self.positions, self.hidden = state.cache, state.attention_mask, state.positions, state.last_hidden
-            self.states = dict(capture.states)
+            self.states = states
         else:
             extend(self.cache, state.cache)
             width = max(self.mask.shape[1], state.attention_mask.shape[1])
             self.mask = torch.cat([pad_left(self.mask, width, 1), pad_left(state.attention_mask.to(self.mask.device), width, 1)])
             self.positions = torch.cat([self.positions, state.positions.to(self.positions.device)])
             self.hidden = torch.cat([self.hidden, state.last_hidden.to(self.hidden.device)])
-            self.states = {layer: torch.cat([self.states[layer], capture.states[layer].to(self.states[layer].device)]) for layer in capture.states}
+            self.states = {layer: torch.cat([_states(self.states, layer, self.hidden, self.layout.num_rows),
+                                             _states(states, layer, state.last_hidden, len(lengths)).to(self.hidden.device)])
+                           for layer in {*self.states, *states}}
         self.layout.append(head_sets, lengths)
 
     def keep(self, rows: list[int] | None) -> None:
@@ -81,3 +87,9 @@ class RunningBatch:
             return
         self.mask, self.positions = prune(self.cache, self.mask, self.positions, rows)
         self.mask = self.mask[:, self.mask.shape[1] - cached_length(self.cache) :]  # columns of rows that left
+
+
+def _states(states: dict[int, torch.Tensor], layer: int, like: torch.Tensor, rows: int) -> torch.Tensor:
+    """[rows, H] captured states of `layer`; zeros where these rows' forward captured none (no rule of theirs reads it)."""
+    found = states.get(layer)
+    return found if found is not None else like.new_zeros((rows, like.shape[-1]))

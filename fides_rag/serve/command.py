@@ -40,6 +40,10 @@ def add_serve_parser(commands: Any, default_model: str) -> None:
     serve.add_argument("--max-new-tokens", type=_positive, default=128, help="tokens of a request that sets no max_tokens (default 128)")
     serve.add_argument("--max-queue", type=_positive, help="requests waiting for the engine beyond which a request gets 429 (default: no bound)")
     serve.add_argument("--max-batch-size", type=_positive, help="requests decoding at once (default: no bound)")
+    serve.add_argument("--max-num-batched-tokens", type=_positive,
+                       help="tokens a step computes: its decodes, then prompt chunks of at most this (default 256 on CPU, 2048 on GPU)")
+    serve.add_argument("--no-prefix-caching", action="store_true", help="compute every prompt in full (no reuse of shared prefixes' KV)")
+    serve.add_argument("--prefix-cache-mb", type=int, default=512, help="bound of the prefix cache in MiB; 0 turns it off (default 512)")
     serve.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds the requests in flight get to finish on SIGTERM (default 30)")
     serve.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' on every route but /health (default: ${API_KEY_ENV}; unset: no key)")
     serve.add_argument("--allowed-hosts", nargs="+", metavar="HOST",
@@ -64,7 +68,10 @@ def run_serve_command(args: argparse.Namespace) -> int:
     from fides_rag.serve.limits import RequestLimits
 
     config = FidesConfig.from_file(args.config) if args.config else FidesConfig()
-    decoder = FidesDecoder.from_pretrained(args.model, config=config, max_new_tokens=args.max_new_tokens, **load_options(args))
+    engine = dict(prefix_caching=not args.no_prefix_caching, prefix_cache_bytes=args.prefix_cache_mb * 2**20)
+    if args.max_num_batched_tokens is not None:
+        engine["max_num_batched_tokens"] = args.max_num_batched_tokens
+    decoder = FidesDecoder.from_pretrained(args.model, config=config, max_new_tokens=args.max_new_tokens, **engine, **load_options(args))
     if args.max_batch_size is not None:
         decoder.configure(max_requests=args.max_batch_size)
     access = AccessPolicy.for_bind(args.host, api_key=args.api_key or os.environ.get(API_KEY_ENV), allowed_hosts=args.allowed_hosts,
