@@ -176,7 +176,8 @@ class ForwardCounter:
 @pytest.mark.parametrize("split_prefill", [True, False])
 @pytest.mark.parametrize("method, paths", [("standard", 1), ("cad", 2), ("fides", 2)])
 def test_one_forward_per_step_with_all_paths(tiny_llama, tokenizer, method, paths, split_prefill):
-    decoder = decoder_for(tiny_llama, tokenizer, split_prefill=split_prefill)
+    """A budget that holds every prompt: the three requests are prefilled in the first step and decode together."""
+    decoder = decoder_for(tiny_llama, tokenizer, split_prefill=split_prefill, max_num_batched_tokens=8192)
     counter = ForwardCounter(decoder.anatomy.backbone)
     try:
         results = decoder.generate_batch(QUESTIONS[:3], DOCUMENTS[:3], method=method, max_new_tokens=6, stop=[])
@@ -185,8 +186,11 @@ def test_one_forward_per_step_with_all_paths(tiny_llama, tokenizer, method, path
     assert all(len(r.token_ids) == 6 for r in results)  # nobody finished early, so no row was pruned
     prefill = [call for call in counter.calls if call[1] > 1]
     decode = [call for call in counter.calls if call[1] == 1]
-    if split_prefill or paths == 1:
-        assert [rows for rows, _ in prefill] == [3] * paths  # one forward per path over the 3 examples
+    if split_prefill:
+        assert {rows for rows, _ in prefill} == {1}  # each prompt row in its own forwards (cut at its anchors)
+        assert sum(tokens for _, tokens in prefill) <= decoder.engine.stats.prompt_tokens
+    elif paths == 1:
+        assert [rows for rows, _ in prefill] == [3]
     else:
         assert [rows for rows, _ in prefill] == [3 * paths]
     assert [rows for rows, _ in decode] == [3 * paths] * 5  # every later step: one forward, all paths, all examples
@@ -437,7 +441,7 @@ def test_methods_on_prompt_pairs_equal_each_alone(tiny_llama, tokenizer):
 
 
 def test_methods_prefill_once_and_prune_finished_rows(tiny_llama, tokenizer):
-    decoder = decoder_for(tiny_llama, tokenizer)
+    decoder = decoder_for(tiny_llama, tokenizer, max_num_batched_tokens=8192)  # both requests join at the first step
     counter = ForwardCounter(decoder.anatomy.backbone)
     try:
         results = decoder.generate_batch(QUESTIONS[:2], DOCUMENTS[:2], methods=["standard", "cad", "fides"], max_new_tokens=6, stop=[])
@@ -445,7 +449,9 @@ def test_methods_prefill_once_and_prune_finished_rows(tiny_llama, tokenizer):
         counter.handle.remove()
     prefill = [rows for rows, width in counter.calls if width > 1]
     decode = [rows for rows, width in counter.calls if width == 1]
-    assert prefill == [2, 2]  # the ctx and no-context prompts of 2 examples, once, shared by 3 methods
+    assert set(prefill) == {1}  # each prompt row in its own forwards
+    prompts = [decoder.prepare(q, d, 6) for q, d in zip(QUESTIONS[:2], DOCUMENTS[:2])]
+    assert decoder.engine.stats.prompt_tokens == sum(len(p.context_ids) + len(p.no_context_ids) for p in prompts)  # once, for 3 methods
     if decode:
         still_running = sum((len(r.token_ids) > 1) * (1 if m == "standard" else 2) for m, rs in results.items() for r in rs)
         assert decode[0] == still_running  # 2 + 4 + 4 rows when nobody finished at step 0

@@ -125,7 +125,8 @@ def test_prepare_document_prompts(tiny_llama, tokenizer):
 @pytest.mark.parametrize("family", ["llama", "gemma3_text", "qwen3"])
 def test_document_paths_equal_separate_forwards(tiny_models, tokenizer, family, split_prefill):
     model = tiny_models[family]
-    decoder = no_eos(FidesDecoder(model, tokenizer, prompt_template=NO_STOP, split_prefill=split_prefill))
+    # a budget that holds every prompt: the examples join at the first step, so row b is example b at every step
+    decoder = no_eos(FidesDecoder(model, tokenizer, prompt_template=NO_STOP, split_prefill=split_prefill, max_num_batched_tokens=8192))
     probe = DocumentProbe()
     results = decoder.generate_batch(QUESTIONS, DOCUMENTS, method=probe, max_new_tokens=4)
     standard = decoder.generate_batch(QUESTIONS, DOCUMENTS, method="standard", max_new_tokens=4)
@@ -166,7 +167,8 @@ def test_masked_path_equals_model_with_heads_zeroed_by_hand(tiny_models, tokeniz
     """Decoding from the masked path gives the greedy tokens of the hand-masked model recomputed without a
     cache, and the context rows beside it stay unmasked."""
     model = tiny_models[family]
-    decoder = no_eos(FidesDecoder(model, tokenizer, prompt_template=NO_STOP, split_prefill=split_prefill))
+    # a budget that holds every prompt: the examples join at the first step, so row b is example b at every step
+    decoder = no_eos(FidesDecoder(model, tokenizer, prompt_template=NO_STOP, split_prefill=split_prefill, max_num_batched_tokens=8192))
     probe = HeadProbe(HEADS)
     results = decoder.generate_batch(QUESTIONS, DOCUMENTS, method=probe, max_new_tokens=5)
     assert probe.asked == 1

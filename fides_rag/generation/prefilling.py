@@ -24,6 +24,10 @@ from fides_rag.generation.prompting import common_prefix
 from fides_rag.lens import ModelAnatomy
 
 
+MIN_SHARED = 16
+"""A shared prefix shorter than this is not worth a forward of its own: no cut (and no cache entry) there."""
+
+
 def chunk_cuts(length: int, chunk: int, anchors: Sequence[int]) -> list[int]:
     """Where a prompt of `length` tokens is cut: at every anchor inside it and every multiple of `chunk`; the
     last cut is `length`. Chunks are at most `chunk` tokens."""
@@ -137,6 +141,6 @@ def row_prefills(groups: Sequence[GroupSpec], chunk: int, references: Sequence[S
         for seq in group.sequences:
             anchors = [common_prefix(seq, reference) for reference in references]
             key = head_key(heads[group.head_set]) if group.head_set >= 0 else ()
-            inside = frozenset(a for a in anchors if 0 < a < len(seq))
+            inside = frozenset(a for a in anchors if MIN_SHARED <= a < len(seq))
             rows.append(RowPrefill(list(seq), group.head_set, key, chunk_cuts(len(seq), chunk, inside), inside))
     return rows

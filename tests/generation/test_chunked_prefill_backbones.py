@@ -21,6 +21,7 @@ def loaded(request):
     return load_model(request.param)
 
 
+@pytest.mark.timeout(3000)
 def test_every_method_under_chunking_and_prefix_caching_gives_its_solo_result(loaded):
     model, tokenizer = loaded
     on = FidesDecoder(model, tokenizer, max_num_batched_tokens=64)
@@ -28,13 +29,13 @@ def test_every_method_under_chunking_and_prefix_caching_gives_its_solo_result(lo
     requests, alone = [], []
     for name, options in METHODS.items():
         method = get_method(name, **options)
-        solo = off.generate(QUESTION, DOCUMENTS, method=method, max_new_tokens=5)
-        cached = on.generate(QUESTION, DOCUMENTS, method=method, max_new_tokens=5)
+        solo = off.generate(QUESTION, DOCUMENTS, method=method, max_new_tokens=4)
+        cached = on.generate(QUESTION, DOCUMENTS, method=method, max_new_tokens=4)
         assert cached.token_ids == solo.token_ids and [s.values for s in cached.steps] == [s.values for s in solo.steps], name
-        requests.append(on.requests.build(QUESTION, DOCUMENTS, method=method, max_new_tokens=5))
+        requests.append(on.requests.build(QUESTION, DOCUMENTS, method=method, max_new_tokens=4))
         alone.append(solo)
     assert on.engine.prefix_cache.stats.hits > 0 and on.engine.stats.prefill_tokens < on.engine.stats.prompt_tokens
-    assert max(len(ids) for ids in (requests[0].example.context_ids,)) > 64  # prefilled over several chunks
+    assert len(requests[0].example.context_ids) > 3 * 64  # prefilled over several chunks
     for handle, solo in zip(on.engine.submit(requests), alone):
         result = handle.result()
         assert result.token_ids == solo.token_ids
