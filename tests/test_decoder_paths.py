@@ -197,15 +197,19 @@ def test_masked_path_batch_equals_single(tiny_llama, tokenizer):
 
 
 def test_no_heads_means_no_masked_rows(tiny_llama, tokenizer):
-    decoder = no_eos(FidesDecoder(tiny_llama, tokenizer, prompt_template=NO_STOP))
+    decoder = no_eos(FidesDecoder(tiny_llama, tokenizer, prompt_template=NO_STOP, max_num_batched_tokens=8192))
+    contexts = sum(len(decoder.prepare(q, d, 3).context_ids) for q, d in zip(QUESTIONS, DOCUMENTS))
     for heads in (None, {}, {2: ()}):
         probe = HeadProbe(heads)
         counter = ForwardCounter(decoder.anatomy.backbone)
+        before = decoder.engine.stats.prompt_tokens
         try:
             result = decoder.generate_batch(QUESTIONS, DOCUMENTS, method=probe, max_new_tokens=3)
         finally:
             counter.handle.remove()
-        assert counter.split() == ([3], [3, 3])
+        prefill, decode = counter.split()
+        assert set(prefill) == {1} and decode == [3, 3]
+        assert decoder.engine.stats.prompt_tokens - before == contexts  # the context rows alone
         assert all(masked is None for _, masked in probe.seen)
         standard = decoder.generate_batch(QUESTIONS, DOCUMENTS, method="standard", max_new_tokens=3)
         assert [r.token_ids for r in result] == [r.token_ids for r in standard]
@@ -221,17 +225,27 @@ def test_rows_per_forward(tiny_llama, tokenizer, split_prefill, monkeypatch):
     reindexed = []
     original = DynamicCache.batch_select_indices
     monkeypatch.setattr(DynamicCache, "batch_select_indices", lambda self, keep: reindexed.append(keep) or original(self, keep))
-    decoder = no_eos(FidesDecoder(tiny_llama, tokenizer, prompt_template=NO_STOP, split_prefill=split_prefill))
+    decoder = no_eos(FidesDecoder(tiny_llama, tokenizer, prompt_template=NO_STOP, split_prefill=split_prefill, max_num_batched_tokens=8192))
     expected = {"cad": [3, 3], "dvd": [3, 3, 9], "heads": [3, 3]}  # documents: 2 + 3 + 4
+    examples = [decoder.prepare(q, d, 4, document_paths=True) for q, d in zip(QUESTIONS, DOCUMENTS)]
+    prompt_tokens = {  # every row's prompt, once
+        "cad": sum(len(e.context_ids) + len(e.no_context_ids) for e in examples),
+        "dvd": sum(len(e.context_ids) + len(e.no_context_ids) + sum(map(len, e.document_ids)) for e in examples),
+        "heads": sum(2 * len(e.context_ids) for e in examples),
+    }
     for label, method in (("cad", "cad"), ("dvd", DvdRule()), ("heads", HeadProbe(HEADS))):
         counter = ForwardCounter(decoder.anatomy.backbone)
+        before = decoder.engine.stats.prompt_tokens
         try:
             results = decoder.generate_batch(QUESTIONS, DOCUMENTS, method=method, max_new_tokens=4)
         finally:
             counter.handle.remove()
         assert all(len(r.token_ids) == 4 for r in results)
         prefill, decode = counter.split()
-        assert prefill == (expected[label] if split_prefill else [sum(expected[label])])
+        if split_prefill:  # each prompt row in its own forwards
+            assert set(prefill) == {1} and decoder.engine.stats.prompt_tokens - before == prompt_tokens[label]
+        else:
+            assert prefill == [sum(expected[label])]
         assert decode == [sum(expected[label])] * 3
     assert reindexed == []
 

@@ -12,7 +12,7 @@ import contextlib
 import statistics
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -28,8 +28,10 @@ SYNC_WARNING = "synchroniz"
 class StepProbe(StoppingCriteria):
     """Marks the end of every step (time, dispatch totals, host syncs so far); counts decode steps 1..`counted`."""
 
-    def __init__(self, counted: int, device: torch.device) -> None:
+    def __init__(self, counted: int, device: torch.device, tokens: Callable[[], int] | None = None) -> None:
         self.counted = counted
+        self.tokens = tokens
+        """For an engine: the tokens it has decoded so far; a step that decoded none (a prompt chunk) is no mark."""
         self.cuda = device.type == "cuda"
         self.counter = DispatchCounter()
         self.marks: list[tuple[float, DispatchTotals, int]] = []
@@ -66,9 +68,11 @@ class StepProbe(StoppingCriteria):
     def engine_step(self) -> Iterator[None]:
         """Entered around every engine step (`engine.step_context = probe.engine_step`)."""
         step = len(self.marks)
+        before = self.tokens() if self.tokens is not None else None
         with self._counting() if 1 <= step <= self.counted else contextlib.nullcontext():
             yield
-            self._mark()
+            if before is None or self.tokens() > before:
+                self._mark()
 
     # -- transformers' generate: a stopping criterion called once per token --------------------------
 
@@ -126,8 +130,8 @@ def prepared_from_ids(tokenizer: Any, context_ids: Sequence[int], no_context_ids
 
 def measure_engine(decoder: Any, example: PreparedExample, method: Any, new_tokens: int, counted: int) -> dict[str, Any]:
     """One forced-length greedy decode of `example` by `decoder` (a FidesDecoder), measured step by step."""
-    probe = StepProbe(counted, decoder.device)
     engine = decoder.engine
+    probe = StepProbe(counted, decoder.device, tokens=lambda: engine.stats.tokens)
     engine.step_context = probe.engine_step
     try:
         start = time.perf_counter()
