@@ -26,12 +26,13 @@ class ServerMetrics:
         Gauge("fides_queue_length", "Requests waiting for the engine", registry=r).set_function(lambda: engine.queue_length)
         Gauge("fides_requests_in_flight", "Requests decoding", registry=r).set_function(lambda: engine.requests_in_flight)
         Gauge("fides_rows_in_flight", "Rows (paths) decoding", registry=r).set_function(lambda: engine.rows_in_flight)
-        prefixes = engine.prefix_cache
+        core = getattr(engine, "engine", engine)  # a FidesDecoder's DecodeEngine: its prefix cache and prefill counts
+        prefixes = core.prefix_cache
         Gauge("fides_prefix_cache_hits", "Prompt rows whose prefill started from a cached prefix", registry=r).set_function(lambda: prefixes.stats.hits)
         Gauge("fides_prefix_cache_misses", "Prompt rows that found no cached prefix", registry=r).set_function(lambda: prefixes.stats.misses)
         Gauge("fides_prefix_cache_bytes", "Bytes of KV states the prefix cache holds", registry=r).set_function(lambda: prefixes.bytes)
-        Gauge("fides_prompt_tokens_prefilled", "Prompt tokens of every path, prefilled in chunks", registry=r).set_function(lambda: engine.stats.prompt_tokens)
-        Gauge("fides_prompt_tokens_computed", "Of those, tokens computed (the rest came from the prefix cache)", registry=r).set_function(lambda: engine.stats.prefill_tokens)
+        Gauge("fides_prompt_tokens_prefilled", "Prompt tokens of every path, prefilled in chunks", registry=r).set_function(lambda: core.stats.prompt_tokens)
+        Gauge("fides_prompt_tokens_computed", "Of those, tokens computed (the rest came from the prefix cache)", registry=r).set_function(lambda: core.stats.prefill_tokens)
 
     def text(self) -> bytes:
         return generate_latest(self.registry)
