@@ -71,6 +71,9 @@ class GenerationResult:
     documents_trimmed: bool = False
     document_tokens: tuple[int, int] | None = None
     """(tokens given, tokens kept) of the document block when it had to be trimmed to fit the context window."""
+    closed_early: bool = False
+    """A structured answer (JSON schema, regex, grammar) the token budget would have cut: the decoder forced the
+    grammar's shortest completion in its last tokens, so the answer still parses (`finish_reason` "length")."""
 
     @property
     def alphas(self) -> list[float | None]:
@@ -88,6 +91,7 @@ class GenerationResult:
         return {
             "method": self.method,
             "finish_reason": self.finish_reason,
+            "closed_early": self.closed_early,
             "alphas": self.alphas,
             "steps": [s.to_dict() for s in self.steps],
             "notes": list(self.notes),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import weakref
 from collections import OrderedDict
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 
 from fides_rag.extras import require
+from fides_rag.generation.grammar_closing import TokenBytes, completes, shortest_completion
 from fides_rag.generation.grammar_masks import allocate_bitmask, apply_bitmask, bitmask_width
 
 # One-line JSON as json.dumps writes it ({"a": 1, "b": [2, 3]}), no other whitespace: a small model cannot loop on
@@ -39,6 +41,10 @@ JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separ
                 "json_allow_general_unicode_escapes": True}
 CACHE_SIZE = 256
 """Compiled grammars kept per tokenizer (least recently used dropped first)."""
+HORIZON = 32
+"""A state looks for its shortest completion once the tokens left are within this many of the last one found."""
+RETRY = 8
+"""Tokens to wait before looking again after a search found no completion."""
 
 
 class GrammarViolation(ValueError):
@@ -57,7 +63,17 @@ class _TokenizerGrammars:
         import llguidance.hf
 
         self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=list(eos_token_ids))
+        self.vocab_size = vocab_size
         self.compiled: OrderedDict[tuple[str, str], GrammarConstraint] = OrderedDict()
+        self._token_bytes: TokenBytes | None = None
+
+    def token_bytes(self) -> TokenBytes:
+        """The tokens as bytes, for the closing search (built on first use: a fraction of a second)."""
+        if self._token_bytes is None:
+            table = TokenBytes(self.tokenizer, self.vocab_size)
+            with _LOCK:
+                self._token_bytes = self._token_bytes or table
+        return self._token_bytes
 
 
 _LOCK = threading.Lock()
@@ -98,6 +114,30 @@ def _schema_text(json_schema: Mapping[str, Any] | str | type) -> str:
     return json.dumps(json_schema)  # key order kept: it is the order properties are written in
 
 
+def _where(schema_text: str, reason: str) -> str:
+    """Where in the schema the keywords llguidance does not implement sit (" at /properties/a: remove ..."), so
+    the error names the field to fix."""
+    match = re.search(r"Unimplemented keys: \[(.*?)\]", reason)
+    if match is None:
+        return ""
+    keys = set(re.findall(r'"([^"]+)"', match.group(1)))
+    found: list[str] = []
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            found.extend(f"{path or '/'} ({key})" for key in node if key in keys)
+            for key, value in node.items():
+                walk(value, f"{path}/{key}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{path}/{i}")
+
+    walk(json.loads(schema_text), "")
+    if not found:
+        return ""
+    return f" at {', '.join(found)}: the grammar cannot enforce these keywords; remove them from the schema"
+
+
 @dataclass(frozen=True, eq=False)
 class GrammarConstraint:
     """A grammar compiled for one tokenizer and logits width: immutable, shared by every request that uses it.
@@ -110,6 +150,7 @@ class GrammarConstraint:
     """Logits columns it masks; None for any_text, which fits any width."""
     eos_token_ids: tuple[int, ...]
     _template: Any = field(repr=False, default=None)  # llguidance.LLMatcher at the start, copied by start()
+    _tokens: Any = field(repr=False, default=None)  # the _TokenizerGrammars it was compiled for
 
     @classmethod
     def compile(
@@ -151,9 +192,9 @@ class GrammarConstraint:
         failed, messages = llg.LLMatcher.validate_grammar_with_warnings(text, entry.tokenizer)
         template = None if failed else llg.LLMatcher(entry.tokenizer, text, log_level=0)
         if failed or template.is_error():
-            reason = messages[0] if failed else template.get_error()
-            raise ValueError(f"invalid {kind.replace('_', ' ')}: {reason.strip()}")
-        constraint = cls(kind, source, vocab_size, eos, template)
+            reason = (messages[0] if failed else template.get_error()).strip()
+            raise ValueError(f"invalid {kind.replace('_', ' ')}: {reason}{_where(source, reason) if kind == 'json_schema' else ''}")
+        constraint = cls(kind, source, vocab_size, eos, template, entry)
         with _LOCK:
             entry.compiled[(kind, source)] = constraint
             while len(entry.compiled) > CACHE_SIZE:
@@ -193,25 +234,101 @@ class GrammarConstraint:
 
 
 class GrammarState:
-    """One request's position in its grammar. Not thread-safe: owned by the loop that steps the request."""
+    """One request's position in its grammar. Not thread-safe: owned by the loop that steps the request.
+
+    Under a token budget (`reserve` before each step, `accept(token, left=...)` after it) the state never lets the
+    answer be cut: it keeps a completion of the grammar from where it stands (`grammar_closing`), and once that
+    completion needs every token left it forces it, token by token (`forced`). A token chosen earlier that would
+    leave too few tokens to close is replaced by the completion's first token. `closed_early` tells either
+    happened."""
 
     def __init__(self, constraint: GrammarConstraint, matcher: Any):
         self.constraint = constraint
         self._matcher = matcher
         self._terminated = False
+        self.forced: int | None = None
+        """The only token the next step admits (the next token of the completion), or None."""
+        self.closed_early = False
+        """Whether the decoder forced tokens of the grammar's completion to fit the budget."""
+        self._path: list[int] | None = None  # a completion from here, searched when the budget gets near
+        self._known: int | None = None  # length of the last completion found (None: not searched yet)
+        self._retry_below: int | None = None  # after a failed search: look again once fewer tokens are left
+        self.budget_short: int | None = None
+        """The tokens the grammar's shortest answer needs, where the budget is smaller: it cannot close."""
 
-    def accept(self, token_id: int) -> None:
-        """Advance past the chosen token; GrammarViolation if the grammar refuses it (its mask was not applied)."""
-        if self._matcher is None:
+    def reserve(self, left: int) -> None:
+        """Before a step with `left` tokens left (this step's included): know a completion once the budget is
+        near, and force its next token when it needs all of them. Host work only; none far from the budget."""
+        self.forced = None
+        if self._matcher is None or self._terminated or left < 1:
             return
+        if self._matcher.is_accepting():
+            self._path = []
+            return
+        if self._path is None and self._near(left) and (self._retry_below is None or left < self._retry_below):
+            self._search(left)
+        if self._path and len(self._path) >= left:
+            self.forced = self._path[0]
+
+    def _near(self, left: int) -> bool:
+        """Whether `left` tokens are few enough to look for a completion: always at the first step (its length
+        sets the horizon), then within HORIZON tokens of the last completion found."""
+        return self._known is None or left <= self._known + HORIZON
+
+    def completion(self, max_tokens: int = 64) -> list[int] | None:
+        """A shortest completion of the grammar from here, in tokens (`grammar_closing`), or None when the search
+        finds none of at most about `max_tokens`; [] where the text is already complete."""
+        if self._matcher is None or self._terminated or self._matcher.is_accepting():
+            return []
+        return shortest_completion(self._matcher, self.constraint._tokens.token_bytes(), max_tokens=max_tokens)
+
+    def _search(self, left: int) -> None:
+        first = self._known is None
+        self._path = self.completion(left)
+        if first and self._path is not None and len(self._path) > left:
+            self.budget_short = len(self._path)
+        if self._path is None:
+            self._retry_below, self._known = left - RETRY, self._known or 0
+        else:
+            self._known, self._retry_below = len(self._path), None
+
+    def accept(self, token_id: int, *, left: int | None = None) -> int:
+        """Advance past the chosen token; GrammarViolation if the grammar refuses it (its mask was not applied).
+        With `left` (tokens left after this one), a token after which the grammar cannot close in `left` tokens is
+        replaced by the next token of the completion. Returns the token taken."""
+        if self._matcher is None:
+            return token_id
         if self._terminated:
             if token_id in self.constraint.eos_token_ids:
-                return
+                return token_id
             raise GrammarViolation(f"token {token_id} after the grammar ended with EOS")
+        before, self.forced = self._path, None
         if not self._matcher.consume_token(token_id):
             raise GrammarViolation(f"the {self.constraint.kind.replace('_', ' ')} refuses token {token_id}: "
                                    f"{self._matcher.get_error().splitlines()[0]}")
         self._terminated = token_id in self.constraint.eos_token_ids
+        if before and token_id == before[0]:
+            self._path = before[1:]
+            self.closed_early = self.closed_early or (left is not None and len(before) > left)
+        elif before is not None and not completes(self._matcher, before):
+            self._path = None
+        if left is None or self._terminated or before is None:
+            return token_id
+        if self._matcher.is_accepting():
+            self._path = []
+            return token_id
+        if (self._path is None or len(self._path) > left) and self._near(left):
+            self._search(left)
+        if self._path is not None and len(self._path) <= left:
+            return token_id
+        if self._path is None and len(before) <= left:
+            return token_id  # no completion found from here, but the one before still fits later: go on
+        # no room left to close after it: take the completion's next token instead (EOS where it was complete)
+        self._matcher.rollback(1)
+        replacement = before[0] if before else self.constraint.eos_token_ids[0]
+        self._matcher.consume_token(replacement)
+        self._terminated, self._path, self.closed_early = not before, before[1:], True
+        return replacement
 
     def is_complete(self) -> bool:
         """Whether the text so far is a whole match, so EOS is admitted now."""
@@ -226,9 +343,9 @@ class GrammarState:
         mask_logits_rows([self], logits.view(1, -1))
         return logits
 
-    def _fill_eos_only(self, row: torch.Tensor) -> None:
+    def _fill_only(self, row: torch.Tensor, tokens: Sequence[int]) -> None:
         words: dict[int, int] = {}
-        for t in self.constraint.eos_token_ids:
+        for t in tokens:
             words[t // 32] = words.get(t // 32, 0) | 1 << (t % 32)
         row.zero_()
         for w, bits in words.items():
@@ -247,7 +364,9 @@ def fill_bitmask(states: Sequence[GrammarState | None], bitmask: torch.Tensor) -
             raise ValueError(f"row {row}: the grammar was compiled for {vocab} logits columns, not "
                              f"{bitmask.shape[1] * 32} (pass vocab_size= the logits width to GrammarConstraint.compile)")
         if state._terminated:
-            state._fill_eos_only(bitmask[row])
+            state._fill_only(bitmask[row], state.constraint.eos_token_ids)
+        elif state.forced is not None:
+            state._fill_only(bitmask[row], [state.forced])
         else:
             live.append((state._matcher, row))
     if len(live) == 1:

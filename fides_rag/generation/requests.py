@@ -131,8 +131,10 @@ class RequestBuilder:
         self.eos_token_ids = eos_token_ids
         """() -> the ids that end an answer (grammars admit them only where the structure is complete)."""
 
-    def constraint(self, settings: GenerationSettings) -> Any:
-        """The compiled grammar of `settings` (cached per tokenizer and grammar), or None."""
+    def constraint(self, settings: GenerationSettings, stops: Sequence[str] = ()) -> Any:
+        """The compiled grammar of `settings` (cached per tokenizer and grammar), or None. Every stop string of the
+        request that is one token (an end-of-turn token, say) ends the grammar as EOS does: admitted only where the
+        structure is complete, so it cannot cut the answer mid-structure."""
         if not settings.constrained:
             return None
         from fides_rag.generation.grammar import GrammarConstraint
@@ -140,7 +142,16 @@ class RequestBuilder:
         if isinstance(settings.grammar, GrammarConstraint):
             return settings.grammar
         spec = {name: getattr(settings, name) for name in ("json_schema", "regex", "grammar") if getattr(settings, name) is not None}
-        return GrammarConstraint.compile(self.preparer.tokenizer, vocab_size=self.vocab_size, eos_token_ids=sorted(self.eos_token_ids()), **spec)
+        ends = set(self.eos_token_ids()) | self._stop_tokens(stops)
+        return GrammarConstraint.compile(self.preparer.tokenizer, vocab_size=self.vocab_size, eos_token_ids=sorted(ends), **spec)
+
+    def _stop_tokens(self, stops: Sequence[str]) -> set[int]:
+        tokenizer, found = self.preparer.tokenizer, set()
+        for stop in stops:
+            ids = tokenizer.encode(stop, add_special_tokens=False)  # special-token text becomes its one id
+            if len(ids) == 1 and ids[0] != tokenizer.unk_token_id:
+                found.add(int(ids[0]))
+        return found
 
     def resolve(self, method: str | ContrastRule | None) -> ContrastRule:
         """A rule object for `method`; None, or the default rule's name, gives the configured default rule."""
@@ -218,7 +229,7 @@ class RequestBuilder:
         runs = [MethodRun(label, rule, standard or rule) for label, rule in labelled.items()]  # one 'standard': decoded once
         if stream and methods is not None:
             raise ValueError("a stream decodes one method; pass method=, not methods=")
-        request = Request(example, runs, settings, streams=stream, several=methods is not None, constraint=self.constraint(settings))
+        request = Request(example, runs, settings, streams=stream, several=methods is not None, constraint=self.constraint(settings, example.stop + settings.stop))
         check_document_paths([example], [run.effective for run in request.decoded], first=number)
         return request
 

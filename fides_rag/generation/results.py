@@ -24,6 +24,11 @@ def assemble(
     cut = first_stop_index(text, stops)
     if cut is not None:
         text = text[:cut]
+    notes = list(example.notes)
+    short = unit.grammar.budget_short if unit.grammar is not None else None
+    if short is not None:
+        notes.append(f"max_new_tokens={unit.max_new_tokens} is fewer than the {short} tokens the shortest answer of the "
+                     f"grammar needs, so the structured answer is cut: raise max_new_tokens")
     return GenerationResult(
         text=text.strip(),
         token_ids=list(unit.generated),
@@ -35,7 +40,8 @@ def assemble(
         context_prompt=example.context_prompt,
         no_context_prompt=example.no_context_prompt if NO_CONTEXT in effective.paths else None,
         prompt_tokens=len(example.context_ids),
-        notes=list(example.notes),
+        notes=notes,
         documents_trimmed=example.documents_trimmed,
         document_tokens=example.document_tokens,
+        closed_early=unit.grammar is not None and unit.grammar.closed_early,
     )

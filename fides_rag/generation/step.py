@@ -105,11 +105,16 @@ def constrain(decided: StepOutput, context_logits: torch.Tensor, units: Sequence
     """The final logits [n, V] with every token a unit's grammar refuses set to -inf (a copy; units without a
     grammar untouched). Where the rule left no token the grammar allows (DoLa's relative-top filter, say), the unit
     chooses among the allowed tokens by its context path's logits, and its step records `grammar_fallback` 1.
-    A grammar that reaches a dead end fails its own unit only."""
+    A grammar that reaches a dead end fails its own unit only. Near the token budget a grammar admits only the
+    next token of its completion (`GrammarState.reserve`), so the answer closes before the budget ends."""
     states = [u.grammar for u in units]
     if all(state is None for state in states):
         return decided.logits
     from fides_rag.generation.grammar import GrammarViolation, mask_logits_rows
+
+    for unit in units:
+        if unit.grammar is not None:
+            unit.grammar.reserve(unit.max_new_tokens - len(unit.generated))
 
     masked, fallback = decided.logits.clone(), context_logits.clone()
     try:
@@ -162,6 +167,12 @@ def advance(
                 failed.append((unit, NonFiniteLogitsError(f"the contrast rule {taken.lane.rule.name!r} produced NaN scores at step {step}")))
                 continue
             token_id = int(values[0])
+            if unit.grammar is not None:
+                try:  # the grammar may take its completion's next token instead, to close within the budget
+                    token_id = unit.grammar.accept(token_id, left=unit.max_new_tokens - len(unit.generated) - 1)
+                except ValueError as error:  # GrammarViolation
+                    failed.append((unit, error))
+                    continue
             unit.generated.append(token_id)
             record = StepRecord(token_id, tokenizer_decode([token_id]), dict(zip(taken.names, values[width - len(taken.names) :])))
             if unit.logprobs is not None:
@@ -169,11 +180,5 @@ def advance(
                 record.logprob, record.top_logprobs = read_logprobs(values[at_logprobs : at_logprobs + extra], taken.top_k, unit.logprobs)
             unit.steps.append(record)
             unit.text.push(token_id)
-            if unit.grammar is not None:
-                try:
-                    unit.grammar.accept(token_id)
-                except ValueError as error:  # GrammarViolation
-                    failed.append((unit, error))
-                    continue
             unit.finish_reason = finish_reason(unit, eos_token_ids, bool(taken.criteria and values[3]))
     return failed

@@ -44,9 +44,15 @@ def stop_found(unit: Unit) -> bool:
 
 
 def finish_reason(unit: Unit, eos_token_ids: set[int], criteria_hit: bool) -> FinishReason | None:
-    """Why `unit` stops after its latest token, or None if it goes on."""
+    """Why `unit` stops after its latest token, or None if it goes on. A structured answer the budget made close
+    early ends for "length", as OpenAI reports an answer cut by max_tokens."""
+    grammar = unit.grammar
+    if grammar is not None and grammar.closed_early and (unit.generated[-1] in eos_token_ids or grammar.is_terminated()):
+        return "length"  # closed for the budget
     if unit.generated[-1] in eos_token_ids:
         return "eos"
+    if grammar is not None and grammar.is_terminated():
+        return "stop"  # a stop token the grammar admitted as its end
     if unit.stop and stop_found(unit):
         return "stop"
     if criteria_hit:

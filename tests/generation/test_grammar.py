@@ -306,3 +306,9 @@ def test_real_tokenizer_eos_and_batched_masks(backbone):
     for row, state in enumerate(states):
         alone = logits[row].clone() if state is None else state.mask_logits(logits[row].clone())
         assert torch.equal(batched[row], alone), row
+
+
+def test_a_schema_keyword_the_grammar_cannot_enforce_is_refused_with_where_it_is(tokenizer):
+    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}
+    with pytest.raises(ValueError, match=r"uniqueItems.* at /properties/tags \(uniqueItems\): .*remove them"):
+        GrammarConstraint.compile(tokenizer, json_schema=schema)

@@ -1,0 +1,155 @@
+"""Structured output under a token budget: the decoder forces the grammar's shortest completion in the last tokens,
+so a random-weight model (which writes garbage and never closes on its own) still returns JSON that validates,
+under every method, streamed or not, with finish_reason "length" and `closed_early` set."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from fides_rag import FidesDecoder, PromptTemplate, available_methods, get_method, load_model
+from fides_rag.generation.grammar import GrammarConstraint
+from fides_rag.tool_calls import ToolCalling, ToolSpec
+
+QUESTION, DOCUMENTS = "Which city is the capital of France?", ["Lyon is the capital of France.", "Paris is a large city."]
+METHODS = {name: {"decore": dict(heads={1: [0]})}.get(name, {}) for name in available_methods()}
+SCHEMAS = {
+    "string": {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"], "additionalProperties": False},
+    "nested": {
+        "type": "object",
+        "properties": {
+            "a": {"type": "object", "properties": {"b": {"type": "array", "items": {"type": "integer"}, "minItems": 2},
+                                                   "c": {"enum": ["red", "green"]}}, "required": ["b", "c"]},
+            "n": {"type": "number"},
+            "s": {"type": "string", "minLength": 3},
+        },
+        "required": ["a", "n", "s"],
+    },
+    "array_of_objects": {"type": "object", "properties": {"items": {"type": "array", "minItems": 1, "items": {
+        "type": "object", "properties": {"name": {"type": "string"}, "score": {"type": "integer"}}, "required": ["name", "score"],
+        "additionalProperties": False}}}, "required": ["items"], "additionalProperties": False},
+}
+TOOL = ToolSpec("lookup", "Look a word up.", {"type": "object", "properties": {"query": {"type": "string"}, "k": {"type": "integer"}},
+                                              "required": ["query", "k"]})
+
+
+@pytest.fixture
+def decoder(tiny_llama, tokenizer):
+    return FidesDecoder(tiny_llama, tokenizer, prompt_template=PromptTemplate(stop=()))
+
+
+def shortest(tokenizer, schema) -> int:
+    """Tokens the schema's shortest document takes in this tokenizer."""
+    return len(GrammarConstraint.compile(tokenizer, json_schema=schema).start().completion(200))
+
+
+def check(result, schema, budget: int) -> None:
+    jsonschema.validate(json.loads(result.text), schema)
+    assert len(result.token_ids) <= budget
+    if result.closed_early:
+        assert result.finish_reason == "length"
+    assert result.to_metadata()["closed_early"] == result.closed_early
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_closes_every_schema_within_a_small_budget(decoder, tokenizer, method):
+    rule = get_method(method, **METHODS[method])
+    closed = 0
+    for schema in (SCHEMAS["string"], SCHEMAS["nested"]):
+        budget = shortest(tokenizer, schema) + 6
+        result = decoder.generate(QUESTION, DOCUMENTS, method=rule, json_schema=schema, max_new_tokens=budget)
+        check(result, schema, budget)
+        closed += result.closed_early
+    assert closed  # the random model does not close on its own: the budget did
+
+
+@pytest.mark.parametrize("budget_over_shortest", [0, 1, 3, 9, 25])
+def test_any_budget_from_the_shortest_document_up_closes(decoder, tokenizer, budget_over_shortest):
+    for schema in SCHEMAS.values():
+        budget = shortest(tokenizer, schema) + budget_over_shortest
+        check(decoder.generate(QUESTION, DOCUMENTS, method="fides", json_schema=schema, max_new_tokens=budget), schema, budget)
+
+
+@pytest.mark.parametrize("method", ["standard", "fides", "dola", "dvd"])
+def test_a_streamed_answer_closes_and_its_deltas_make_the_final_text(decoder, tokenizer, method):
+    schema = SCHEMAS["nested"]
+    budget = shortest(tokenizer, schema) + 5
+    stream = decoder.stream(QUESTION, DOCUMENTS, method=method, json_schema=schema, max_new_tokens=budget)
+    text = "".join(stream)
+    assert text == stream.result.text
+    check(stream.result, schema, budget)
+    assert stream.result.closed_early
+
+
+def test_a_forced_tool_call_cut_by_the_budget_still_parses_as_a_valid_call(decoder, tokenizer):
+    calling = ToolCalling(tokenizer, [TOOL], tool_choice="lookup")
+    schema = calling.constraint()
+    budget = shortest(tokenizer, schema) + 4
+    for method in ("standard", "fides", "cad"):
+        result = decoder.generate(QUESTION, DOCUMENTS, method=method, json_schema=schema, max_new_tokens=budget)
+        _, calls = calling.parse(result.text)
+        assert [c.name for c in calls] == ["lookup"] and result.closed_early
+        jsonschema.validate(calls[0].arguments, TOOL.parameters)
+
+
+def test_batched_requests_each_close_as_alone(decoder, tokenizer):
+    budgets = {name: shortest(tokenizer, s) + 3 for name, s in SCHEMAS.items()}
+    handles = [decoder.engine.submit([decoder.requests.build(QUESTION, DOCUMENTS, method="fides", json_schema=s, max_new_tokens=budgets[n])])[0]
+               for n, s in SCHEMAS.items()]
+    for (name, schema), handle in zip(SCHEMAS.items(), handles):
+        together = handle.result()
+        check(together, schema, budgets[name])
+        assert together.token_ids == decoder.generate(QUESTION, DOCUMENTS, method="fides", json_schema=schema, max_new_tokens=budgets[name]).token_ids
+
+
+def test_an_answer_that_ends_on_its_own_is_untouched(decoder):
+    regex = r"[A-Z][a-z]{2,8}"  # the random model ends this one by itself, well inside the budget
+    free = decoder.generate(QUESTION, DOCUMENTS, method="fides", regex=regex, max_new_tokens=60)
+    tight = decoder.generate(QUESTION, DOCUMENTS, method="fides", regex=regex, max_new_tokens=len(free.token_ids))
+    assert free.finish_reason == "eos" and not free.closed_early
+    assert tight.token_ids == free.token_ids and not tight.closed_early
+
+
+def test_a_budget_below_the_shortest_document_is_noted(decoder, tokenizer):
+    schema = SCHEMAS["nested"]
+    budget = shortest(tokenizer, schema) - 1
+    result = decoder.generate(QUESTION, DOCUMENTS, method="standard", json_schema=schema, max_new_tokens=budget)
+    assert any(f"max_new_tokens={budget} is fewer than" in note for note in result.notes)
+
+
+def test_the_completion_is_a_real_one_for_regex_and_lark(tokenizer):
+    for spec in (dict(regex=r"(yes|no), because [a-z]+\."), dict(grammar='start: "(" item ("," item)* ")"\nitem: /[0-9]+/')):
+        state = GrammarConstraint.compile(tokenizer, **spec).start()
+        for token in tokenizer.encode("(12" if "grammar" in spec else "no, be", add_special_tokens=False):
+            state.accept(token)
+        path = state.completion()
+        for token in path:
+            state.accept(token)
+        assert path and state.is_complete()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("alias", ["smollm2-135m-instruct", "gemma3-270m"])
+def test_real_backbone_structured_answers_cut_by_the_budget_still_validate(alias):
+    decoder = FidesDecoder(*load_model(alias))
+    schema = SCHEMAS["string"]
+    questions = ["Who wrote Hamlet? Quote the passage in full.", "Describe Paris at length."]
+    documents = [["Hamlet is a tragedy written by William Shakespeare sometime between 1599 and 1601. " * 3]] * 2
+    for method in ("standard", "cad", "fides"):
+        results = decoder.generate_batch(questions, documents, method=method, json_schema=schema, max_new_tokens=10)
+        for result in results:
+            check(result, schema, 10)
+        assert any(r.closed_early for r in results)
+
+
+def test_a_stop_token_of_the_request_ends_the_grammar_only_where_the_answer_is_complete(tiny_llama, tokenizer):
+    decoder = FidesDecoder(tiny_llama, tokenizer, prompt_template=PromptTemplate(stop=("<|end|>",)))
+    schema = SCHEMAS["string"]
+    result = decoder.generate(QUESTION, DOCUMENTS, method="standard", json_schema=schema, max_new_tokens=shortest(tokenizer, schema) + 8)
+    jsonschema.validate(json.loads(result.text), schema)
+    end = tokenizer.convert_tokens_to_ids("<|end|>")
+    assert end not in result.token_ids[:-1]
+    request = decoder.requests.build(QUESTION, DOCUMENTS, json_schema=schema, stop=["<|end|>"])
+    assert end in request.constraint.eos_token_ids
