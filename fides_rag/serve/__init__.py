@@ -7,12 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["build_app"]
+from fides_rag.serve.defaults import API_KEY_ENV, DEFAULT_MAX_REQUEST_BYTES
 
-API_KEY_ENV = "FIDES_RAG_API_KEY"
-"""The environment variable `fides-rag serve` reads its API key from when --api-key is not given."""
-DEFAULT_MAX_REQUEST_BYTES = 2 * 1024 * 1024
-"""The largest request body a server accepts unless told otherwise (413 beyond)."""
+__all__ = ["API_KEY_ENV", "DEFAULT_MAX_REQUEST_BYTES", "build_app"]
 
 
 def __getattr__(name: str) -> Any:

@@ -11,7 +11,7 @@ import os
 
 from fides_rag.cli_model_options import add_model_arguments, load_options
 from fides_rag.rules import available_methods
-from fides_rag.serve import API_KEY_ENV, DEFAULT_MAX_REQUEST_BYTES
+from fides_rag.serve.defaults import API_KEY_ENV, DEFAULT_MAX_REQUEST_BYTES
 
 DEFAULT_PORT = 8000
 

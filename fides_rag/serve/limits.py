@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi import Request
 
-from fides_rag.serve import DEFAULT_MAX_REQUEST_BYTES
+from fides_rag.serve.defaults import DEFAULT_MAX_REQUEST_BYTES
 from fides_rag.serve.errors import APIError, bad_request
 MAX_JSON_DEPTH = 64
 """OpenAI's bodies nest a handful of levels (messages, content parts, tool schemas); deeper is refused."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from fides_rag.decoder import FidesDecoder
 from fides_rag.extras import require
-from fides_rag.serve import API_KEY_ENV, DEFAULT_MAX_REQUEST_BYTES
+from fides_rag.serve.defaults import API_KEY_ENV, DEFAULT_MAX_REQUEST_BYTES
 
 serve = require("ray.serve", "scale", purpose="the Ray Serve deployment")
 AutoscalingConfig = serve.config.AutoscalingConfig
