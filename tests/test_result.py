@@ -16,7 +16,7 @@ def test_metadata_carries_the_records_prompts_and_counts():
         "method": "fides", "finish_reason": "eos", "alphas": [0.5, 0.25, 0.1],
         "steps": [{"token_id": 5, "token": "Ly", "alpha": 0.5}, {"token_id": 6, "token": "on", "alpha": 0.25}, {"token_id": 2, "token": "", "alpha": 0.1}],
         "notes": ["n"], "documents_trimmed": True, "document_tokens": (40, 20), "context_prompt": "C", "no_context_prompt": "N",
-        "prompt_tokens": 12, "completion_tokens": 3,
+        "prompt_tokens": 12, "completion_tokens": 3, "closed_early": False,
     }
     meta["notes"].append("x")
     assert result.notes == ["n"]  # a copy
