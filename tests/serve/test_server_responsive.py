@@ -44,6 +44,7 @@ def test_health_metrics_and_429s_answer_within_a_second_under_load(tiny_model_di
         while httpx.get(f"{server.url}/health").json()["requests_in_flight"] < 1 and time.monotonic() < deadline:
             time.sleep(0.02)
         big = pool.submit(_post, chat, huge_document)  # tokenised, then refused: it cannot fit the window
+        big.result()  # before the queue fills: a full queue would answer it 429 before reading it
         queued = pool.submit(_post, chat, long_prompt)  # admitted, then waits in the full queue
         time.sleep(1.0)
         refused = [pool.submit(_post, chat, decoding) for _ in range(4)]
