@@ -113,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, ...")
     bench.add_argument("--serving-requests", type=_integer_at_least(2), default=64, help="requests per load in serving (default 64)")
     bench.add_argument("--serving-loads", default="0.5,1,2", help="loads of serving, as multiples of the sequential capacity (default 0.5,1,2)")
+    bench.add_argument("--max-num-batched-tokens", type=_integer_at_least(1), default=None,
+                       help="serving: tokens a step computes (its decodes, then prefill chunks); default the engine's for the device")
     bench.add_argument("--out", default="runs/bench.json", help="JSON report, rewritten after every section")
     evaluate = commands.add_parser("eval", help="score methods on a QA dataset (CF, EM, F1, memorisation, accuracy) with significance")
     evaluate.add_argument("--model", default=DEFAULT_MODEL, help="bundled alias, hub id, local folder or .gguf file")
@@ -193,7 +195,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         run_bench(
             [m for m in args.models.split(",") if m], [s for s in args.sections.split(",") if s], data=args.data,
             samples=args.samples, warmup=args.warmup, new_tokens=args.new_tokens, device=args.device, out=args.out,
-            serving={"n_requests": args.serving_requests, "loads": _loads(args.serving_loads)},
+            serving={"n_requests": args.serving_requests, "loads": _loads(args.serving_loads),
+                     "max_num_batched_tokens": args.max_num_batched_tokens},
         )
         print(f"\nJSON report: {args.out}")
         return 0

@@ -107,12 +107,17 @@ def _prefill_counts(engine: DecodeEngine, before: tuple[int, int, int, int], req
 
 def serving(decoder: FidesDecoder, examples: Sequence[QAExample], *, loads: Sequence[float] = (0.5, 1.0, 2.0), n_requests: int = 64,
             tokens: tuple[int, int] = (8, 64), static_batch: int = 8, modes: Sequence[str] = MODES,
-            log: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
-    """Every mode at every load; outputs are compared across modes (greedy: they must be equal)."""
+            max_num_batched_tokens: int | None = None, log: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
+    """Every mode at every load; outputs are compared across modes (greedy: they must be equal).
+
+    `max_num_batched_tokens` sets the engine's step budget for the whole section (None keeps the device default)."""
+    if max_num_batched_tokens is not None:
+        decoder.engine.configure(max_num_batched_tokens=max_num_batched_tokens)
     bench = ServingBench(decoder, examples, n_requests=n_requests, tokens=tokens, static_batch=static_batch)
     capacity = bench.capacity()
     log(f"sequential capacity {capacity:.3f} requests/s ({n_requests} requests of {tokens[0]}-{tokens[1]} tokens)")
-    report: dict[str, Any] = {"capacity_per_s": capacity, "requests": n_requests, "tokens": list(tokens), "static_batch": static_batch, "loads": {}}
+    report: dict[str, Any] = {"capacity_per_s": capacity, "requests": n_requests, "tokens": list(tokens), "static_batch": static_batch,
+                              "max_num_batched_tokens": decoder.engine.scheduler.max_num_batched_tokens, "loads": {}}
     try:
         for load in loads:
             by_mode: dict[str, Any] = {}
@@ -130,7 +135,8 @@ def format_serving(data: dict[str, Any]) -> str:
     """A markdown table of the serving section."""
     lines = [
         f"{data['requests']} FIDES requests of {data['tokens'][0]}-{data['tokens'][1]} new tokens, Poisson arrivals; "
-        f"sequential capacity {data['capacity_per_s']:.3f} requests/s; static batches of up to {data['static_batch']}.",
+        f"sequential capacity {data['capacity_per_s']:.3f} requests/s; static batches of up to {data['static_batch']}"
+        + (f"; steps of at most {data['max_num_batched_tokens']} tokens." if "max_num_batched_tokens" in data else "."),
         "",
         "| load | mode | TTFT p50 s | TTFT p95 s | latency p50 s | latency p95 s | examples/s | same tokens as the other modes |",
         "|---|---|---|---|---|---|---|---|",

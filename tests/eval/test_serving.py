@@ -23,3 +23,12 @@ def test_serving_modes_agree_and_report_latencies(tiny_llama, tokenizer):
     assert entry["modes"]["sequential"]["tokens"] == entry["modes"]["continuous"]["tokens"]
     assert decoder.engine.admission == "continuous" and decoder.engine.max_requests is None  # restored
     assert "| 2.0x | continuous |" in format_serving(report)
+
+
+def test_serving_runs_under_the_step_budget_it_is_given_and_keeps_the_outputs(tiny_llama, tokenizer):
+    decoder = FidesDecoder(tiny_llama, tokenizer)
+    examples = [QAExample(question="What is the capital?", contexts=("Lyon is the capital of France. " * 8,), context_answers=("x",), id="0")]
+    report = serving(decoder, examples, loads=(2.0,), n_requests=4, tokens=(2, 4), max_num_batched_tokens=16)
+    assert report["max_num_batched_tokens"] == decoder.engine.scheduler.max_num_batched_tokens == 16
+    assert report["loads"]["2.0"]["identical_outputs"]
+    assert "steps of at most 16 tokens" in format_serving(report)
