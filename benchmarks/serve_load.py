@@ -238,16 +238,17 @@ def main(argv: list[str] | None = None) -> int:
         model = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
         for body in bodies:
             body["model"] = model
-        rows, reference = [], None
-        if not args.no_sequential:
-            outcomes, wall = asyncio.run(run_level(url, bodies, 1, args.timeout))
-            reference = outcomes
-            rows.append(summarise(1, outcomes, wall, None))
-            print(markdown(rows[-1:]), flush=True)
-        for level in levels:
-            outcomes, wall = asyncio.run(run_level(url, bodies, level, args.timeout))
+        rows, reference, timed_out = [], None, None
+        for level in ([] if args.no_sequential else [1]) + levels:
+            try:
+                outcomes, wall = asyncio.run(run_level(url, bodies, level, args.timeout))
+            except TimeoutError:
+                timed_out = level
+                break
             rows.append(summarise(level, outcomes, wall, reference))
-            print(markdown(rows[-1:]).splitlines()[-1], flush=True)
+            if level == 1 and reference is None and not args.no_sequential:
+                reference = outcomes
+            print(markdown(rows[-1:]) if len(rows) == 1 else markdown(rows[-1:]).splitlines()[-1], flush=True)
     finally:
         if process is not None:
             stop_server(process)
@@ -262,6 +263,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.with_suffix(".md").write_text(markdown(rows) + "\n")
     print(markdown(rows))
     print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
+    if timed_out is not None:
+        print(f"serve_load: the {'sequential pass' if timed_out == 1 and not args.no_sequential else f'{timed_out}-client level'} "
+              f"did not finish within --timeout {args.timeout:g} s; the levels before it are written above. "
+              "Rerun with a larger --timeout (or fewer --requests).", file=sys.stderr)
+        return 1
     failed = any(r["errors"] or r["lost"] or r.get("mismatched_indices") for r in rows)
     return 1 if failed else 0
 

@@ -41,3 +41,43 @@ def test_the_load_script_runs_against_a_real_server(tmp_path):
         assert row["equal_to_sequential"] == 6 and row["mismatched_indices"] == []
     assert row["ttft_p50_s"] is not None and row["latency_p95_s"] >= row["latency_p50_s"]
     assert "| 6 | 6 | 0 |" in out.with_suffix(".md").read_text()
+
+
+@pytest.mark.skipif(not (data_dir() / "nq_swap").is_dir(), reason="needs the NQ-Swap data of ../shared/data")
+@pytest.mark.timeout(120)
+def test_a_level_past_its_timeout_ends_with_a_clear_message_and_keeps_the_levels_before_it(tmp_path):
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class SlowServer(BaseHTTPRequestHandler):  # answers the model list at once and every chat request after 3 s
+        def _json(self, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self._json({"object": "list", "data": [{"id": "slow", "object": "model"}]})
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            time.sleep(3)
+            self._json({})
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), SlowServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        run = subprocess.run([sys.executable, "benchmarks/serve_load.py", "--url", f"http://127.0.0.1:{server.server_port}",
+                              "--requests", "2", "--levels", "2", "--timeout", "1", "--out", str(tmp_path / "r.json")],
+                             cwd=ROOT, capture_output=True, text=True, timeout=100)
+    finally:
+        server.shutdown()
+    assert run.returncode == 1
+    assert "sequential pass did not finish within --timeout 1 s" in run.stderr and "Traceback" not in run.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["rows"] == []
