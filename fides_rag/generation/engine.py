@@ -30,6 +30,7 @@ from fides_rag.generation.kv_cache import DecodeCache, mergeable
 from fides_rag.generation.layout import Unit
 from fides_rag.generation.prefix_cache import DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
 from fides_rag.generation.prompting import context_window
+from fides_rag.generation.ragged_attention import per_segment_attention
 from fides_rag.generation.requests import Heads, Request
 from fides_rag.generation.running import RunningBatch
 from fides_rag.generation.scheduler import DEFAULT_BATCHED_TOKENS, Admission, QueueFullError, Scheduler
@@ -318,7 +319,8 @@ class DecodeEngine:
             if newcomers is None:
                 return
             try:
-                with self.model_lock, torch.inference_mode(), (self.step_context or contextlib.nullcontext)():
+                with self.model_lock, torch.inference_mode(), per_segment_attention(self.anatomy.backbone), \
+                        (self.step_context or contextlib.nullcontext)():
                     self._flight.static = self.scheduler.admission == "static"
                     budget = None
                     if self.chunked:

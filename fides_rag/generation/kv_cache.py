@@ -4,9 +4,9 @@ cache that holds each group at its own length, and pruning of finished rows.
 Why ragged: the context prompt is longer than the no-context prompt (by the documents). Stacking both into
 one [R, kv_heads, T, d] tensor left-pads the short rows to the long ones, so FIDES held 2x standard's KV
 bytes when the no-context prompt is short. A `RaggedLayer` keeps each group of rows (a segment) in its own
-tensor at its own length, appends every step's keys to each segment, and pads them to a common length
-only for the attention call of that layer (a transient, one layer at a time). The attention sees exactly
-the tensor the merged cache held, so results are unchanged, and one batched forward per step is kept.
+tensor at its own length and appends every step's keys to each segment in place; the attention call
+takes each segment as it is (`ragged_attention.py`), so a decode step writes no copy of the cache, and one
+batched forward per step is kept.
 Per-path caches run as separate forwards would cost about 1.3x per step on a 2-core CPU (batch 2 vs two
 batch-1 forwards) and read the weights twice on a GPU; transformers' paged cache needs flattened inputs
 and its paged attention kernels, which the logit lens and head hooks do not fit.
@@ -23,6 +23,7 @@ import torch
 from transformers.cache_utils import CacheLayerMixin, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
 from fides_rag.generation.hooks import HeadMasker, LayerCapture
+from fides_rag.generation.ragged_attention import hand_over
 from fides_rag.lens import ModelAnatomy
 
 
@@ -100,8 +101,9 @@ class RaggedLayer(CacheLayerMixin):
     """One attention layer's KV cache held as segments: consecutive rows with their own length each.
 
     Every segment is a transformers `DynamicLayer` or `DynamicSlidingWindowLayer`, which does its own
-    appending and window truncation; this class only splits the step's new states by segment and pads the
-    segments' states to a common length for the attention call."""
+    appending and window truncation; this class only splits the step's new states by segment and hands the
+    segments to the attention call as they are (`ragged_attention.py`), or, where the model's attention cannot
+    take them so, pads them to a common length for it (a transient copy, one layer at a time)."""
 
     is_compileable = True
 
@@ -134,6 +136,8 @@ class RaggedLayer(CacheLayerMixin):
             keys.append(k)
             values.append(v)
             at += rows
+        if hand_over(list(zip(keys, values))):  # the attention call takes each segment as it is
+            return keys[0], values[0]
         return _stack(keys), _stack(values)  # [R, kv_heads, T_max + q, d] for this layer's attention only
 
     def _longest(self) -> DynamicLayer:

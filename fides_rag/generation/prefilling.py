@@ -113,9 +113,9 @@ class TicketPrefill:
         lengths = [len(r.ids) for r in self.rows]
         width = max(lengths)
         device = self.rows[0].hidden.device
-        mask = torch.zeros((len(lengths), width), dtype=torch.long)
+        mask = torch.zeros((len(lengths), width), dtype=torch.bool)
         for i, n in enumerate(lengths):
-            mask[i, width - n :] = 1
+            mask[i, width - n :] = True
         positions = torch.tensor([[n - 1] for n in lengths], dtype=torch.long)
         cache = ragged_cache([r.cache for r in self.rows], config, padded=len(set(lengths)) > 1)
         hidden = torch.cat([r.hidden for r in self.rows])

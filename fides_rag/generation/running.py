@@ -25,7 +25,8 @@ class RunningBatch:
         self.split_prefill = split_prefill
         self.layout = RowLayout()
         self.cache: Any = None
-        self.mask: torch.Tensor | None = None  # [R, W], left-padded, width = the longest row's cached positions
+        self.mask: torch.Tensor | None = None  # [R, W] bool, left-padded, width = the longest row's cached positions
+        self._mask_room: torch.Tensor | None = None  # [R, W + spare] bool whose first W columns `mask` may view
         self.positions: torch.Tensor | None = None  # [R, 1] position of every row's last token
         self.hidden: torch.Tensor | None = None  # [R, H] this step's final-normed last states
         self.states: dict[int, torch.Tensor] = {}  # layer -> [R, H] this step's captured block outputs
@@ -42,7 +43,7 @@ class RunningBatch:
     def forward(self, tokens: Sequence[int], capture: LayerCapture, masker: HeadMasker | None) -> None:
         """One decode forward of every row over its token."""
         step_ids = torch.tensor(list(tokens), dtype=torch.long).to(self.input_device)[:, None]  # [R, 1]
-        self.mask = torch.cat([self.mask, self.mask.new_ones((self.layout.num_rows, 1))], dim=-1)  # [R, W + 1]
+        self._grow_mask()  # [R, W + 1]
         self.positions = self.positions[:, -1:] + 1  # [R, 1]
         self.layout.grow()
         # Rows of equal length need no attention mask: with none, transformers builds none either, with no host sync.
@@ -54,6 +55,19 @@ class RunningBatch:
         self.hidden = hidden[:, -1, :]  # [R, H]
         self.states = dict(capture.states)
 
+    def _grow_mask(self) -> None:
+        """One more column of True, written in place into spare room (grown by max(16, W/16) columns at a time), so a
+        step writes one column, not the whole mask."""
+        rows, width = self.mask.shape
+        room = self._mask_room
+        in_room = room is not None and self.mask.data_ptr() == room.data_ptr() and self.mask.stride() == room.stride()
+        if not in_room or room.shape[1] <= width:
+            room = self.mask.new_zeros((rows, width + 1 + max(16, width // 16)))
+            room[:, :width] = self.mask
+            self._mask_room = room
+        room[:, width] = True
+        self.mask = room[:, : width + 1]
+
     def join(self, groups: Sequence[GroupSpec], head_sets: Sequence[int], capture: LayerCapture, masker: HeadMasker | None) -> None:
         """Prefill newcomers' row groups and append their rows after the current ones."""
         row_groups = [RowGroup(*left_padded(g.sequences, self.pad_id, self.input_device), head_set=g.head_set) for g in groups]
@@ -64,12 +78,13 @@ class RunningBatch:
     def append(self, state: Prefilled, states: dict[int, torch.Tensor], head_sets: Sequence[int], lengths: Sequence[int]) -> None:
         """Append prefilled rows (their cache, mask, last positions and states, layer -> [n, H]) after the current ones."""
         if self.empty:
-            self.cache, self.mask, self.positions, self.hidden = state.cache, state.attention_mask, state.positions, state.last_hidden
+            self.cache, self.positions, self.hidden = state.cache, state.positions, state.last_hidden
+            self.mask = state.attention_mask.bool()
             self.states = states
         else:
             extend(self.cache, state.cache)
             width = max(self.mask.shape[1], state.attention_mask.shape[1])
-            self.mask = torch.cat([pad_left(self.mask, width, 1), pad_left(state.attention_mask.to(self.mask.device), width, 1)])
+            self.mask = torch.cat([pad_left(self.mask, width, 1), pad_left(state.attention_mask.to(self.mask.device, torch.bool), width, 1)])
             self.positions = torch.cat([self.positions, state.positions.to(self.positions.device)])
             self.hidden = torch.cat([self.hidden, state.last_hidden.to(self.hidden.device)])
             self.states = {layer: torch.cat([_states(self.states, layer, self.hidden, self.layout.num_rows),
@@ -82,7 +97,7 @@ class RunningBatch:
         if rows is None:
             return
         if not rows:
-            self.cache = self.mask = self.positions = self.hidden = None
+            self.cache = self.mask = self._mask_room = self.positions = self.hidden = None
             self.states = {}
             return
         self.mask, self.positions = prune(self.cache, self.mask, self.positions, rows)

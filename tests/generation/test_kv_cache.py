@@ -3,11 +3,14 @@ with the attention seeing exactly what a padded cache would give."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
 from fides_rag.generation.hooks import LayerCapture
 from fides_rag.generation.kv_cache import RowGroup, cache_bytes, left_padded, prefill, prompt_cache_bytes, prune
+from fides_rag.generation.ragged_attention import per_segment_attention
 from fides_rag.lens import ModelAnatomy
 
 CONTEXT = list(range(5, 165))  # 160 tokens: documents and question
@@ -52,13 +55,16 @@ def test_fides_cache_holds_no_padding_and_standard_does_not_grow(tiny_models, fa
     assert fides < padded
 
 
+@pytest.mark.parametrize("per_segment", [False, True], ids=["padded-attention-call", "attention-per-segment"])
 @pytest.mark.parametrize("family", ["llama", "gemma2", "gemma3_text"])
-def test_ragged_decode_equals_padded_decode_and_stays_ragged(tiny_models, family):
+def test_ragged_decode_equals_padded_decode_and_stays_ragged(tiny_models, family, per_segment):
     """Decode steps over the ragged cache give the states of the jointly padded cache, hold only real
-    tokens, and keep doing so after pruning rows (with repeats, as several methods share a prefill)."""
+    tokens, and keep doing so after pruning rows (with repeats, as several methods share a prefill); whether the
+    attention call takes the segments padded into one tensor or one at a time (SDPA and eager attention)."""
     anatomy = ModelAnatomy.of(tiny_models[family])
     groups = [RowGroup(*left_padded([CONTEXT, CONTEXT[:90]], 0, torch.device("cpu"))), RowGroup(*left_padded([NO_CONTEXT], 0, torch.device("cpu")))]
-    with torch.inference_mode(), LayerCapture(anatomy, ()) as capture:
+    attention = per_segment_attention(anatomy.backbone) if per_segment else contextlib.nullcontext()
+    with torch.inference_mode(), LayerCapture(anatomy, ()) as capture, attention:
         ragged = prefill(anatomy, groups, capture, None, split=True)
         padded = prefill(anatomy, groups, capture, None, split=False)
         before = cache_bytes(ragged.cache)
