@@ -8,6 +8,7 @@ the no-context prompt is the question alone. Each (length, method) is one forced
 
     nice -n 19 python benchmarks/kv_traffic.py --lengths 256,1024,4096,16384 --out results/kv-traffic/before.json
     python benchmarks/kv_traffic.py --table results/kv-traffic/before.json   # several files: merged
+    python benchmarks/kv_traffic.py --table results/kv-traffic/before*.json --after results/kv-traffic/after*.json
 
 Lengths the model cannot hold (SmolLM2: 8,192 positions) run on a random-weight model of the same configuration with
 a longer max_position_embeddings: the counts do not depend on the weights. Entries already in --out are kept
@@ -107,30 +108,58 @@ def measure(args: argparse.Namespace) -> None:
     print(tables(report))
 
 
-def tables(report: dict[str, Any]) -> str:
-    """Markdown: traffic per decoded token, decode time per token, ops per decode step."""
+def _traffic(run: dict[str, Any]) -> str:
+    return f"{run['traffic_bytes_per_token']['median'] / 1e6:.2f} [{run['traffic_bytes_per_token']['max'] / 1e6:.2f}]"
+
+
+def _decode_ms(run: dict[str, Any]) -> str:
+    return "-" if run["decode_ms_per_token"] is None else f"{run['decode_ms_per_token']:.1f}"
+
+
+def _ops(run: dict[str, Any]) -> str:
+    return f"{run['ops_per_token']:,.0f}"
+
+
+def _table(runs: dict[str, Any], after: dict[str, Any] | None, methods: list[str], text: Any) -> list[str]:
+    """Markdown rows: one per context length, one cell per method ("before → after" when `after` is given)."""
+    lines = ["| context tokens | " + " | ".join(HEADERS[m] for m in methods) + " |", "|---|" + "---|" * len(methods)]
+    for length in sorted({*runs, *(after or {})}, key=int):
+        cells = []
+        for method in methods:
+            found = runs.get(length, {}).get(method)
+            cell = "-" if found is None else text(found)
+            if after is not None:
+                found = after.get(length, {}).get(method)
+                cell += " → " + ("-" if found is None else text(found))
+            cells.append(cell)
+        lines.append(f"| {int(length):,} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def tables(report: dict[str, Any], after: dict[str, Any] | None = None) -> str:
+    """Markdown: traffic per decoded token, decode time per token, ops per decode step; with `after` (another report),
+    each cell reads "this report's figure → after's"."""
     runs = report["runs"]
-    methods = [m for m in (*METHODS, GENERATE_INFERENCE_MODE) if any(m in r for r in runs.values())]
+    every = [runs, *([after["runs"]] if after else [])]
+    methods = [m for m in (*METHODS, GENERATE_INFERENCE_MODE) if any(m in r for by in every for r in by.values())]
     traffic_methods = [m for m in methods if m != GENERATE_INFERENCE_MODE]
-    lines = ["MB written by copy, cat and pad kernels per decoded token (median decode step; max step in brackets):", "",
-             "| context tokens | " + " | ".join(HEADERS[m] for m in traffic_methods) + " |",
-             "|---|" + "---|" * len(traffic_methods)]
+    later = after["runs"] if after else None
+    arrow = " (before → after)" if after else ""
+    return "\n".join([
+        f"MB written by copy, cat and pad kernels per decoded token{arrow} (median decode step; max step in brackets):", "",
+        *_table(runs, later, traffic_methods, _traffic), "",
+        f"Decode ms per token on this machine{arrow} (mean of the timed steps):", "", *_table(runs, later, traffic_methods, _decode_ms), "",
+        f"aten ops per decode step{arrow} (median):", "", *_table(runs, later, methods, _ops),
+    ])
 
-    def cell(run: dict | None, text) -> str:
-        return "-" if run is None else text(run)
 
-    for length, by in runs.items():
-        lines.append(f"| {int(length):,} | " + " | ".join(cell(by.get(m), lambda r: (
-            f"{r['traffic_bytes_per_token']['median'] / 1e6:.2f} [{r['traffic_bytes_per_token']['max'] / 1e6:.2f}]")) for m in traffic_methods) + " |")
-    lines += ["", "Decode ms per token on this machine (mean of the timed steps):", "",
-              "| context tokens | " + " | ".join(HEADERS[m] for m in traffic_methods) + " |", "|---|" + "---|" * len(traffic_methods)]
-    for length, by in runs.items():
-        lines.append(f"| {int(length):,} | " + " | ".join(cell(by.get(m), lambda r: "-" if r["decode_ms_per_token"] is None else f"{r['decode_ms_per_token']:.1f}") for m in traffic_methods) + " |")
-    lines += ["", "aten ops per decode step (median):", "", "| context tokens | " + " | ".join(HEADERS[m] for m in methods) + " |",
-              "|---|" + "---|" * len(methods)]
-    for length, by in runs.items():
-        lines.append(f"| {int(length):,} | " + " | ".join(cell(by.get(m), lambda r: f"{r['ops_per_token']:,.0f}") for m in methods) + " |")
-    return "\n".join(lines)
+def merged(paths: list[str]) -> dict[str, Any]:
+    """The runs of several results files, by context length (ascending)."""
+    runs: dict[str, Any] = {}
+    for path in paths:
+        for length, by in json.loads(Path(path).read_text())["runs"].items():
+            runs.setdefault(length, {}).update(by)
+    return {"runs": dict(sorted(runs.items(), key=lambda item: int(item[0])))}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -145,13 +174,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", default=None, help="benchmark data folder (default: $FIDES_RAG_DATA or ../shared/data)")
     parser.add_argument("--out", help="JSON results file; entries already in it are kept")
     parser.add_argument("--table", metavar="FILE", nargs="+", help="print the markdown tables of results files (merged) and exit")
+    parser.add_argument("--after", metavar="FILE", nargs="+",
+                        help="with --table: results files of a later revision (merged); each cell reads 'before → after'")
     args = parser.parse_args(argv)
+    if args.after and not args.table:
+        parser.error("--after compares with the files of --table")
     if args.table:
-        runs: dict[str, Any] = {}
-        for path in args.table:
-            for length, by in json.loads(Path(path).read_text())["runs"].items():
-                runs.setdefault(length, {}).update(by)
-        print(tables({"runs": dict(sorted(runs.items(), key=lambda item: int(item[0])))}))
+        print(tables(merged(args.table), merged(args.after) if args.after else None))
         return
     if not args.out:
         parser.error("--out is required to measure")
