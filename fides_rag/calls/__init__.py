@@ -29,15 +29,15 @@ whose `field` names what to fix (a tool's schema, tool_choice, a schema the gram
 
 from fides_rag.calls.answering import Answer, AnswerStream, Call, CallStream
 from fides_rag.calls.metadata import FINISH_REASONS, record, usage
-from fides_rag.calls.options import CONSTRAINTS, CallInputError, CallOptions, FidesFallbackError, resolve_method
-from fides_rag.calls.planning import DOCUMENTS_INSTRUCTION, ROLES, ChatPlan, ChatPrompts, Turn, role_of, why_no_documents
+from fides_rag.calls.options import CONSTRAINTS, FIDES_CONSTANTS, CallInputError, CallOptions, FidesFallbackError, fold_fides_constants, resolve_method
+from fides_rag.calls.planning import DOCUMENTS_INSTRUCTION, ROLES, ChatPlan, ChatPrompts, Turn, filled_variable, role_of, why_no_documents
 from fides_rag.calls.structure import IncompleteAnswerError, check_complete, closed_schema, constraint_of, parse_structure, schema_of
 from fides_rag.calls.tools import ToolCall, ToolCallStream, ToolCalling, ToolSpec, calls_from_openai, new_call_id, render_calls, tool_choice_name
 
 __all__ = [
-    "CONSTRAINTS", "DOCUMENTS_INSTRUCTION", "FINISH_REASONS", "ROLES", "Answer", "AnswerStream", "Call", "CallInputError",
+    "CONSTRAINTS", "DOCUMENTS_INSTRUCTION", "FIDES_CONSTANTS", "FINISH_REASONS", "ROLES", "Answer", "AnswerStream", "Call", "CallInputError",
     "CallOptions", "CallStream", "ChatPlan", "ChatPrompts", "FidesFallbackError", "IncompleteAnswerError", "ToolCall",
-    "ToolCallStream", "ToolCalling", "ToolSpec", "Turn", "calls_from_openai", "check_complete", "closed_schema", "constraint_of",
+    "ToolCallStream", "ToolCalling", "ToolSpec", "Turn", "calls_from_openai", "check_complete", "closed_schema", "constraint_of", "filled_variable", "fold_fides_constants",
     "new_call_id", "parse_structure", "render_calls", "record", "resolve_method", "role_of", "schema_of", "tool_choice_name", "usage",
     "why_no_documents",
 ]

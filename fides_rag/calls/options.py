@@ -4,6 +4,7 @@ grammar constraint and strict mode; and the one fallback check with its one erro
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,20 @@ CONSTRAINTS = ("json_schema", "regex", "grammar")
 SAMPLING = ("do_sample", "temperature", "top_p", "top_k", "seed")
 OPTIONS = frozenset({"method", "fides_config", "max_new_tokens", "stop", "strict", *SAMPLING, *CONSTRAINTS})
 """What a call may set (each front door adds its own: documents, tools, ...)."""
+
+
+FIDES_CONSTANTS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(FidesConfig) if f.name != "source")
+"""FidesConfig's fields, which a front door may also take by name (weights=, lambda_=, ...)."""
+
+
+def fold_fides_constants(kwargs: dict[str, Any], base: FidesConfig) -> None:
+    """Replace FIDES constants given by name in `kwargs` (weights=0.4, ...) by `fides_config=` built on `base`."""
+    named = {k: kwargs.pop(k) for k in FIDES_CONSTANTS if k in kwargs}
+    if not named:
+        return
+    if kwargs.get("fides_config") is not None:
+        raise TypeError(f"pass fides_config= or the FIDES constants {sorted(named)} by name, not both")
+    kwargs["fides_config"] = dataclasses.replace(base, **{k: tuple(v) if k == "weights" else v for k, v in named.items()})
 
 
 class FidesFallbackError(ValueError):

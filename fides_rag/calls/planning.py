@@ -21,7 +21,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -66,6 +67,22 @@ def why_no_documents(retrieved: Sequence[str] | None, where: str) -> str:
             f"(a formatter rewrote them, e.g. numbering or cleaning their text)")
 
 
+def filled_variable(template: str, text: str, variables: Sequence[str]) -> tuple[str, int, int] | None:
+    """Where `text`, rendered from `template` ("... {name} ..." placeholders), holds a non-blank value of one of
+    `variables`: (name, start, end); None when `text` holds none (or was not rendered from `template`)."""
+    pattern, last = "", 0
+    for match in re.finditer(r"\{(\w+)\}", template):
+        pattern += re.escape(template[last : match.start()])
+        name = match.group(1)
+        pattern += f"(?P<{name}>.*)" if name in variables and f"(?P<{name}>" not in pattern else "(?:.*?)"
+        last = match.end()
+    found = re.compile(pattern + re.escape(template[last:]), re.DOTALL).search(text)
+    for name in variables:
+        if found is not None and name in found.re.groupindex and found.group(name).strip():
+            return name, *found.span(name)
+    return None
+
+
 @dataclass
 class ChatPlan:
     """How one conversation decodes: fides-rag's template (question + documents) or two rendered prompts."""
@@ -87,6 +104,20 @@ class ChatPlan:
     untrusted: list[str] = field(default_factory=list)
     """Texts in the rendered prompts (the documents as kept, the question, every turn's content) that are tokenised as
     plain text."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """What the front door adds to the record about the prompt (a framework template's type, its context variables)."""
+
+    @classmethod
+    def as_given(cls, prompt: str, why: str, consequence: str = "decoded with 'standard'", *, untrusted: Sequence[str | None] = (),
+                 fallback: bool = True, extra: Mapping[str, Any] | None = None) -> ChatPlan:
+        """No documents to contrast: 'standard' on `prompt` as given, with the note `why: consequence` (a fallback, which
+        a strict caller refuses, unless `fallback=False`: nothing was asked that could not be done)."""
+        plan = cls("prompts", "none", context_prompt=prompt, no_context_prompt=prompt, method="standard",
+                   untrusted=[t for t in untrusted if t], extra=dict(extra or {}))
+        if not fallback:
+            plan.notes.append(f"{why}: {consequence}")
+            return plan
+        return plan.fall_back(why, consequence)
 
     def fall_back(self, why: str, consequence: str) -> ChatPlan:
         """Record a fallback: `why` for a strict caller's error, `why: consequence` as the note and the warning."""
@@ -120,6 +151,7 @@ class ChatPlan:
             "num_documents": len(self.documents),
             "documents_trimmed": self.trimmed or result.documents_trimmed,
             "document_tokens": self.document_tokens or result.document_tokens,
+            **self.extra,
         }
 
     def prompt(self) -> tuple[Any, list[str] | None]:
@@ -158,13 +190,16 @@ class ChatPrompts:
         return cls(decoder.tokenizer, context_window=decoder.context_window, use_chat_template=use, no_context_path=no_context_path,
                    documents_instruction=documents_instruction, template=decoder.prompt_template, tools=tools)
 
-    def fides_template(self, question: str, documents: Sequence[str], source: str = "documents") -> ChatPlan:
-        """fides-rag's own template: the question and its documents (none: 'standard' on the question, a fallback)."""
+    def fides_template(self, question: str, documents: Sequence[str], source: str = "documents", *,
+                       why_empty: str = "the documents given were empty",
+                       consequence: str = "decoded with 'standard' on the question alone") -> ChatPlan:
+        """fides-rag's own template: the question and its documents (none: 'standard' on the question, a fallback
+        noted as `why_empty: consequence`)."""
         texts = [t for t in documents if t.strip()]
         plan = ChatPlan("template", source, question=question, documents=texts)
         if not texts:
             plan.method = "standard"
-            plan.fall_back("the documents given were empty", "decoded with 'standard' on the question alone")
+            plan.fall_back(why_empty, consequence)
         return plan
 
     def with_tools(self, tools: ToolCalling | None) -> ChatPrompts:
@@ -230,24 +265,44 @@ class ChatPrompts:
             logger.warning(note)
         plan.notes += fitted.notes
         plan.trimmed, plan.document_tokens = fitted.trimmed, fitted.document_tokens
-        if self.no_context_path == "question":
-            if question:
-                plan.no_context_prompt = self.render([("user", question_only_text(question))])
-            else:
-                plan.fall_back("no_context_path='question' but no question was found for this call",
-                               "the no-context path is the prompt with its documents removed (pass fides_question=)")
-        return plan
+        return self._question_path(plan, question)
+
+    def template_pair(
+        self, render: Callable[[dict[str, str]], str], context: Mapping[str, str], max_new_tokens: int, *,
+        source: str = "context", question: str | None = None, untrusted: Sequence[str | None] = (),
+        question_prompt: Callable[[str], str] | None = None, extra: Mapping[str, Any] | None = None,
+    ) -> ChatPlan:
+        """A prompt template rendered with and without its context variables. `render` fills the variables named in
+        `context` (and nothing else changes). Context path: `render(context)`, the longest value trimmed while the
+        prompt and `max_new_tokens` do not fit the window; no-context path: every variable emptied, or under
+        no_context_path='question' the question alone (rendered by `question_prompt`, default: one user turn).
+        `untrusted`: the prompt's other texts (the question, the messages), tokenised as plain text."""
+        fitted = fit_documents(dict(context), render, self.tokenizer, context_window=self.context_window, max_new_tokens=max_new_tokens)
+        for note in fitted.notes:
+            logger.warning(note)
+        kept = [t for t in fitted.texts.values() if t.strip()]
+        plan = ChatPlan("prompts", source, documents=kept, context_prompt=fitted.rendered, no_context_prompt=render(dict.fromkeys(context, "")),
+                        notes=list(fitted.notes), trimmed=fitted.trimmed, document_tokens=fitted.document_tokens,
+                        untrusted=[t for t in dict.fromkeys([*kept, *untrusted]) if t], extra=dict(extra or {}))
+        return self._question_path(plan, question, question_prompt)
+
+    def _question_path(self, plan: ChatPlan, question: str | None, question_prompt: Callable[[str], str] | None = None) -> ChatPlan:
+        """Under no_context_path='question', the plan's no-context path becomes the question alone under the neutral
+        instruction (a fallback to the emptied prompt where no question was found)."""
+        if self.no_context_path != "question":
+            return plan
+        if question and question.strip():
+            text = question_only_text(question)
+            plan.no_context_prompt = question_prompt(text) if question_prompt is not None else self.render([("user", text)])
+            return plan
+        return plan.fall_back("no_context_path='question' but no question was found for this call",
+                              "the no-context path is the prompt with its documents removed (pass the question)")
 
     def plain(self, turns: Sequence[Turn], why: str, question: str | None = None, *, fallback: bool = True) -> ChatPlan:
         """No documents to contrast: 'standard' on the conversation as given, with a note saying why (a fallback,
         which a strict caller refuses, unless `fallback=False`: nothing was asked that could not be done)."""
-        prompt = self.render(turns)
-        plan = ChatPlan("prompts", "none", context_prompt=prompt, no_context_prompt=prompt, method="standard",
-                        untrusted=_untrusted([question] if question else [], turns))
-        if not fallback:
-            plan.notes.append(f"{why}: decoded with 'standard' on the prompt as given")
-            return plan
-        return plan.fall_back(why, "decoded with 'standard' on the prompt as given")
+        return ChatPlan.as_given(self.render(turns), why, "decoded with 'standard' on the prompt as given",
+                                 untrusted=_untrusted([question] if question else [], turns), fallback=fallback)
 
     def with_documents(
         self, turns: Sequence[Turn], texts: Sequence[str], source: str, max_new_tokens: int, *,

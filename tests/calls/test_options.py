@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from fides_rag import FidesConfig
-from fides_rag.calls import CallInputError, CallOptions, ChatPlan, FidesFallbackError
+from fides_rag.calls import CallInputError, CallOptions, ChatPlan, FidesFallbackError, fold_fides_constants
 
 
 def test_a_call_overrides_the_defaults_and_config_goes_to_the_rules_that_take_one():
@@ -48,3 +48,14 @@ def test_one_fallback_check(caplog):
     with caplog.at_level(logging.WARNING, logger="fides_rag.calls"):
         CallOptions.parse({}, {}).check_fallback(plan)
     assert "no documents were given: decoded with 'standard'" in caplog.text
+
+
+def test_fides_constants_given_by_name_become_one_config():
+    kwargs = {"weights": [0.2, 0.3, 0.5], "lambda_": 0.4, "method": "fides"}
+    fold_fides_constants(kwargs, FidesConfig())
+    assert kwargs == {"method": "fides", "fides_config": FidesConfig(weights=(0.2, 0.3, 0.5), lambda_=0.4)}
+    untouched = {"method": "cad"}
+    fold_fides_constants(untouched, FidesConfig())
+    assert untouched == {"method": "cad"}
+    with pytest.raises(TypeError, match="not both"):
+        fold_fides_constants({"lambda_": 0.4, "fides_config": FidesConfig()}, FidesConfig())

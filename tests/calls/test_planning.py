@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fides_rag import FidesDecoder, PromptPair
-from fides_rag.calls import ChatPrompts
+from fides_rag.calls import ChatPlan, ChatPrompts, filled_variable
 
 DOC = "The Eiffel Tower is in Rome."
 
@@ -95,3 +95,40 @@ def test_a_turn_that_is_a_fragment_of_the_markup_leaves_the_templates_tokens_alo
     clean = [("user", "s"), ("assistant", "|"), ("user", "Where?")]
     ids = _ids(decoder, prompts(chat_tokenizer).plain(turns, "none", "Where?"))
     assert _control_count(chat_tokenizer, ids) == _control_count(chat_tokenizer, _ids(decoder, prompts(chat_tokenizer).plain(clean, "none")))
+
+
+def test_a_template_renders_with_its_context_and_emptied(tokenizer):
+    plain = ChatPrompts(tokenizer, context_window=2048, use_chat_template=False)
+    render = lambda c: f"Notes: {c['notes']}\nQ: Where is it?"  # noqa: E731
+    plan = plain.template_pair(render, {"notes": DOC}, 8, question="Where is it?", untrusted=["Where is it?", None], extra={"prompt_type": "qa"})
+    assert plan.context_prompt == f"Notes: {DOC}\nQ: Where is it?" and plan.no_context_prompt == "Notes: \nQ: Where is it?"
+    assert plan.documents == [DOC] and plan.untrusted == [DOC, "Where is it?"] and plan.fallback is None
+    pair, _ = plan.prompt()
+    assert pair.context == plan.context_prompt and plan.extra == {"prompt_type": "qa"}
+
+
+def test_a_template_under_the_question_design_and_a_tight_window(tokenizer):
+    asked = ChatPrompts(tokenizer, context_window=2048, use_chat_template=False, no_context_path="question")
+    plan = asked.template_pair(lambda c: f"{c['notes']} Q?", {"notes": DOC}, 8, question="Q?", question_prompt=lambda q: f"[{q}]")
+    assert plan.no_context_prompt == "[Answer the following question:\nQ?]"
+    unasked = asked.template_pair(lambda c: f"{c['notes']} Q?", {"notes": DOC}, 8)
+    assert unasked.no_context_prompt == " Q?" and unasked.fallback.startswith("no_context_path='question' but no question was found")
+    tight = ChatPrompts(tokenizer, context_window=40, use_chat_template=False).template_pair(lambda c: f"{c['notes']} Q?", {"notes": DOC * 20}, 8)
+    assert tight.trimmed and len(tight.context_prompt) < len(DOC * 20) and tight.notes
+
+
+def test_a_prompt_as_given_decodes_standard_with_a_note():
+    plan = ChatPlan.as_given("Q?", "no documents were given", untrusted=["Q?", None], extra={"prompt_type": "completion"})
+    assert plan.method == "standard" and plan.source == "none" and plan.no_context_prompt == "Q?" and plan.untrusted == ["Q?"]
+    assert plan.fallback == "no documents were given" and plan.notes == ["no documents were given: decoded with 'standard'"]
+    quiet = ChatPlan.as_given("Q?", "tools are bound", fallback=False)
+    assert quiet.fallback is None and quiet.notes == ["tools are bound: decoded with 'standard'"]
+
+
+def test_a_filled_template_variable_is_found_in_its_rendering():
+    template = "Context:\n{context_str}\nInstruction: {instruction}"
+    text = f"Context:\n{DOC}\nInstruction: Be brief."
+    name, start, end = filled_variable(template, text, ["context_str"])
+    assert name == "context_str" and text[start:end] == DOC
+    assert filled_variable(template, "Context:\n \nInstruction: x", ["context_str"]) is None
+    assert filled_variable(template, "Something else", ["context_str"]) is None

@@ -384,6 +384,6 @@ def test_no_context_path_question_without_a_query_keeps_the_emptied_prompt_with_
     llm.predict(PromptTemplate("Notes: {context_str}\nSummarise."), context_str=DOC)
     info = last_info(llm)
     assert DOC not in info["no_context_prompt"] and "Summarise." in info["no_context_prompt"]
-    assert any("no_context_path='question' but the call has no question" in n for n in info["notes"])
+    assert any("no_context_path='question' but no question was found" in n for n in info["notes"])
     with pytest.raises(ValueError, match="no_context_path must be one of"):
         FidesLLM(chat_decoder, no_context_path="neutral")

@@ -35,16 +35,16 @@ from llama_index.core.prompts.base import BasePromptTemplate
 from llama_index.core.types import TokenAsyncGen, TokenGen
 
 from fides_rag import FidesConfig, FidesDecoder, GenerationResult, load_model
-from fides_rag.calls import ToolCalling, resolve_method
+from fides_rag.calls import ChatPlan, ToolCalling, fold_fides_constants, resolve_method
 from fides_rag.generation.streaming import iterate_in_thread
 from fides_rag.raw_prompts import check_no_context_path
 
 from llama_index.llms.fides.context import CONTEXT_VARIABLES, split_prompt_args
-from llama_index.llms.fides.options import CALL_OPTIONS, CONSTRAINTS, GENERATION_OPTIONS, FidesFallbackError, fold_fides_constants
+from llama_index.llms.fides.options import CALL_OPTIONS, CONSTRAINTS, GENERATION_OPTIONS, FidesFallbackError
 from llama_index.llms.fides.decoding import PairDecoding
 from llama_index.llms.fides.function_calling import FunctionCalling
 from llama_index.llms.fides.structured import StructuredPrediction
-from llama_index.llms.fides.pairing import CallPrompts, CallPairing
+from llama_index.llms.fides.pairing import CallPairing
 
 dispatcher = get_dispatcher(__name__)
 logger = logging.getLogger("llama_index.llms.fides")
@@ -241,35 +241,33 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         """Decode `prompt`. kwargs: documents=[...] (contrastive path), no_context_prompt=str, and any of
         method, max_new_tokens, stop, do_sample, temperature, top_p, top_k, seed."""
-        pair = kwargs.pop("_pair", None)
-        options = self._options(kwargs)
-        pair = pair or self._pair_for_complete(prompt, formatted, kwargs, options)
-        return self._generate(pair, options)
+        plan, options = self._complete_inputs(prompt, formatted, kwargs)
+        return self._generate(plan, options)
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
-        pair = kwargs.pop("_pair", None)
-        options = self._options(kwargs)
-        pair = pair or self._pair_for_complete(prompt, formatted, kwargs, options)
-        return self._stream(pair, options)
+        plan, options = self._complete_inputs(prompt, formatted, kwargs)
+        return self._stream(plan, options)
 
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        pair = kwargs.pop("_pair", None)
-        options = self._options(kwargs)
-        pair = pair or self._pair_for_complete(prompt, formatted, kwargs, options)
-        return await asyncio.to_thread(self._generate, pair, options)
+        plan, options = self._complete_inputs(prompt, formatted, kwargs)
+        return await asyncio.to_thread(self._generate, plan, options)
 
     @llm_completion_callback()
     async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
-        pair = kwargs.pop("_pair", None)
+        plan, options = self._complete_inputs(prompt, formatted, kwargs)
+        return iterate_in_thread(lambda: self._stream(plan, options))
+
+    def _complete_inputs(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> tuple[ChatPlan, Any]:
+        """The call's plan (one `predict` made, `_plan`, or one of `prompt`) and options."""
+        plan = kwargs.pop("_plan", None)
         options = self._options(kwargs)
-        pair = pair or self._pair_for_complete(prompt, formatted, kwargs, options)
-        return iterate_in_thread(lambda: self._stream(pair, options))
+        return plan or self._pair_for_complete(prompt, formatted, kwargs), options
 
     # -- LlamaIndex hooks: chat ---------------------------------------------------------------------
 
-    def _chat_inputs(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> tuple[CallPrompts, dict[str, Any], ToolCalling | None]:
+    def _chat_inputs(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> tuple[ChatPlan, dict[str, Any], ToolCalling | None]:
         """The call's pair, options and tools (a ToolCalling, or None without tools)."""
         if "no_context_prompt" in kwargs:
             raise TypeError("chat does not take no_context_prompt=; use complete(..., no_context_prompt=...)")
@@ -314,8 +312,8 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
 
         prompt_args may also carry per-call options that the template does not use (method, max_new_tokens, ...).
         """
-        pair, options = self._predict_pair(prompt, prompt_args)
-        response = self.complete(pair.context_prompt, formatted=True, _pair=pair, **_call_kwargs(options))
+        plan, options = self._predict_pair(prompt, prompt_args)
+        response = self.complete(plan.context_prompt or "", formatted=True, _plan=plan, **_call_kwargs(options))
         output = self._parse_output(response.text)
         dispatcher.event(LLMPredictEndEvent(output=output))
         return output
@@ -324,14 +322,14 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
     def stream(self, prompt: BasePromptTemplate, **prompt_args: Any) -> TokenGen:
         if prompt.output_parser is not None or self.output_parser is not None:
             raise NotImplementedError("Output parser is not supported for streaming.")
-        pair, options = self._predict_pair(prompt, prompt_args)
-        responses = self.stream_complete(pair.context_prompt, formatted=True, _pair=pair, **_call_kwargs(options))
+        plan, options = self._predict_pair(prompt, prompt_args)
+        responses = self.stream_complete(plan.context_prompt or "", formatted=True, _plan=plan, **_call_kwargs(options))
         return stream_completion_response_to_tokens(responses)
 
     @dispatcher.span
     async def apredict(self, prompt: BasePromptTemplate, **prompt_args: Any) -> str:
-        pair, options = self._predict_pair(prompt, prompt_args)
-        response = await self.acomplete(pair.context_prompt, formatted=True, _pair=pair, **_call_kwargs(options))
+        plan, options = self._predict_pair(prompt, prompt_args)
+        response = await self.acomplete(plan.context_prompt or "", formatted=True, _plan=plan, **_call_kwargs(options))
         output = self._parse_output(response.text)
         dispatcher.event(LLMPredictEndEvent(output=output))
         return output
@@ -340,11 +338,11 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
     async def astream(self, prompt: BasePromptTemplate, **prompt_args: Any) -> TokenAsyncGen:
         if prompt.output_parser is not None or self.output_parser is not None:
             raise NotImplementedError("Output parser is not supported for streaming.")
-        pair, options = self._predict_pair(prompt, prompt_args)
-        responses = await self.astream_complete(pair.context_prompt, formatted=True, _pair=pair, **_call_kwargs(options))
+        plan, options = self._predict_pair(prompt, prompt_args)
+        responses = await self.astream_complete(plan.context_prompt or "", formatted=True, _plan=plan, **_call_kwargs(options))
         return await astream_completion_response_to_tokens(responses)
 
-    def _predict_pair(self, prompt: BasePromptTemplate, prompt_args: dict[str, Any]) -> tuple[CallPrompts, dict[str, Any]]:
+    def _predict_pair(self, prompt: BasePromptTemplate, prompt_args: dict[str, Any]) -> tuple[ChatPlan, dict[str, Any]]:
         template_args, call = split_prompt_args(prompt, prompt_args, CALL_OPTIONS)
         dispatcher.event(LLMPredictStartEvent(template=prompt, template_args=template_args))
         self._log_template_data(prompt, **template_args)

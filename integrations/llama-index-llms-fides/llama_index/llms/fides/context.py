@@ -10,7 +10,6 @@ path), so everything else, the query and a refine stage's existing answer, stays
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -87,40 +86,6 @@ def check_has_user_message(messages: Sequence[ChatMessage]) -> None:
     if not any(m.role == MessageRole.USER for m in messages):
         roles = [getattr(m.role, "value", m.role) for m in messages]
         raise ValueError(f"chat history has no user message (roles: {roles}); FIDES needs a question to answer")
-
-
-def template_regex(template: str) -> re.Pattern[str]:
-    """A regex for a context template such as ContextChatEngine's: {context_str}/{context_msg} captured."""
-    pattern, last = "", 0
-    for match in re.finditer(r"\{(\w+)\}", template):
-        pattern += re.escape(template[last : match.start()])
-        name = match.group(1)
-        pattern += f"(?P<{name}>.*)" if name in CONTEXT_VARIABLES and f"(?P<{name}>" not in pattern else "(?:.*?)"
-        last = match.end()
-    pattern += re.escape(template[last:])
-    return re.compile(pattern, re.DOTALL)
-
-
-def split_context_from_messages(
-    messages: Sequence[ChatMessage], templates: Sequence[str]
-) -> tuple[list[ChatMessage], str] | None:
-    """If a system message was rendered from one of `templates`, return the messages with its context
-    emptied, and the context; else None."""
-    regexes = [template_regex(t) for t in templates]
-    for index, message in enumerate(messages):
-        if message.role not in (MessageRole.SYSTEM, MessageRole.DEVELOPER):
-            continue
-        content = message.content or ""
-        for regex in regexes:
-            match = regex.search(content)
-            if match is None:
-                continue
-            for name in CONTEXT_VARIABLES:
-                if name in regex.groupindex and match.group(name).strip():
-                    start, end = match.span(name)
-                    emptied = ChatMessage(role=message.role, content=content[:start] + content[end:])
-                    return [*messages[:index], emptied, *messages[index + 1 :]], match.group(name)
-    return None
 
 
 def with_context_message(messages: Sequence[ChatMessage], template: str, context: str) -> list[ChatMessage]:

@@ -8,10 +8,9 @@ from typing import Any
 
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse, CompletionResponse, MessageRole
 
-from fides_rag.calls import Answer, Call, CallOptions, ToolCalling
+from fides_rag.calls import Answer, Call, CallOptions, ChatPlan, ToolCalling
 
 from llama_index.llms.fides.options import CALL_OPTIONS, GENERATION_OPTIONS
-from llama_index.llms.fides.pairing import CallPrompts
 
 PAIR_EXTRAS = ("documents_source", "num_documents", "tool_format", "tool_choice")
 """What the response's raw dict carries beside the result (an agent's final output carries only `raw`)."""
@@ -26,10 +25,10 @@ class PairDecoding:
         defaults["fides_config"] = self.effective_fides_config
         return CallOptions.parse(defaults, kwargs, allowed=CALL_OPTIONS, who="FidesLLM")
 
-    def _call(self, pair: CallPrompts, options: CallOptions, calling: ToolCalling | None = None) -> Call:
+    def _call(self, plan: ChatPlan, options: CallOptions, calling: ToolCalling | None = None) -> Call:
         self._decoder.configure(max_requests=self.max_batch_size, window_s=self.batch_window_s)
         native = calling is not None and self._chat_prompts.with_tools(calling).native_tools
-        return Call(self._decoder, pair.plan(), options, calling=calling, native_tools=native, extra=pair.extras())
+        return Call(self._decoder, plan, options, calling=calling, native_tools=native)
 
     def _remember(self, answer: Answer) -> dict[str, Any]:
         with self._history_lock:
@@ -47,12 +46,12 @@ class PairDecoding:
         message = ChatMessage(role=MessageRole.ASSISTANT, content=answer.text, additional_kwargs=extra)
         return ChatResponse(message=message, delta=delta, raw=self._raw(answer), additional_kwargs=info)
 
-    def _generate(self, pair: CallPrompts, options: CallOptions, calling: ToolCalling | None = None, chat: bool = False) -> Any:
-        return self._respond(self._call(pair, options, calling).run(), chat)
+    def _generate(self, plan: ChatPlan, options: CallOptions, calling: ToolCalling | None = None, chat: bool = False) -> Any:
+        return self._respond(self._call(plan, options, calling).run(), chat)
 
-    def _stream(self, pair: CallPrompts, options: CallOptions, calling: ToolCalling | None = None, chat: bool = False) -> Iterator[Any]:
+    def _stream(self, plan: ChatPlan, options: CallOptions, calling: ToolCalling | None = None, chat: bool = False) -> Iterator[Any]:
         """Responses as the answer grows; one delta is held back so that the last response carries the record."""
-        call = self._call(pair, options, calling)
+        call = self._call(plan, options, calling)
         text, held = "", None
         for item in call.stream():
             if isinstance(item, Answer):

@@ -15,11 +15,10 @@ from typing import Any
 
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse, MessageRole
 
-from fides_rag.calls import ChatPrompts, ToolCalling, ToolSpec, tool_choice_name
+from fides_rag.calls import ChatPlan, ToolCalling, ToolSpec, tool_choice_name
 from fides_rag.prompts import document_texts
 
 from llama_index.llms.fides.context import check_has_user_message
-from llama_index.llms.fides.pairing import CallPrompts
 from llama_index.llms.fides.tools import message_turn, tool_selections
 
 TOOL_ROLES = (MessageRole.TOOL, MessageRole.FUNCTION)
@@ -61,14 +60,7 @@ class FunctionCalling:
 
     # -- planning and responses -----------------------------------------------------------------------
 
-    @property
-    def _chat_prompts(self) -> ChatPrompts:
-        """The core's conversation planner with this LLM's chat-template use and no-context design."""
-        dec = self._decoder
-        return ChatPrompts(dec.tokenizer, context_window=dec.context_window, use_chat_template=self.chat_template_active,
-                           no_context_path=self.no_context_path, template=dec.prompt_template)
-
-    def _tool_inputs(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any], max_new_tokens: int) -> tuple[CallPrompts, ToolCalling | None] | None:
+    def _tool_inputs(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any], max_new_tokens: int) -> tuple[ChatPlan, ToolCalling | None] | None:
         """The pair of a conversation with tools or tool messages (None: neither, the ordinary chat pairing applies)."""
         calling = ToolCalling.of_call(self._decoder.tokenizer, kwargs.get("tools"), kwargs.get("tool_choice"))
         if calling is None and not any(m.role in TOOL_ROLES for m in messages):
@@ -78,5 +70,5 @@ class FunctionCalling:
         turns = [message_turn(m) for m in self._extend_messages(list(messages))]
         documents = kwargs.get("documents")
         plan = chat.conversation(turns, max_new_tokens, documents=None if documents is None else document_texts(documents), system_as_context=False)
-        info = {"prompt_type": "chat", "context_variables": ["tool messages"] if plan.source == "tool_messages" else []}
-        return CallPrompts.from_plan(plan, info), calling
+        plan.extra = {"prompt_type": "chat", "context_variables": ["tool messages"] if plan.source == "tool_messages" else []}
+        return plan, calling

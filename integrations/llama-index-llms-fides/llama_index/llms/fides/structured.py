@@ -23,7 +23,7 @@ from llama_index.core.prompts.base import BasePromptTemplate
 from llama_index.core.types import PydanticProgramMode
 
 from fides_rag.generation.streaming import iterate_in_thread
-from fides_rag.calls import closed_schema
+from fides_rag.calls import closed_schema, parse_structure
 
 from llama_index.llms.fides.context import find_context, split_prompt_args
 from llama_index.llms.fides.options import CALL_OPTIONS, CONSTRAINTS
@@ -36,13 +36,6 @@ def output_schema(output_cls: type[BaseModel]) -> dict[str, Any]:
     if not (isinstance(output_cls, type) and issubclass(output_cls, BaseModel)):
         raise TypeError(f"output_cls must be a pydantic BaseModel class, got {output_cls!r}")
     return closed_schema(output_cls.model_json_schema())
-
-
-def parse_output(output_cls: type[BaseModel], text: str, info: dict[str, Any]) -> BaseModel:
-    """The answer as an `output_cls` object; an answer cut at the token budget raises instead of parsing."""
-    if info.get("finish_reason") == "length":
-        raise ValueError(f"the structured answer was cut at max_new_tokens before it was complete ({text!r}); raise max_new_tokens")
-    return output_cls.model_validate_json(text)
 
 
 class StructuredPrediction:
@@ -70,9 +63,9 @@ class StructuredPrediction:
         if find_context(prompt, template_args, self.context_variables, self, self.context_separator):
             if "documents" in call:
                 raise TypeError("the prompt's context variables hold the context; drop documents=")
-            pair = self._template_pair(prompt, template_args, self._options(dict(call)).max_new_tokens)
-            return (lambda: self.complete(pair.context_prompt, formatted=True, _pair=pair, **call),
-                    lambda: self.stream_complete(pair.context_prompt, formatted=True, _pair=pair, **call))
+            plan = self._template_pair(prompt, template_args, self._options(dict(call)).max_new_tokens)
+            return (lambda: self.complete(plan.context_prompt or "", formatted=True, _plan=plan, **call),
+                    lambda: self.stream_complete(plan.context_prompt or "", formatted=True, _plan=plan, **call))
         messages = prompt.format_messages(llm=self, **template_args)
         return lambda: self.chat(messages, **call), lambda: self.stream_chat(messages, **call)
 
@@ -90,7 +83,8 @@ class StructuredPrediction:
             return super().structured_predict(output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args)
         dispatcher.event(LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt, template_args=prompt_args))
         one, _ = self._structured_calls(output_cls, prompt, llm_kwargs, prompt_args)
-        result = parse_output(output_cls, *self._text_and_info(one()))
+        text, info = self._text_and_info(one())
+        result = parse_structure(text, info.get("finish_reason"), output_cls)
         dispatcher.event(LLMStructuredPredictEndEvent(output=result))
         return result
 
@@ -117,7 +111,7 @@ class StructuredPrediction:
                 if response.raw is None and text:
                     current = process_streaming_objects(CompletionResponse(text=text), output_cls, cur_objects=None if current is None else [current])
                     yield current
-            yield parse_output(output_cls, text, info)
+            yield parse_structure(text, info.get("finish_reason"), output_cls)
 
         return gen()
 
