@@ -126,8 +126,8 @@ class ChatFides(FidesParams, BaseChatModel):
         found = recorder.documents_for(parent, [c for _, c in turns]) if documents is None else []
         return self._planner(calling).conversation(
             turns, max_new, documents=None if documents is None else document_texts(documents), source=source,
-            template_question=template_question, found=[d.page_content for d in found], system_as_context=self.system_message_as_context,
-            retrieved=None if retrieved is None else [d.page_content for d in retrieved])
+            template_question=template_question, found=found, system_as_context=self.system_message_as_context,
+            retrieved=retrieved)
 
     def _prepared(self, messages: list[BaseMessage], stop: list[str] | None, parent: UUID | None, kwargs: dict[str, Any]) -> Any:
         opts = self._options(stop, kwargs)

@@ -128,9 +128,9 @@ class FidesLLM(FidesParams, BaseLLM):
         if texts is not None and (question is not None or not (texts and all(t in prompt for t in texts))):
             return planner.fides_template(question if question is not None else prompt, texts)
         retrieved = recorder.retrieved_for(parent_run_id)
-        found = [] if texts is not None else [d.page_content for d in recorder.documents_for(parent_run_id, [prompt])]
+        found = [] if texts is not None else recorder.documents_for(parent_run_id, [prompt])
         return planner.conversation([("user", prompt)], max_new, documents=texts, found=found, system_as_context=False,
-                                    retrieved=None if retrieved is None else [d.page_content for d in retrieved],
+                                    retrieved=retrieved,
                                     question=recorder.question_for(parent_run_id, prompt), where="the prompt")
 
     def _prepared(self, prompt: str, stop: list[str] | None, parent_run_id: UUID | None, kwargs: dict[str, Any]) -> Any:
