@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from fides_rag import FidesConfig, FidesDecoder, GenerationResult, load_model
 from fides_rag.calls import DOCUMENTS_INSTRUCTION, Answer, Call, CallOptions, ChatPlan, ChatPrompts, FidesFallbackError, ToolCalling
 from fides_rag.calls import resolve_method
+from fides_rag.generation.streaming import iterate_in_thread
 from fides_rag.prompts import document_texts
 from fides_rag.raw_prompts import check_no_context_path
 
@@ -174,3 +175,19 @@ class FidesParams(BaseModel):
             if isinstance(item, Answer):
                 self._last_result = item.result
             yield item
+
+    @staticmethod
+    def _reported(chunks: Iterator[Any], run_manager: Any) -> Iterator[Any]:
+        """`chunks`, each one's text reported to the run manager as a new token."""
+        for chunk in chunks:
+            if run_manager and chunk.text:
+                run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+            yield chunk
+
+    @staticmethod
+    async def _areported(chunks: Callable[[], Iterator[Any]], run_manager: Any) -> AsyncIterator[Any]:
+        """`_reported` for asyncio: the chunks made in a worker thread."""
+        async for chunk in iterate_in_thread(chunks):
+            if run_manager and chunk.text:
+                await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+            yield chunk

@@ -16,7 +16,6 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from langchain_core.runnables import Runnable
 
 from fides_rag.calls import Answer, ChatPlan, ToolCalling, role_of, tool_choice_name
-from fides_rag.generation.streaming import iterate_in_thread
 from fides_rag.prompts import document_texts
 
 from langchain_fides._base import CALL_OPTIONS, FidesParams
@@ -136,9 +135,8 @@ class ChatFides(FidesParams, BaseChatModel):
 
     @staticmethod
     def _message(answer: Answer, chunk: bool = False) -> Any:
-        result = answer.result
-        usage = UsageMetadata(input_tokens=result.prompt_tokens, output_tokens=len(result.token_ids),
-                              total_tokens=result.prompt_tokens + len(result.token_ids))
+        counts = answer.usage
+        usage = UsageMetadata(input_tokens=counts["prompt_tokens"], output_tokens=counts["completion_tokens"], total_tokens=counts["total_tokens"])
         if chunk:
             return AIMessageChunk(content=answer.text, tool_call_chunks=lc_tool_calls(answer.tool_calls, chunks=True),
                                   response_metadata=answer.record, usage_metadata=usage, chunk_position="last")
@@ -174,16 +172,11 @@ class ChatFides(FidesParams, BaseChatModel):
         self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any
     ) -> Iterator[ChatGenerationChunk]:
         parent = run_manager.parent_run_id if run_manager else model_parent_var.get()
-        for chunk in self._stream_items(messages, stop, parent, kwargs):
-            if run_manager and chunk.text:
-                run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-            yield chunk
+        return self._reported(self._stream_items(messages, stop, parent, kwargs), run_manager)
 
     async def _astream(
         self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any
     ) -> AsyncIterator[ChatGenerationChunk]:
         parent = run_manager.parent_run_id if run_manager else model_parent_var.get()
-        async for chunk in iterate_in_thread(lambda: self._stream_items(messages, stop, parent, kwargs)):
-            if run_manager and chunk.text:
-                await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+        async for chunk in self._areported(lambda: self._stream_items(messages, stop, parent, kwargs), run_manager):
             yield chunk

@@ -14,7 +14,6 @@ from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from langchain_core.runnables import Runnable, RunnableConfig
 
 from fides_rag.calls import Answer, ChatPlan
-from fides_rag.generation.streaming import iterate_in_thread
 from fides_rag.prompts import document_texts
 
 from langchain_fides._base import FidesParams, cache_key_options
@@ -159,16 +158,11 @@ class FidesLLM(FidesParams, BaseLLM):
         self, prompt: str, stop: list[str] | None = None, run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any
     ) -> Iterator[GenerationChunk]:
         parent = run_manager.parent_run_id if run_manager else None
-        for chunk in self._stream_items(prompt, stop, parent, kwargs):
-            if run_manager and chunk.text:
-                run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-            yield chunk
+        return self._reported(self._stream_items(prompt, stop, parent, kwargs), run_manager)
 
     async def _astream(
         self, prompt: str, stop: list[str] | None = None, run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any
     ) -> AsyncIterator[GenerationChunk]:
         parent = run_manager.parent_run_id if run_manager else None
-        async for chunk in iterate_in_thread(lambda: self._stream_items(prompt, stop, parent, kwargs)):
-            if run_manager and chunk.text:
-                await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+        async for chunk in self._areported(lambda: self._stream_items(prompt, stop, parent, kwargs), run_manager):
             yield chunk

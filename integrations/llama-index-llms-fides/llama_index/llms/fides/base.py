@@ -40,7 +40,7 @@ from fides_rag.generation.streaming import iterate_in_thread
 from fides_rag.raw_prompts import check_no_context_path
 
 from llama_index.llms.fides.context import CONTEXT_VARIABLES, split_prompt_args
-from llama_index.llms.fides.options import CALL_OPTIONS, CONSTRAINTS, GENERATION_OPTIONS, FidesFallbackError
+from llama_index.llms.fides.options import CALL_OPTIONS, GENERATION_OPTIONS, FidesFallbackError
 from llama_index.llms.fides.decoding import PairDecoding
 from llama_index.llms.fides.function_calling import FunctionCalling
 from llama_index.llms.fides.structured import StructuredPrediction
@@ -313,7 +313,7 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
         prompt_args may also carry per-call options that the template does not use (method, max_new_tokens, ...).
         """
         plan, options = self._predict_pair(prompt, prompt_args)
-        response = self.complete(plan.context_prompt or "", formatted=True, _plan=plan, **_call_kwargs(options))
+        response = self.complete(plan.context_prompt or "", formatted=True, _plan=plan, **options)
         output = self._parse_output(response.text)
         dispatcher.event(LLMPredictEndEvent(output=output))
         return output
@@ -323,13 +323,13 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
         if prompt.output_parser is not None or self.output_parser is not None:
             raise NotImplementedError("Output parser is not supported for streaming.")
         plan, options = self._predict_pair(prompt, prompt_args)
-        responses = self.stream_complete(plan.context_prompt or "", formatted=True, _plan=plan, **_call_kwargs(options))
+        responses = self.stream_complete(plan.context_prompt or "", formatted=True, _plan=plan, **options)
         return stream_completion_response_to_tokens(responses)
 
     @dispatcher.span
     async def apredict(self, prompt: BasePromptTemplate, **prompt_args: Any) -> str:
         plan, options = self._predict_pair(prompt, prompt_args)
-        response = await self.acomplete(plan.context_prompt or "", formatted=True, _plan=plan, **_call_kwargs(options))
+        response = await self.acomplete(plan.context_prompt or "", formatted=True, _plan=plan, **options)
         output = self._parse_output(response.text)
         dispatcher.event(LLMPredictEndEvent(output=output))
         return output
@@ -339,7 +339,7 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
         if prompt.output_parser is not None or self.output_parser is not None:
             raise NotImplementedError("Output parser is not supported for streaming.")
         plan, options = self._predict_pair(prompt, prompt_args)
-        responses = await self.astream_complete(plan.context_prompt or "", formatted=True, _plan=plan, **_call_kwargs(options))
+        responses = await self.astream_complete(plan.context_prompt or "", formatted=True, _plan=plan, **options)
         return await astream_completion_response_to_tokens(responses)
 
     def _predict_pair(self, prompt: BasePromptTemplate, prompt_args: dict[str, Any]) -> tuple[ChatPlan, dict[str, Any]]:
@@ -352,8 +352,3 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
             raise TypeError("predict takes its context from the template variables (context_str/context_msg), not documents=")
         options = self._options(call)
         return self._template_pair(prompt, template_args, options.max_new_tokens), call
-
-
-def _call_kwargs(call: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in call.items() if k in GENERATION_OPTIONS or k in CONSTRAINTS or k == "strict"}
-
