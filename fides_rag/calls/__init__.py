@@ -5,7 +5,8 @@ One job per file: `options` (one options type, the method check, `FidesFallbackE
 `planning` (one planner and one role map: where a conversation's context comes from, its two prompts), `tools`
 (tool_choice, the forced call's grammar, parsing, streamed calls), `structure` (JSON schema / pydantic / regex
 constraints, checked before decoding), `answering` (decode and stream through `FidesDecoder.submit`, stops and
-leftover cleaning, one `Answer`), `metadata` (the FIDES record, finish reasons, usage).
+leftover cleaning, one `Answer`), `metadata` (the FIDES record, finish reasons, usage), `retrievals` (which texts a
+framework's retriever returned are a call's context, from the run tree its callbacks report).
 
 Usage (a front door's whole job between its own types):
 
