@@ -7,7 +7,8 @@ and the no-conflict rows (`--dataset nq-swap-original`) of each backbone, and pr
     python benchmarks/scale_trend.py --full     # CF, Acc and MemR of every method, and the no-conflict slice (docs)
 
 Differences are FIDES minus the other method in points, with the paired-bootstrap 95% CI that the eval wrote.
-The no-conflict loss is FIDES's EM minus standard's on the unswapped rows (where passage and memory agree).
+The no-conflict loss is FIDES's EM and token F1 minus standard's on the unswapped rows (where passage and memory
+agree); F1 still moves where long answers keep every exact match at 0.
 """
 
 from __future__ import annotations
@@ -76,14 +77,14 @@ def table(head: list[str], rows: list[list[str]]) -> str:
 
 def headline(root: Path = RESULTS) -> str:
     head = ["backbone", "n conflict", "CF standard", "CF AdaCAD", "CF FIDES", "FIDES − standard", "FIDES − AdaCAD",
-            "n no-conflict", "no-conflict loss (EM)"]
+            "n no-conflict", "no-conflict: FIDES − standard, EM", "F1"]
     rows = []
     for b in BACKBONES:
         conflict, original = load(b.conflict_run, root), load(b.original_run, root)
         rows.append([f"{b.name} ({b.size})", n_label(n_of(conflict)), metric(conflict, "standard", "cf"),
                      metric(conflict, "adacad", "cf"), metric(conflict, "fides", "cf"),
                      difference(conflict, "cf", "standard"), difference(conflict, "cf", "adacad"),
-                     n_label(n_of(original)), difference(original, "em", "standard")])
+                     n_label(n_of(original)), difference(original, "em", "standard"), difference(original, "f1", "standard")])
     return table(head, rows)
 
 

@@ -33,12 +33,13 @@ def test_headline_gives_fides_differences_with_cis_and_labels_small_n(tmp_path):
     ])
     original = _results(200, {"standard": {"em": 70.0}, "fides": {"em": 69.0}}, [
         {"a": "standard", "b": "fides", "metric": "em", "diff": 1.0, "ci_low": -0.5, "ci_high": 2.5},
+        {"a": "standard", "b": "fides", "metric": "f1", "diff": 2.0, "ci_low": 0.5, "ci_high": 3.5},
     ])
     _write(tmp_path, "qwen05-nqswap", conflict)
     _write(tmp_path, "qwen05-nqswap-original", original)
     row = next(line for line in _run(tmp_path).splitlines() if "(0.5B)" in line)
     assert row == ("| Qwen2.5-Coder-0.5B-Instruct (0.5B) | 40 (small n) | 50.0 | 55.0 | 60.0 | +10.0 [+5.0, +15.0] "
-                   "| +5.0 [+1.0, +9.0] | 200 | -1.0 [-2.5, +0.5] |")
+                   "| +5.0 [+1.0, +9.0] | 200 | -1.0 [-2.5, +0.5] | -2.0 [-3.5, -0.5] |")
     assert "| SmolLM2-135M-Instruct (135M) | not run |" in _run(tmp_path)
 
 
