@@ -1,11 +1,9 @@
 import asyncio
 
 from fides_rag import FidesDecoder, load_model
-from fides_rag.batching import RequestBatcher
 
 model, tokenizer = load_model("smollm2-135m-instruct")
 decoder = FidesDecoder(model, tokenizer, method="fides", max_new_tokens=16)
-batcher = RequestBatcher(decoder)
 docs = ["Mount Everest is located in the Alps in Switzerland."]
 
 
@@ -16,7 +14,7 @@ async def main() -> None:
         print(delta, end="", flush=True)
     print()
     questions = ["Where is Mount Everest?", "In which mountain range is Mount Everest?", "In which country is Mount Everest?"]
-    results = await asyncio.gather(*(batcher.agenerate(q, docs) for q in questions))  # decoded together
+    results = await asyncio.gather(*(decoder.agenerate(q, docs) for q in questions))  # decoded together
     print([r.text for r in results])
 
 
