@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from transformers import (
     LogitsProcessorList,
     MinNewTokensLengthLogitsProcessor,
@@ -54,6 +56,16 @@ def _stacklevel_outside_package() -> int:
     while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "fides_rag":
         frame, level = frame.f_back, level + 1
     return level
+
+
+class _MinNewTokensOnScoresDevice(MinNewTokensLengthLogitsProcessor):
+    """transformers' min_new_tokens processor with its EOS ids moved to the scores' device at first use: that is the
+    output head's device, known only then (CUDA, or the last device of a model split over several)."""
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.eos_token_id.device != scores.device:
+            self.eos_token_id = self.eos_token_id.to(scores.device)
+        return super().__call__(input_ids, scores)
 
 
 @dataclass(frozen=True)
@@ -129,7 +141,7 @@ class GenerationSettings:
         (None when there are none). They see that request's context prompt and answer, as when it decodes alone."""
         processors = LogitsProcessorList()
         if self.min_new_tokens > 0 and eos_token_ids:
-            processors.append(MinNewTokensLengthLogitsProcessor(prompt_width, self.min_new_tokens, sorted(eos_token_ids)))
+            processors.append(_MinNewTokensOnScoresDevice(prompt_width, self.min_new_tokens, sorted(eos_token_ids)))
         processors.extend(self.logits_processor or [])
         return processors or None
 
