@@ -6,13 +6,14 @@ matter for timing; nothing is downloaded), on CUDA when present. It measures
 - batch scaling of standard and FIDES from 1 to 32 requests;
 - the serving benchmark (`fides_rag.eval.serving`): continuous against static batching at 1x and 2x the sequential
   capacity;
+- the step budget (`max_num_batched_tokens`): continuous serving at one load under each budget, to choose the default;
 - peak memory of each part.
 
 Prompts are token ids (a word-level tokenizer over the model's vocabulary is built offline): an instruction prefix,
 the documents and a question; the no-context prompt is the prefix and the question. It needs torch, transformers and
 accelerate only.
 
-    python benchmarks/gpu.py --out results/gpu/h100.json             # about 5 minutes on one H100
+    python benchmarks/gpu.py --out results/gpu/h200.json             # about 10 minutes on one H200
     python benchmarks/gpu.py --tiny --device cpu --out /tmp/gpu.json  # a tiny configuration, seconds on a CPU
 """
 
@@ -182,6 +183,29 @@ def serving(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: to
     return result
 
 
+def budget_sweep(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """Continuous serving at --budget-load under each --budgets step budget (the same requests every time)."""
+    from fides_rag.eval.datasets import QAExample
+    from fides_rag.eval.serving import serving as run_serving
+
+    examples = [QAExample(prompts.text(args.question_tokens), (prompts.text(args.context_tokens // 2),), ("w1",))
+                for _ in range(args.budget_requests)]
+    default = decoder.engine.scheduler.max_num_batched_tokens
+    out: dict[str, Any] = {"load": args.budget_load, "requests": args.budget_requests, "default": default, "budgets": {}}
+    try:
+        for budget in args.budgets:
+            result = run_serving(decoder, examples, loads=[args.budget_load], n_requests=args.budget_requests,
+                                 tokens=tuple(args.serving_tokens), modes=("continuous",), max_num_batched_tokens=budget)
+            load = result["loads"][str(float(args.budget_load))]["modes"]["continuous"]
+            out["budgets"][str(budget)] = {"capacity_per_s": result["capacity_per_s"], "ttft_s": load["ttft_s"],
+                                           "latency_s": load["latency_s"], "examples_per_s": load["examples_per_s"]}
+            print(f"budget {budget}: p95 latency {load['latency_s']['p95']:.2f} s, TTFT p50 {load['ttft_s']['p50']:.2f} s",
+                  file=sys.stderr, flush=True)
+    finally:
+        decoder.engine.configure(max_num_batched_tokens=default)
+    return out
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from fides_rag import FidesDecoder
     from fides_rag.loading import select_device
@@ -201,7 +225,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "torch": torch.__version__, "weights_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30,
         "settings": {k: v for k, v in vars(args).items() if k != "out"}, "sections": {},
     }
-    sections = {"latency": latency, "batch": batch_scaling, "serving": serving}
+    sections = {"latency": latency, "batch": batch_scaling, "serving": serving, "budget": budget_sweep}
     for name in args.sections:
         print(f"{name} ...", file=sys.stderr, flush=True)
         begun = time.perf_counter()
@@ -243,6 +267,14 @@ def tables(report: dict[str, Any]) -> str:
         from fides_rag.eval.serving import format_serving
 
         lines += [format_serving(sections["serving"]), ""]
+    if "budget" in sections:
+        sweep = sections["budget"]
+        lines += [f"Continuous serving of {sweep['requests']} requests at {sweep['load']}x load under each step budget (default {sweep['default']}):", "",
+                  "| max_num_batched_tokens | TTFT p50 s | TTFT p95 s | latency p50 s | latency p95 s | examples/s |", "|---|---|---|---|---|---|"]
+        for budget, d in sweep["budgets"].items():
+            lines.append(f"| {budget} | {d['ttft_s']['p50']:.2f} | {d['ttft_s']['p95']:.2f} | {d['latency_s']['p50']:.2f} | "
+                         f"{d['latency_s']['p95']:.2f} | {d['examples_per_s']:.3f} |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -254,7 +286,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=None, help="override the number of layers")
     parser.add_argument("--device", default="auto", help="auto (CUDA when present), cuda, cpu (default: %(default)s)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
-    parser.add_argument("--sections", type=lambda s: s.split(","), default=["latency", "batch", "serving"], help="comma-separated (default: latency,batch,serving)")
+    parser.add_argument("--sections", type=lambda s: s.split(","), default=["latency", "batch", "serving", "budget"],
+                        help="comma-separated (default: latency,batch,serving,budget)")
     parser.add_argument("--context-tokens", type=int, default=2048, help="context prompt tokens (default: %(default)s)")
     parser.add_argument("--question-tokens", type=int, default=32, help="question tokens (default: %(default)s)")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens decoded per request (default: %(default)s)")
@@ -265,12 +298,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--serving-tokens", type=ints, default=[8, 64], help="new tokens per request, min,max (default: 8,64)")
     parser.add_argument("--loads", type=lambda s: [float(x) for x in s.split(",")], default=[1.0, 2.0], help="default: 1,2")
     parser.add_argument("--static-batch", type=int, default=8, help="default: %(default)s")
+    parser.add_argument("--budgets", type=ints, default=[512, 2048, 8192], help="step budgets swept (default: 512,2048,8192)")
+    parser.add_argument("--budget-requests", type=int, default=16, help="requests per budget (default: %(default)s)")
+    parser.add_argument("--budget-load", type=float, default=2.0, help="load of the budget sweep, in sequential capacities (default: %(default)s)")
     args = parser.parse_args(argv)
-    unknown = set(args.sections) - {"latency", "batch", "serving"}
+    unknown = set(args.sections) - {"latency", "batch", "serving", "budget"}
     if unknown:
-        parser.error(f"unknown sections {sorted(unknown)}; choose from latency, batch, serving")
+        parser.error(f"unknown sections {sorted(unknown)}; choose from latency, batch, serving, budget")
     if args.new_tokens < args.counted_steps + 2:
         parser.error("--new-tokens must exceed --counted-steps by at least 2 (the steps after them are timed)")
+    if min(args.serving_requests, args.budget_requests) < 4:
+        parser.error("--serving-requests and --budget-requests must be at least 4 (the sequential capacity is measured on 4)")
     if len(args.serving_tokens) != 2:
         parser.error("--serving-tokens takes min,max")
     return args

@@ -21,7 +21,7 @@ def test_the_gpu_benchmark_runs_with_a_tiny_configuration_on_cpu(tmp_path):
     run = subprocess.run(
         [sys.executable, "benchmarks/gpu.py", "--tiny", "--device", "cpu", "--dtype", "float32", "--context-tokens", "48",
          "--question-tokens", "8", "--new-tokens", "5", "--samples", "1", "--batch-sizes", "1,2", "--serving-requests", "4",
-         "--serving-tokens", "2,4", "--loads", "4,8", "--out", str(out)],
+         "--serving-tokens", "2,4", "--loads", "4,8", "--budgets", "16,64", "--budget-requests", "4", "--out", str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=380,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -49,4 +49,8 @@ def test_the_gpu_benchmark_runs_with_a_tiny_configuration_on_cpu(tmp_path):
         assert isinstance(load["identical_outputs"], bool)
         for mode in load["modes"].values():
             assert mode["latency_s"]["p95"] >= mode["ttft_s"]["p50"] > 0 and mode["tokens"] and all(2 <= t <= 4 for t in mode["tokens"])
+    sweep = report["sections"]["budget"]
+    assert list(sweep["budgets"]) == ["16", "64"] and sweep["load"] == 2.0 and sweep["requests"] == 4
+    assert all(d["latency_s"]["p95"] >= d["ttft_s"]["p50"] > 0 for d in sweep["budgets"].values())
+    assert "| max_num_batched_tokens |" in run.stdout
     assert "| method | decode ms/token |" in run.stdout and "continuous / static" in run.stdout
