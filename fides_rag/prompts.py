@@ -75,6 +75,17 @@ def document_texts(documents: Sequence[Any] | str | None) -> list[str]:
     return [t for t in texts if t.strip()]
 
 
+def context_text(value: Any, separator: str = "\n\n") -> str:
+    """A template variable's context as one text: a string as given (None: ""), else its documents' texts (one
+    document or a list of them: strings, or objects with `.text` or `.page_content`) joined by `separator`."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    documents = list(value) if isinstance(value, (list, tuple)) else [value]
+    return separator.join(document_texts(documents))
+
+
 @dataclass(frozen=True)
 class PromptTemplate:
     """The 2-shot QA template of both branches. Replace any field, or subclass and override the turn builders."""

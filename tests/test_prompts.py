@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fides_rag.prompts import fit_texts
+from fides_rag.prompts import context_text, fit_texts
 
 
 def _count(tokenizer):
@@ -44,3 +44,11 @@ def test_a_mapping_of_documents_is_refused_not_read_as_its_keys(tokenizer, tiny_
     with pytest.raises(TypeError, match="documents is a mapping"):
         FidesDecoder(tiny_llama, tokenizer).generate("Which city?", {"text": "Lyon is the capital of France."}, max_new_tokens=1)
     assert document_texts([{"text": "x"}.get("text")]) == ["x"]
+
+
+def test_a_context_value_becomes_one_text():
+    class Node:
+        text = "Paris is large."
+
+    assert context_text(None) == "" and context_text("  as given ") == "  as given "
+    assert context_text(["Lyon.", Node(), " "], "|") == "Lyon.|Paris is large." and context_text(Node()) == "Paris is large."

@@ -5,8 +5,10 @@ One job per file: `options` (one options type, the method check, `FidesFallbackE
 `planning` (one planner and one role map: where a conversation's context comes from, its two prompts), `tools`
 (tool_choice, the forced call's grammar, parsing, streamed calls), `structure` (JSON schema / pydantic / regex
 constraints, checked before decoding), `answering` (decode and stream through `FidesDecoder.submit`, stops and
-leftover cleaning, one `Answer`), `metadata` (the FIDES record, finish reasons, usage), `retrievals` (which texts a
-framework's retriever returned are a call's context, from the run tree its callbacks report).
+leftover cleaning, one `Answer`, a model object's `AnswerLog`), `metadata` (the FIDES record, finish reasons, usage),
+`retrievals` (which texts a framework's retriever returned are a call's context, from the run tree its callbacks
+report), `decoders` (the decoder behind a front door from a decoder, a model and tokenizer or a model id; its
+default options checked; its identity for a cache key).
 
 Usage (a front door's whole job between its own types):
 
@@ -28,17 +30,20 @@ delta, then `answer, last = shown.finish(handle_stream.result)`. Bad input raise
 whose `field` names what to fix (a tool's schema, tool_choice, a schema the grammar library cannot compile).
 """
 
-from fides_rag.calls.answering import Answer, AnswerStream, Call, CallStream
+from fides_rag.calls.answering import Answer, AnswerLog, AnswerStream, Call, CallStream
 from fides_rag.calls.metadata import FINISH_REASONS, record, usage
 from fides_rag.calls.options import CONSTRAINTS, FIDES_CONSTANTS, CallInputError, CallOptions, FidesFallbackError, fold_fides_constants, resolve_method
-from fides_rag.calls.planning import DOCUMENTS_INSTRUCTION, ROLES, ChatPlan, ChatPrompts, Turn, filled_variable, role_of, why_no_documents
-from fides_rag.calls.structure import IncompleteAnswerError, check_complete, closed_schema, constraint_of, parse_structure, schema_of
+from fides_rag.calls.planning import (
+    DOCUMENTS_INSTRUCTION, ROLES, STANDARD, ChatPlan, ChatPrompts, Turn, check_question, context_in_system, filled_variable, role_of, turn_of,
+    why_no_documents,
+)
+from fides_rag.calls.structure import IncompleteAnswerError, check_complete, closed_schema, constraint_of, parse_structure, schema_of, with_structure
 from fides_rag.calls.tools import ToolCall, ToolCallStream, ToolCalling, ToolSpec, calls_from_openai, new_call_id, render_calls, tool_choice_name
 
 __all__ = [
-    "CONSTRAINTS", "DOCUMENTS_INSTRUCTION", "FIDES_CONSTANTS", "FINISH_REASONS", "ROLES", "Answer", "AnswerStream", "Call", "CallInputError",
-    "CallOptions", "CallStream", "ChatPlan", "ChatPrompts", "FidesFallbackError", "IncompleteAnswerError", "ToolCall",
-    "ToolCallStream", "ToolCalling", "ToolSpec", "Turn", "calls_from_openai", "check_complete", "closed_schema", "constraint_of", "filled_variable", "fold_fides_constants",
-    "new_call_id", "parse_structure", "render_calls", "record", "resolve_method", "role_of", "schema_of", "tool_choice_name", "usage",
+    "CONSTRAINTS", "DOCUMENTS_INSTRUCTION", "FIDES_CONSTANTS", "FINISH_REASONS", "ROLES", "Answer", "AnswerLog", "AnswerStream", "Call", "CallInputError",
+    "CallOptions", "CallStream", "ChatPlan", "ChatPrompts", "STANDARD", "FidesFallbackError", "IncompleteAnswerError", "ToolCall",
+    "ToolCallStream", "ToolCalling", "ToolSpec", "Turn", "calls_from_openai", "check_complete", "check_question", "closed_schema", "constraint_of", "context_in_system", "filled_variable", "fold_fides_constants",
+    "new_call_id", "parse_structure", "render_calls", "record", "resolve_method", "role_of", "schema_of", "tool_choice_name", "turn_of", "usage", "with_structure",
     "why_no_documents",
 ]

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import threading
+from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +49,29 @@ class Answer:
     @property
     def usage(self) -> dict[str, int]:
         return usage(self.result)
+
+
+class AnswerLog:
+    """A model object's recent answers, oldest first, shared safely between threads: `last` (the newest answer's
+    GenerationResult) and `entries()` ({"result": GenerationResult, "info": the FIDES record} each)."""
+
+    def __init__(self, size: int = 16) -> None:
+        self._entries: deque[dict[str, Any]] = deque(maxlen=size)
+        self._lock = threading.Lock()
+
+    def add(self, answer: Answer) -> Answer:
+        with self._lock:
+            self._entries.append({"result": answer.result, "info": answer.record})
+        return answer
+
+    @property
+    def last(self) -> GenerationResult | None:
+        with self._lock:
+            return self._entries[-1]["result"] if self._entries else None
+
+    def entries(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._entries)
 
 
 class AnswerStream:
@@ -134,6 +159,18 @@ class Call:
         if last:
             yield last
         yield answer
+
+    def deltas(self) -> Iterator[tuple[str, Answer | None]]:
+        """`stream` as (delta, None) pairs, one delta held back so that the last pair carries the Answer: a front door
+        whose last response holds the record (its delta may be "")."""
+        held: str | None = None
+        for item in self.stream():
+            if isinstance(item, Answer):
+                yield held or "", item
+                return
+            if held is not None:
+                yield held, None
+            held = item
 
     async def astream(self) -> AsyncIterator[str | Answer]:
         """`stream` for asyncio; cancelling the task that reads it cancels the request."""

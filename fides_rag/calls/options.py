@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from fides_rag.config import FidesConfig
 from fides_rag.generation.settings import sampling_options
+from fides_rag.prompts import document_texts
 from fides_rag.rules import ContrastRule, accepts_option, get_method
 
 logger = logging.getLogger("fides_rag.calls")
@@ -35,6 +36,32 @@ def fold_fides_constants(kwargs: dict[str, Any], base: FidesConfig) -> None:
     if kwargs.get("fides_config") is not None:
         raise TypeError(f"pass fides_config= or the FIDES constants {sorted(named)} by name, not both")
     kwargs["fides_config"] = dataclasses.replace(base, **{k: tuple(v) if k == "weights" else v for k, v in named.items()})
+
+
+def plain_options(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """One call's options as plain values, sorted by name (a framework's cache key): documents as their texts, any
+    other value that is not a plain one as its repr; keys of LangSmith's (`ls_...`) left out."""
+    options: dict[str, Any] = {}
+    for name in sorted(k for k in kwargs if not k.startswith("ls_")):
+        value = kwargs[name]
+        if name == "documents":
+            try:
+                value = document_texts(value)
+            except TypeError:  # reported by the call itself
+                value = repr(value)
+        elif not isinstance(value, (str, int, float, bool, type(None), list)):
+            value = repr(value)
+        options[name] = value
+    return options
+
+
+def split_template_args(args: Mapping[str, Any], variables: Iterable[str], options: Iterable[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A prompt template call's keywords as (template variables, call options): a key the template uses (one of
+    `variables`) is always a variable; a name of `options` that it does not use (method, max_new_tokens, ...) is an
+    option of the call."""
+    used, known = set(variables), set(options)
+    call = {k: v for k, v in args.items() if k in known and k not in used}
+    return {k: v for k, v in args.items() if k not in call}, call
 
 
 class FidesFallbackError(ValueError):

@@ -30,13 +30,15 @@ from fides_rag.generation.requests import PromptPair
 from fides_rag.prompts import PromptTemplate, TemplateLeftovers, template_stops
 from fides_rag.result import GenerationResult
 from fides_rag.raw_prompts import check_no_context_path, fit_documents, question_only_text, render_chat
-from fides_rag.calls.tools import ToolCalling
+from fides_rag.calls.tools import ToolCalling, calls_from_openai, render_calls
 
 logger = logging.getLogger("fides_rag.calls")
 
 Turn = tuple[str, str]
 """(role, content), role one of user, assistant, system, tool."""
 DOCUMENTS_INSTRUCTION = "Use the following documents to answer the question."
+STANDARD = "decoded with 'standard'"
+"""What a call without documents to contrast does (the second half of its note)."""
 LAST_USER_TURN: Any = object()
 """`ChatPrompts.conversation`'s default question: the last user turn's text."""
 ROLE_LINE_STOPS = ("\nUser:", "\nHuman:", "\nQuestion:")
@@ -55,6 +57,20 @@ planner's four roles; anything else is a user turn."""
 def role_of(role: Any) -> str:
     """A role name (or an enum whose value is one) as user, assistant, system or tool."""
     return ROLES.get(str(getattr(role, "value", role)).lower(), "user")
+
+
+def turn_of(role: Any, text: str, calls: Sequence[Any] = ()) -> Turn:
+    """A front door's message as a planner turn: its role read by `role_of`; an assistant's earlier tool calls (OpenAI's
+    shape, LangChain's or Ollama's, or ToolCalls) written after its content, as the model is asked to write them."""
+    role = role_of(role)
+    earlier = calls_from_openai(calls) if role == "assistant" and calls else []
+    return role, render_calls(text, earlier) if earlier else text
+
+
+def check_question(turns: Sequence[Turn]) -> None:
+    """A ValueError unless the conversation holds a user turn: the question FIDES answers."""
+    if not any(role == "user" for role, _ in turns):
+        raise ValueError(f"the conversation has no user message (roles: {[r for r, _ in turns]}); FIDES needs a question to answer")
 
 
 def why_no_documents(retrieved: Sequence[str] | None, where: str) -> str:
@@ -83,6 +99,18 @@ def filled_variable(template: str, text: str, variables: Sequence[str]) -> tuple
     return None
 
 
+def context_in_system(turns: Sequence[Turn], templates: Sequence[str], variables: Sequence[str]) -> tuple[int, int, int] | None:
+    """The first system turn rendered from one of `templates` (a framework's context system prompts) with one of
+    `variables` filled in: (its index, where the context starts and ends in it); None when there is none."""
+    for index, (role, content) in enumerate(turns):
+        if role == "system":
+            for template in templates:
+                found = filled_variable(template, content, variables)
+                if found is not None:
+                    return index, found[1], found[2]
+    return None
+
+
 @dataclass
 class ChatPlan:
     """How one conversation decodes: fides-rag's template (question + documents) or two rendered prompts."""
@@ -108,7 +136,7 @@ class ChatPlan:
     """What the front door adds to the record about the prompt (a framework template's type, its context variables)."""
 
     @classmethod
-    def as_given(cls, prompt: str, why: str, consequence: str = "decoded with 'standard'", *, untrusted: Sequence[str | None] = (),
+    def as_given(cls, prompt: str, why: str, consequence: str = STANDARD, *, untrusted: Sequence[str | None] = (),
                  fallback: bool = True, extra: Mapping[str, Any] | None = None) -> ChatPlan:
         """No documents to contrast: 'standard' on `prompt` as given, with the note `why: consequence` (a fallback, which
         a strict caller refuses, unless `fallback=False`: nothing was asked that could not be done)."""
@@ -191,15 +219,14 @@ class ChatPrompts:
                    documents_instruction=documents_instruction, template=decoder.prompt_template, tools=tools)
 
     def fides_template(self, question: str, documents: Sequence[str], source: str = "documents", *,
-                       why_empty: str = "the documents given were empty",
-                       consequence: str = "decoded with 'standard' on the question alone") -> ChatPlan:
+                       why_empty: str = "the documents given were empty") -> ChatPlan:
         """fides-rag's own template: the question and its documents (none: 'standard' on the question, a fallback
-        noted as `why_empty: consequence`)."""
+        noted as `why_empty: decoded with 'standard'`)."""
         texts = [t for t in documents if t.strip()]
         plan = ChatPlan("template", source, question=question, documents=texts)
         if not texts:
             plan.method = "standard"
-            plan.fall_back(why_empty, consequence)
+            plan.fall_back(why_empty, STANDARD)
         return plan
 
     def with_tools(self, tools: ToolCalling | None) -> ChatPrompts:
@@ -286,6 +313,24 @@ class ChatPrompts:
                         untrusted=[t for t in dict.fromkeys([*kept, *untrusted]) if t], extra=dict(extra or {}))
         return self._question_path(plan, question, question_prompt)
 
+    def variables_pair(
+        self, render: Callable[[dict[str, str]], str], context: Mapping[str, str], max_new_tokens: int, *,
+        variables: Sequence[str], separator: str = "\n\n", question: str | None = None, untrusted: Sequence[str | None] = (),
+        question_prompt: Callable[[str], str] | None = None, extra: Mapping[str, Any] | None = None,
+    ) -> ChatPlan:
+        """A framework's prompt template whose retrieved text travels in `variables`; `context`: those the call fills,
+        as text. Where one holds text, `template_pair` (the record's `context`: the kept texts joined by `separator`);
+        else 'standard' on the prompt as rendered, a fallback: the variable was empty, or is not in the prompt.
+        `untrusted`: the prompt's texts beside the question (the messages), tokenised as plain text."""
+        untrusted = [question, *untrusted]
+        if not any(v.strip() for v in context.values()):
+            why = f"the context variable ({', '.join(variables)}) {'was empty' if context else 'is not in the prompt'}"
+            return ChatPlan.as_given(render(dict(context)), why, untrusted=untrusted, extra=extra)
+        plan = self.template_pair(render, context, max_new_tokens, question=question, untrusted=untrusted,
+                                  question_prompt=question_prompt, extra=extra)
+        plan.extra["context"] = separator.join(plan.documents)
+        return plan
+
     def _question_path(self, plan: ChatPlan, question: str | None, question_prompt: Callable[[str], str] | None = None) -> ChatPlan:
         """Under no_context_path='question', the plan's no-context path becomes the question alone under the neutral
         instruction (a fallback to the emptied prompt where no question was found)."""
@@ -343,8 +388,7 @@ class ChatPrompts:
         ran); the system turns (`system_as_context`); else none ('standard', noted). An agent's first turn (tools
         bound, nothing retrieved) is 'standard' without a fallback: its evidence comes back as tool turns. `question`:
         the no-context path's under no_context_path='question' (default: the last user turn; None: unknown)."""
-        if not any(r == "user" for r, _ in turns):
-            raise ValueError(f"a conversation needs a user message (the question); got the roles {[r for r, _ in turns]}")
+        check_question(turns)
         if question is LAST_USER_TURN:
             question = next(c for r, c in reversed(turns) if r == "user")
         if documents is not None:

@@ -85,6 +85,15 @@ def constraint_of(*, json_schema: Any = None, regex: str | None = None, grammar:
     return given
 
 
+def with_structure(call: Mapping[str, Any], spec: Any, what: str = "a structured answer") -> dict[str, Any]:
+    """`call` (one call's keywords) decoded under `spec`'s JSON schema (a pydantic class or a schema; objects closed,
+    checked before anything decodes). A grammar the call gives as well is refused: `what` is held to the schema."""
+    given = [k for k in ("json_schema", "regex", "grammar") if call.get(k) is not None]
+    if given:
+        raise CallInputError(f"{what} holds the answer to its JSON schema; drop {', '.join(given)}=", given[0])
+    return {**call, **constraint_of(json_schema=spec)}
+
+
 def check_complete(text: str, finish_reason: str | None) -> str:
     """`text`, if the model finished it: a structured answer cut at the token budget raises instead of parsing as a
     partial object."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fides_rag.calls import Call, CallInputError, CallOptions, ChatPlan, ChatPrompts, ToolCalling, calls_from_openai, render_calls, role_of
+from fides_rag.calls import Call, CallInputError, CallOptions, ChatPlan, ChatPrompts, ToolCalling, turn_of
 from fides_rag.config import FidesConfig
 from fides_rag.decoder import FidesDecoder
 from fides_rag.serve.agent_call import AgentCall
@@ -24,12 +24,7 @@ def chat_plan(decoder: FidesDecoder, body: ChatCompletionRequest, max_new: int, 
     """The conversation's plan: documents from `documents`, the tool messages, or the system messages; `tools` in
     front of both paths."""
     prompts = _planner(decoder, body, chat=True, tools=tools)
-    turns = []
-    for message in body.messages:
-        text = message.text()
-        if message.tool_calls:
-            text = render_calls(text, calls_from_openai([c.model_dump() for c in message.tool_calls]))
-        turns.append((role_of(message.role), text))
+    turns = [turn_of(m.role, m.text(), [c.model_dump() for c in m.tool_calls or []]) for m in body.messages]
     if not any(r == "user" for r, _ in turns):
         raise bad_request("messages need a user message (the question)", "messages")
     return prompts.conversation(turns, max_new, documents=body.documents)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fides_rag import FidesDecoder
-from fides_rag.calls import Call, CallOptions, ChatPrompts, ToolCalling, ToolSpec
+from fides_rag.calls import Answer, AnswerLog, Call, CallOptions, ChatPrompts, ToolCalling, ToolSpec
 
 DOC = "The Eiffel Tower is in Rome."
 TURNS = [("system", f"Context: {DOC}"), ("user", "Where is the Eiffel Tower?")]
@@ -56,3 +56,18 @@ def test_a_forced_call_that_gave_none_is_never_an_answer(decoder):
     if not answer.tool_calls:  # three tokens cannot hold the call (until the grammar closes it early)
         assert answer.text == "" and "forced a call, but none could be read" in answer.notes[-1]
         assert answer.record["tool_choice"] == "search" and answer.finish_reason == "length"
+
+
+def test_deltas_hold_one_back_so_the_last_carries_the_answer(decoder):
+    plan = ChatPrompts.for_decoder(decoder).conversation([("user", "Where is it?")], 12, documents=[DOC])
+    pairs = list(Call(decoder, plan, CallOptions.parse({}, {"max_new_tokens": 12})).deltas())
+    assert all(answer is None for _, answer in pairs[:-1]) and isinstance(pairs[-1][1], Answer)
+    assert "".join(delta for delta, _ in pairs) == pairs[-1][1].text
+
+
+def test_the_answer_log_keeps_the_newest_answers(decoder):
+    log = AnswerLog(2)
+    assert log.last is None and log.entries() == []
+    plan = ChatPrompts.for_decoder(decoder).conversation(TURNS, 4, documents=[DOC])
+    answers = [log.add(Call(decoder, plan, CallOptions.parse({}, {"max_new_tokens": n})).run()) for n in (2, 3, 4)]
+    assert log.last is answers[-1].result and [e["info"] for e in log.entries()] == [a.record for a in answers[1:]]

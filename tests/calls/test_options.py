@@ -8,6 +8,7 @@ import pytest
 
 from fides_rag import FidesConfig
 from fides_rag.calls import CallInputError, CallOptions, ChatPlan, FidesFallbackError, fold_fides_constants
+from fides_rag.calls.options import plain_options, split_template_args
 
 
 def test_a_call_overrides_the_defaults_and_config_goes_to_the_rules_that_take_one():
@@ -59,3 +60,18 @@ def test_fides_constants_given_by_name_become_one_config():
     assert untouched == {"method": "cad"}
     with pytest.raises(TypeError, match="not both"):
         fold_fides_constants({"lambda_": 0.4, "fides_config": FidesConfig()}, FidesConfig())
+
+
+def test_plain_options_are_a_cache_key_of_plain_values():
+    class Doc:
+        page_content = "Rome."
+
+    plain = plain_options({"method": "cad", "documents": [Doc(), "Paris."], "fides_config": FidesConfig(), "ls_provider": "x"})
+    assert list(plain) == ["documents", "fides_config", "method"] and plain["documents"] == ["Rome.", "Paris."]
+    assert plain["fides_config"] == repr(FidesConfig()) and plain_options({"documents": {"a": 1}})["documents"] == "{'a': 1}"
+
+
+def test_a_template_variable_is_never_taken_for_an_option():
+    variables, call = split_template_args({"query_str": "Q", "method": "cad", "max_new_tokens": 4}, ["query_str", "max_new_tokens"],
+                                          ["method", "max_new_tokens"])
+    assert variables == {"query_str": "Q", "max_new_tokens": 4} and call == {"method": "cad"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fides_rag import FidesDecoder, PromptPair
-from fides_rag.calls import ChatPlan, ChatPrompts, filled_variable
+from fides_rag.calls import ChatPlan, ChatPrompts, ToolCall, check_question, context_in_system, filled_variable, turn_of
 
 DOC = "The Eiffel Tower is in Rome."
 
@@ -132,3 +132,43 @@ def test_a_filled_template_variable_is_found_in_its_rendering():
     assert name == "context_str" and text[start:end] == DOC
     assert filled_variable(template, "Context:\n \nInstruction: x", ["context_str"]) is None
     assert filled_variable(template, "Something else", ["context_str"]) is None
+
+
+def test_a_system_turn_rendered_from_a_context_template_holds_the_context():
+    templates = ["Context information is below.\n{context_str}\nAnswer."]
+    turns = [("user", "Hi"), ("system", f"Context information is below.\n{DOC}\nAnswer."), ("user", "Where?")]
+    index, start, end = context_in_system(turns, templates, ["context_str"])
+    assert index == 1 and turns[1][1][start:end] == DOC
+    assert context_in_system([("system", "You are helpful."), ("user", "Where?")], templates, ["context_str"]) is None
+
+
+def test_template_variables_are_paired_or_fall_back_naming_the_variable(chat_tokenizer):
+    render = lambda c: f"Context: {c.get('context_str', '')}\nQ: Where?"  # noqa: E731
+    planner = prompts(chat_tokenizer)
+    plan = planner.variables_pair(render, {"context_str": DOC}, 16, variables=["context_str"], question="Where?", untrusted=["msg"])
+    assert DOC in plan.context_prompt and DOC not in plan.no_context_prompt and plan.extra["context"] == DOC and "msg" in plan.untrusted
+    empty = planner.variables_pair(render, {"context_str": " "}, 16, variables=["context_str", "context_msg"])
+    assert empty.method == "standard" and empty.notes[0] == "the context variable (context_str, context_msg) was empty: decoded with 'standard'"
+    missing = planner.variables_pair(render, {}, 16, variables=["context_str"])
+    assert missing.fallback == "the context variable (context_str) is not in the prompt"
+
+
+def test_fides_template_without_documents_notes_the_standard_fallback(chat_tokenizer):
+    plan = prompts(chat_tokenizer).fides_template("Where?", ["  "], why_empty="the retrieved context was empty")
+    assert plan.method == "standard" and plan.notes == ["the retrieved context was empty: decoded with 'standard'"]
+
+
+def test_a_message_becomes_a_turn_with_its_earlier_calls():
+    calls = [{"id": "c1", "function": {"name": "search", "arguments": '{"q": "rome"}'}}]
+    role, text = turn_of("ai", "Looking.", calls)
+    assert role == "assistant" and text.startswith("Looking.\n<tool_call>") and '"q": "rome"' in text
+    assert turn_of("AI", "", [ToolCall("search", {"q": "x"})])[1].startswith("<tool_call>")
+    assert turn_of("human", "Hi", calls) == ("user", "Hi") and turn_of("developer", "Be brief.") == ("system", "Be brief.")
+
+
+def test_a_conversation_without_a_user_message_has_no_question(chat_tokenizer):
+    check_question([("system", "Be brief."), ("user", "Where?")])
+    with pytest.raises(ValueError, match=r"no user message \(roles: \['system', 'assistant'\]\)"):
+        prompts(chat_tokenizer).conversation([("system", "Be brief."), ("assistant", "Hi")], 8)
+    with pytest.raises(ValueError, match="no user message"):
+        check_question([])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel
 
-from fides_rag.calls import CallInputError, IncompleteAnswerError, constraint_of, parse_structure
+from fides_rag.calls import CallInputError, IncompleteAnswerError, constraint_of, parse_structure, with_structure
 
 pytest.importorskip("llguidance")
 
@@ -36,3 +36,11 @@ def test_a_cut_answer_never_parses_as_a_partial_object():
     assert parse_structure('{"name": "Rome"}', "eos", City) == City(name="Rome")
     with pytest.raises(IncompleteAnswerError, match="cut at max_new_tokens"):
         parse_structure('{"name": "Ro', "length", City)
+
+
+def test_a_structured_call_decodes_under_its_schema_and_refuses_a_second_grammar():
+    call = with_structure({"method": "fides", "max_new_tokens": 8}, City, "structured_predict")
+    assert call["method"] == "fides" and call["json_schema"]["additionalProperties"] is False
+    with pytest.raises(CallInputError, match="structured_predict holds the answer to its JSON schema; drop regex=") as err:
+        with_structure({"regex": "a+"}, City, "structured_predict")
+    assert err.value.field == "regex"

@@ -2,38 +2,22 @@
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+import asyncio
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from fides_rag import FidesConfig, FidesDecoder, GenerationResult, load_model
-from fides_rag.calls import DOCUMENTS_INSTRUCTION, Answer, Call, CallOptions, ChatPlan, ChatPrompts, FidesFallbackError, ToolCalling
-from fides_rag.calls import resolve_method
+from fides_rag import FidesConfig, FidesDecoder, GenerationResult
+from fides_rag.calls import DOCUMENTS_INSTRUCTION, Answer, AnswerLog, Call, CallOptions, ChatPlan, ChatPrompts, FidesFallbackError, ToolCalling
+from fides_rag.calls.decoders import check_defaults, decoder_for, decoder_identity
 from fides_rag.generation.streaming import iterate_in_thread
-from fides_rag.prompts import document_texts
-from fides_rag.raw_prompts import check_no_context_path
+
+from langchain_fides._discovery import model_parent_var
 
 __all__ = ["FidesFallbackError", "FidesParams"]
 CALL_OPTIONS = ("documents", "fides_question", "max_tokens", "model")
 """What a call may pass beside the core's options (method, max_new_tokens, strict, sampling, grammar, ...)."""
-
-
-def cache_key_options(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The call options of one invoke/.bind, as plain values for LangChain's LLM cache key."""
-    options: dict[str, Any] = {}
-    for name in sorted(k for k in kwargs if not k.startswith("ls_")):
-        value = kwargs[name]
-        if name == "documents":
-            try:
-                value = document_texts(value)
-            except TypeError:  # reported by the call itself
-                value = repr(value)
-        elif not isinstance(value, (str, int, float, bool, type(None), list)):
-            value = repr(value)
-        options[name] = value
-    return options
 
 
 class FidesParams(BaseModel):
@@ -83,23 +67,15 @@ class FidesParams(BaseModel):
     batch_window_s: float = Field(default=0.005, ge=0, le=10)
     """How long a call waits for concurrent calls to share its batch, in seconds."""
 
-    _last_result: GenerationResult | None = PrivateAttr(default=None)
+    _answers: AnswerLog = PrivateAttr(default_factory=lambda: AnswerLog(1))
     _call_options: ClassVar[tuple[str, ...]] = CALL_OPTIONS
 
     @model_validator(mode="after")
     def _setup(self) -> Any:
-        resolve_method(self.method)
-        check_no_context_path(self.no_context_path)
-        if self.decoder is None:
-            if self.model is not None and self.tokenizer is not None:
-                model, tokenizer = self.model, self.tokenizer
-            elif self.model_id is not None:
-                model, tokenizer = load_model(self.model_id)
-            else:
-                raise ValueError("give a decoder=FidesDecoder(...), a model= and tokenizer=, or a model_id= to load")
-            self.decoder = FidesDecoder(model, tokenizer, method=self.method, max_new_tokens=self.max_new_tokens)
-        if not isinstance(self.decoder, FidesDecoder):
-            raise TypeError(f"decoder must be a FidesDecoder, got {type(self.decoder).__name__}")
+        check_defaults(self.method, self.no_context_path)
+        if self.decoder is None:  # a decoder given wins over model=, tokenizer= and model_id=
+            self.decoder = decoder_for(model=self.model, tokenizer=self.tokenizer, model_id=self.model_id, method=self.method,
+                                       max_new_tokens=self.max_new_tokens)
         if "max_new_tokens" not in self.model_fields_set:
             # A shared decoder's budget (e.g. ChatFides(decoder=llm.decoder)) is the default, not 128.
             object.__setattr__(self, "max_new_tokens", self.decoder.max_new_tokens)
@@ -109,8 +85,8 @@ class FidesParams(BaseModel):
     @classmethod
     def from_model_id(cls, model_id: str, *, device: str = "auto", dtype: Any = None, **kwargs: Any) -> Any:
         """Load `model_id` (cached by fides_rag.load_model) and wrap it; kwargs are this class's fields."""
-        model, tokenizer = load_model(model_id, device=device, dtype=dtype)
-        decoder = FidesDecoder(model, tokenizer, method=kwargs.get("method", "fides"), max_new_tokens=kwargs.get("max_new_tokens", 128))
+        decoder = decoder_for(model_id=model_id, device=device, dtype=dtype, method=kwargs.get("method", "fides"),
+                              max_new_tokens=kwargs.get("max_new_tokens", 128))
         return cls(decoder=decoder, model_id=model_id, **kwargs)
 
     @property
@@ -118,7 +94,7 @@ class FidesParams(BaseModel):
         """The GenerationResult of this object's most recent decoding (alphas, steps, prompts, notes); None before the
         first call. A call answered from LangChain's LLM cache leaves it unchanged; objects shared between threads
         see whichever call finished last."""
-        return self._last_result
+        return self._answers.last
 
     @property
     def _dec(self) -> FidesDecoder:
@@ -127,15 +103,10 @@ class FidesParams(BaseModel):
 
     def _fides_params(self) -> dict[str, Any]:
         """Everything that changes the output; LangChain's LLM cache key and traces are built from it."""
-        dec = self._dec
         fields = ("model_id", "apply_chat_template", "strict", "no_context_path", "method", "do_sample", "temperature", "top_p",
                   "top_k", "seed", "stop")
         return {
-            # A model without a name (built in memory) is told apart by its object: no cache hits across models.
-            "model": f"{type(dec.model).__name__}:{getattr(dec.model, 'name_or_path', '') or f'object-{id(dec.model)}'}",
-            "decoder_config": repr(dec.config),
-            "decoder_prompt_template": hashlib.sha256(repr(dec.prompt_template).encode()).hexdigest()[:16],
-            "decoder_use_chat_template": dec.use_chat_template,
+            **decoder_identity(self._dec),
             "fides_config": None if self.fides_config is None else repr(self.fides_config),
             "max_new_tokens": self.max_tokens if self.max_tokens is not None else self.max_new_tokens,
             **{name: getattr(self, name) for name in fields},
@@ -165,29 +136,34 @@ class FidesParams(BaseModel):
         return Call(self._dec, plan, opts, calling=calling, native_tools=native, extra=extra, **kwargs)
 
     def _run(self, call: Call) -> Answer:
-        answer = call.run()
-        self._last_result = answer.result
-        return answer
+        return self._answers.add(call.run())
 
     def _run_stream(self, call: Call) -> Iterator[str | Answer]:
         """Text deltas, then the Answer as the last item."""
         for item in call.stream():
-            if isinstance(item, Answer):
-                self._last_result = item.result
-            yield item
+            yield self._answers.add(item) if isinstance(item, Answer) else item
 
-    @staticmethod
-    def _reported(chunks: Iterator[Any], run_manager: Any) -> Iterator[Any]:
-        """`chunks`, each one's text reported to the run manager as a new token."""
-        for chunk in chunks:
+    # -- LangChain's entry points: the same for both models, over `_results` (one call's result) and `_stream_items`
+
+    def _generate(self, input: Any, stop: list[str] | None = None, run_manager: Any = None, **kwargs: Any) -> Any:
+        return self._results(input, stop, run_manager.parent_run_id if run_manager else None, kwargs)
+
+    async def _agenerate(self, input: Any, stop: list[str] | None = None, run_manager: Any = None, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(self._results, input, stop, run_manager.parent_run_id if run_manager else None, kwargs)
+
+    def _stream(self, input: Any, stop: list[str] | None = None, run_manager: Any = None, **kwargs: Any) -> Iterator[Any]:
+        """The chunks, each one's text reported to the run manager as a new token. langchain-core's BaseChatModel.stream
+        calls this without a run manager: the parent run is then the one `model_parent_var` holds."""
+        parent = run_manager.parent_run_id if run_manager else model_parent_var.get()
+        for chunk in self._stream_items(input, stop, parent, kwargs):
             if run_manager and chunk.text:
                 run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
 
-    @staticmethod
-    async def _areported(chunks: Callable[[], Iterator[Any]], run_manager: Any) -> AsyncIterator[Any]:
-        """`_reported` for asyncio: the chunks made in a worker thread."""
-        async for chunk in iterate_in_thread(chunks):
+    async def _astream(self, input: Any, stop: list[str] | None = None, run_manager: Any = None, **kwargs: Any) -> AsyncIterator[Any]:
+        """`_stream` for asyncio: the chunks made in a worker thread."""
+        parent = run_manager.parent_run_id if run_manager else model_parent_var.get()
+        async for chunk in iterate_in_thread(lambda: self._stream_items(input, stop, parent, kwargs)):
             if run_manager and chunk.text:
                 await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk

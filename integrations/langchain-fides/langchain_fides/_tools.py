@@ -7,14 +7,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from langchain_core.exceptions import OutputParserException
-from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.messages import BaseMessage
 from langchain_core.messages.tool import tool_call, tool_call_chunk
 from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticOutputParser, PydanticToolsParser
 from langchain_core.runnables import Runnable, RunnableLambda
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
 
-from fides_rag.calls import IncompleteAnswerError, ToolCall, calls_from_openai, check_complete, constraint_of, render_calls
+from fides_rag.calls import IncompleteAnswerError, ToolCall, check_complete, constraint_of
 
 STRUCTURED_METHODS = ("json_schema", "function_calling", "json_mode")
 
@@ -22,13 +22,6 @@ STRUCTURED_METHODS = ("json_schema", "function_calling", "json_mode")
 def openai_tools(tools: Sequence[Any]) -> list[dict[str, Any]]:
     """Every tool LangChain's `convert_to_openai_tool` accepts (BaseTool, function, pydantic class, TypedDict, dict)."""
     return [t if isinstance(t, dict) and t.get("type") == "function" else convert_to_openai_tool(t) for t in tools]
-
-
-def message_text(message: BaseMessage) -> str:
-    """A message's text for the prompt: an AI message's earlier tool calls are written after its content."""
-    if isinstance(message, AIMessage) and message.tool_calls:
-        return render_calls(message.text, calls_from_openai(message.tool_calls))
-    return message.text
 
 
 def lc_tool_calls(calls: Sequence[ToolCall], chunks: bool = False) -> list[Any]:

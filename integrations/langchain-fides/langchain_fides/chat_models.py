@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, Literal
 from uuid import UUID
 
-from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
 from langchain_core.language_models.base import LangSmithParams
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ChatMessage
@@ -15,12 +13,12 @@ from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 
-from fides_rag.calls import Answer, ChatPlan, ToolCalling, role_of, tool_choice_name
+from fides_rag.calls import Answer, ChatPlan, ToolCalling, tool_choice_name, turn_of
 from fides_rag.prompts import document_texts
 
 from langchain_fides._base import CALL_OPTIONS, FidesParams
-from langchain_fides._discovery import model_parent_var, recorder
-from langchain_fides._tools import lc_tool_calls, message_text, openai_tools, structured_output
+from langchain_fides._discovery import recorder
+from langchain_fides._tools import lc_tool_calls, openai_tools, structured_output
 
 
 class ChatFides(FidesParams, BaseChatModel):
@@ -111,7 +109,7 @@ class ChatFides(FidesParams, BaseChatModel):
     # -- the call -----------------------------------------------------------------------------------
 
     def _plan(self, messages: list[BaseMessage], kwargs: dict[str, Any], parent: UUID | None, max_new: int, calling: ToolCalling | None) -> ChatPlan:
-        turns = [(role_of(m.role if isinstance(m, ChatMessage) else m.type), message_text(m)) for m in messages]
+        turns = [turn_of(m.role if isinstance(m, ChatMessage) else m.type, m.text, getattr(m, "tool_calls", None) or ()) for m in messages]
         if "user" not in (r for r, _ in turns):
             raise ValueError(f"ChatFides needs a human message (the question); got {[type(m).__name__ for m in messages]}")
         documents, source, template_question = kwargs.get("documents"), "documents", None
@@ -142,20 +140,10 @@ class ChatFides(FidesParams, BaseChatModel):
                                   response_metadata=answer.record, usage_metadata=usage, chunk_position="last")
         return AIMessage(content=answer.text, tool_calls=lc_tool_calls(answer.tool_calls), response_metadata=answer.record, usage_metadata=usage)
 
-    def _generate_one(self, messages: list[BaseMessage], stop: list[str] | None, parent: UUID | None, kwargs: dict[str, Any]) -> ChatResult:
+    def _results(self, messages: list[BaseMessage], stop: list[str] | None, parent: UUID | None, kwargs: dict[str, Any]) -> ChatResult:
         answer = self._run(self._prepared(messages, stop, parent, kwargs))
         generation = ChatGeneration(message=self._message(answer), generation_info=answer.record)
         return ChatResult(generations=[generation], llm_output={"model_name": answer.record["model_name"]})
-
-    def _generate(
-        self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any
-    ) -> ChatResult:
-        return self._generate_one(messages, stop, run_manager.parent_run_id if run_manager else None, kwargs)
-
-    async def _agenerate(
-        self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any
-    ) -> ChatResult:
-        return await asyncio.to_thread(self._generate_one, messages, stop, run_manager.parent_run_id if run_manager else None, kwargs)
 
     def _stream_items(self, messages: list[BaseMessage], stop: list[str] | None, parent: UUID | None, kwargs: dict[str, Any]) -> Iterator[ChatGenerationChunk]:
         call = self._prepared(messages, stop, parent, kwargs)
@@ -167,16 +155,3 @@ class ChatFides(FidesParams, BaseChatModel):
             else:
                 shown += item
                 yield ChatGenerationChunk(message=AIMessageChunk(content=item))
-
-    def _stream(
-        self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any
-    ) -> Iterator[ChatGenerationChunk]:
-        parent = run_manager.parent_run_id if run_manager else model_parent_var.get()
-        return self._reported(self._stream_items(messages, stop, parent, kwargs), run_manager)
-
-    async def _astream(
-        self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any
-    ) -> AsyncIterator[ChatGenerationChunk]:
-        parent = run_manager.parent_run_id if run_manager else model_parent_var.get()
-        async for chunk in self._areported(lambda: self._stream_items(messages, stop, parent, kwargs), run_manager):
-            yield chunk

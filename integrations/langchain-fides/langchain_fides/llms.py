@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterator
 from contextvars import ContextVar
 from typing import Any
 from uuid import UUID
 
-from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseLLM, LanguageModelInput
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from langchain_core.runnables import Runnable, RunnableConfig
 
 from fides_rag.calls import Answer, ChatPlan
+from fides_rag.calls.options import plain_options
 from fides_rag.prompts import document_texts
 
-from langchain_fides._base import FidesParams, cache_key_options
+from langchain_fides._base import FidesParams
 from langchain_fides._discovery import recorder
 from langchain_fides.prompts import FidesPromptValue
 
@@ -58,14 +57,14 @@ class FidesLLM(FidesParams, BaseLLM):
         return {**self._fides_params(), **({"call_options": call} if call else {})}
 
     def generate(self, prompts: list[str], stop: list[str] | None = None, callbacks: Any = None, **kwargs: Any) -> LLMResult:
-        token = _CALL_OPTIONS_VAR.set(cache_key_options(kwargs))
+        token = _CALL_OPTIONS_VAR.set(plain_options(kwargs))
         try:
             return super().generate(prompts, stop, callbacks, **kwargs)
         finally:
             _CALL_OPTIONS_VAR.reset(token)
 
     async def agenerate(self, prompts: list[str], stop: list[str] | None = None, callbacks: Any = None, **kwargs: Any) -> LLMResult:
-        token = _CALL_OPTIONS_VAR.set(cache_key_options(kwargs))
+        token = _CALL_OPTIONS_VAR.set(plain_options(kwargs))
         try:
             return await super().agenerate(prompts, stop, callbacks, **kwargs)
         finally:
@@ -140,29 +139,6 @@ class FidesLLM(FidesParams, BaseLLM):
         answers = [self._run(self._prepared(p, stop, parent, kwargs)) for p in prompts]
         return LLMResult(generations=[[Generation(text=a.text, generation_info=a.record)] for a in answers])
 
-    def _generate(
-        self, prompts: list[str], stop: list[str] | None = None, run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any
-    ) -> LLMResult:
-        return self._results(prompts, stop, run_manager.parent_run_id if run_manager else None, kwargs)
-
-    async def _agenerate(
-        self, prompts: list[str], stop: list[str] | None = None, run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any
-    ) -> LLMResult:
-        return await asyncio.to_thread(self._results, prompts, stop, run_manager.parent_run_id if run_manager else None, kwargs)
-
     def _stream_items(self, prompt: str, stop: list[str] | None, parent_run_id: UUID | None, kwargs: dict[str, Any]) -> Iterator[GenerationChunk]:
         for item in self._run_stream(self._prepared(prompt, stop, parent_run_id, kwargs)):
             yield GenerationChunk(text="", generation_info=item.record) if isinstance(item, Answer) else GenerationChunk(text=item)
-
-    def _stream(
-        self, prompt: str, stop: list[str] | None = None, run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any
-    ) -> Iterator[GenerationChunk]:
-        parent = run_manager.parent_run_id if run_manager else None
-        return self._reported(self._stream_items(prompt, stop, parent, kwargs), run_manager)
-
-    async def _astream(
-        self, prompt: str, stop: list[str] | None = None, run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any
-    ) -> AsyncIterator[GenerationChunk]:
-        parent = run_manager.parent_run_id if run_manager else None
-        async for chunk in self._areported(lambda: self._stream_items(prompt, stop, parent, kwargs), run_manager):
-            yield chunk

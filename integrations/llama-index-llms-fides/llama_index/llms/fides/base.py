@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
-from collections import deque
 from collections.abc import Sequence
 from typing import Any, Optional
 
@@ -23,7 +21,7 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
     MessageRole,
 )
-from llama_index.core.bridge.pydantic import Field, PrivateAttr, field_validator
+from llama_index.core.bridge.pydantic import Field, PrivateAttr, model_validator
 from llama_index.core.chat_engine.condense_plus_context import DEFAULT_CONTEXT_PROMPT_TEMPLATE
 from llama_index.core.chat_engine.context import DEFAULT_CONTEXT_TEMPLATE
 from llama_index.core.instrumentation import get_dispatcher
@@ -34,12 +32,13 @@ from llama_index.core.llms.llm import astream_completion_response_to_tokens, str
 from llama_index.core.prompts.base import BasePromptTemplate
 from llama_index.core.types import TokenAsyncGen, TokenGen
 
-from fides_rag import FidesConfig, FidesDecoder, GenerationResult, load_model
-from fides_rag.calls import ChatPlan, ToolCalling, fold_fides_constants, resolve_method
+from fides_rag import FidesConfig, FidesDecoder, GenerationResult
+from fides_rag.calls import AnswerLog, ChatPlan, ToolCalling, fold_fides_constants
+from fides_rag.calls.options import split_template_args
+from fides_rag.calls.decoders import check_defaults, decoder_for
 from fides_rag.generation.streaming import iterate_in_thread
-from fides_rag.raw_prompts import check_no_context_path
 
-from llama_index.llms.fides.context import CONTEXT_VARIABLES, split_prompt_args
+from llama_index.llms.fides.context import CONTEXT_VARIABLES
 from llama_index.llms.fides.options import CALL_OPTIONS, GENERATION_OPTIONS, FidesFallbackError
 from llama_index.llms.fides.decoding import PairDecoding
 from llama_index.llms.fides.function_calling import FunctionCalling
@@ -118,8 +117,7 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
 
     _decoder: FidesDecoder = PrivateAttr()
     _custom_formatting: bool = PrivateAttr(default=False)
-    _history: deque = PrivateAttr()
-    _history_lock: threading.Lock = PrivateAttr()
+    _history: AnswerLog = PrivateAttr()
 
     def __init__(
         self,
@@ -130,14 +128,7 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
         **kwargs: Any,
     ) -> None:
         """Wrap `decoder`, or build one from `model` and `tokenizer` (see also `from_model_id`)."""
-        if decoder is None:
-            if model is None or tokenizer is None:
-                raise TypeError("FidesLLM needs a FidesDecoder, or both model= and tokenizer= (or use FidesLLM.from_model_id)")
-            decoder = FidesDecoder(model, tokenizer, max_new_tokens=kwargs.get("max_new_tokens", 128))
-        elif not isinstance(decoder, FidesDecoder):
-            raise TypeError(f"decoder must be a FidesDecoder, got {type(decoder).__name__}")
-        elif model is not None or tokenizer is not None:
-            raise TypeError("pass either decoder= or model= and tokenizer=, not both")
+        decoder = decoder_for(decoder, model=model, tokenizer=tokenizer, max_new_tokens=kwargs.get("max_new_tokens", 128))
         if "model_name" not in kwargs:
             kwargs["model_name"] = str(getattr(decoder.model, "name_or_path", "") or "fides")
         fold_fides_constants(kwargs, decoder.config)
@@ -146,8 +137,7 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
         super().__init__(**kwargs)
         self._decoder = decoder
         self._custom_formatting = custom
-        self._history = deque(maxlen=self.history_size)
-        self._history_lock = threading.Lock()
+        self._history = AnswerLog(self.history_size)
         if self.use_chat_template and not self._has_chat_template:
             raise ValueError("use_chat_template=True but the tokenizer has no chat template")
 
@@ -158,8 +148,7 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
         """Load a bundled alias ("gemma3-270m", "smollm2-135m-instruct"), hub id, folder or .gguf and wrap it.
 
         config: the FIDES constants, e.g. `FidesConfig.from_file("calibrated.json")` from `fides-rag calibrate`."""
-        model, tokenizer = load_model(model_id, device=device, dtype=dtype)
-        decoder = FidesDecoder(model, tokenizer, config=config, max_new_tokens=kwargs.get("max_new_tokens", 128))
+        decoder = decoder_for(model_id=model_id, device=device, dtype=dtype, config=config, max_new_tokens=kwargs.get("max_new_tokens", 128))
         kwargs.setdefault("model_name", model_id)
         return cls(decoder, **kwargs)
 
@@ -172,23 +161,10 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
     def class_name(cls) -> str:
         return "FidesLLM"
 
-    @field_validator("method")
-    @classmethod
-    def _known_method(cls, value: str) -> str:
-        resolve_method(value)
-        return value
-
-    @field_validator("no_context_path")
-    @classmethod
-    def _a_no_context_path(cls, value: str) -> str:
-        return check_no_context_path(value)
-
-    @field_validator("fides_config")
-    @classmethod
-    def _a_fides_config(cls, value: Any) -> Any:
-        if value is not None and not isinstance(value, FidesConfig):
-            raise ValueError(f"fides_config must be a fides_rag.FidesConfig or None, got {type(value).__name__}")
-        return value
+    @model_validator(mode="after")
+    def _checked_defaults(self) -> FidesLLM:
+        check_defaults(self.method, self.no_context_path, self.fides_config)
+        return self
 
     # -- properties ---------------------------------------------------------------------------------
 
@@ -221,14 +197,12 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
     @property
     def last_result(self) -> GenerationResult | None:
         """The most recent GenerationResult of this LLM object (alphas, steps, prompts, notes)."""
-        with self._history_lock:
-            return self._history[-1]["result"] if self._history else None
+        return self._history.last
 
     @property
     def history(self) -> list[dict[str, Any]]:
         """Recent generations, oldest first: {"result": GenerationResult, "info": the additional_kwargs}."""
-        with self._history_lock:
-            return list(self._history)
+        return self._history.entries()
 
     @property
     def effective_fides_config(self) -> FidesConfig:
@@ -343,7 +317,7 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
         return await astream_completion_response_to_tokens(responses)
 
     def _predict_pair(self, prompt: BasePromptTemplate, prompt_args: dict[str, Any]) -> tuple[ChatPlan, dict[str, Any]]:
-        template_args, call = split_prompt_args(prompt, prompt_args, CALL_OPTIONS)
+        template_args, call = split_template_args(prompt_args, prompt.template_vars, CALL_OPTIONS)
         dispatcher.event(LLMPredictStartEvent(template=prompt, template_args=template_args))
         self._log_template_data(prompt, **template_args)
         if any(k in call for k in ("tools", "tool_choice")):

@@ -10,13 +10,13 @@ path), so everything else, the query and a refine stage's existing answer, stays
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.prompts.base import BasePromptTemplate, SelectorPromptTemplate
 
-from fides_rag.prompts import document_texts
+from fides_rag.prompts import context_text
 
 CONTEXT_VARIABLES: tuple[str, ...] = ("context_str", "context_msg")
 """Template variables that carry retrieved text in llama-index-core 0.14's prompts."""
@@ -38,35 +38,6 @@ def prompt_type(prompt: BasePromptTemplate, llm: Any) -> str | None:
     return None
 
 
-def context_as_text(value: Any, separator: str) -> str:
-    """One context value as text: a string as is, a list (simple_summarize passes one) joined.
-
-    List items may be strings, LlamaIndex nodes or NodeWithScore objects (anything with `.text`);
-    anything else raises a TypeError that names its type.
-    """
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (list, tuple)):
-        return separator.join(document_texts(list(value)))
-    return separator.join(document_texts([value]))
-
-
-def split_prompt_args(
-    prompt: BasePromptTemplate, prompt_args: dict[str, Any], option_names: Iterable[str]
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Separate template variables from generation options passed to predict(**prompt_args).
-
-    A key that the template uses is always a template variable; a known option name that the
-    template does not use (e.g. ``method``, ``max_new_tokens``) is a per-call generation option.
-    """
-    template_vars = set(prompt.template_vars)
-    options = {k: v for k, v in prompt_args.items() if k in option_names and k not in template_vars}
-    template_args = {k: v for k, v in prompt_args.items() if k not in options}
-    return template_args, options
-
-
 def find_context(
     prompt: BasePromptTemplate, template_args: dict[str, Any], variables: Sequence[str], llm: Any, separator: str
 ) -> dict[str, str]:
@@ -74,18 +45,10 @@ def find_context(
     chosen = selected_template(prompt, llm)
     known = {**(getattr(chosen, "kwargs", None) or {}), **(getattr(prompt, "kwargs", None) or {}), **template_args}
     used = set(prompt.template_vars) | set(getattr(chosen, "template_vars", []) or [])
-    return {name: context_as_text(known[name], separator) for name in variables if name in used and name in known}
+    return {name: context_text(known[name], separator) for name in variables if name in used and name in known}
 
 
 # -- chat messages ------------------------------------------------------------------------------
-
-
-def check_has_user_message(messages: Sequence[ChatMessage]) -> None:
-    if not messages:
-        raise ValueError("chat needs at least one message, got an empty list")
-    if not any(m.role == MessageRole.USER for m in messages):
-        roles = [getattr(m.role, "value", m.role) for m in messages]
-        raise ValueError(f"chat history has no user message (roles: {roles}); FIDES needs a question to answer")
 
 
 def with_context_message(messages: Sequence[ChatMessage], template: str, context: str) -> list[ChatMessage]:

@@ -31,9 +31,7 @@ class PairDecoding:
         return Call(self._decoder, plan, options, calling=calling, native_tools=native)
 
     def _remember(self, answer: Answer) -> dict[str, Any]:
-        with self._history_lock:
-            self._history.append({"result": answer.result, "info": answer.record})
-        return answer.record
+        return self._history.add(answer).record
 
     def _raw(self, answer: Answer) -> dict[str, Any]:
         return {**answer.result.to_dict(), **{k: answer.record[k] for k in PAIR_EXTRAS if k in answer.record}}
@@ -51,15 +49,12 @@ class PairDecoding:
 
     def _stream(self, plan: ChatPlan, options: CallOptions, calling: ToolCalling | None = None, chat: bool = False) -> Iterator[Any]:
         """Responses as the answer grows; one delta is held back so that the last response carries the record."""
-        call = self._call(plan, options, calling)
-        text, held = "", None
-        for item in call.stream():
-            if isinstance(item, Answer):
-                pending = held or ""
-                yield self._respond(item, chat, text + pending, pending)
-                return
-            if held is not None:
-                text += held
-                yield (ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=text), delta=held) if chat
-                       else CompletionResponse(text=text, delta=held))
-            held = item
+        text = ""
+        for delta, answer in self._call(plan, options, calling).deltas():
+            text += delta
+            if answer is not None:
+                yield self._respond(answer, chat, text, delta)
+            elif chat:
+                yield ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=text), delta=delta)
+            else:
+                yield CompletionResponse(text=text, delta=delta)

@@ -15,11 +15,10 @@ from typing import Any
 
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse, MessageRole
 
-from fides_rag.calls import ChatPlan, ToolCalling, ToolSpec, tool_choice_name
+from fides_rag.calls import ChatPlan, ToolCalling, ToolSpec, tool_choice_name, turn_of
 from fides_rag.prompts import document_texts
 
-from llama_index.llms.fides.context import check_has_user_message
-from llama_index.llms.fides.tools import message_turn, tool_selections
+from llama_index.llms.fides.tools import message_calls, tool_selections
 
 TOOL_ROLES = (MessageRole.TOOL, MessageRole.FUNCTION)
 
@@ -65,9 +64,8 @@ class FunctionCalling:
         calling = ToolCalling.of_call(self._decoder.tokenizer, kwargs.get("tools"), kwargs.get("tool_choice"))
         if calling is None and not any(m.role in TOOL_ROLES for m in messages):
             return None
-        check_has_user_message(messages)
         chat = self._chat_prompts.with_tools(calling)
-        turns = [message_turn(m) for m in self._extend_messages(list(messages))]
+        turns = [turn_of(m.role, m.content or "", message_calls(m)) for m in self._extend_messages(list(messages))]
         documents = kwargs.get("documents")
         plan = chat.conversation(turns, max_new_tokens, documents=None if documents is None else document_texts(documents), system_as_context=False)
         plan.extra = {"prompt_type": "chat", "context_variables": ["tool messages"] if plan.source == "tool_messages" else []}

@@ -11,15 +11,12 @@ from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.chat_engine.context import DEFAULT_CONTEXT_TEMPLATE
 from llama_index.core.prompts.base import BasePromptTemplate
 
-from fides_rag.calls import ChatPlan, ChatPrompts, filled_variable, role_of
+from fides_rag.calls import ChatPlan, ChatPrompts, check_question, context_in_system, role_of
 from fides_rag.prompts import document_texts
 from fides_rag.raw_prompts import render_chat
 
-from llama_index.llms.fides.context import CONTEXT_VARIABLES, check_has_user_message, find_context, prompt_type, with_context_message
+from llama_index.llms.fides.context import CONTEXT_VARIABLES, find_context, prompt_type, with_context_message
 from llama_index.llms.fides.prompts import is_fides_rag_template
-
-STANDARD = "decoded with 'standard'"
-
 
 def _extra(prompt_type: str | None, variables: Sequence[str] = (), context: str | None = None) -> dict[str, Any]:
     """What a plan adds to the FIDES record: the prompt's type, its context variables and context."""
@@ -68,66 +65,48 @@ class CallPairing:
         question = template_args.get("query_str", (getattr(prompt, "kwargs", None) or {}).get("query_str"))
         question = None if question is None else str(question)
         if is_fides_rag_template(prompt):
-            plan = self._chat_prompts.fides_template(question or "", list(context.values()),
-                                                     why_empty="the retrieved context (context_str) was empty", consequence=STANDARD)
+            plan = self._chat_prompts.fides_template(question or "", list(context.values()), why_empty="the retrieved context (context_str) was empty")
             plan.extra = _extra("fides_rag", sorted(context))
             return plan
-        extra = _extra(prompt_type(prompt, self), sorted(context))
-        if not any(v.strip() for v in context.values()):
-            why = f"the context variable ({', '.join(self.context_variables)}) {'was empty' if context else 'is not in the prompt'}"
-            return ChatPlan.as_given(self._render_template(prompt, {**template_args, **context}), why, untrusted=[question], extra=extra)
-        plan = self._chat_prompts.template_pair(lambda c: self._render_template(prompt, {**template_args, **c}), context, max_new_tokens,
-                                           question=question, untrusted=[question], question_prompt=self._question_text, extra=extra)
-        plan.extra["context"] = self.context_separator.join(plan.documents)
-        return plan
+        return self._chat_prompts.variables_pair(
+            lambda c: self._render_template(prompt, {**template_args, **c}), context, max_new_tokens, variables=self.context_variables,
+            separator=self.context_separator, question=question, question_prompt=self._question_text,
+            extra=_extra(prompt_type(prompt, self), sorted(context)))
 
     def _documents_pair(self, query: str, documents: Any) -> ChatPlan:
         """complete(query, documents=...): fides-rag's own 2-shot template (as langchain-fides' documents=)."""
-        plan = self._chat_prompts.fides_template(query, document_texts(documents), consequence=STANDARD)
+        plan = self._chat_prompts.fides_template(query, document_texts(documents))
         plan.extra = _extra("fides_rag")
         return plan
 
     def _chat_pair(self, messages: Sequence[ChatMessage], documents: Any, max_new_tokens: int) -> ChatPlan:
-        check_has_user_message(messages)
+        check_question([(role_of(m.role), m.content or "") for m in messages])
         if documents is not None and len(messages) == 1 and not self.system_prompt:
             # One question: fides-rag's template, as complete(documents=) and langchain-fides' ChatFides.
             return self._documents_pair(messages[0].content or "", documents)
         question = next((m.content for m in reversed(messages) if m.role == MessageRole.USER), None)
         messages = self._extend_messages(list(messages))
-        untrusted = [question, *(m.content for m in messages)]
+        untrusted = [m.content for m in messages]
         template = self.chat_context_templates[0] if self.chat_context_templates else DEFAULT_CONTEXT_TEMPLATE
         planner = self._chat_prompts
         context = None if documents is None else self.context_separator.join(document_texts(documents))
         if context is not None and context.strip():
             in_system = lambda c: self._messages_text(with_context_message(messages, template, c["context_str"]))  # noqa: E731
-            plan = planner.template_pair(in_system, {"context_str": context}, max_new_tokens, question=question, untrusted=untrusted,
-                                    question_prompt=self._question_text, extra=_extra("chat", ["context_str"]))
-            plan.extra["context"] = plan.documents[0] if plan.documents else ""
-            return plan
-        found = self._context_message(messages)
+            return planner.variables_pair(in_system, {"context_str": context}, max_new_tokens, variables=["context_str"], question=question,
+                                          untrusted=untrusted, question_prompt=self._question_text, extra=_extra("chat", ["context_str"]))
+        found = context_in_system([(role_of(m.role), m.content or "") for m in messages], self.chat_context_templates, CONTEXT_VARIABLES)
         if found is not None:
-            index, content, start, end = found
+            index, start, end = found
+            content = messages[index].content or ""
 
             def render(c: dict[str, str]) -> str:
                 filled = ChatMessage(role=messages[index].role, content=content[:start] + c["context"] + content[end:])
                 return self._messages_text([*messages[:index], filled, *messages[index + 1 :]])
 
-            return planner.template_pair(render, {"context": content[start:end]}, max_new_tokens, question=question, untrusted=untrusted,
-                                    question_prompt=self._question_text, extra=_extra("chat", ["system message"], content[start:end]))
+            return planner.template_pair(render, {"context": content[start:end]}, max_new_tokens, question=question, untrusted=[question, *untrusted],
+                                         question_prompt=self._question_text, extra=_extra("chat", ["system message"], content[start:end]))
         why = "the documents given were empty" if documents is not None else "no documents= and no context system message in the chat"
-        return ChatPlan.as_given(self._messages_text(messages), why, untrusted=untrusted, extra=_extra("chat"))
-
-    def _context_message(self, messages: Sequence[ChatMessage]) -> tuple[int, str, int, int] | None:
-        """The first system message rendered from a `chat_context_templates` entry with its context filled in:
-        (its index, its text, where the context starts and ends); None when there is none."""
-        for index, message in enumerate(messages):
-            if message.role in (MessageRole.SYSTEM, MessageRole.DEVELOPER):
-                content = message.content or ""
-                for template in self.chat_context_templates:
-                    found = filled_variable(template, content, CONTEXT_VARIABLES)
-                    if found is not None:
-                        return index, content, found[1], found[2]
-        return None
+        return ChatPlan.as_given(self._messages_text(messages), why, untrusted=[question, *untrusted], extra=_extra("chat"))
 
     def _pair_for_complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> ChatPlan:
         if kwargs.get("tools") or kwargs.get("tool_choice") is not None:

@@ -23,19 +23,13 @@ from llama_index.core.prompts.base import BasePromptTemplate
 from llama_index.core.types import PydanticProgramMode
 
 from fides_rag.generation.streaming import iterate_in_thread
-from fides_rag.calls import closed_schema, parse_structure
+from fides_rag.calls import parse_structure, with_structure
+from fides_rag.calls.options import split_template_args
 
-from llama_index.llms.fides.context import find_context, split_prompt_args
-from llama_index.llms.fides.options import CALL_OPTIONS, CONSTRAINTS
+from llama_index.llms.fides.context import find_context
+from llama_index.llms.fides.options import CALL_OPTIONS
 
 dispatcher = get_dispatcher(__name__)
-
-
-def output_schema(output_cls: type[BaseModel]) -> dict[str, Any]:
-    """The JSON schema the answer is held to: the class's, every object closed to keys it does not list."""
-    if not (isinstance(output_cls, type) and issubclass(output_cls, BaseModel)):
-        raise TypeError(f"output_cls must be a pydantic BaseModel class, got {output_cls!r}")
-    return closed_schema(output_cls.model_json_schema())
 
 
 class StructuredPrediction:
@@ -44,7 +38,7 @@ class StructuredPrediction:
     def _program_kwargs(self, prompt: BasePromptTemplate, llm_kwargs: dict[str, Any] | None, prompt_args: dict[str, Any]) -> dict[str, Any]:
         """LlamaIndex's own programs (pydantic_program_mode other than DEFAULT) format the prompt into messages, so its
         context variables reach the chat as text only: they go along as documents=, the same context as predict's."""
-        context = find_context(prompt, split_prompt_args(prompt, prompt_args, CALL_OPTIONS)[0], self.context_variables, self, self.context_separator)
+        context = find_context(prompt, split_template_args(prompt_args, prompt.template_vars, CALL_OPTIONS)[0], self.context_variables, self, self.context_separator)
         texts = [t for t in context.values() if t.strip()]
         if not texts or "documents" in (llm_kwargs or {}):
             return dict(llm_kwargs or {})
@@ -54,12 +48,10 @@ class StructuredPrediction:
         self, output_cls: type[BaseModel], prompt: BasePromptTemplate, llm_kwargs: dict[str, Any] | None, prompt_args: dict[str, Any]
     ) -> tuple[Callable[[], CompletionResponse | ChatResponse], Callable[[], Iterator[CompletionResponse | ChatResponse]]]:
         """(one call, its streaming form) under the output class's schema."""
-        template_args, call = split_prompt_args(prompt, prompt_args, CALL_OPTIONS)
-        call = {**call, **(llm_kwargs or {})}
-        given = [k for k in CONSTRAINTS if call.get(k) is not None]
-        if given:
-            raise ValueError(f"structured_predict holds the answer to output_cls's JSON schema; drop {', '.join(given)}=")
-        call["json_schema"] = output_schema(output_cls)
+        template_args, call = split_template_args(prompt_args, prompt.template_vars, CALL_OPTIONS)
+        if not (isinstance(output_cls, type) and issubclass(output_cls, BaseModel)):
+            raise TypeError(f"output_cls must be a pydantic BaseModel class, got {output_cls!r}")
+        call = with_structure({**call, **(llm_kwargs or {})}, output_cls, "structured_predict")
         if find_context(prompt, template_args, self.context_variables, self, self.context_separator):
             if "documents" in call:
                 raise TypeError("the prompt's context variables hold the context; drop documents=")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse, ToolCallBlock
 from llama_index.core.llms.llm import ToolSelection
 
-from fides_rag.calls import ToolCall, calls_from_openai, render_calls, role_of
+from fides_rag.calls import ToolCall, calls_from_openai
 
 
 def message_calls(message: ChatMessage) -> list[ToolCall]:
@@ -17,13 +17,6 @@ def message_calls(message: ChatMessage) -> list[ToolCall]:
         if isinstance(block, ToolCallBlock) and not any(c.id and c.id == block.tool_call_id for c in calls):
             calls += calls_from_openai([{"name": block.tool_name, "arguments": block.tool_kwargs, "id": block.tool_call_id}])
     return calls
-
-
-def message_turn(message: ChatMessage) -> tuple[str, str]:
-    """A message as a (role, text) turn; an assistant's earlier calls are written after its content."""
-    role, text = role_of(message.role), message.content or ""
-    calls = message_calls(message) if role == "assistant" else []
-    return role, render_calls(text, calls) if calls else text
 
 
 def tool_selections(response: ChatResponse) -> list[ToolSelection]:

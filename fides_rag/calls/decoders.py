@@ -1,0 +1,60 @@
+"""The decoder behind a front door, built once for every front door from what it was given (a ready FidesDecoder, a
+model and its tokenizer, or a model id to load), the checks of a front door's default options, and the decoder's
+identity as a framework's cache key sees it."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from fides_rag.calls.options import resolve_method
+from fides_rag.config import FidesConfig
+from fides_rag.decoder import FidesDecoder
+from fides_rag.loading import load_model
+from fides_rag.raw_prompts import check_no_context_path
+
+
+class DecoderInputError(TypeError, ValueError):
+    """What a front door was given cannot make a decoder (a TypeError, and a ValueError so that a pydantic validator
+    reports it as a validation error)."""
+
+
+def decoder_for(
+    decoder: Any = None, *, model: Any = None, tokenizer: Any = None, model_id: str | None = None, method: str = "fides",
+    max_new_tokens: int = 128, config: FidesConfig | None = None, device: str = "auto", dtype: Any = None,
+) -> FidesDecoder:
+    """`decoder` as given (it must be a FidesDecoder, and comes without `model`/`tokenizer`), else a FidesDecoder of
+    `model` and `tokenizer`, else of `model_id` loaded (cached by `load_model`) on `device` in `dtype`."""
+    if decoder is not None:
+        if not isinstance(decoder, FidesDecoder):
+            raise DecoderInputError(f"decoder must be a FidesDecoder, got {type(decoder).__name__}")
+        if model is not None or tokenizer is not None:
+            raise DecoderInputError("pass either a FidesDecoder (decoder=) or model= and tokenizer=, not both")
+        return decoder
+    if model is None or tokenizer is None:
+        if model_id is None:
+            raise DecoderInputError("give a FidesDecoder (decoder=), both model= and tokenizer=, or a model id to load (from_model_id)")
+        model, tokenizer = load_model(model_id, device=device, dtype=dtype)
+    return FidesDecoder(model, tokenizer, method=method, config=config, max_new_tokens=max_new_tokens)
+
+
+def check_defaults(method: Any, no_context_path: str = "emptied", fides_config: Any = None) -> None:
+    """A front door's default options checked when it is made, not at its first call (a ValueError naming the option):
+    the method known to the registry, the no-context design, the FIDES constants a FidesConfig or None."""
+    resolve_method(method)
+    check_no_context_path(no_context_path)
+    if fides_config is not None and not isinstance(fides_config, FidesConfig):
+        raise ValueError(f"fides_config must be a fides_rag.FidesConfig or None, got {type(fides_config).__name__}")
+
+
+def decoder_identity(decoder: FidesDecoder) -> dict[str, Any]:
+    """What about the decoder changes its answers, as plain values (a framework's cache key and traces): the model,
+    the FIDES constants, fides-rag's template and whether prompts go through the chat template. A model without a
+    name (built in memory) is told apart by its object, so no cache entry is shared across models."""
+    model = decoder.model
+    return {
+        "model": f"{type(model).__name__}:{getattr(model, 'name_or_path', '') or f'object-{id(model)}'}",
+        "decoder_config": repr(decoder.config),
+        "decoder_prompt_template": hashlib.sha256(repr(decoder.prompt_template).encode()).hexdigest()[:16],
+        "decoder_use_chat_template": decoder.use_chat_template,
+    }
