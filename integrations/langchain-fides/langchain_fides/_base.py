@@ -1,4 +1,5 @@
-"""What FidesLLM and ChatFides share: their typed fields, and the core call layer (`fides_rag.calls`) set up from them."""
+"""What FidesLLM and ChatFides share: their typed fields, the core call layer (`fides_rag.calls`) set up from them, and
+LangChain's generate and stream entry points over it (sync and async)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from fides_rag import FidesConfig, FidesDecoder, GenerationResult
 from fides_rag.calls import DOCUMENTS_INSTRUCTION, Answer, AnswerLog, Call, CallOptions, ChatPlan, ChatPrompts, FidesFallbackError, ToolCalling
 from fides_rag.calls.decoders import check_defaults, decoder_for, decoder_identity
+from fides_rag.calls.options import SAMPLING
 from fides_rag.generation.streaming import iterate_in_thread
 
 from langchain_fides._discovery import model_parent_var
@@ -116,7 +118,7 @@ class FidesParams(BaseModel):
 
     def _options(self, stop: Sequence[str] | None, kwargs: dict[str, Any]) -> CallOptions:
         """This object's fields overridden by one call's keywords (unknown keywords: a TypeError naming them)."""
-        names = ("method", "fides_config", "strict", "do_sample", "temperature", "top_p", "top_k", "seed")
+        names = ("method", "fides_config", "strict", *SAMPLING)
         defaults = {name: getattr(self, name) for name in names}
         defaults["max_new_tokens"] = self.max_tokens if self.max_tokens is not None else self.max_new_tokens
         call = {k: v for k, v in kwargs.items() if not k.startswith("ls_") and k not in ("max_tokens", "model")}

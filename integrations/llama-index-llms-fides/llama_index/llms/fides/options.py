@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from fides_rag.calls import CONSTRAINTS, FidesFallbackError
+from fides_rag.calls.options import SAMPLING
 
 __all__ = ["CALL_OPTIONS", "CONSTRAINTS", "FidesFallbackError", "GENERATION_OPTIONS"]
 
-GENERATION_OPTIONS: tuple[str, ...] = ("method", "max_new_tokens", "stop", "do_sample", "temperature", "top_p", "top_k", "seed")
+GENERATION_OPTIONS: tuple[str, ...] = ("method", "max_new_tokens", "stop", *SAMPLING)
 """Per-call overrides accepted by complete/chat/predict and their stream/async forms."""
 CALL_OPTIONS: tuple[str, ...] = (*GENERATION_OPTIONS, *CONSTRAINTS, "strict", "documents", "no_context_prompt", "tools", "tool_choice")
