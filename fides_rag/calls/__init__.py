@@ -20,7 +20,7 @@ Usage (a front door's whole job between its own types):
     planner = ChatPrompts.for_decoder(decoder, no_context_path="emptied", tools=calling)
     turns = [(role_of(m.role), text) for m in messages]           # earlier calls: render_calls(text, calls)
     plan = planner.conversation(turns, opts.max_new_tokens, documents=documents)   # same messages, same context
-    call = Call(decoder, plan, opts, calling=calling, native_tools=planner.native_tools,
+    call = Call(decoder, plan, opts, calling=calling, native_tools=planner.renders_tools(calling),
                 structure=schema, extra={"model_name": name})     # strict: FidesFallbackError here
     answer = call.run()          # or await call.arun(); call.stream() / call.astream() yield str deltas, then the Answer
     answer.text, answer.tool_calls, answer.parsed, answer.finish_reason, answer.record, answer.notes, answer.usage

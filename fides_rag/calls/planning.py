@@ -240,6 +240,11 @@ class ChatPrompts:
         """Tools are rendered by the chat template (else by the fallback system block)."""
         return self.tools is not None and self.use_chat_template and self.tools.native
 
+    def renders_tools(self, tools: ToolCalling | None) -> bool:
+        """Whether this planner with `tools` bound has the chat template render them (`Call`'s `native_tools`, the
+        record's tool_format "native"); False without tools, or where they go in the fallback system block."""
+        return tools is not None and self.with_tools(tools).native_tools
+
     def render(self, turns: Sequence[Turn]) -> str:
         """The conversation as one prompt that ends where the assistant's answer begins. Empty turns are dropped,
         except tool turns when tools are bound (the tool answered nothing). Tool results render as user turns, which

@@ -64,7 +64,7 @@ def build_call(decoder: FidesDecoder, body: Any, default_method: str, plan_of: A
         if agent.logprobs is not None:
             options.sampling["logprobs"] = agent.logprobs
         plan = plan_of(decoder, body, options.max_new_tokens, agent.calling)
-        native = agent.calling is not None and _planner(decoder, body, chat=True, tools=agent.calling).native_tools
+        native = _planner(decoder, body, chat=True).renders_tools(agent.calling)
         return Call(decoder, plan, options, calling=agent.calling, native_tools=native)
     except CallInputError as err:
         raise bad_request(" ".join(str(err).split()), FIELDS.get(err.field, err.field)) from None

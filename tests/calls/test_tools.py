@@ -127,6 +127,16 @@ def test_tools_enter_both_paths_identically(chat_tokenizer, native_tokenizer, to
         [("user", "Q"), ("tool", doc)]).endswith(f"<|tool|>\n{doc}<|end|>\n<|assistant|>\n")  # tool turns keep their role
 
 
+def test_only_a_chat_template_that_renders_tools_renders_them(chat_tokenizer, native_tokenizer):
+    native, fallback = ToolCalling(native_tokenizer, [SEARCH]), ToolCalling(chat_tokenizer, [SEARCH])
+    assert ChatPrompts(native_tokenizer, context_window=2048, use_chat_template=True).renders_tools(native)
+    assert not ChatPrompts(native_tokenizer, context_window=2048, use_chat_template=False).renders_tools(native)
+    assert not ChatPrompts(chat_tokenizer, context_window=2048, use_chat_template=True).renders_tools(fallback)
+    assert not ChatPrompts(native_tokenizer, context_window=2048, use_chat_template=True).renders_tools(None)
+    planner = ChatPrompts(native_tokenizer, context_window=2048, use_chat_template=True)
+    assert planner.renders_tools(native) and planner.tools is None  # the planner itself is left without tools
+
+
 def test_forced_call_decodes_to_a_valid_call(chat_tokenizer, tiny_llama):
     pytest.importorskip("llguidance")
     calling = ToolCalling(chat_tokenizer, [SEARCH, ADD], "required")

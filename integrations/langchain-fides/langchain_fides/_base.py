@@ -133,9 +133,8 @@ class FidesParams(BaseModel):
 
     def _call(self, plan: ChatPlan, opts: CallOptions, calling: ToolCalling | None = None, **kwargs: Any) -> Call:
         self._dec.configure(max_requests=self.max_batch_size, window_s=self.batch_window_s)
-        native = self._planner(calling).native_tools
         extra = {"model_name": self.model_id or type(self._dec.model).__name__}
-        return Call(self._dec, plan, opts, calling=calling, native_tools=native, extra=extra, **kwargs)
+        return Call(self._dec, plan, opts, calling=calling, native_tools=self._planner().renders_tools(calling), extra=extra, **kwargs)
 
     def _run(self, call: Call) -> Answer:
         return self._answers.add(call.run())

@@ -27,8 +27,7 @@ class PairDecoding:
 
     def _call(self, plan: ChatPlan, options: CallOptions, calling: ToolCalling | None = None) -> Call:
         self._decoder.configure(max_requests=self.max_batch_size, window_s=self.batch_window_s)
-        native = calling is not None and self._chat_prompts.with_tools(calling).native_tools
-        return Call(self._decoder, plan, options, calling=calling, native_tools=native)
+        return Call(self._decoder, plan, options, calling=calling, native_tools=self._chat_prompts.renders_tools(calling))
 
     def _remember(self, answer: Answer) -> dict[str, Any]:
         return self._history.add(answer).record
