@@ -37,13 +37,15 @@ from fides_rag.calls.planning import (
     DOCUMENTS_INSTRUCTION, ROLES, STANDARD, ChatPlan, ChatPrompts, Turn, check_question, context_in_system, filled_variable, role_of, turn_of,
     why_no_documents,
 )
-from fides_rag.calls.structure import IncompleteAnswerError, check_complete, closed_schema, constraint_of, parse_structure, schema_of, with_structure
+from fides_rag.calls.structure import (
+    IncompleteAnswerError, check_complete, closed_schema, constraint_of, parse_structure, refuse_other_grammar, schema_of, with_structure,
+)
 from fides_rag.calls.tools import ToolCall, ToolCallStream, ToolCalling, ToolSpec, calls_from_openai, new_call_id, render_calls, tool_choice_name
 
 __all__ = [
     "CONSTRAINTS", "DOCUMENTS_INSTRUCTION", "FIDES_CONSTANTS", "FINISH_REASONS", "ROLES", "Answer", "AnswerLog", "AnswerStream", "Call", "CallInputError",
     "CallOptions", "CallStream", "ChatPlan", "ChatPrompts", "STANDARD", "FidesFallbackError", "IncompleteAnswerError", "ToolCall",
     "ToolCallStream", "ToolCalling", "ToolSpec", "Turn", "calls_from_openai", "check_complete", "check_question", "closed_schema", "constraint_of", "context_in_system", "filled_variable", "fold_fides_constants",
-    "new_call_id", "parse_structure", "render_calls", "record", "resolve_method", "role_of", "schema_of", "tool_choice_name", "turn_of", "usage", "with_structure",
+    "new_call_id", "parse_structure", "render_calls", "record", "refuse_other_grammar", "resolve_method", "role_of", "schema_of", "tool_choice_name", "turn_of", "usage", "with_structure",
     "why_no_documents",
 ]

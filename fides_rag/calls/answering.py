@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fides_rag.calls.metadata import FINISH_REASONS, record, usage
-from fides_rag.calls.options import CallInputError, CallOptions
+from fides_rag.calls.options import CallOptions
 from fides_rag.calls.planning import ChatPlan
-from fides_rag.calls.structure import parse_structure
+from fides_rag.calls.structure import parse_structure, refuse_other_grammar
 from fides_rag.calls.tools import ToolCall, ToolCallStream, ToolCalling
 from fides_rag.generation.tickets import RequestHandle
 from fides_rag.prompts import PromptTemplate, TemplateLeftovers
@@ -114,9 +114,7 @@ class Call:
         self.native_tools, self.structure, self.extra = native_tools, structure, dict(extra or {})
         forced = calling.constraint() if calling is not None else None
         if forced is not None:
-            if options.constraint:
-                given = next(iter(options.constraint))
-                raise CallInputError(f"a forced tool_choice is decoded under its own grammar; drop {given}=", given)
+            refuse_other_grammar(options.constraint, "a forced tool_choice is decoded under its own grammar")
             options.constraint = {"json_schema": forced}
         options.check_fallback(plan)
 

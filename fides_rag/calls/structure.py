@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from fides_rag.calls.options import CallInputError
+from fides_rag.calls.options import CONSTRAINTS, CallInputError
 
 
 class IncompleteAnswerError(ValueError):
@@ -88,10 +88,17 @@ def constraint_of(*, json_schema: Any = None, regex: str | None = None, grammar:
 def with_structure(call: Mapping[str, Any], spec: Any, what: str = "a structured answer") -> dict[str, Any]:
     """`call` (one call's keywords) decoded under `spec`'s JSON schema (a pydantic class or a schema; objects closed,
     checked before anything decodes). A grammar the call gives as well is refused: `what` is held to the schema."""
-    given = [k for k in ("json_schema", "regex", "grammar") if call.get(k) is not None]
-    if given:
-        raise CallInputError(f"{what} holds the answer to its JSON schema; drop {', '.join(given)}=", given[0])
+    refuse_other_grammar(call, f"{what} holds the answer to its JSON schema")
     return {**call, **constraint_of(json_schema=spec)}
+
+
+def refuse_other_grammar(call: Mapping[str, Any], why: str) -> None:
+    """A CallInputError naming the grammar keywords (json_schema=, regex=, grammar=) that `call` (one call's keywords
+    or its options' constraint) gives, where the answer is already held to a grammar of its own: `why` says which
+    ("...; drop regex=")."""
+    given = [k for k in CONSTRAINTS if call.get(k) is not None]
+    if given:
+        raise CallInputError(f"{why}; drop {', '.join(given)}=", given[0])
 
 
 def check_complete(text: str, finish_reason: str | None) -> str:

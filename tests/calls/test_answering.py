@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fides_rag import FidesDecoder
-from fides_rag.calls import Answer, AnswerLog, Call, CallOptions, ChatPrompts, ToolCalling, ToolSpec
+from fides_rag.calls import Answer, AnswerLog, Call, CallInputError, CallOptions, ChatPrompts, ToolCalling, ToolSpec
 
 DOC = "The Eiffel Tower is in Rome."
 TURNS = [("system", f"Context: {DOC}"), ("user", "Where is the Eiffel Tower?")]
@@ -46,6 +46,14 @@ def test_role_lines_and_tool_markup_end_an_answer(decoder):
 def test_the_same_messages_mean_the_same_context_without_documents(decoder):
     plan = ChatPrompts.for_decoder(decoder).conversation(TURNS, 8)
     assert plan.source == "system_message" and DOC not in plan.no_context_prompt and plan.fallback is None
+
+
+def test_a_forced_call_refuses_a_second_grammar_naming_it(decoder):
+    calling = ToolCalling(decoder.tokenizer, [SEARCH], "search")
+    plan = ChatPrompts.for_decoder(decoder, tools=calling).conversation([("user", "Find the tower.")], 8)
+    with pytest.raises(CallInputError, match="a forced tool_choice is decoded under its own grammar; drop regex=") as err:
+        Call(decoder, plan, CallOptions.parse({}, {"regex": "a+"}), calling=calling)
+    assert err.value.field == "regex"
 
 
 def test_a_forced_call_that_gave_none_is_never_an_answer(decoder):

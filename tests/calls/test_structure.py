@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel
 
-from fides_rag.calls import CallInputError, IncompleteAnswerError, constraint_of, parse_structure, with_structure
+from fides_rag.calls import CallInputError, IncompleteAnswerError, constraint_of, parse_structure, refuse_other_grammar, with_structure
 
 pytest.importorskip("llguidance")
 
@@ -43,4 +43,11 @@ def test_a_structured_call_decodes_under_its_schema_and_refuses_a_second_grammar
     assert call["method"] == "fides" and call["json_schema"]["additionalProperties"] is False
     with pytest.raises(CallInputError, match="structured_predict holds the answer to its JSON schema; drop regex=") as err:
         with_structure({"regex": "a+"}, City, "structured_predict")
+    assert err.value.field == "regex"
+
+
+def test_a_second_grammar_is_refused_naming_every_one_given():
+    refuse_other_grammar({"method": "fides", "regex": None}, "held to a schema")  # nothing given: nothing refused
+    with pytest.raises(CallInputError, match=r"held to a schema; drop regex, grammar=$") as err:
+        refuse_other_grammar({"regex": "a+", "grammar": "g"}, "held to a schema")
     assert err.value.field == "regex"
