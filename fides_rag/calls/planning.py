@@ -83,6 +83,13 @@ def why_no_documents(retrieved: Sequence[str] | None, where: str) -> str:
             f"(a formatter rewrote them, e.g. numbering or cleaning their text)")
 
 
+def documents_beside(prompt: str, texts: Sequence[str]) -> bool:
+    """Whether documents given with one prompt stand beside it rather than in it (none given, or not every text verbatim
+    in it): fides-rag's template then takes them, the prompt being the question (`ChatPrompts.with_documents`'s
+    `template_first`)."""
+    return not (texts and all(t in prompt for t in texts))
+
+
 def filled_variable(template: str, text: str, variables: Sequence[str]) -> tuple[str, int, int] | None:
     """Where `text`, rendered from `template` ("... {name} ..." placeholders), holds a non-blank value of one of
     `variables`: (name, start, end); None when `text` holds none (or was not rendered from `template`)."""
@@ -356,15 +363,22 @@ class ChatPrompts:
 
     def with_documents(
         self, turns: Sequence[Turn], texts: Sequence[str], source: str, max_new_tokens: int, *,
-        question: str | None = None, template_question: str | None = None,
+        question: str | None = None, template_question: str | None = None, template_first: bool = False,
     ) -> ChatPlan:
         """Plan a conversation with documents given beside it: found verbatim in it, they are contrasted where they
         stand; a single question without them gets fides-rag's template (not when tools are bound); a longer
-        conversation gets them in a leading system turn (dropped on the no-context path)."""
+        conversation gets them in a leading system turn (dropped on the no-context path).
+
+        `template_question`: the template's question of a single turn that renders it (a prompt value's; the source is
+        then "prompt_value"), used when there are documents. `template_first` (one prompt with documents beside it, as
+        a completion LLM takes them): the template whenever a question is asked or the documents are not all in the
+        prompt, empty documents included ('standard' on the question, noted), with `source` as the source."""
+        single = len(turns) == 1 and self.tools is None  # fides-rag's template has no place for tools
+        if template_first and single and (template_question is not None or documents_beside(turns[0][1], texts)):
+            return self.fides_template(turns[0][1] if template_question is None else template_question, texts, source)
         texts = [t for t in texts if t.strip()]
         if not texts:
             return self.plain(turns, "the documents given were empty", question)
-        single = len(turns) == 1 and self.tools is None  # fides-rag's template has no place for tools
         if single and template_question:
             return ChatPlan("template", "prompt_value", question=template_question, documents=list(texts))
         if all(any(t in c for _, c in turns) for t in texts):
@@ -385,19 +399,22 @@ class ChatPrompts:
 
     def conversation(
         self, turns: Sequence[Turn], max_new_tokens: int, *, documents: Sequence[str] | None = None, source: str = "documents",
-        template_question: str | None = None, found: Sequence[str] = (), retrieved: Sequence[str] | None = None,
-        system_as_context: bool = True, question: Any = LAST_USER_TURN, where: str = "the messages",
+        template_question: str | None = None, template_first: bool = False, found: Sequence[str] = (),
+        retrieved: Sequence[str] | None = None, system_as_context: bool = True, question: Any = LAST_USER_TURN,
+        where: str = "the messages",
     ) -> ChatPlan:
         """Where a conversation's context comes from, first that applies: `documents` given beside it; the tool turns'
         results; `found` (retrieved texts found verbatim in it; `retrieved`: all a retriever returned, None when none
         ran); the system turns (`system_as_context`); else none ('standard', noted). An agent's first turn (tools
         bound, nothing retrieved) is 'standard' without a fallback: its evidence comes back as tool turns. `question`:
-        the no-context path's under no_context_path='question' (default: the last user turn; None: unknown)."""
+        the no-context path's under no_context_path='question' (default: the last user turn; None: unknown);
+        `template_question`, `template_first`: as `with_documents` takes them."""
         check_question(turns)
         if question is LAST_USER_TURN:
             question = next(c for r, c in reversed(turns) if r == "user")
         if documents is not None:
-            return self.with_documents(turns, documents, source, max_new_tokens, question=question, template_question=template_question)
+            return self.with_documents(turns, documents, source, max_new_tokens, question=question, template_question=template_question,
+                                       template_first=template_first)
         from_tools = self.from_tool_turns(turns, max_new_tokens, question=question)
         if from_tools is not None:
             return from_tools

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fides_rag import FidesDecoder, PromptPair
-from fides_rag.calls import ChatPlan, ChatPrompts, ToolCall, check_question, context_in_system, filled_variable, turn_of
+from fides_rag.calls import ChatPlan, ChatPrompts, ToolCall, check_question, context_in_system, documents_beside, filled_variable, turn_of
 
 DOC = "The Eiffel Tower is in Rome."
 
@@ -172,3 +172,27 @@ def test_a_conversation_without_a_user_message_has_no_question(chat_tokenizer):
         prompts(chat_tokenizer).conversation([("system", "Be brief."), ("assistant", "Hi")], 8)
     with pytest.raises(ValueError, match="no user message"):
         check_question([])
+
+
+def test_one_prompt_with_documents_beside_it_takes_the_template_first(chat_tokenizer):
+    planner, held = prompts(chat_tokenizer), [("user", f"Read: {DOC}\\nQ: where is it?")]
+    plan = planner.with_documents(held, [DOC], "documents", 16, template_first=True)  # in the prompt, nothing asked
+    assert plan.kind == "prompts" and DOC in plan.context_prompt and DOC not in plan.no_context_prompt
+    plan = planner.with_documents(held, [DOC], "documents", 16, template_question="Where is it?", template_first=True)
+    assert (plan.kind, plan.source, plan.question, plan.documents) == ("template", "documents", "Where is it?", [DOC])
+    plan = planner.with_documents([("user", "Where is it?")], ["Rome has a tower."], "documents", 16, template_first=True)
+    assert (plan.kind, plan.question, plan.documents) == ("template", "Where is it?", ["Rome has a tower."])
+    plan = planner.with_documents(held, [], "documents", 16, template_question="Where is it?", template_first=True)
+    assert (plan.kind, plan.question, plan.method) == ("template", "Where is it?", "standard")
+    assert plan.notes == ["the documents given were empty: decoded with 'standard'"] and plan.fallback == "the documents given were empty"
+
+
+def test_a_prompt_values_empty_documents_decode_the_conversation_as_given(chat_tokenizer):
+    plan = prompts(chat_tokenizer).conversation([("user", "Where is it?")], 16, documents=[], template_question="Where is it?")
+    assert (plan.kind, plan.source, plan.method) == ("prompts", "none", "standard")
+    assert plan.notes[0].startswith("the documents given were empty")
+
+
+def test_documents_stand_beside_a_prompt_unless_all_are_in_it():
+    assert documents_beside("Where is it?", []) and documents_beside(f"Read: {DOC}", [DOC, "Rome has a tower."])
+    assert not documents_beside(f"Read: {DOC}", [DOC])

@@ -11,7 +11,7 @@ from langchain_core.language_models import BaseLLM, LanguageModelInput
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from langchain_core.runnables import Runnable, RunnableConfig
 
-from fides_rag.calls import Answer, ChatPlan
+from fides_rag.calls import Answer, ChatPlan, documents_beside
 from fides_rag.calls.options import plain_options
 from fides_rag.prompts import document_texts
 
@@ -78,7 +78,7 @@ class FidesLLM(FidesParams, BaseLLM):
         if kwargs.get("documents") is not None and "fides_question" not in kwargs:
             prompt = self._convert_input(input).to_string()
             texts = document_texts(kwargs["documents"])
-            if not (texts and all(t in prompt for t in texts)):
+            if documents_beside(prompt, texts):
                 # The prompt is the question; the rendered prompt (with the documents) becomes the cache key.
                 value = FidesPromptValue(question=prompt, documents=texts)
                 return value.to_string(), {**kwargs, "documents": texts, "fides_question": prompt}
@@ -121,15 +121,12 @@ class FidesLLM(FidesParams, BaseLLM):
     # -- framework hooks ------------------------------------------------------------------------------
 
     def _plan(self, prompt: str, kwargs: dict[str, Any], parent_run_id: UUID | None, max_new: int) -> ChatPlan:
-        planner, question = self._planner(), kwargs.get("fides_question")
         texts = None if kwargs.get("documents") is None else document_texts(kwargs["documents"])
-        if texts is not None and (question is not None or not (texts and all(t in prompt for t in texts))):
-            return planner.fides_template(question if question is not None else prompt, texts)
-        retrieved = recorder.retrieved_for(parent_run_id)
         found = [] if texts is not None else recorder.documents_for(parent_run_id, [prompt])
-        return planner.conversation([("user", prompt)], max_new, documents=texts, found=found, system_as_context=False,
-                                    retrieved=retrieved,
-                                    question=recorder.question_for(parent_run_id, prompt), where="the prompt")
+        return self._planner().conversation(
+            [("user", prompt)], max_new, documents=texts, template_question=kwargs.get("fides_question"), template_first=True,
+            found=found, system_as_context=False, retrieved=recorder.retrieved_for(parent_run_id),
+            question=recorder.question_for(parent_run_id, prompt), where="the prompt")
 
     def _prepared(self, prompt: str, stop: list[str] | None, parent_run_id: UUID | None, kwargs: dict[str, Any]) -> Any:
         opts = self._options(stop, kwargs)
