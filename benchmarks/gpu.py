@@ -168,42 +168,32 @@ def batch_scaling(decoder: Any, prompts: Prompts, args: argparse.Namespace, devi
     return out
 
 
+def synthetic_examples(prompts: Prompts, args: argparse.Namespace, n: int) -> list[Any]:
+    """`n` NQ-Swap-sized examples of the word-level vocabulary: a question and one document of half the context."""
+    from fides_rag.eval.datasets import QAExample
+
+    return [QAExample(prompts.text(args.question_tokens), (prompts.text(args.context_tokens // 2),), ("w1",)) for _ in range(n)]
+
+
 def serving(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     """fides-rag's serving benchmark on synthetic NQ-Swap-sized examples: continuous against static batching."""
-    from fides_rag.eval.datasets import QAExample
     from fides_rag.eval.serving import serving as run_serving
 
-    examples = [QAExample(prompts.text(args.question_tokens), (prompts.text(args.context_tokens // 2),), ("w1",))
-                for _ in range(args.serving_requests)]
     reset_peak(device)
     low, high = args.serving_tokens
-    result = run_serving(decoder, examples, loads=args.loads, n_requests=args.serving_requests, tokens=(low, high),
-                         static_batch=args.static_batch, modes=("continuous", "static"), log=lambda m: print(m, file=sys.stderr, flush=True))
+    result = run_serving(decoder, synthetic_examples(prompts, args, args.serving_requests), loads=args.loads,
+                         n_requests=args.serving_requests, tokens=(low, high), static_batch=args.static_batch,
+                         modes=("continuous", "static"), log=lambda m: print(m, file=sys.stderr, flush=True))
     result["memory"] = peak_memory(device)
     return result
 
 
 def budget_sweep(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
-    """Continuous serving at --budget-load under each --budgets step budget (the same requests every time)."""
-    from fides_rag.eval.datasets import QAExample
-    from fides_rag.eval.serving import serving as run_serving
+    """Continuous serving at --budget-load under each --budgets step budget (`fides_rag.eval.budget_sweep`)."""
+    from fides_rag.eval.budget_sweep import budget_sweep as sweep
 
-    examples = [QAExample(prompts.text(args.question_tokens), (prompts.text(args.context_tokens // 2),), ("w1",))
-                for _ in range(args.budget_requests)]
-    default = decoder.engine.scheduler.max_num_batched_tokens
-    out: dict[str, Any] = {"load": args.budget_load, "requests": args.budget_requests, "default": default, "budgets": {}}
-    try:
-        for budget in args.budgets:
-            result = run_serving(decoder, examples, loads=[args.budget_load], n_requests=args.budget_requests,
-                                 tokens=tuple(args.serving_tokens), modes=("continuous",), max_num_batched_tokens=budget)
-            load = result["loads"][str(float(args.budget_load))]["modes"]["continuous"]
-            out["budgets"][str(budget)] = {"capacity_per_s": result["capacity_per_s"], "ttft_s": load["ttft_s"],
-                                           "latency_s": load["latency_s"], "examples_per_s": load["examples_per_s"]}
-            print(f"budget {budget}: p95 latency {load['latency_s']['p95']:.2f} s, TTFT p50 {load['ttft_s']['p50']:.2f} s",
-                  file=sys.stderr, flush=True)
-    finally:
-        decoder.engine.configure(max_num_batched_tokens=default)
-    return out
+    return sweep(decoder, synthetic_examples(prompts, args, args.budget_requests), budgets=args.budgets, load=args.budget_load,
+                 n_requests=args.budget_requests, tokens=tuple(args.serving_tokens), log=lambda m: print(m, file=sys.stderr, flush=True))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -268,13 +258,9 @@ def tables(report: dict[str, Any]) -> str:
 
         lines += [format_serving(sections["serving"]), ""]
     if "budget" in sections:
-        sweep = sections["budget"]
-        lines += [f"Continuous serving of {sweep['requests']} requests at {sweep['load']}x load under each step budget (default {sweep['default']}):", "",
-                  "| max_num_batched_tokens | TTFT p50 s | TTFT p95 s | latency p50 s | latency p95 s | examples/s |", "|---|---|---|---|---|---|"]
-        for budget, d in sweep["budgets"].items():
-            lines.append(f"| {budget} | {d['ttft_s']['p50']:.2f} | {d['ttft_s']['p95']:.2f} | {d['latency_s']['p50']:.2f} | "
-                         f"{d['latency_s']['p95']:.2f} | {d['examples_per_s']:.3f} |")
-        lines.append("")
+        from fides_rag.eval.budget_sweep import format_budget_sweep
+
+        lines += [format_budget_sweep(sections["budget"]), ""]
     return "\n".join(lines)
 
 

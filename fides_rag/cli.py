@@ -13,6 +13,7 @@ from fides_rag.cli_model_options import add_model_arguments, load_options
 from fides_rag.config import FidesConfig
 from fides_rag.decoder import FidesDecoder
 from fides_rag.extras import MissingExtraError, check_extra
+from fides_rag.generation.scheduler import MIN_BATCHED_TOKENS
 from fides_rag.models_command import add_models_parser, run_models_command
 from fides_rag.demo.cli import add_demo_parser, run_demo_command
 from fides_rag.report import step_table
@@ -83,6 +84,27 @@ def _loads(text: str) -> list[float]:
     return loads
 
 
+def _budgets(text: str) -> list[int]:
+    hint = f"must be comma-separated integers >= {MIN_BATCHED_TOKENS}, e.g. 128,256,512; got {text!r}"
+    try:
+        budgets = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(hint) from None
+    if not budgets or min(budgets) < MIN_BATCHED_TOKENS:
+        raise argparse.ArgumentTypeError(hint)
+    return budgets
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not 0 < value <= 100:
+        raise argparse.ArgumentTypeError(f"must be in (0, 100], got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fides-rag", description="Faithful RAG decoding with FIDES and its baselines.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -105,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="latency, time split, context growth and throughput, side by side")
     bench.add_argument("--models", default="gemma3-270m,smollm2-135m-instruct", help="comma-separated models")
-    bench.add_argument("--sections", default="latency,split,context,throughput", help="comma-separated: latency, raw (raw prompts, short no-context prompt), split, context, throughput, serving (64 FIDES requests of 8-64 tokens, Poisson arrivals at 0.5x, 1x, 2x the sequential capacity: continuous vs static batching vs sequential)")
+    bench.add_argument("--sections", default="latency,split,context,throughput", help="comma-separated: latency, raw (raw prompts, short no-context prompt), split, context, throughput, serving (64 FIDES requests of 8-64 tokens, Poisson arrivals at 0.5x, 1x, 2x the sequential capacity: continuous vs static batching vs sequential), budget (continuous serving of --serving-requests at --budget-load under each of --budgets)")
     bench.add_argument("--data", help="NQ-Swap parquet/jsonl (default: $FIDES_RAG_DATA or ../shared/data)")
     bench.add_argument("--samples", type=int, default=20, help="prompts timed per method in latency and raw (default 20)")
     bench.add_argument("--warmup", type=int, default=3, help="untimed prompts first (default 3)")
@@ -115,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--serving-loads", default="0.5,1,2", help="loads of serving, as multiples of the sequential capacity (default 0.5,1,2)")
     bench.add_argument("--max-num-batched-tokens", type=_integer_at_least(1), default=None,
                        help="serving: tokens a step computes (its decodes, then prefill chunks); default the engine's for the device")
+    bench.add_argument("--budgets", type=_budgets, default=[64, 128, 256, 512, 1024],
+                       help="budget: the max_num_batched_tokens swept, comma-separated (default 64,128,256,512,1024)")
+    bench.add_argument("--budget-load", type=_positive_float, default=1.0,
+                       help="budget: the load, as a multiple of the sequential capacity (default 1)")
     bench.add_argument("--out", default="runs/bench.json", help="JSON report, rewritten after every section")
     evaluate = commands.add_parser("eval", help="score methods on a QA dataset (CF, EM, F1, memorisation, accuracy) with significance")
     evaluate.add_argument("--model", default=DEFAULT_MODEL, help="bundled alias, hub id, local folder or .gguf file")
@@ -197,6 +223,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             samples=args.samples, warmup=args.warmup, new_tokens=args.new_tokens, device=args.device, out=args.out,
             serving={"n_requests": args.serving_requests, "loads": _loads(args.serving_loads),
                      "max_num_batched_tokens": args.max_num_batched_tokens},
+            budget={"budgets": args.budgets, "load": args.budget_load, "n_requests": args.serving_requests},
         )
         print(f"\nJSON report: {args.out}")
         return 0

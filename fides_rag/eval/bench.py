@@ -231,6 +231,7 @@ def run_bench(
     device: str = "auto",
     out: str | Path | None = None,
     serving: dict[str, Any] | None = None,
+    budget: dict[str, Any] | None = None,
     log=lambda message: print(message, flush=True),
 ) -> dict:
     """Run the chosen sections on each model; write JSON to `out` after every section (nothing is lost)."""
@@ -259,10 +260,14 @@ def run_bench(
                 from fides_rag.eval.serving import serving as run_serving
 
                 result["serving"] = run_serving(bench.decoder, examples, log=log, **(serving or {}))
+            elif section == "budget":
+                from fides_rag.eval.budget_sweep import budget_sweep
+
+                result["budget"] = budget_sweep(bench.decoder, examples, log=log, **(budget or {}))
             elif section == "throughput":
                 result["throughput"] = bench.throughput()
             else:
-                raise ValueError(f"unknown bench section {section!r}; choose from latency, raw, split, context, throughput, serving")
+                raise ValueError(f"unknown bench section {section!r}; choose from latency, raw, split, context, throughput, serving, budget")
             report["machine"] = machine()
             if out:
                 Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -314,6 +319,10 @@ def format_section(model: str, section: str, data: dict) -> str:
         from fides_rag.eval.serving import format_serving
 
         lines.append(format_serving(data))
+    elif section == "budget":
+        from fides_rag.eval.budget_sweep import format_budget_sweep
+
+        lines.append(format_budget_sweep(data))
     elif section == "context":
         lines.append("| context tokens (no-context) | standard first-token ms | FIDES first-token ms | standard decode ms/tok | "
                      "FIDES decode ms/tok | standard KV bytes | FIDES KV bytes | FIDES / (standard + no-context alone) |")
