@@ -54,3 +54,15 @@ def test_the_gpu_benchmark_runs_with_a_tiny_configuration_on_cpu(tmp_path):
     assert all(d["latency_s"]["p95"] >= d["ttft_s"]["p50"] > 0 for d in sweep["budgets"].values())
     assert "| max_num_batched_tokens |" in run.stdout
     assert "| method | decode ms/token |" in run.stdout and "continuous / static" in run.stdout
+
+
+@pytest.mark.parametrize("flag", ["--serving-requests", "--budget-requests"])
+def test_fewer_than_four_requests_is_refused_before_the_model_is_built(flag, capsys):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    with pytest.raises(SystemExit):
+        gpu.parse(["--out", "unused.json", flag, "3"])
+    assert "must be at least 4" in capsys.readouterr().err
