@@ -17,7 +17,7 @@ from fides_rag.generation.tickets import Ticket
 Admission = Literal["continuous", "static"]
 MIN_BATCHED_TOKENS = 16
 """The smallest `max_num_batched_tokens`: a prefill chunk shorter than this costs a forward for too little work."""
-DEFAULT_BATCHED_TOKENS = {"cpu": 256, "cuda": 2048}
+DEFAULT_BATCHED_TOKENS = {"cpu": 512, "cuda": 2048}
 """`max_num_batched_tokens` by device type when none is given (others take the CPU's)."""
 
 

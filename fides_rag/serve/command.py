@@ -41,7 +41,7 @@ def add_serve_parser(commands: Any, default_model: str) -> None:
     serve.add_argument("--max-queue", type=_positive, help="requests waiting for the engine beyond which a request gets 429 (default: no bound)")
     serve.add_argument("--max-batch-size", type=_positive, help="requests decoding at once (default: no bound)")
     serve.add_argument("--max-num-batched-tokens", type=_positive,
-                       help="tokens a step computes: its decodes, then prompt chunks of at most this (default 256 on CPU, 2048 on GPU)")
+                       help="tokens a step computes: its decodes, then prompt chunks of at most this (default 512 on CPU, 2048 on GPU)")
     serve.add_argument("--no-prefix-caching", action="store_true", help="compute every prompt in full (no reuse of shared prefixes' KV)")
     serve.add_argument("--prefix-cache-mb", type=int, default=512, help="bound of the prefix cache in MiB; 0 turns it off (default 512)")
     serve.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds the requests in flight get to finish on SIGTERM (default 30)")
