@@ -20,7 +20,7 @@ class NonFiniteLogitsError(ValueError):
 def history(unit: Unit, device: torch.device, new: torch.Tensor | None = None) -> torch.Tensor:
     """[1, T + t] the unit's context prompt and answer so far (and `new`, [1], appended): what logits processors
     and stopping criteria see."""
-    ids = torch.tensor([unit.prompt_ids + unit.generated], dtype=torch.long).to(device)
+    ids = torch.tensor([unit.prompt_ids + unit.generated], dtype=torch.long).to(device, non_blocking=True)
     return ids if new is None else torch.cat([ids, new.reshape(1, 1).to(device)], dim=-1)
 
 

@@ -21,7 +21,7 @@ class _Index:
 
     def on(self, device: torch.device) -> torch.Tensor:
         if device not in self._copies:
-            self._copies[device] = self.host.to(device)
+            self._copies[device] = self.host.to(device, non_blocking=True)
         return self._copies[device]
 
 

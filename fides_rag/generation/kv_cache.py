@@ -79,7 +79,7 @@ def left_padded(sequences: Sequence[list[int]], pad_id: int, device: torch.devic
     for i, seq in enumerate(sequences):
         ids[i, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
         mask[i, width - len(seq) :] = 1
-    return ids.to(device), mask.to(device)
+    return ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)
 
 
 def pad_left(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
@@ -166,7 +166,7 @@ class RaggedLayer(CacheLayerMixin):
         for segment, rows in runs:
             part = copy.copy(self.segments[segment])
             select = torch.tensor(rows, dtype=torch.long)
-            part.keys, part.values = part.keys[select.to(part.keys.device)], part.values[select.to(part.values.device)]
+            part.keys, part.values = part.keys[select.to(part.keys.device, non_blocking=True)], part.values[select.to(part.values.device, non_blocking=True)]
             kept.append(part)
         self.segments = _merge_equal_lengths(kept)
 
@@ -360,7 +360,7 @@ def prefill(
 def prune(cache: Any, attention_mask: torch.Tensor, positions: torch.Tensor, keep: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Keep rows `keep` (in that order, repeats allowed) of the cache, mask and positions; return mask and positions."""
     cache.batch_select_indices(keep)  # a host list: indexes tensors on any device, with no device sync
-    index = torch.tensor(keep, dtype=torch.long).to(attention_mask.device)
+    index = torch.tensor(keep, dtype=torch.long).to(attention_mask.device, non_blocking=True)
     return attention_mask[index], positions[index]
 
 

@@ -75,7 +75,7 @@ class RowPrefill:
                   prefixes: PrefixCache) -> int:
         """Encode the next chunk; returns its token count."""
         end = self.next_cut()
-        ids = torch.tensor([self.ids[self.done : end]], dtype=torch.long).to(device)  # [1, n]
+        ids = torch.tensor([self.ids[self.done : end]], dtype=torch.long).to(device, non_blocking=True)  # [1, n]
         positions = torch.arange(self.done, end, device=ids.device)[None]  # [1, n]
         if masker is not None:
             masker.set_rows([self.head_set])
@@ -119,7 +119,7 @@ class TicketPrefill:
         positions = torch.tensor([[n - 1] for n in lengths], dtype=torch.long)
         cache = ragged_cache([r.cache for r in self.rows], config, padded=len(set(lengths)) > 1)
         hidden = torch.cat([r.hidden for r in self.rows])
-        return Prefilled(hidden, cache, mask.to(device), positions.to(device))
+        return Prefilled(hidden, cache, mask.to(device, non_blocking=True), positions.to(device, non_blocking=True))
 
     def states(self, layers: Sequence[int]) -> dict[int, torch.Tensor]:
         """layer -> [n, H] captured states of every row (zeros at a layer a row's forward did not capture: no rule

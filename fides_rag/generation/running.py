@@ -42,7 +42,7 @@ class RunningBatch:
 
     def forward(self, tokens: Sequence[int], capture: LayerCapture, masker: HeadMasker | None) -> None:
         """One decode forward of every row over its token."""
-        step_ids = torch.tensor(list(tokens), dtype=torch.long).to(self.input_device)[:, None]  # [R, 1]
+        step_ids = torch.tensor(list(tokens), dtype=torch.long).to(self.input_device, non_blocking=True)[:, None]  # [R, 1]
         self._grow_mask()  # [R, W + 1]
         self.positions = self.positions[:, -1:] + 1  # [R, 1]
         self.layout.grow()

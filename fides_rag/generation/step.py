@@ -128,7 +128,7 @@ def constrain(decided: StepOutput, context_logits: torch.Tensor, units: Sequence
                     mask_logits_rows([state], fallback[i : i + 1])
             except GrammarViolation as error:
                 errors.setdefault(i, error)
-    dead = torch.isneginf(masked).all(dim=-1) & torch.tensor([s is not None for s in states], device=masked.device)  # [n]
+    dead = torch.isneginf(masked).all(dim=-1) & torch.tensor([s is not None for s in states]).to(masked.device, non_blocking=True)  # [n]
     decided.records["grammar_fallback"] = dead.float()
     return torch.where(dead[:, None], fallback, masked)
 

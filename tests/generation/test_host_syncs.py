@@ -1,10 +1,14 @@
-"""The hot loop's host-sync budget: one device-to-host transfer per step (the chosen ids), counted on CPU."""
+"""The hot loop's host-sync budget: one device-to-host transfer per step (the chosen ids), and no blocking
+host-to-device copy (on CUDA, a blocking one waits for the stream), counted on CPU."""
 
 from __future__ import annotations
 
+import traceback
+import weakref
 from collections import Counter
 
 import pytest
+import torch
 from torch.overrides import TorchFunctionMode
 
 from fides_rag import FidesDecoder, PromptTemplate
@@ -26,6 +30,53 @@ class SyncCounter(TorchFunctionMode):
         if name in SYNCING or to_cpu:
             self.calls[name] += 1
         return func(*args, **kwargs)
+
+
+class BlockingCopyCounter(TorchFunctionMode):
+    """Counts, by the calling line, tensors built on the host (from Python data, with no device) that are copied to a
+    device without `non_blocking=True`, and tensors built from Python data straight on a device
+    (`torch.tensor(..., device=...)`): on CUDA each such copy waits for the stream."""
+
+    BUILDERS = {"tensor", "as_tensor", "full", "zeros", "ones", "arange"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: Counter[str] = Counter()
+        self.host_built: dict[int, weakref.ref] = {}  # id -> the tensor (tensors compare elementwise: no WeakSet)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        out = func(*args, **kwargs)
+        if name in self.BUILDERS and isinstance(out, torch.Tensor):
+            if kwargs.get("device") is None:
+                self.host_built[id(out)] = weakref.ref(out)
+            elif name in ("tensor", "as_tensor"):
+                self._count()
+        elif name == "to" and self._host_built(args[0]) and not kwargs.get("non_blocking", False):
+            if any(isinstance(a, (torch.device, str)) for a in [*args[1:], kwargs.get("device")]):
+                self._count()
+        return out
+
+    def _host_built(self, tensor: object) -> bool:
+        ref = self.host_built.get(id(tensor))
+        return ref is not None and ref() is tensor
+
+    def _count(self) -> None:
+        caller = traceback.extract_stack(limit=3)[0]
+        self.calls[f"{caller.filename}:{caller.lineno}"] += 1
+
+
+@pytest.mark.parametrize("method, options", [("fides", {}), ("cad", {"min_new_tokens": 4}), ("standard", {"logprobs": 3})])
+def test_the_engine_copies_to_the_device_without_blocking(tiny_llama, tokenizer, method, options):
+    decoder = FidesDecoder(tiny_llama, tokenizer, prompt_template=PromptTemplate(stop=()))
+    counter = BlockingCopyCounter()
+    decoder.engine.step_context = lambda: counter
+    try:
+        decoder.generate("What is the capital?", ["Lyon is the capital of France."], method=method, max_new_tokens=6, **options)
+    finally:
+        decoder.engine.step_context = None
+    assert not [line for line in counter.calls if "fides_rag" in line], counter.calls
 
 
 @pytest.mark.parametrize("logprobs", [None, 5])
