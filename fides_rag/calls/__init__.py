@@ -34,7 +34,7 @@ from fides_rag.calls.answering import Answer, AnswerLog, AnswerStream, Call, Cal
 from fides_rag.calls.metadata import FINISH_REASONS, record, usage
 from fides_rag.calls.options import CONSTRAINTS, FIDES_CONSTANTS, CallInputError, CallOptions, FidesFallbackError, fold_fides_constants, resolve_method
 from fides_rag.calls.planning import (
-    DOCUMENTS_INSTRUCTION, ROLES, STANDARD, ChatPlan, ChatPrompts, Turn, check_question, context_in_system, documents_beside, filled_variable, role_of, turn_of,
+    DOCUMENTS_INSTRUCTION, ROLES, STANDARD, ChatPlan, ChatPrompts, ContextMessages, Turn, check_question, context_in_system, documents_beside, filled_variable, role_of, turn_of,
     why_no_documents,
 )
 from fides_rag.calls.structure import (
@@ -44,7 +44,7 @@ from fides_rag.calls.tools import ToolCall, ToolCallStream, ToolCalling, ToolSpe
 
 __all__ = [
     "CONSTRAINTS", "DOCUMENTS_INSTRUCTION", "FIDES_CONSTANTS", "FINISH_REASONS", "ROLES", "Answer", "AnswerLog", "AnswerStream", "Call", "CallInputError",
-    "CallOptions", "CallStream", "ChatPlan", "ChatPrompts", "STANDARD", "FidesFallbackError", "IncompleteAnswerError", "ToolCall",
+    "CallOptions", "CallStream", "ChatPlan", "ChatPrompts", "ContextMessages", "STANDARD", "FidesFallbackError", "IncompleteAnswerError", "ToolCall",
     "ToolCallStream", "ToolCalling", "ToolSpec", "Turn", "calls_from_openai", "check_complete", "check_question", "closed_schema", "constraint_of", "context_in_system", "documents_beside", "filled_variable", "fold_fides_constants",
     "new_call_id", "parse_structure", "render_calls", "record", "refuse_other_grammar", "resolve_method", "role_of", "schema_of", "tool_choice_name", "turn_of", "usage", "with_structure",
     "why_no_documents",

@@ -83,6 +83,28 @@ def why_no_documents(retrieved: Sequence[str] | None, where: str) -> str:
             f"(a formatter rewrote them, e.g. numbering or cleaning their text)")
 
 
+@dataclass(frozen=True)
+class ContextMessages:
+    """A framework's context system messages (LlamaIndex's chat engines): documents given beside a longer conversation
+    go in front of its first system turn through `template` ("... {context_str} ..."), and a system turn rendered from
+    one of `templates` holds its context in one of `variables`; either text is emptied on the no-context path."""
+
+    template: str
+    templates: Sequence[str] = ()
+    variables: Sequence[str] = ("context_str",)
+    separator: str = "\n\n"
+    """Joins the documents into one context."""
+    no_documents: str = "no documents= and no context system message in the chat"
+    """Why a conversation without either decodes with 'standard'."""
+
+    def placed(self, turns: Sequence[Turn], context: str) -> list[Turn]:
+        """`turns` with `template` filled with `context` in front of the first system turn (or as a new one)."""
+        text = self.template.replace("{context_str}", context)
+        if turns and turns[0][0] == "system":
+            return [("system", text + turns[0][1].strip()), *turns[1:]]
+        return [("system", text), *turns]
+
+
 def documents_beside(prompt: str, texts: Sequence[str]) -> bool:
     """Whether documents given with one prompt stand beside it rather than in it (none given, or not every text verbatim
     in it): fides-rag's template then takes them, the prompt being the question (`ChatPrompts.with_documents`'s
@@ -202,8 +224,12 @@ class ChatPrompts:
     def __init__(
         self, tokenizer: Any, *, context_window: int, use_chat_template: bool, no_context_path: str = "emptied",
         documents_instruction: str = DOCUMENTS_INSTRUCTION, template: PromptTemplate | None = None,
-        tools: ToolCalling | None = None,
+        tools: ToolCalling | None = None, context_messages: ContextMessages | None = None,
+        render_text: Callable[[Sequence[Turn]], str] | None = None, question_prompt: Callable[[str], str] | None = None,
     ) -> None:
+        """`render_text`: the turns as one prompt where the chat template is not used (default: `Role:` lines);
+        `question_prompt`: the no-context path's question alone under no_context_path='question' (default: one user
+        turn)."""
         self.tokenizer = tokenizer
         self.context_window = context_window
         self.use_chat_template = use_chat_template and bool(getattr(tokenizer, "chat_template", None))
@@ -211,6 +237,9 @@ class ChatPrompts:
         self.documents_instruction = documents_instruction
         self.template = template or PromptTemplate()
         self.tools = tools
+        self.context_messages = context_messages
+        self.render_text = render_text
+        self.question_prompt = question_prompt
 
     @classmethod
     def for_decoder(
@@ -250,7 +279,7 @@ class ChatPrompts:
     def renders_tools(self, tools: ToolCalling | None) -> bool:
         """Whether this planner with `tools` bound has the chat template render them (`Call`'s `native_tools`, the
         record's tool_format "native"); False without tools, or where they go in the fallback system block."""
-        return tools is not None and self.with_tools(tools).native_tools
+        return tools is not None and self.use_chat_template and tools.native
 
     def render(self, turns: Sequence[Turn]) -> str:
         """The conversation as one prompt that ends where the assistant's answer begins. Empty turns are dropped,
@@ -271,6 +300,8 @@ class ChatPrompts:
         if self.use_chat_template:
             tools = self.tools.openai_tools() if native else None
             return render_chat(self.tokenizer, [{"role": r, "content": c} for r, c in turns], tools=tools)
+        if self.render_text is not None:
+            return self.render_text(turns)
         if len(turns) == 1 and turns[0][0] == "user":
             return turns[0][1]
         return "\n".join(f"{r.capitalize()}: {c}" for r, c in turns) + "\nAssistant:"
@@ -298,7 +329,7 @@ class ChatPrompts:
         ctx, noctx = fitted.rendered
         kept = [(r, _replace_all(c, fitted.texts)) for r, c in turns]
         emptied = [(r, _replace_all(c, dict.fromkeys(texts, ""))) for r, c in turns]
-        plan = ChatPlan("prompts", source, documents=list(texts), context_prompt=ctx, no_context_prompt=noctx,
+        plan = ChatPlan("prompts", source, documents=[fitted.texts[t] for t in texts], context_prompt=ctx, no_context_prompt=noctx,
                         untrusted=_untrusted([*fitted.texts.values(), *([question] if question else [])], kept, emptied))
         for note in fitted.notes:
             logger.warning(note)
@@ -350,6 +381,7 @@ class ChatPrompts:
             return plan
         if question and question.strip():
             text = question_only_text(question)
+            question_prompt = question_prompt or self.question_prompt
             plan.no_context_prompt = question_prompt(text) if question_prompt is not None else self.render([("user", text)])
             return plan
         return plan.fall_back("no_context_path='question' but no question was found for this call",
@@ -376,6 +408,11 @@ class ChatPrompts:
         single = len(turns) == 1 and self.tools is None  # fides-rag's template has no place for tools
         if template_first and single and (template_question is not None or documents_beside(turns[0][1], texts)):
             return self.fides_template(turns[0][1] if template_question is None else template_question, texts, source)
+        if self.context_messages is not None and not single:
+            context = self.context_messages.separator.join(texts)
+            if not context.strip():
+                return ChatPlan.as_given(self.render(turns), "the documents given were empty", untrusted=[question, *(c for _, c in turns)])
+            return self._in_context(self.context_messages.placed(turns, context), context, max_new_tokens, question)
         texts = [t for t in texts if t.strip()]
         if not texts:
             return self.plain(turns, "the documents given were empty", question)
@@ -427,6 +464,8 @@ class ChatPrompts:
                 logger.warning(note)
                 plan.notes.append(note)
             return plan
+        if self.context_messages is not None:
+            return self._context_message(turns, max_new_tokens, question)
         systems = [i for i, (r, c) in enumerate(turns) if r == "system" and c.strip()]
         if retrieved is not None and not retrieved:  # an empty retrieval: a system turn holds only its instruction
             return self.plain(turns, why_no_documents(retrieved, where), question)
@@ -441,6 +480,24 @@ class ChatPrompts:
         if self.tools is not None and not retrieved:
             return self.plain(turns, "tools are bound and no tool has answered yet", question, fallback=False)
         return self.plain(turns, why_no_documents(retrieved, where), question)
+
+
+    def _context_message(self, turns: Sequence[Turn], max_new_tokens: int, question: str | None) -> ChatPlan:
+        """The context of a system turn rendered from one of the context messages' templates, contrasted where it
+        stands; none: 'standard' on the conversation as given."""
+        messages = self.context_messages
+        assert messages is not None
+        found = context_in_system(turns, messages.templates, messages.variables)
+        if found is None:
+            return ChatPlan.as_given(self.render(turns), messages.no_documents, untrusted=[question, *(c for _, c in turns)])
+        index, start, end = found
+        return self._in_context(turns, turns[index][1][start:end], max_new_tokens, question)
+
+    def _in_context(self, turns: Sequence[Turn], context: str, max_new_tokens: int, question: str | None) -> ChatPlan:
+        """`context`, one text in `turns`, contrasted where it stands (the record's `context`: as kept)."""
+        plan = self.pair(turns, [context], "context", max_new_tokens, question=question)
+        plan.extra["context"] = plan.documents[0]
+        return plan
 
 
 def _replace_all(content: str, replaced: dict[str, str]) -> str:

@@ -33,7 +33,7 @@ from llama_index.core.prompts.base import BasePromptTemplate
 from llama_index.core.types import TokenAsyncGen, TokenGen
 
 from fides_rag import FidesConfig, FidesDecoder, GenerationResult
-from fides_rag.calls import AnswerLog, ChatPlan, ToolCalling, fold_fides_constants
+from fides_rag.calls import AnswerLog, CallOptions, ChatPlan, ToolCalling, fold_fides_constants
 from fides_rag.calls.options import split_template_args
 from fides_rag.calls.decoders import check_defaults, decoder_for
 from fides_rag.generation.streaming import iterate_in_thread
@@ -241,36 +241,33 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
 
     # -- LlamaIndex hooks: chat ---------------------------------------------------------------------
 
-    def _chat_inputs(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> tuple[ChatPlan, dict[str, Any], ToolCalling | None]:
-        """The call's pair, options and tools (a ToolCalling, or None without tools)."""
+    def _chat_inputs(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> tuple[ChatPlan, ToolCalling | None, CallOptions]:
+        """The call's plan, tools (a ToolCalling, or None without tools) and options."""
         if "no_context_prompt" in kwargs:
             raise TypeError("chat does not take no_context_prompt=; use complete(..., no_context_prompt=...)")
         options = self._options(kwargs)
-        tools = self._tool_inputs(messages, kwargs, options.max_new_tokens)
-        if tools is not None:
-            return tools[0], options, tools[1]
-        return self._chat_pair(messages, kwargs.get("documents"), options.max_new_tokens), options, None
+        return *self._chat_plan(messages, kwargs, options.max_new_tokens), options
 
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         """Chat; the context is documents=[...], the tool messages, or a system message rendered from a
         chat_context_templates entry. tools=[...] and tool_choice= as chat_with_tools passes them."""
-        pair, options, calling = self._chat_inputs(messages, kwargs)
+        pair, calling, options = self._chat_inputs(messages, kwargs)
         return self._generate(pair, options, calling, chat=True)
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        pair, options, calling = self._chat_inputs(messages, kwargs)
+        pair, calling, options = self._chat_inputs(messages, kwargs)
         return self._stream(pair, options, calling, chat=True)
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        pair, options, calling = self._chat_inputs(messages, kwargs)
+        pair, calling, options = self._chat_inputs(messages, kwargs)
         return await asyncio.to_thread(self._generate, pair, options, calling, True)
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
-        pair, options, calling = self._chat_inputs(messages, kwargs)
+        pair, calling, options = self._chat_inputs(messages, kwargs)
 
         async def gen() -> ChatResponseAsyncGen:
             async for response in iterate_in_thread(lambda: self._stream(pair, options, calling, chat=True)):

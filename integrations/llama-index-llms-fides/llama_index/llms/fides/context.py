@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.prompts.base import BasePromptTemplate, SelectorPromptTemplate
 
 from fides_rag.prompts import context_text
@@ -46,16 +45,3 @@ def find_context(
     known = {**(getattr(chosen, "kwargs", None) or {}), **(getattr(prompt, "kwargs", None) or {}), **template_args}
     used = set(prompt.template_vars) | set(getattr(chosen, "template_vars", []) or [])
     return {name: context_text(known[name], separator) for name in variables if name in used and name in known}
-
-
-# -- chat messages ------------------------------------------------------------------------------
-
-
-def with_context_message(messages: Sequence[ChatMessage], template: str, context: str) -> list[ChatMessage]:
-    """Put `template.format(context_str=context)` in front of the first system message (or as a new one),
-    as ContextChatEngine does."""
-    text = template.replace("{context_str}", context)
-    if messages and messages[0].role == MessageRole.SYSTEM:
-        first = ChatMessage(role=MessageRole.SYSTEM, content=text + (messages[0].content or "").strip())
-        return [first, *messages[1:]]
-    return [ChatMessage(role=MessageRole.SYSTEM, content=text), *messages]

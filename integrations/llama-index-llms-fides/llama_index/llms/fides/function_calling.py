@@ -1,7 +1,7 @@
 """FidesLLM's FunctionCallingLLM hooks (a mixin): tools in front of both paths, tool results as the evidence, calls read
 back into `ChatMessage.additional_kwargs["tool_calls"]`.
 
-A conversation with tools or tool messages is planned by the core (`fides_rag.chat.ChatPrompts`): the tool definitions
+A conversation with tools or tool messages is planned by the core (`fides_rag.calls.ChatPrompts`): the tool definitions
 enter both paths identically (through the chat template where it renders `tools=`, else as a system block in the
 fallback format of `fides_rag.tool_calls`), and the tool messages' contents are the context path's documents, emptied on
 the no-context path (`documents_source: "tool_messages"`). tool_required, "required" or a tool's name forces one valid
@@ -15,12 +15,9 @@ from typing import Any
 
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse, MessageRole
 
-from fides_rag.calls import ChatPlan, ToolCalling, ToolSpec, tool_choice_name, turn_of
-from fides_rag.prompts import document_texts
+from fides_rag.calls import ToolSpec, tool_choice_name
 
-from llama_index.llms.fides.tools import message_calls, tool_selections
-
-TOOL_ROLES = (MessageRole.TOOL, MessageRole.FUNCTION)
+from llama_index.llms.fides.tools import tool_selections
 
 
 class FunctionCalling:
@@ -56,17 +53,3 @@ class FunctionCalling:
         if not selections and error_on_no_tool_call:
             raise ValueError(f"Expected at least one tool call, but got 0 tool calls; the answer was {response.message.content!r}")
         return selections
-
-    # -- planning and responses -----------------------------------------------------------------------
-
-    def _tool_inputs(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any], max_new_tokens: int) -> tuple[ChatPlan, ToolCalling | None] | None:
-        """The pair of a conversation with tools or tool messages (None: neither, the ordinary chat pairing applies)."""
-        calling = ToolCalling.of_call(self._decoder.tokenizer, kwargs.get("tools"), kwargs.get("tool_choice"))
-        if calling is None and not any(m.role in TOOL_ROLES for m in messages):
-            return None
-        chat = self._chat_prompts.with_tools(calling)
-        turns = [turn_of(m.role, m.content or "", message_calls(m)) for m in self._extend_messages(list(messages))]
-        documents = kwargs.get("documents")
-        plan = chat.conversation(turns, max_new_tokens, documents=None if documents is None else document_texts(documents), system_as_context=False)
-        plan.extra = {"prompt_type": "chat", "context_variables": ["tool messages"] if plan.source == "tool_messages" else []}
-        return plan, calling

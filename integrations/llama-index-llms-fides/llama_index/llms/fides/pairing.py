@@ -11,12 +11,13 @@ from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.chat_engine.context import DEFAULT_CONTEXT_TEMPLATE
 from llama_index.core.prompts.base import BasePromptTemplate
 
-from fides_rag.calls import ChatPlan, ChatPrompts, check_question, context_in_system, role_of
+from fides_rag.calls import ChatPlan, ChatPrompts, ContextMessages, ToolCalling, role_of, turn_of
 from fides_rag.prompts import document_texts
 from fides_rag.raw_prompts import render_chat
 
-from llama_index.llms.fides.context import CONTEXT_VARIABLES, find_context, prompt_type, with_context_message
+from llama_index.llms.fides.context import CONTEXT_VARIABLES, find_context, prompt_type
 from llama_index.llms.fides.prompts import is_fides_rag_template
+from llama_index.llms.fides.tools import message_calls
 
 def _extra(prompt_type: str | None, variables: Sequence[str] = (), context: str | None = None) -> dict[str, Any]:
     """What a plan adds to the FIDES record: the prompt's type, its context variables and context."""
@@ -70,8 +71,7 @@ class CallPairing:
             return plan
         return self._chat_prompts.variables_pair(
             lambda c: self._render_template(prompt, {**template_args, **c}), context, max_new_tokens, variables=self.context_variables,
-            separator=self.context_separator, question=question, question_prompt=self._question_text,
-            extra=_extra(prompt_type(prompt, self), sorted(context)))
+            separator=self.context_separator, question=question, question_prompt=self._question_text, extra=_extra(prompt_type(prompt, self), sorted(context)))
 
     def _documents_pair(self, query: str, documents: Any) -> ChatPlan:
         """complete(query, documents=...): fides-rag's own 2-shot template (as langchain-fides' documents=)."""
@@ -79,34 +79,26 @@ class CallPairing:
         plan.extra = _extra("fides_rag")
         return plan
 
-    def _chat_pair(self, messages: Sequence[ChatMessage], documents: Any, max_new_tokens: int) -> ChatPlan:
-        check_question([(role_of(m.role), m.content or "") for m in messages])
-        if documents is not None and len(messages) == 1 and not self.system_prompt:
-            # One question: fides-rag's template, as complete(documents=) and langchain-fides' ChatFides.
-            return self._documents_pair(messages[0].content or "", documents)
-        question = next((m.content for m in reversed(messages) if m.role == MessageRole.USER), None)
-        messages = self._extend_messages(list(messages))
-        untrusted = [m.content for m in messages]
-        template = self.chat_context_templates[0] if self.chat_context_templates else DEFAULT_CONTEXT_TEMPLATE
-        planner = self._chat_prompts
-        context = None if documents is None else self.context_separator.join(document_texts(documents))
-        if context is not None and context.strip():
-            in_system = lambda c: self._messages_text(with_context_message(messages, template, c["context_str"]))  # noqa: E731
-            return planner.variables_pair(in_system, {"context_str": context}, max_new_tokens, variables=["context_str"], question=question,
-                                          untrusted=untrusted, question_prompt=self._question_text, extra=_extra("chat", ["context_str"]))
-        found = context_in_system([(role_of(m.role), m.content or "") for m in messages], self.chat_context_templates, CONTEXT_VARIABLES)
-        if found is not None:
-            index, start, end = found
-            content = messages[index].content or ""
-
-            def render(c: dict[str, str]) -> str:
-                filled = ChatMessage(role=messages[index].role, content=content[:start] + c["context"] + content[end:])
-                return self._messages_text([*messages[:index], filled, *messages[index + 1 :]])
-
-            return planner.template_pair(render, {"context": content[start:end]}, max_new_tokens, question=question, untrusted=[question, *untrusted],
-                                         question_prompt=self._question_text, extra=_extra("chat", ["system message"], content[start:end]))
-        why = "the documents given were empty" if documents is not None else "no documents= and no context system message in the chat"
-        return ChatPlan.as_given(self._messages_text(messages), why, untrusted=[question, *untrusted], extra=_extra("chat"))
+    def _chat_plan(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any], max_new_tokens: int) -> tuple[ChatPlan, ToolCalling | None]:
+        """The plan of a chat and its tools (None without tools). The context: documents= (one question: fides-rag's
+        template; a longer chat: the first chat_context_templates entry's system message), the tool messages, or a
+        system message rendered from a chat_context_templates entry."""
+        calling = ToolCalling.of_call(self._decoder.tokenizer, kwargs.get("tools"), kwargs.get("tool_choice"))
+        turns = [turn_of(m.role, m.content or "", message_calls(m)) for m in self._extend_messages(list(messages))]
+        documents = None if kwargs.get("documents") is None else document_texts(kwargs["documents"])
+        if calling is not None or any(r == "tool" for r, _ in turns):  # the core's chat with tools
+            plan = self._chat_prompts.with_tools(calling).conversation(turns, max_new_tokens, documents=documents, system_as_context=False)
+        else:
+            planner = self._chat_prompts
+            planner.context_messages = ContextMessages((self.chat_context_templates or [DEFAULT_CONTEXT_TEMPLATE])[0], self.chat_context_templates,
+                                                       CONTEXT_VARIABLES, self.context_separator)
+            planner.render_text = lambda turns: self.messages_to_prompt([ChatMessage(role=r, content=c) for r, c in turns])
+            planner.question_prompt = self._question_text
+            plan = planner.conversation(turns, max_new_tokens, documents=documents, template_first=True, template_question=turns[-1][1],
+                                        system_as_context=False)
+        variables = {"tool_messages": ["tool messages"], "context": ["context_str" if documents is not None else "system message"]}
+        plan.extra = {**_extra("fides_rag" if plan.kind == "template" else "chat", variables.get(plan.source, [])), **plan.extra}
+        return plan, calling
 
     def _pair_for_complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> ChatPlan:
         if kwargs.get("tools") or kwargs.get("tool_choice") is not None:
