@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fides_rag.calls import Call, CallInputError, CallOptions, ChatPlan, ChatPrompts, ToolCalling, turn_of
+from fides_rag.calls import Call, CallInputError, CallOptions, ChatPlan, ChatPrompts, ToolCalling, check_question, turn_of
 from fides_rag.config import FidesConfig
 from fides_rag.decoder import FidesDecoder
 from fides_rag.serve.agent_call import AgentCall
@@ -25,8 +25,10 @@ def chat_plan(decoder: FidesDecoder, body: ChatCompletionRequest, max_new: int, 
     front of both paths."""
     prompts = _planner(decoder, body, chat=True, tools=tools)
     turns = [turn_of(m.role, m.text(), [c.model_dump() for c in m.tool_calls or []]) for m in body.messages]
-    if not any(r == "user" for r, _ in turns):
-        raise bad_request("messages need a user message (the question)", "messages")
+    try:
+        check_question(turns)
+    except ValueError:
+        raise bad_request("messages need a user message (the question)", "messages") from None
     return prompts.conversation(turns, max_new, documents=body.documents)
 
 
