@@ -268,12 +268,7 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
         pair, calling, options = self._chat_inputs(messages, kwargs)
-
-        async def gen() -> ChatResponseAsyncGen:
-            async for response in iterate_in_thread(lambda: self._stream(pair, options, calling, chat=True)):
-                yield response
-
-        return gen()
+        return iterate_in_thread(lambda: self._stream(pair, options, calling, chat=True))
 
     # -- LlamaIndex hooks: prompt templates (query engines, response synthesizers, chat engines) ----
 

@@ -29,14 +29,11 @@ class PairDecoding:
         self._decoder.configure(max_requests=self.max_batch_size, window_s=self.batch_window_s)
         return Call(self._decoder, plan, options, calling=calling, native_tools=self._chat_prompts.renders_tools(calling))
 
-    def _remember(self, answer: Answer) -> dict[str, Any]:
-        return self._history.add(answer).record
-
     def _raw(self, answer: Answer) -> dict[str, Any]:
         return {**answer.result.to_dict(), **{k: answer.record[k] for k in PAIR_EXTRAS if k in answer.record}}
 
     def _respond(self, answer: Answer, chat: bool, text: str | None = None, delta: str | None = None) -> Any:
-        info = self._remember(answer)
+        info = self._history.add(answer).record
         if not chat:
             return CompletionResponse(text=answer.text if text is None else text, delta=delta, raw=self._raw(answer), additional_kwargs=info)
         extra = {"tool_calls": [c.openai() for c in answer.tool_calls]} if answer.tool_calls else {}

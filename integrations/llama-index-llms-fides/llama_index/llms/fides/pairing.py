@@ -30,9 +30,7 @@ class CallPairing:
     @property
     def _chat_prompts(self) -> ChatPrompts:
         """The core's planner with this LLM's chat-template use and no-context design."""
-        dec = self._decoder
-        return ChatPrompts(dec.tokenizer, context_window=dec.context_window, use_chat_template=self.chat_template_active,
-                           no_context_path=self.no_context_path, template=dec.prompt_template)
+        return ChatPrompts.for_decoder(self._decoder, use_chat_template=self.chat_template_active, no_context_path=self.no_context_path)
 
     def _messages_text(self, messages: Sequence[ChatMessage]) -> str:
         """The messages as one prompt: the chat template (the core's role map; tool results as user turns), else
