@@ -399,7 +399,8 @@ class ChatPrompts:
     ) -> ChatPlan:
         """Plan a conversation with documents given beside it: found verbatim in it, they are contrasted where they
         stand; a single question without them gets fides-rag's template (not when tools are bound); a longer
-        conversation gets them in a leading system turn (dropped on the no-context path).
+        conversation gets them in a leading system turn (dropped on the no-context path), or in the `context_messages`
+        template's system message (its context emptied there).
 
         `template_question`: the template's question of a single turn that renders it (a prompt value's; the source is
         then "prompt_value"), used when there are documents. `template_first` (one prompt with documents beside it, as
@@ -442,7 +443,8 @@ class ChatPrompts:
     ) -> ChatPlan:
         """Where a conversation's context comes from, first that applies: `documents` given beside it; the tool turns'
         results; `found` (retrieved texts found verbatim in it; `retrieved`: all a retriever returned, None when none
-        ran); the system turns (`system_as_context`); else none ('standard', noted). An agent's first turn (tools
+        ran); a system turn rendered from a `context_messages` template (without one: none); the system turns
+        (`system_as_context`); else none ('standard', noted). An agent's first turn (tools
         bound, nothing retrieved) is 'standard' without a fallback: its evidence comes back as tool turns. `question`:
         the no-context path's under no_context_path='question' (default: the last user turn; None: unknown);
         `template_question`, `template_first`: as `with_documents` takes them."""
@@ -464,8 +466,11 @@ class ChatPrompts:
                 logger.warning(note)
                 plan.notes.append(note)
             return plan
-        if self.context_messages is not None:
-            return self._context_message(turns, max_new_tokens, question)
+        if self.context_messages is not None:  # a system turn rendered from one of the framework's context templates
+            found = context_in_system(turns, self.context_messages.templates, self.context_messages.variables)
+            if found is None:
+                return ChatPlan.as_given(self.render(turns), self.context_messages.no_documents, untrusted=[question, *(c for _, c in turns)])
+            return self._in_context(turns, turns[found[0]][1][found[1] : found[2]], max_new_tokens, question)
         systems = [i for i, (r, c) in enumerate(turns) if r == "system" and c.strip()]
         if retrieved is not None and not retrieved:  # an empty retrieval: a system turn holds only its instruction
             return self.plain(turns, why_no_documents(retrieved, where), question)
@@ -480,18 +485,6 @@ class ChatPrompts:
         if self.tools is not None and not retrieved:
             return self.plain(turns, "tools are bound and no tool has answered yet", question, fallback=False)
         return self.plain(turns, why_no_documents(retrieved, where), question)
-
-
-    def _context_message(self, turns: Sequence[Turn], max_new_tokens: int, question: str | None) -> ChatPlan:
-        """The context of a system turn rendered from one of the context messages' templates, contrasted where it
-        stands; none: 'standard' on the conversation as given."""
-        messages = self.context_messages
-        assert messages is not None
-        found = context_in_system(turns, messages.templates, messages.variables)
-        if found is None:
-            return ChatPlan.as_given(self.render(turns), messages.no_documents, untrusted=[question, *(c for _, c in turns)])
-        index, start, end = found
-        return self._in_context(turns, turns[index][1][start:end], max_new_tokens, question)
 
     def _in_context(self, turns: Sequence[Turn], context: str, max_new_tokens: int, question: str | None) -> ChatPlan:
         """`context`, one text in `turns`, contrasted where it stands (the record's `context`: as kept)."""
