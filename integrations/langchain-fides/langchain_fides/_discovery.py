@@ -46,39 +46,29 @@ class RetrievalRecorder(RunRetrievals, BaseCallbackHandler):
             elif key in QUESTION_KEYS and isinstance(value, str):
                 self.asked(run_id, value, ancestors=False)
 
-    def on_chain_end(self, outputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
-        self.end(run_id, parent_run_id)
-
-    def on_chain_error(self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
-        self.end(run_id, parent_run_id)
-
     def on_chat_model_start(self, serialized: Any, messages: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
         # langchain-core's BaseChatModel.stream/astream call `_stream` without a run manager; the model
         # reads its parent run from here instead (set in the caller's context right before `_stream`).
         model_parent_var.set(parent_run_id)
 
-    def on_llm_start(self, serialized: Any, prompts: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
-        model_parent_var.set(parent_run_id)
+    on_llm_start = on_chat_model_start
 
     def on_tool_start(self, serialized: Any, input_str: str, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
         self.start(run_id, parent_run_id)
-
-    def on_tool_end(self, output: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
-        self.end(run_id, parent_run_id)
-
-    def on_tool_error(self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
-        self.end(run_id, parent_run_id)
 
     def on_retriever_start(self, serialized: Any, query: str, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
         self.start(run_id, parent_run_id)
         if isinstance(query, str):
             self.asked(parent_run_id, query)  # under every ancestor, like the texts: the model runs in a sibling branch
 
-    def on_retriever_end(self, documents: Sequence[Document], *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
-        self.retrieved(parent_run_id, [d.page_content for d in documents if isinstance(d, Document)])  # also an empty retrieval
+    def _run_ended(self, outcome: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+        """A chain, tool or retriever run ended (its outputs or its error)."""
         self.end(run_id, parent_run_id)
 
-    def on_retriever_error(self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+    on_chain_end = on_chain_error = on_tool_end = on_tool_error = on_retriever_error = _run_ended
+
+    def on_retriever_end(self, documents: Sequence[Document], *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+        self.retrieved(parent_run_id, [d.page_content for d in documents if isinstance(d, Document)])  # also an empty retrieval
         self.end(run_id, parent_run_id)
 
 
