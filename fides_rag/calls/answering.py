@@ -6,12 +6,11 @@ structure parsed, the finish reason and the FIDES record."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fides_rag.calls.metadata import FINISH_REASONS, record, usage

@@ -139,11 +139,6 @@ class FidesParams(BaseModel):
     def _run(self, call: Call) -> Answer:
         return self._answers.add(call.run())
 
-    def _run_stream(self, call: Call) -> Iterator[str | Answer]:
-        """Text deltas, then the Answer as the last item."""
-        for item in call.stream():
-            yield self._answers.add(item) if isinstance(item, Answer) else item
-
     # -- LangChain's entry points: the same for both models, over `_results` (one call's result) and `_stream_items`
 
     def _generate(self, input: Any, stop: list[str] | None = None, run_manager: Any = None, **kwargs: Any) -> Any:

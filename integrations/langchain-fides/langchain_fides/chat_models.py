@@ -146,12 +146,9 @@ class ChatFides(FidesParams, BaseChatModel):
         return ChatResult(generations=[generation], llm_output={"model_name": answer.record["model_name"]})
 
     def _stream_items(self, messages: list[BaseMessage], stop: list[str] | None, parent: UUID | None, kwargs: dict[str, Any]) -> Iterator[ChatGenerationChunk]:
-        call = self._prepared(messages, stop, parent, kwargs)
-        shown = ""
-        for item in self._run_stream(call):
-            if isinstance(item, Answer):  # the last chunk: the rest of the content, the calls, the record
-                item.text = item.text[len(shown) :] if item.text.startswith(shown) else item.text
-                yield ChatGenerationChunk(message=self._message(item, chunk=True), generation_info=item.record)
-            else:
-                shown += item
-                yield ChatGenerationChunk(message=AIMessageChunk(content=item))
+        for delta, answer in self._prepared(messages, stop, parent, kwargs).deltas():
+            if answer is None:
+                yield ChatGenerationChunk(message=AIMessageChunk(content=delta))
+            else:  # the last chunk: the last delta, the calls, the record
+                answer.text = delta
+                yield ChatGenerationChunk(message=self._message(self._answers.add(answer), chunk=True), generation_info=answer.record)

@@ -137,5 +137,8 @@ class FidesLLM(FidesParams, BaseLLM):
         return LLMResult(generations=[[Generation(text=a.text, generation_info=a.record)] for a in answers])
 
     def _stream_items(self, prompt: str, stop: list[str] | None, parent_run_id: UUID | None, kwargs: dict[str, Any]) -> Iterator[GenerationChunk]:
-        for item in self._run_stream(self._prepared(prompt, stop, parent_run_id, kwargs)):
-            yield GenerationChunk(text="", generation_info=item.record) if isinstance(item, Answer) else GenerationChunk(text=item)
+        for item in self._prepared(prompt, stop, parent_run_id, kwargs).stream():  # text deltas, then the Answer
+            if isinstance(item, Answer):
+                yield GenerationChunk(text="", generation_info=self._answers.add(item).record)
+            else:
+                yield GenerationChunk(text=item)
