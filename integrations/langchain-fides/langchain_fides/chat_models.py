@@ -13,7 +13,7 @@ from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 
-from fides_rag.calls import Answer, ChatPlan, ToolCalling, tool_choice_name, turn_of
+from fides_rag.calls import DOCUMENTS_INSTRUCTION, Answer, ChatPlan, ToolCalling, tool_choice_name, turn_of
 from fides_rag.prompts import document_texts
 
 from langchain_fides._base import CALL_OPTIONS, FidesParams
@@ -49,7 +49,7 @@ class ChatFides(FidesParams, BaseChatModel):
 
     system_message_as_context: bool = True
     """Treat system messages as the retrieved context when no documents were found otherwise."""
-    documents_instruction: str = "Use the following documents to answer the question."
+    documents_instruction: str = DOCUMENTS_INSTRUCTION
     """Heading of the system message that carries documents not already in the conversation."""
     timeout: float | None = None
     """Accepted for LangChain's standard parameters; local decoding has no timeout."""

@@ -286,9 +286,7 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
 
     @dispatcher.span
     def stream(self, prompt: BasePromptTemplate, **prompt_args: Any) -> TokenGen:
-        if prompt.output_parser is not None or self.output_parser is not None:
-            raise NotImplementedError("Output parser is not supported for streaming.")
-        plan, options = self._predict_pair(prompt, prompt_args)
+        plan, options = self._predict_pair(prompt, prompt_args, stream=True)
         responses = self.stream_complete(plan.context_prompt or "", formatted=True, _plan=plan, **options)
         return stream_completion_response_to_tokens(responses)
 
@@ -302,13 +300,13 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
 
     @dispatcher.span
     async def astream(self, prompt: BasePromptTemplate, **prompt_args: Any) -> TokenAsyncGen:
-        if prompt.output_parser is not None or self.output_parser is not None:
-            raise NotImplementedError("Output parser is not supported for streaming.")
-        plan, options = self._predict_pair(prompt, prompt_args)
+        plan, options = self._predict_pair(prompt, prompt_args, stream=True)
         responses = await self.astream_complete(plan.context_prompt or "", formatted=True, _plan=plan, **options)
         return await astream_completion_response_to_tokens(responses)
 
-    def _predict_pair(self, prompt: BasePromptTemplate, prompt_args: dict[str, Any]) -> tuple[ChatPlan, dict[str, Any]]:
+    def _predict_pair(self, prompt: BasePromptTemplate, prompt_args: dict[str, Any], stream: bool = False) -> tuple[ChatPlan, dict[str, Any]]:
+        if stream and (prompt.output_parser is not None or self.output_parser is not None):
+            raise NotImplementedError("Output parser is not supported for streaming.")
         template_args, call = split_template_args(prompt_args, prompt.template_vars, CALL_OPTIONS)
         dispatcher.event(LLMPredictStartEvent(template=prompt, template_args=template_args))
         self._log_template_data(prompt, **template_args)
