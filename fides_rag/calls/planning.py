@@ -6,7 +6,8 @@ front door's roles; one policy (`ChatPrompts.conversation`) decides where a conv
 The context path is the conversation as given. The no-context path is the same conversation with every document
 text removed (`no_context_path="emptied"`), or the question alone under the neutral instruction ("question").
 Documents that are not in the conversation yet are placed in it: a single question gets fides-rag's own template;
-a longer conversation gets a leading system turn that lists them. Tool results are documents too: an agent's
+a longer conversation gets a leading system turn that lists them (or a framework's context system message,
+`ContextMessages`). Tool results are documents too: an agent's
 retrieval comes back as tool turns, which form the context path and are emptied on the no-context path.
 
 Tools: `ChatPrompts(..., tools=ToolCalling(...))` or `prompts.with_tools(calling)` puts the tool definitions in
@@ -219,7 +220,8 @@ class ChatPlan:
 
 
 class ChatPrompts:
-    """Renders conversations with one tokenizer's chat template (or plain `Role:` lines) and plans their two paths."""
+    """Renders conversations with one tokenizer's chat template (or plain `Role:` lines, or a framework's `render_text`)
+    and plans their two paths."""
 
     def __init__(
         self, tokenizer: Any, *, context_window: int, use_chat_template: bool, no_context_path: str = "emptied",

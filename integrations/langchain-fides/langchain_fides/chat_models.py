@@ -37,7 +37,7 @@ class ChatFides(FidesParams, BaseChatModel):
     FidesFallbackError instead.
 
     Tools (`bind_tools`) enter both paths identically, through the chat template where it renders `tools=`, else
-    as a system block in the Hermes format (`fides_rag.tool_calls`); tool messages are then the documents
+    as a system block in the Hermes format (`fides_rag.calls.ToolCalling`); tool messages are then the documents
     (`documents_source: "tool_messages"`). tool_choice "any"/"required" or a tool's name forces one valid call by
     grammar; `with_structured_output` is grammar-constrained too.
 
