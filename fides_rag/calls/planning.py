@@ -7,8 +7,8 @@ The context path is the conversation as given. The no-context path is the same c
 text removed (`no_context_path="emptied"`), or the question alone under the neutral instruction ("question").
 Documents that are not in the conversation yet are placed in it: a single question gets fides-rag's own template;
 a longer conversation gets a leading system turn that lists them (or a framework's context system message,
-`ContextMessages`). Tool results are documents too: an agent's
-retrieval comes back as tool turns, which form the context path and are emptied on the no-context path.
+`ContextMessages`). Tool results are documents too: an agent's retrieval comes back as tool turns, which form the
+context path and are emptied on the no-context path.
 
 Tools: `ChatPrompts(..., tools=ToolCalling(...))` or `prompts.with_tools(calling)` puts the tool definitions in
 front of BOTH paths identically: through the chat template's `tools=` where the template renders them (tool turns
@@ -446,10 +446,10 @@ class ChatPrompts:
         """Where a conversation's context comes from, first that applies: `documents` given beside it; the tool turns'
         results; `found` (retrieved texts found verbatim in it; `retrieved`: all a retriever returned, None when none
         ran); a system turn rendered from a `context_messages` template (without one: none); the system turns
-        (`system_as_context`); else none ('standard', noted). An agent's first turn (tools
-        bound, nothing retrieved) is 'standard' without a fallback: its evidence comes back as tool turns. `question`:
-        the no-context path's under no_context_path='question' (default: the last user turn; None: unknown);
-        `template_question`, `template_first`: as `with_documents` takes them."""
+        (`system_as_context`); else none ('standard', noted). An agent's first turn (tools bound, nothing retrieved) is
+        'standard' without a fallback: its evidence comes back as tool turns. `question`: the no-context path's under
+        no_context_path='question' (default: the last user turn; None: unknown); `template_question`, `template_first`:
+        as `with_documents` takes them."""
         check_question(turns)
         if question is LAST_USER_TURN:
             question = next(c for r, c in reversed(turns) if r == "user")

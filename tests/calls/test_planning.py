@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fides_rag import FidesDecoder, PromptPair
-from fides_rag.calls import ChatPlan, ChatPrompts, ToolCall, check_question, context_in_system, documents_beside, filled_variable, turn_of
+from fides_rag.calls import ChatPlan, ChatPrompts, ContextMessages, ToolCall, check_question, context_in_system, documents_beside, filled_variable, turn_of
 
 DOC = "The Eiffel Tower is in Rome."
 
@@ -140,6 +140,23 @@ def test_a_system_turn_rendered_from_a_context_template_holds_the_context():
     index, start, end = context_in_system(turns, templates, ["context_str"])
     assert index == 1 and turns[1][1][start:end] == DOC
     assert context_in_system([("system", "You are helpful."), ("user", "Where?")], templates, ["context_str"]) is None
+
+
+def test_context_messages_place_documents_and_find_a_rendered_context(tokenizer):
+    joined = f"{DOC}\n\nSecond."
+    template = "Context: {context_str}\n"
+    planner = ChatPrompts(tokenizer, context_window=2048, use_chat_template=False, context_messages=ContextMessages(template, [template]),
+                          render_text=lambda turns: " | ".join(f"{r}={c}" for r, c in turns))
+    turns = [("system", "Be brief."), ("user", "Where?")]
+    plan = planner.conversation(turns, 8, documents=[DOC, "Second."])
+    assert plan.context_prompt == f"system=Context: {joined}\nBe brief. | user=Where?" and plan.source == "context"
+    assert plan.no_context_prompt == "system=Context: \nBe brief. | user=Where?" and plan.extra == {"context": joined}
+    empty = planner.conversation(turns, 8, documents=[" "])
+    assert empty.method == "standard" and empty.notes == ["the documents given were empty: decoded with 'standard'"]
+    rendered = planner.conversation([("system", f"Context: {DOC}\nBe brief."), ("user", "Where?")], 8)
+    assert rendered.no_context_prompt == "system=Context: \nBe brief. | user=Where?" and rendered.extra == {"context": DOC}
+    none = planner.conversation(turns, 8)
+    assert none.notes == ["no documents= and no context system message in the chat: decoded with 'standard'"]
 
 
 def test_template_variables_are_paired_or_fall_back_naming_the_variable(chat_tokenizer):
