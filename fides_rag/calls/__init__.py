@@ -34,8 +34,8 @@ from fides_rag.calls.answering import Answer, AnswerLog, AnswerStream, Call, Cal
 from fides_rag.calls.metadata import FINISH_REASONS, record, usage
 from fides_rag.calls.options import CONSTRAINTS, FIDES_CONSTANTS, CallInputError, CallOptions, FidesFallbackError, fold_fides_constants, resolve_method
 from fides_rag.calls.planning import (
-    DOCUMENTS_INSTRUCTION, ROLES, STANDARD, ChatPlan, ChatPrompts, ContextMessages, Turn, check_question, context_in_system, documents_beside, filled_variable, role_of, turn_of,
-    why_no_documents,
+    DOCUMENTS_INSTRUCTION, ROLES, STANDARD, ChatPlan, ChatPrompts, ContextMessages, Turn, check_question, context_in_system,
+    documents_beside, filled_variable, role_of, turn_of, why_no_documents,
 )
 from fides_rag.calls.structure import (
     IncompleteAnswerError, check_complete, closed_schema, constraint_of, parse_structure, refuse_other_grammar, schema_of, with_structure,

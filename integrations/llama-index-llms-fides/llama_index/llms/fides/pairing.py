@@ -69,7 +69,8 @@ class CallPairing:
             return plan
         return self._chat_prompts.variables_pair(
             lambda c: self._render_template(prompt, {**template_args, **c}), context, max_new_tokens, variables=self.context_variables,
-            separator=self.context_separator, question=question, question_prompt=self._question_text, extra=_extra(prompt_type(prompt, self), sorted(context)))
+            separator=self.context_separator, question=question, question_prompt=self._question_text,
+            extra=_extra(prompt_type(prompt, self), sorted(context)))
 
     def _documents_pair(self, query: str, documents: Any) -> ChatPlan:
         """complete(query, documents=...): fides-rag's own 2-shot template (as langchain-fides' documents=)."""
