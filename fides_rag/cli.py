@@ -158,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="add FIDES with another FidesConfig as method 'fides-LABEL' (repeatable), e.g. calibrated=cal.json")
     evaluate.add_argument("--max-new-tokens", type=_integer_at_least(1), default=32)
     evaluate.add_argument("--bootstrap", type=_integer_at_least(1), default=1000, help="paired bootstrap resamples")
+    evaluate.add_argument("--bootstrap-by", choices=["row", "question"], default="row",
+                          help="what the paired bootstrap resamples: rows, or questions with all their rows (NQ-Swap "
+                               "repeats a question over several rows; default row)")
     add_model_arguments(evaluate)
     evaluate.add_argument("--analyze", action="store_true", help="run the analyses on the finished run")
     evaluate.add_argument("--no-progress", action="store_true")
@@ -299,7 +302,8 @@ def _eval(args: argparse.Namespace) -> int:
     check_resumable(args.out, methods, max_new_tokens=args.max_new_tokens, run_info=info, parallel=(rank, world))
     decoder = FidesDecoder.from_pretrained(args.model, config=config, **{**options, "device": local_device(args.device)})
     run_eval(decoder, examples, methods, args.out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-             run_info=info, progress=not args.no_progress, bootstrap_samples=args.bootstrap, parallel=(rank, world))
+             run_info=info, progress=not args.no_progress, bootstrap_samples=args.bootstrap,
+             bootstrap_by=args.bootstrap_by, parallel=(rank, world))
     if rank != 0:
         return 0
     print((Path(args.out) / RESULTS_MD).read_text())

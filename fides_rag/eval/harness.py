@@ -104,6 +104,7 @@ def run_eval(
     run_info: Mapping[str, Any] | None = None,
     progress: bool = True,
     bootstrap_samples: int = 1000,
+    bootstrap_by: str = "row",
     seed: int = 0,
     parallel: tuple[int, int] = (0, 1),
 ) -> dict[str, Any]:
@@ -115,6 +116,8 @@ def run_eval(
     With `parallel=(rank, world)` (torchrun / accelerate launch) each process decodes every world-th example into
     its own shard folder, `shard-<rank>-of-<world>`, which resumes on its own; rank 0 then merges the shards and
     writes the results (the other ranks return an empty dict). Each rank shows its own progress; rank 0 also the total.
+    `bootstrap_by="question"` resamples questions, not rows, in the paired bootstrap (NQ-Swap repeats a question over
+    several rows).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -124,6 +127,7 @@ def run_eval(
     labels = list(methods)
     if bootstrap_samples < 1:
         raise ValueError(f"bootstrap_samples must be >= 1, got {bootstrap_samples}")
+    check_bootstrap_unit(bootstrap_by)
     info = _run_info(methods, run_info, max_new_tokens, batch_size, decoder)
     rank, world = parallel
     out = Path(out_dir)
@@ -159,7 +163,7 @@ def run_eval(
     else:
         records = store.records_for(examples)
     elapsed, decoded = time.perf_counter() - started, sum(n for n, _ in shards)  # all processes together
-    results = summarize(records, labels, bootstrap_samples=bootstrap_samples, seed=seed)
+    results = summarize(records, labels, bootstrap_samples=bootstrap_samples, bootstrap_by=bootstrap_by, seed=seed)
     results["run"] = {**info, "examples": len(records), "decoded_now": decoded, "seconds_now": round(elapsed, 2),
                       "examples_per_second_now": round(decoded / elapsed, 3) if decoded and elapsed > 0 else None}
     write_results(out, results)
@@ -211,8 +215,21 @@ def _merged_shards(out: Path, world: int, examples: Sequence[QAExample]) -> list
 # -- results ---------------------------------------------------------------------------------------
 
 
-def summarize(records: Sequence[dict[str, Any]], labels: Sequence[str], *, bootstrap_samples: int = 1000, seed: int = 0) -> dict[str, Any]:
-    """Metrics per method, and the paired bootstrap of every pair of methods on CF, EM and F1."""
+BOOTSTRAP_UNITS = ("row", "question")
+"""What the paired bootstrap resamples: rows, or questions (all the rows of a question together)."""
+
+
+def check_bootstrap_unit(unit: str) -> str:
+    if unit not in BOOTSTRAP_UNITS:
+        raise ValueError(f"bootstrap_by must be one of {', '.join(BOOTSTRAP_UNITS)}, got {unit!r}")
+    return unit
+
+
+def summarize(records: Sequence[dict[str, Any]], labels: Sequence[str], *, bootstrap_samples: int = 1000, bootstrap_by: str = "row",
+              seed: int = 0) -> dict[str, Any]:
+    """Metrics per method, and the paired bootstrap of every pair of methods on CF, EM and F1 (resampling rows, or
+    with bootstrap_by="question" whole questions)."""
+    check_bootstrap_unit(bootstrap_by)
     records = sorted(records, key=lambda r: r["id"])
     metrics: dict[str, Any] = {}
     for label in labels:
@@ -226,16 +243,16 @@ def summarize(records: Sequence[dict[str, Any]], labels: Sequence[str], *, boots
     comparisons = []
     for a, b in combinations(labels, 2):
         for metric in COMPARED_METRICS:
-            pairs = [
-                (r["outputs"][a]["scores"][metric], r["outputs"][b]["scores"][metric])
-                for r in records
-                if a in r["outputs"] and b in r["outputs"] and r["outputs"][a]["scores"].get(metric) is not None
-            ]
-            if not pairs:
+            scored = [r for r in records
+                      if a in r["outputs"] and b in r["outputs"] and r["outputs"][a]["scores"].get(metric) is not None]
+            if not scored:
                 continue
-            test = paired_bootstrap([100 * x for x, _ in pairs], [100 * y for _, y in pairs], samples=bootstrap_samples, seed=seed)
+            clusters = [r["question"] for r in scored] if bootstrap_by == "question" else None
+            test = paired_bootstrap([100 * r["outputs"][a]["scores"][metric] for r in scored],
+                                    [100 * r["outputs"][b]["scores"][metric] for r in scored], samples=bootstrap_samples, seed=seed,
+                                    clusters=clusters)
             comparisons.append({"a": a, "b": b, "metric": metric, **test})
-    return {"metrics": metrics, "significance": comparisons, "labels": list(labels)}
+    return {"metrics": metrics, "significance": comparisons, "labels": list(labels), "bootstrap_by": bootstrap_by}
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -265,8 +282,11 @@ def results_markdown(results: Mapping[str, Any]) -> str:
     reference = "fides" if "fides" in labels else labels[0]
     compared = [c for c in results["significance"] if reference in (c["a"], c["b"])]
     if compared:
-        lines += ["", f"Paired bootstrap ({compared[0]['samples']} resamples, two-sided {int(compared[0]['confidence'] * 100)}% CI; "
-                  f"p from a paired permutation test), difference {reference} − other in points:", ""]
+        by_question = results.get("bootstrap_by") == "question"
+        unit = (f"of the {compared[0]['clusters']} questions (each with all its rows); p from flipping each question's sign"
+                if by_question else "of the rows; p from a paired permutation test")
+        lines += ["", f"Paired bootstrap ({compared[0]['samples']} resamples {unit}, two-sided "
+                  f"{int(compared[0]['confidence'] * 100)}% CI), difference {reference} − other in points:", ""]
         rows = []
         for c in compared:
             sign = 1 if c["a"] == reference else -1

@@ -13,8 +13,10 @@ from fides_rag.eval.harness import (
     ablation_methods,
     build_methods,
     read_predictions,
+    results_markdown,
     run_eval,
     runnable_methods,
+    summarize,
 )
 
 EXAMPLES = [
@@ -171,3 +173,24 @@ def test_run_json_records_each_labels_rule_and_a_changed_one_is_refused(decoder,
         check_resumable(tmp_path, {"cad": get_method("cad", alpha=2.0)}, max_new_tokens=2)
     with pytest.raises(ValueError, match=r"fides: lambda_ 1\.5 -> 3\.0"):
         run_eval(decoder, EXAMPLES[:1], {"fides": get_method("fides", lambda_=3.0)}, tmp_path, max_new_tokens=2, progress=False)
+
+
+def _scored(question, fides, standard):
+    return {"id": f"{question}-{fides}{standard}", "question": question,
+            "outputs": {m: {"scores": {"cf": v, "em": v, "f1": v}, "steps": [], "new_tokens": 1} for m, v in (("fides", fides), ("standard", standard))}}
+
+
+def test_bootstrap_by_question_resamples_questions_and_says_so():
+    records = [_scored(q, f, s) for q, f, s in [("q1", 1, 0), ("q1", 1, 0), ("q1", 1, 0), ("q2", 0, 0), ("q3", 1, 1), ("q3", 0, 1)]]
+    by_row = summarize(records, ["standard", "fides"], bootstrap_samples=200)
+    by_question = summarize(records, ["standard", "fides"], bootstrap_samples=200, bootstrap_by="question")
+    assert by_row["bootstrap_by"] == "row" and all(c["clusters"] is None for c in by_row["significance"])
+    assert by_question["bootstrap_by"] == "question" and all(c["clusters"] == 3 for c in by_question["significance"])
+    assert [c["diff"] for c in by_question["significance"]] == [c["diff"] for c in by_row["significance"]]
+    assert "of the 3 questions" in results_markdown(by_question) and "of the rows" in results_markdown(by_row)
+
+
+def test_an_unknown_bootstrap_unit_is_refused_before_decoding(decoder, tmp_path):
+    with pytest.raises(ValueError, match="bootstrap_by must be one of row, question"):
+        run_eval(decoder, EXAMPLES[:2], build_methods(["standard"]), tmp_path, progress=False, bootstrap_by="example")
+    assert not (tmp_path / PREDICTIONS).exists()
