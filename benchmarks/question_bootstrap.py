@@ -25,9 +25,9 @@ COMPARED = {"conflict": ("cf", ("standard", "cad", "adacad")), "no-conflict": ("
 """Per slice: the metric and the methods FIDES is compared with (those of the scale table)."""
 
 
-def intervals(run: str, metric: str, others: tuple[str, ...], samples: int) -> dict[str, Any] | None:
+def intervals(run: str, metric: str, others: tuple[str, ...], samples: int, root: Path = RESULTS) -> dict[str, Any] | None:
     """FIDES − each other method on `metric`, with the row and the question interval, from one run's predictions."""
-    path = RESULTS / run / "predictions.jsonl"
+    path = root / run / "predictions.jsonl"
     if not path.is_file():
         return None
     records = read_predictions(path)
@@ -67,12 +67,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="JSON file for every interval (default: print only)")
     parser.add_argument("--samples", type=int, default=1000, help="bootstrap resamples (default: %(default)s)")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="folder of the eval runs (default: results/eval)")
     args = parser.parse_args(argv)
     report = []
     for backbone in BACKBONES:
         for slice_name, run in (("conflict", backbone.conflict_run), ("no-conflict", backbone.original_run)):
             metric, others = COMPARED[slice_name]
-            found = intervals(run, metric, others, args.samples)
+            found = intervals(run, metric, others, args.samples, args.results)
             if found is not None:
                 report.append({"backbone": backbone.size, "slice": slice_name, **found})
     if args.out:
