@@ -276,7 +276,7 @@ class ChatPrompts:
     @property
     def native_tools(self) -> bool:
         """Tools are rendered by the chat template (else by the fallback system block)."""
-        return self.tools is not None and self.use_chat_template and self.tools.native
+        return self.renders_tools(self.tools)
 
     def renders_tools(self, tools: ToolCalling | None) -> bool:
         """Whether this planner with `tools` bound has the chat template render them (`Call`'s `native_tools`, the
