@@ -145,7 +145,8 @@ def latency(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: to
 
 
 def batch_scaling(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
-    """Decode ms per step and tokens/s of standard and FIDES with 1..32 requests decoding together."""
+    """Decode ms per step, tokens/s and aten ops per step of standard and FIDES with 1..32 requests decoding together
+    (the first --counted-steps decode steps are counted, the rest timed)."""
     from fides_rag.eval.step_probe import StepProbe, prepared_from_ids
 
     out: dict[str, Any] = {}
@@ -154,7 +155,7 @@ def batch_scaling(decoder: Any, prompts: Prompts, args: argparse.Namespace, devi
         for size in args.batch_sizes:
             examples = [prepared_from_ids(decoder.tokenizer, *prompts.pair(args.context_tokens, args.question_tokens)) for _ in range(size)]
             reset_peak(device)
-            probe = StepProbe(0, device)
+            probe = StepProbe(args.counted_steps, device)
             decoder.engine.step_context = probe.engine_step
             try:
                 start = time.perf_counter()
@@ -164,7 +165,7 @@ def batch_scaling(decoder: Any, prompts: Prompts, args: argparse.Namespace, devi
             report = probe.report(start)
             step_ms = report["decode_ms_per_token"]
             out[method][str(size)] = {"decode_ms_per_step": step_ms, "first_step_ms": report["first_token_ms"],
-                                      "tokens_per_s": size * 1000 / step_ms, **peak_memory(device)}
+                                      "tokens_per_s": size * 1000 / step_ms, "ops_per_step": report["ops_per_token"], **peak_memory(device)}
     return out
 
 
@@ -248,10 +249,11 @@ def tables(report: dict[str, Any]) -> str:
     if "batch" in sections:
         batch = sections["batch"]
         sizes = list(batch["fides"])
-        lines += ["| requests | " + " | ".join(f"{m} ms/step | {m} tokens/s" for m in ("standard", "fides")) + " |",
-                  "|---|" + "---|---|" * 2]
+        lines += ["| requests | " + " | ".join(f"{m} ms/step | {m} tokens/s | {m} aten ops/step" for m in ("standard", "fides")) + " |",
+                  "|---|" + "---|---|---|" * 2]
         for size in sizes:
-            lines.append(f"| {size} | " + " | ".join(f"{batch[m][size]['decode_ms_per_step']:.2f} | {batch[m][size]['tokens_per_s']:.1f}" for m in ("standard", "fides")) + " |")
+            lines.append(f"| {size} | " + " | ".join(f"{batch[m][size]['decode_ms_per_step']:.2f} | {batch[m][size]['tokens_per_s']:.1f} | "
+                                                     f"{_count(batch[m][size].get('ops_per_step'))}" for m in ("standard", "fides")) + " |")
         lines.append("")
     if "serving" in sections:
         from fides_rag.eval.serving import format_serving
@@ -262,6 +264,10 @@ def tables(report: dict[str, Any]) -> str:
 
         lines += [format_budget_sweep(sections["budget"]), ""]
     return "\n".join(lines)
+
+
+def _count(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

@@ -41,6 +41,7 @@ def test_the_gpu_benchmark_runs_with_a_tiny_configuration_on_cpu(tmp_path):
     for method in ("standard", "fides"):
         assert list(batch[method]) == ["1", "2"]
         assert all(size["decode_ms_per_step"] > 0 and size["tokens_per_s"] > 0 for size in batch[method].values())
+        assert batch[method]["2"]["ops_per_step"] >= batch[method]["1"]["ops_per_step"] > 0
 
     serving = report["sections"]["serving"]
     assert list(serving["loads"]) == ["4.0", "8.0"]
