@@ -146,26 +146,35 @@ def latency(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: to
 
 def batch_scaling(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     """Decode ms per step, tokens/s and aten ops per step of standard and FIDES with 1..32 requests decoding together
-    (the first --counted-steps decode steps are counted, the rest timed)."""
+    (the first --counted-steps decode steps are counted, the rest timed). Request i's context prompt is 8 i tokens
+    longer than the first's, as in serving, where prompts differ (so each request's cache is its own segment). The
+    step budget holds every prompt, so all of them are prefilled before the first decode step: the measured steps
+    decode only."""
     from fides_rag.eval.step_probe import StepProbe, prepared_from_ids
 
     out: dict[str, Any] = {}
-    for method in ("standard", "fides"):
-        out[method] = {}
-        for size in args.batch_sizes:
-            examples = [prepared_from_ids(decoder.tokenizer, *prompts.pair(args.context_tokens, args.question_tokens)) for _ in range(size)]
-            reset_peak(device)
-            probe = StepProbe(args.counted_steps, device)
-            decoder.engine.step_context = probe.engine_step
-            try:
-                start = time.perf_counter()
-                decoder.generate_batch(examples, method=method, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens)
-            finally:
-                decoder.engine.step_context = None
-            report = probe.report(start)
-            step_ms = report["decode_ms_per_token"]
-            out[method][str(size)] = {"decode_ms_per_step": step_ms, "first_step_ms": report["first_token_ms"],
-                                      "tokens_per_s": size * 1000 / step_ms, "ops_per_step": report["ops_per_token"], **peak_memory(device)}
+    default = decoder.engine.scheduler.max_num_batched_tokens
+    try:
+        for method in ("standard", "fides"):
+            out[method] = {}
+            for size in args.batch_sizes:
+                pairs = [prompts.pair(args.context_tokens + 8 * i, args.question_tokens) for i in range(size)]
+                decoder.engine.configure(max_num_batched_tokens=max(default, sum(len(c) + len(n) for c, n in pairs)))
+                examples = [prepared_from_ids(decoder.tokenizer, *pair) for pair in pairs]
+                reset_peak(device)
+                probe = StepProbe(args.counted_steps, device)
+                decoder.engine.step_context = probe.engine_step
+                try:
+                    start = time.perf_counter()
+                    decoder.generate_batch(examples, method=method, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens)
+                finally:
+                    decoder.engine.step_context = None
+                report = probe.report(start)
+                step_ms = report["decode_ms_per_token"]
+                out[method][str(size)] = {"decode_ms_per_step": step_ms, "first_step_ms": report["first_token_ms"], "tokens_per_s": size * 1000 / step_ms,
+                                          "ops_per_step": report["ops_per_token"], **peak_memory(device)}
+    finally:
+        decoder.engine.configure(max_num_batched_tokens=default)
     return out
 
 
