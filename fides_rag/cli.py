@@ -74,12 +74,16 @@ def _non_empty_text(value: str) -> str:
     return value
 
 
+MAX_LOAD = 100.0
+"""The largest serving load, as a multiple of the sequential capacity."""
+
+
 def _loads(text: str) -> list[float]:
     try:
         loads = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise ValueError(f"--serving-loads must be comma-separated numbers, e.g. 0.5,1,2; got {text!r}") from None
-    if not loads or any(not 0 < x <= 100 for x in loads):
+    if not loads or any(not 0 < x <= MAX_LOAD for x in loads):
         raise ValueError(f"--serving-loads must be numbers in (0, 100], got {text!r}")
     return loads
 
@@ -95,13 +99,13 @@ def _budgets(text: str) -> list[int]:
     return budgets
 
 
-def _positive_float(text: str) -> float:
+def _load(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not 0 < value <= 100:
-        raise argparse.ArgumentTypeError(f"must be in (0, 100], got {text!r}")
+    if not 0 < value <= MAX_LOAD:
+        raise argparse.ArgumentTypeError(f"must be in (0, {MAX_LOAD:g}], got {text!r}")
     return value
 
 
@@ -139,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="serving: tokens a step computes (its decodes, then prefill chunks); default the engine's for the device")
     bench.add_argument("--budgets", type=_budgets, default=[64, 128, 256, 512, 1024],
                        help="budget: the max_num_batched_tokens swept, comma-separated (default 64,128,256,512,1024)")
-    bench.add_argument("--budget-load", type=_positive_float, default=1.0,
+    bench.add_argument("--budget-load", type=_load, default=1.0,
                        help="budget: the load, as a multiple of the sequential capacity (default 1)")
     bench.add_argument("--out", default="runs/bench.json", help="JSON report, rewritten after every section")
     evaluate = commands.add_parser("eval", help="score methods on a QA dataset (CF, EM, F1, memorisation, accuracy) with significance")

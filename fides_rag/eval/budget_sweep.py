@@ -43,7 +43,8 @@ def budget_sweep(decoder: FidesDecoder, examples: Sequence[QAExample], *, budget
             log(f"budget {budget}: p95 latency {run['latency_s']['p95']:.2f} s, TTFT p50 {run['ttft_s']['p50']:.2f} s, "
                 f"{run['examples_per_s']:.3f} ex/s")
     finally:
-        engine.configure(max_num_batched_tokens=default, admission="continuous", max_requests=None, window_s=0.0)
+        engine.configure(max_num_batched_tokens=default)
+        bench.configure("continuous")
     report["identical_outputs"] = all(o == outputs[0] for o in outputs)
     report["best"] = int(min(report["budgets"], key=lambda b: report["budgets"][b]["latency_s"]["p95"]))
     return report

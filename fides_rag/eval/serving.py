@@ -52,7 +52,7 @@ class ServingBench:
 
     def capacity(self, probes: int = 4) -> float:
         """Requests per second decoded one at a time (the mix's mean length, on the first prompts): 1 / service time."""
-        self._configure("sequential")
+        self.configure("sequential")
         mean = int(round(float(np.mean(self.lengths))))
         self.decoder.generate(self.prompts[0], method=self.method, max_new_tokens=4, min_new_tokens=4)  # warm-up
         start = time.perf_counter()
@@ -60,7 +60,8 @@ class ServingBench:
             self.decoder.generate(self.prompts[i], method=self.method, max_new_tokens=mean, min_new_tokens=mean)
         return probes / (time.perf_counter() - start)
 
-    def _configure(self, mode: str) -> None:
+    def configure(self, mode: str) -> None:
+        """Set the engine's admission for `mode` (continuous, the engine's default, restores it)."""
         engine: DecodeEngine = self.decoder.engine
         if mode == "continuous":
             engine.configure(admission="continuous", max_requests=None, window_s=0.0)
@@ -73,7 +74,7 @@ class ServingBench:
         """Send every request at its Poisson arrival time (`rate` per second); latencies and throughput."""
         arrivals = np.cumsum(np.random.default_rng(self.seed + 1).exponential(1.0 / rate, size=len(self.lengths)))
         requests = [self.request(i) for i in range(len(self.lengths))]  # built (tokenised) before the clock starts
-        self._configure(mode)
+        self.configure(mode)
         engine = self.decoder.engine
         handles = []
         before = (engine.stats.prompt_tokens, engine.stats.prefill_tokens, engine.prefix_cache.stats.hits, engine.prefix_cache.stats.misses)
@@ -127,7 +128,7 @@ def serving(decoder: FidesDecoder, examples: Sequence[QAExample], *, loads: Sequ
             outputs = [by_mode[m].pop("token_ids") for m in modes]
             report["loads"][str(load)] = {"modes": by_mode, "identical_outputs": all(o == outputs[0] for o in outputs)}
     finally:
-        decoder.engine.configure(admission="continuous", max_requests=None, window_s=0.0)
+        bench.configure("continuous")
     return report
 
 
