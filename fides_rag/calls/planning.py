@@ -247,14 +247,17 @@ class ChatPrompts:
     def for_decoder(
         cls, decoder: Any, *, chat: bool = True, use_chat_template: bool | None = None, no_context_path: str = "emptied",
         documents_instruction: str = DOCUMENTS_INSTRUCTION, tools: ToolCalling | None = None,
+        context_messages: ContextMessages | None = None, render_text: Callable[[Sequence[Turn]], str] | None = None,
+        question_prompt: Callable[[str], str] | None = None,
     ) -> ChatPrompts:
         """The planner of a FidesDecoder's calls: its tokenizer, window and template; the chat template for chat
         calls when the tokenizer has one (`use_chat_template=False` refuses it; a completion, `chat=False`, never
-        uses it)."""
+        uses it). The other keywords are the constructor's."""
         has = bool(getattr(decoder.tokenizer, "chat_template", None))
         use = chat and has and use_chat_template is not False
         return cls(decoder.tokenizer, context_window=decoder.context_window, use_chat_template=use, no_context_path=no_context_path,
-                   documents_instruction=documents_instruction, template=decoder.prompt_template, tools=tools)
+                   documents_instruction=documents_instruction, template=decoder.prompt_template, tools=tools,
+                   context_messages=context_messages, render_text=render_text, question_prompt=question_prompt)
 
     def fides_template(self, question: str, documents: Sequence[str], source: str = "documents", *,
                        why_empty: str = "the documents given were empty") -> ChatPlan:

@@ -88,11 +88,12 @@ class CallPairing:
         if calling is not None or any(r == "tool" for r, _ in turns):  # the core's chat with tools
             plan = self._chat_prompts.with_tools(calling).conversation(turns, max_new_tokens, documents=documents, system_as_context=False)
         else:
-            planner = self._chat_prompts
-            planner.context_messages = ContextMessages((self.chat_context_templates or [DEFAULT_CONTEXT_TEMPLATE])[0], self.chat_context_templates,
-                                                       CONTEXT_VARIABLES, self.context_separator)
-            planner.render_text = lambda turns: self.messages_to_prompt([ChatMessage(role=r, content=c) for r, c in turns])
-            planner.question_prompt = self._question_text
+            context = ContextMessages((self.chat_context_templates or [DEFAULT_CONTEXT_TEMPLATE])[0], self.chat_context_templates,
+                                      CONTEXT_VARIABLES, self.context_separator)
+            planner = ChatPrompts.for_decoder(
+                self._decoder, use_chat_template=self.chat_template_active, no_context_path=self.no_context_path, context_messages=context,
+                render_text=lambda turns: self.messages_to_prompt([ChatMessage(role=r, content=c) for r, c in turns]),
+                question_prompt=self._question_text)
             plan = planner.conversation(turns, max_new_tokens, documents=documents, template_first=True, template_question=turns[-1][1],
                                         system_as_context=False)
         variables = {"tool_messages": ["tool messages"], "context": ["context_str" if documents is not None else "system message"]}
