@@ -45,8 +45,9 @@ class Outcome:
     ids: list[str] = field(default_factory=list)
 
 
-def build_requests(count: int, seed: int, data: str | None) -> list[dict]:
-    """`count` greedy chat bodies from NQ-Swap rows (conflict form), lengths 8..64, half streamed."""
+def build_requests(count: int, seed: int, data: str | None, max_tokens: int | None = None) -> list[dict]:
+    """`count` greedy chat bodies from NQ-Swap rows (conflict form), lengths 8..64 (or all `max_tokens`), half
+    streamed."""
     from fides_rag.eval.datasets import load_nq_swap
 
     examples = load_nq_swap(data, form="conflict", limit=count)
@@ -58,6 +59,8 @@ def build_requests(count: int, seed: int, data: str | None) -> list[dict]:
         body = {"model": "", "messages": [{"role": "user", "content": example.question}],
                 "documents": list(example.contexts), "max_tokens": rng.randint(8, 64), "temperature": 0.0,
                 "stream": index % 2 == 0}
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
         if body["stream"]:
             body["stream_options"] = {"include_usage": True}  # the last chunk carries the token count
         bodies.append(body)
@@ -219,6 +222,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=64, help="requests per level (the same set at every level)")
     parser.add_argument("--levels", default="8,32,64", help="comma-separated concurrency levels")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-tokens", type=int, help="every request's max_tokens (default: spread over 8..64); 1 measures "
+                        "prefill alone: the time a burst needs before its first tokens, whatever the scheduling")
     parser.add_argument("--data", help="NQ-Swap parquet/jsonl (default: the shared data folder)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed for one level (and one request)")
     parser.add_argument("--no-sequential", action="store_true", help="skip the sequential reference pass")
@@ -231,7 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
     if args.url and urlparse(args.url).hostname not in LOOPBACK:
         raise SystemExit(f"--url must be a loopback address, got {args.url}")
-    bodies = build_requests(args.requests, args.seed, args.data)
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise SystemExit(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    bodies = build_requests(args.requests, args.seed, args.data, args.max_tokens)
     process = None if args.url else start_server(args)
     url = args.url or f"http://127.0.0.1:{args.port}"
     try:
@@ -253,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         if process is not None:
             stop_server(process)
     result = {"model": model, "method": args.method, "url": url, "requests_per_level": args.requests,
-              "levels": levels, "seed": args.seed, "max_tokens_range": [8, 64], "stream_share": 0.5, "temperature": 0.0,
+              "levels": levels, "seed": args.seed, "max_tokens_range": [8, 64] if args.max_tokens is None else [args.max_tokens] * 2, "stream_share": 0.5, "temperature": 0.0,
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                           "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None},
               "command": " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])]),

@@ -8,6 +8,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -43,41 +46,63 @@ def test_the_load_script_runs_against_a_real_server(tmp_path):
     assert "| 6 | 6 | 0 |" in out.with_suffix(".md").read_text()
 
 
+class _SlowServer(BaseHTTPRequestHandler):
+    """Answers the model list at once and every chat request after 3 s; keeps the chat bodies it was sent."""
+
+    bodies: list[dict] = []
+
+    def _json(self, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self._json({"object": "list", "data": [{"id": "slow", "object": "model"}]})
+
+    def do_POST(self):
+        self.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        time.sleep(3)
+        self._json({})
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def slow_server():
+    _SlowServer.bodies = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+
+
+def _run_against(server: ThreadingHTTPServer, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "benchmarks/serve_load.py", "--url", f"http://127.0.0.1:{server.server_port}",
+                           "--requests", "2", "--levels", "2", "--timeout", "1", "--out", str(tmp_path / "r.json"), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=100)
+
+
 @pytest.mark.skipif(not (data_dir() / "nq_swap").is_dir(), reason="needs the NQ-Swap data of ../shared/data")
 @pytest.mark.timeout(120)
-def test_a_level_past_its_timeout_ends_with_a_clear_message_and_keeps_the_levels_before_it(tmp_path):
-    import threading
-    import time
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    class SlowServer(BaseHTTPRequestHandler):  # answers the model list at once and every chat request after 3 s
-        def _json(self, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self):
-            self._json({"object": "list", "data": [{"id": "slow", "object": "model"}]})
-
-        def do_POST(self):
-            self.rfile.read(int(self.headers["Content-Length"]))
-            time.sleep(3)
-            self._json({})
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), SlowServer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        run = subprocess.run([sys.executable, "benchmarks/serve_load.py", "--url", f"http://127.0.0.1:{server.server_port}",
-                              "--requests", "2", "--levels", "2", "--timeout", "1", "--out", str(tmp_path / "r.json")],
-                             cwd=ROOT, capture_output=True, text=True, timeout=100)
-    finally:
-        server.shutdown()
+def test_a_level_past_its_timeout_ends_with_a_clear_message_and_keeps_the_levels_before_it(tmp_path, slow_server):
+    run = _run_against(slow_server, tmp_path)
     assert run.returncode == 1
     assert "sequential pass did not finish within --timeout 1 s" in run.stderr and "Traceback" not in run.stderr
     assert json.loads((tmp_path / "r.json").read_text())["rows"] == []
+
+
+@pytest.mark.skipif(not (data_dir() / "nq_swap").is_dir(), reason="needs the NQ-Swap data of ../shared/data")
+@pytest.mark.timeout(120)
+def test_max_tokens_sets_every_requests_budget_for_a_prefill_only_run(tmp_path, slow_server):
+    _run_against(slow_server, tmp_path, "--max-tokens", "1")
+    assert [b["max_tokens"] for b in _SlowServer.bodies] == [1]  # the sequential pass timed out after its first request
+
+
+def test_a_max_tokens_below_one_is_refused_before_anything_is_sent(tmp_path, slow_server):
+    run = _run_against(slow_server, tmp_path, "--max-tokens", "0")
+    assert run.returncode != 0 and "--max-tokens must be at least 1, got 0" in run.stderr
+    assert _SlowServer.bodies == []
