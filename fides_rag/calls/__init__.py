@@ -6,6 +6,7 @@ One job per file: `options` (one options type, the method check, `FidesFallbackE
 (tool_choice, the forced call's grammar, parsing, streamed calls), `structure` (JSON schema / pydantic / regex
 constraints, checked before decoding), `answering` (decode and stream through `FidesDecoder.submit`, stops and
 leftover cleaning, one `Answer`, a model object's `AnswerLog`), `metadata` (the FIDES record, finish reasons, usage),
+`fields` (the decoding fields every framework's model object inherits: method, budget, stops, sampling, batching),
 `retrievals` (which texts a framework's retriever returned are a call's context, from the run tree its callbacks
 report), `decoders` (the decoder behind a front door from a decoder, a model and tokenizer or a model id; its
 default options checked; its identity for a cache key).
@@ -31,6 +32,7 @@ whose `field` names what to fix (a tool's schema, tool_choice, a schema the gram
 """
 
 from fides_rag.calls.answering import Answer, AnswerLog, AnswerStream, Call, CallStream
+from fides_rag.calls.fields import DecodingFields
 from fides_rag.calls.metadata import FINISH_REASONS, record, usage
 from fides_rag.calls.options import CONSTRAINTS, FIDES_CONSTANTS, CallInputError, CallOptions, FidesFallbackError, fold_fides_constants, resolve_method
 from fides_rag.calls.planning import (
@@ -44,7 +46,7 @@ from fides_rag.calls.tools import ToolCall, ToolCallStream, ToolCalling, ToolSpe
 
 __all__ = [
     "CONSTRAINTS", "DOCUMENTS_INSTRUCTION", "FIDES_CONSTANTS", "FINISH_REASONS", "ROLES", "Answer", "AnswerLog", "AnswerStream", "Call", "CallInputError",
-    "CallOptions", "CallStream", "ChatPlan", "ChatPrompts", "ContextMessages", "STANDARD", "FidesFallbackError", "IncompleteAnswerError", "ToolCall",
+    "CallOptions", "CallStream", "ChatPlan", "ChatPrompts", "ContextMessages", "DecodingFields", "STANDARD", "FidesFallbackError", "IncompleteAnswerError", "ToolCall",
     "ToolCallStream", "ToolCalling", "ToolSpec", "Turn", "calls_from_openai", "check_complete", "check_question", "closed_schema", "constraint_of", "context_in_system", "documents_beside", "filled_variable", "fold_fides_constants",
     "new_call_id", "parse_structure", "render_calls", "record", "refuse_other_grammar", "resolve_method", "role_of", "schema_of", "tool_choice_name", "turn_of", "usage", "with_structure",
     "why_no_documents",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from fides_rag.calls.fields import check_fides_config
 from fides_rag.calls.options import resolve_method
 from fides_rag.config import FidesConfig
 from fides_rag.decoder import FidesDecoder
@@ -43,8 +44,7 @@ def check_defaults(method: Any, no_context_path: str = "emptied", fides_config: 
     the method known to the registry, the no-context design, the FIDES constants a FidesConfig or None."""
     resolve_method(method)
     check_no_context_path(no_context_path)
-    if fides_config is not None and not isinstance(fides_config, FidesConfig):
-        raise ValueError(f"fides_config must be a fides_rag.FidesConfig or None, got {type(fides_config).__name__}")
+    check_fides_config(fides_config)
 
 
 def decoder_identity(decoder: FidesDecoder) -> dict[str, Any]:

@@ -7,10 +7,12 @@ import asyncio
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
-from fides_rag import FidesConfig, FidesDecoder, GenerationResult
-from fides_rag.calls import DOCUMENTS_INSTRUCTION, Answer, AnswerLog, Call, CallOptions, ChatPlan, ChatPrompts, FidesFallbackError, ToolCalling
+from fides_rag import FidesDecoder, GenerationResult
+from fides_rag.calls import (
+    DOCUMENTS_INSTRUCTION, Answer, AnswerLog, Call, CallOptions, ChatPlan, ChatPrompts, DecodingFields, FidesFallbackError, ToolCalling,
+)
 from fides_rag.calls.decoders import check_defaults, decoder_for, decoder_identity
 from fides_rag.calls.options import SAMPLING
 from fides_rag.generation.streaming import iterate_in_thread
@@ -22,8 +24,11 @@ CALL_OPTIONS = ("documents", "fides_question", "max_tokens", "model")
 """What a call may pass beside the core's options (method, max_new_tokens, strict, sampling, grammar, ...)."""
 
 
-class FidesParams(BaseModel):
-    """Typed options of a FIDES LangChain model (shared by FidesLLM and ChatFides)."""
+class FidesParams(DecodingFields):
+    """Typed options of a FIDES LangChain model (shared by FidesLLM and ChatFides): the decoding fields of every front
+    door (`DecodingFields`: method, fides_config, max_new_tokens, stop, sampling, strict, no_context_path, batching) and
+    LangChain's own below. With no_context_path='question' the question is the last human message, `fides_question`,
+    the retriever's query, or a chain input named question/input/query."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True, protected_namespaces=())
 
@@ -35,39 +40,12 @@ class FidesParams(BaseModel):
     """The tokenizer of `model`."""
     model_id: str | None = None
     """Bundled alias (gemma3-270m, smollm2-135m-instruct), hub id or local path; loaded when no decoder/model is given."""
-    method: str = "fides"
-    """Decoding method: fides (default), standard, cad, adacad, or any registered contrast rule."""
-    fides_config: FidesConfig | None = None
-    """FIDES constants (weights, lambda_, alpha_min, ...); None uses the decoder's config."""
-    max_new_tokens: int = 128
-    """Most tokens to generate per call."""
     max_tokens: int | None = None
     """LangChain's standard name for max_new_tokens; wins when set."""
-    do_sample: bool = False
-    """Sample instead of greedy decoding."""
     temperature: float | None = None
     """Sampling temperature (0 means greedy; only used with do_sample=True)."""
-    top_p: float = 1.0
-    """Nucleus sampling mass (only with do_sample=True)."""
-    top_k: int = 0
-    """Top-k sampling (0 disables; only with do_sample=True)."""
-    seed: int | None = None
-    """Seed of the sampler (only with do_sample=True)."""
-    stop: list[str] | None = None
-    """Stop strings of any token length; the answer is cut before the first one."""
     apply_chat_template: bool | None = None
     """Wrap raw LangChain prompts in the tokenizer's chat template (None: when the tokenizer has one)."""
-    strict: bool = False
-    """Raise FidesFallbackError instead of falling back (to `standard`, or to guessing the context)."""
-    no_context_path: str = "emptied"
-    """How the no-context path is built from a chain's prompt: 'emptied' (the same prompt with the documents removed)
-    or 'question' (the neutral "Answer the following question:" and the question, in the model's chat form; the
-    question is the last human message, `fides_question`, the retriever's query, or a chain input named
-    question/input/query). fides-rag's own template (documents= with a bare question) is not affected."""
-    max_batch_size: int = Field(default=8, ge=1)
-    """Most concurrent calls (batch/abatch, concurrent invoke/ainvoke/stream) decoded together in one batch."""
-    batch_window_s: float = Field(default=0.005, ge=0, le=10)
-    """How long a call waits for concurrent calls to share its batch, in seconds."""
 
     _answers: AnswerLog = PrivateAttr(default_factory=lambda: AnswerLog(1))
     _call_options: ClassVar[tuple[str, ...]] = CALL_OPTIONS

@@ -33,7 +33,7 @@ from llama_index.core.prompts.base import BasePromptTemplate
 from llama_index.core.types import TokenAsyncGen, TokenGen
 
 from fides_rag import FidesConfig, FidesDecoder, GenerationResult
-from fides_rag.calls import AnswerLog, CallOptions, ChatPlan, ToolCalling, fold_fides_constants
+from fides_rag.calls import AnswerLog, CallOptions, ChatPlan, DecodingFields, ToolCalling, fold_fides_constants
 from fides_rag.calls.options import split_template_args
 from fides_rag.calls.decoders import check_defaults, decoder_for
 from fides_rag.generation.streaming import iterate_in_thread
@@ -50,7 +50,7 @@ logger = logging.getLogger("llama_index.llms.fides")
 __all__ = ["CALL_OPTIONS", "GENERATION_OPTIONS", "FidesFallbackError", "FidesLLM"]
 
 
-class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction, FunctionCallingLLM):
+class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction, DecodingFields, FunctionCallingLLM):
     """A LlamaIndex LLM that answers from the retrieved context with FIDES dual-path contrastive decoding.
 
     In query and chat engines the retrieved text (``context_str`` / ``context_msg``) forms the context
@@ -62,25 +62,18 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
     valid call by grammar, and ``structured_predict``/``as_structured_llm`` answers are held to the output class's
     JSON schema.
 
+    Its decoding fields (method, fides_config, max_new_tokens, stop, sampling, strict, no_context_path, batching) are
+    every front door's (`fides_rag.calls.DecodingFields`); FIDES constants may also be given by name (weights=,
+    lambda_=, ...) at construction, folded onto the decoder's. With no_context_path='emptied' the no-context path is
+    the prompt with context_str/context_msg emptied.
+
     >>> llm = FidesLLM.from_model_id("smollm2-135m-instruct", method="fides", max_new_tokens=64)
     >>> index.as_query_engine(llm=llm).query("In which city is the Eiffel Tower located?")
     >>> llm.last_result.alphas   # per-token contrast strengths of the last generation
     """
 
     model_name: str = Field(default="fides", description="Name of the backbone, reported in metadata.")
-    method: str = Field(default="fides", description="Decoding method: one of fides_rag.available_methods() (fides, cad, adacad, standard).")
-    max_new_tokens: int = Field(default=128, gt=0, description="Default token budget per generation; reported as metadata.num_output.")
-    stop: Optional[list[str]] = Field(default=None, description="Stop strings; the answer is cut before the first one.")
-    do_sample: bool = Field(default=False, description="Sample instead of greedy decoding.")
     temperature: float = Field(default=1.0, gt=0, description="Sampling temperature (only with do_sample=True).")
-    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass (only with do_sample=True).")
-    top_k: int = Field(default=0, ge=0, description="Top-k sampling cut-off, 0 disables it (only with do_sample=True).")
-    seed: Optional[int] = Field(default=None, description="Seed of the sampler, for reproducible sampling.")
-    fides_config: Optional[Any] = Field(
-        default=None,
-        description="FIDES's constants as a fides_rag.FidesConfig (e.g. FidesConfig.from_file('calibrated.json')); None: the "
-        "wrapped decoder's. The constants may also be given by name (weights=, lambda_=, ...) at construction.",
-    )
     use_chat_template: Optional[bool] = Field(
         default=None,
         description="Render prompts with the tokenizer's chat template (None: when it has one and no messages_to_prompt "
@@ -96,24 +89,7 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
         description="System-message templates whose {context_str} is taken as the context when chat() gets "
         "already-rendered messages; the first also wraps chat(documents=...).",
     )
-    no_context_path: str = Field(
-        default="emptied",
-        description="How the no-context path is built from a framework prompt: 'emptied' (the same prompt with "
-        "context_str/context_msg emptied) or 'question' (the neutral 'Answer the following question:' and the query "
-        "alone, in the chat form). fides-rag's own template is not affected.",
-    )
     history_size: int = Field(default=16, ge=0, description="How many recent generations `history` keeps.")
-    strict: bool = Field(
-        default=False,
-        description="Raise FidesFallbackError instead of decoding with 'standard' when a call has no context to contrast "
-        "(also per call: strict=True).",
-    )
-    max_batch_size: int = Field(
-        default=8, ge=1, description="Most concurrent calls (async queries, acomplete, threads) decoded together in one batch."
-    )
-    batch_window_s: float = Field(
-        default=0.005, ge=0, le=10, description="How long a call waits for concurrent calls to share its batch, in seconds."
-    )
 
     _decoder: FidesDecoder = PrivateAttr()
     _custom_formatting: bool = PrivateAttr(default=False)
