@@ -1,6 +1,8 @@
 """The GPU benchmark in one command: a random-weight model with Llama-3.1-8B's configuration in bfloat16 (weights do not
 matter for timing; nothing is downloaded), on CUDA when present. It measures
 
+- exactness: every request's greedy tokens alone and among all the others in flight (standard, CAD and FIDES
+  requests of distinct prompt lengths together), which the engine promises are equal;
 - per-token latency of standard, CAD and FIDES (fides-rag's engine) and transformers' CFG (`generate` with
   `guidance_scale`), with host syncs per token on CUDA (`torch.cuda.set_sync_debug_mode`) and aten ops per step;
 - batch scaling of standard and FIDES from 1 to 32 requests;
@@ -13,7 +15,7 @@ Prompts are token ids (a word-level tokenizer over the model's vocabulary is bui
 the documents and a question; the no-context prompt is the prefix and the question. It needs torch, transformers and
 accelerate only.
 
-    python benchmarks/gpu.py --out results/gpu/h200.json             # about 10 minutes on one H200
+    python benchmarks/gpu.py --out results/gpu/h200.json             # past 8 minutes on one H200: split --sections
     python benchmarks/gpu.py --tiny --device cpu --out /tmp/gpu.json  # a tiny configuration, seconds on a CPU
 """
 
@@ -46,6 +48,7 @@ TINY = dict(LLAMA_31_8B, vocab_size=512, hidden_size=64, intermediate_size=128, 
 SPECIAL = {"pad": -252, "unk": -254}
 """The pad and unknown-word ids, from the end of the vocabulary (Llama 3.1: 128004, its fine-tuning pad, and 128002)."""
 METHODS = ("standard", "cad", "fides")
+SECTIONS = ("exactness", "latency", "batch", "serving", "budget")
 PEER = "hf-cfg"
 OPTIONAL = ("gguf", "pandas", "fastapi", "llguidance")
 """Packages the GPU machine may lack: the run reports any of them it imported (it should import none)."""
@@ -178,6 +181,32 @@ def batch_scaling(decoder: Any, prompts: Prompts, args: argparse.Namespace, devi
     return out
 
 
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The index of the first token where `a` and `b` differ (a length difference counts), None when equal."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def exactness(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """Each request decoded alone, then all of them submitted at once (every method's, interleaved, so that they join
+    the running batch one after another), greedy: the counts of requests whose tokens are equal. A GPU kernel whose
+    reduction order depends on the batch (a matrix product's split, attention's split of the keys) breaks it."""
+    from fides_rag.eval.step_probe import prepared_from_ids
+
+    examples = [prepared_from_ids(decoder.tokenizer, *prompts.pair(args.context_tokens + 8 * i, args.question_tokens))
+                for i in range(args.exact_requests)]
+    jobs = [(method, i) for i in range(len(examples)) for method in METHODS]
+    alone = {job: decoder.generate(examples[job[1]], method=job[0], max_new_tokens=args.exact_tokens).token_ids for job in jobs}
+    handles = {job: decoder.submit(examples[job[1]], method=job[0], max_new_tokens=args.exact_tokens) for job in jobs}
+    together = {job: handle.result().token_ids for job, handle in handles.items()}
+    out: dict[str, Any] = {"requests": len(examples), "new_tokens": args.exact_tokens, "methods": {}}
+    for method in METHODS:
+        differences = [first_difference(alone[(method, i)], together[(method, i)]) for i in range(len(examples))]
+        out["methods"][method] = {"equal": sum(d is None for d in differences), "first_differing_token": differences}
+    return out
+
+
 def synthetic_examples(prompts: Prompts, args: argparse.Namespace, n: int) -> list[Any]:
     """`n` NQ-Swap-sized examples of the word-level vocabulary: a question and one document of half the context."""
     from fides_rag.eval.datasets import QAExample
@@ -225,7 +254,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "torch": torch.__version__, "weights_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30,
         "settings": {k: v for k, v in vars(args).items() if k != "out"}, "sections": {},
     }
-    sections = {"latency": latency, "batch": batch_scaling, "serving": serving, "budget": budget_sweep}
+    sections = {"exactness": exactness, "latency": latency, "batch": batch_scaling, "serving": serving, "budget": budget_sweep}
     for name in args.sections:
         print(f"{name} ...", file=sys.stderr, flush=True)
         begun = time.perf_counter()
@@ -247,6 +276,14 @@ def tables(report: dict[str, Any]) -> str:
     """Markdown tables of a report."""
     lines = [f"{report['config']} ({report['dtype']}, random weights) on {report['device']}, torch {report['torch']}.", ""]
     sections = report["sections"]
+    if "exactness" in sections:
+        exact = sections["exactness"]
+        lines += [f"Greedy tokens alone and among all {exact['requests'] * len(exact['methods'])} requests in flight "
+                  f"({exact['new_tokens']} tokens each):", "", "| method | requests equal | first differing token |", "|---|---|---|"]
+        for method, d in exact["methods"].items():
+            where = ", ".join(str(i) for i in d["first_differing_token"] if i is not None) or "-"
+            lines.append(f"| {method} | {d['equal']}/{exact['requests']} | {where} |")
+        lines.append("")
     if "latency" in sections:
         lat = sections["latency"]
         lines += [f"Per-token latency, batch 1, {lat['context_tokens']}-token context prompt, {lat['new_tokens']} tokens:", "",
@@ -287,13 +324,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=None, help="override the number of layers")
     parser.add_argument("--device", default="auto", help="auto (CUDA when present), cuda, cpu (default: %(default)s)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
-    parser.add_argument("--sections", type=lambda s: s.split(","), default=["latency", "batch", "serving", "budget"],
-                        help="comma-separated (default: latency,batch,serving,budget)")
+    parser.add_argument("--sections", type=lambda s: s.split(","), default=list(SECTIONS),
+                        help=f"comma-separated (default: {','.join(SECTIONS)})")
     parser.add_argument("--context-tokens", type=int, default=2048, help="context prompt tokens (default: %(default)s)")
     parser.add_argument("--question-tokens", type=int, default=32, help="question tokens (default: %(default)s)")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens decoded per request (default: %(default)s)")
     parser.add_argument("--samples", type=int, default=3, help="latency prompts after one warm-up (default: %(default)s)")
     parser.add_argument("--counted-steps", type=int, default=2, help="decode steps counted for ops and host syncs (default: %(default)s)")
+    parser.add_argument("--exact-requests", type=int, default=8, help="requests per method in the exactness section (default: %(default)s)")
+    parser.add_argument("--exact-tokens", type=int, default=32, help="greedy tokens per request there (default: %(default)s)")
     parser.add_argument("--batch-sizes", type=ints, default=[1, 2, 4, 8, 16, 32], help="default: 1,2,4,8,16,32")
     parser.add_argument("--serving-requests", type=int, default=32, help="default: %(default)s")
     parser.add_argument("--serving-tokens", type=ints, default=[8, 64], help="new tokens per request, min,max (default: 8,64)")
@@ -303,9 +342,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--budget-requests", type=int, default=16, help="requests per budget (default: %(default)s)")
     parser.add_argument("--budget-load", type=float, default=2.0, help="load of the budget sweep, in sequential capacities (default: %(default)s)")
     args = parser.parse_args(argv)
-    unknown = set(args.sections) - {"latency", "batch", "serving", "budget"}
+    unknown = set(args.sections) - set(SECTIONS)
     if unknown:
-        parser.error(f"unknown sections {sorted(unknown)}; choose from latency, batch, serving, budget")
+        parser.error(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
     if args.new_tokens < args.counted_steps + 2:
         parser.error("--new-tokens must exceed --counted-steps by at least 2 (the steps after them are timed)")
     if min(args.serving_requests, args.budget_requests) < 4:

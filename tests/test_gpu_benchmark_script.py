@@ -1,5 +1,6 @@
 """benchmarks/gpu.py runs end to end on the CPU with a tiny configuration: every section is written with sane
-values, and nothing optional (gguf, pandas) is imported on its path."""
+values, every request's tokens are the same alone and among the others, and nothing optional (gguf, pandas) is
+imported on its path."""
 
 from __future__ import annotations
 
@@ -28,6 +29,11 @@ def test_the_gpu_benchmark_runs_with_a_tiny_configuration_on_cpu(tmp_path):
     report = json.loads(out.read_text())
     assert report["config"] == "tiny" and report["config_values"]["num_hidden_layers"] == 2
     assert report["optional_packages_imported"] == []
+
+    exact = report["sections"]["exactness"]  # on the CPU in float32 the engine's contract holds: every request is equal
+    assert exact["requests"] == 8 and exact["new_tokens"] == 32
+    assert {m: d["equal"] for m, d in exact["methods"].items()} == {"standard": 8, "cad": 8, "fides": 8}
+    assert "| fides | 8/8 | - |" in run.stdout
 
     latency = report["sections"]["latency"]
     assert set(latency["methods"]) == {"standard", "cad", "fides", "hf-cfg"}
@@ -67,3 +73,14 @@ def test_fewer_than_four_requests_is_refused_before_the_model_is_built(flag, cap
     with pytest.raises(SystemExit):
         gpu.parse(["--out", "unused.json", flag, "3"])
     assert "must be at least 4" in capsys.readouterr().err
+
+
+def test_the_first_differing_token_is_where_two_answers_part_or_where_the_shorter_ends():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert gpu.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert gpu.first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert gpu.first_difference([1, 2], [1, 2, 3]) == 2
