@@ -60,21 +60,23 @@ class ServingBench:
             self.decoder.generate(self.prompts[i], method=self.method, max_new_tokens=mean, min_new_tokens=mean)
         return probes / (time.perf_counter() - start)
 
-    def configure(self, mode: str) -> None:
-        """Set the engine's admission for `mode` (continuous, the engine's default, restores it)."""
+    def configure(self, mode: str, max_requests: int | None = None) -> None:
+        """Set the engine's admission for `mode` (continuous, the engine's default, restores it; `max_requests` caps
+        how many decode at once there, None: no cap)."""
         engine: DecodeEngine = self.decoder.engine
         if mode == "continuous":
-            engine.configure(admission="continuous", max_requests=None, window_s=0.0)
+            engine.configure(admission="continuous", max_requests=max_requests, window_s=0.0)
         elif mode == "static":
             engine.configure(admission="static", max_requests=self.static_batch, window_s=0.01)
         else:
             engine.configure(admission="continuous", max_requests=1, window_s=0.0)
 
-    def run(self, mode: str, rate: float) -> dict[str, Any]:
-        """Send every request at its Poisson arrival time (`rate` per second); latencies and throughput."""
+    def run(self, mode: str, rate: float, max_requests: int | None = None) -> dict[str, Any]:
+        """Send every request at its Poisson arrival time (`rate` per second); latencies and throughput
+        (`max_requests`: a cap on continuous batching, see `configure`)."""
         arrivals = np.cumsum(np.random.default_rng(self.seed + 1).exponential(1.0 / rate, size=len(self.lengths)))
         requests = [self.request(i) for i in range(len(self.lengths))]  # built (tokenised) before the clock starts
-        self.configure(mode)
+        self.configure(mode, max_requests)
         engine = self.decoder.engine
         handles = []
         before = (engine.stats.prompt_tokens, engine.stats.prefill_tokens, engine.prefix_cache.stats.hits, engine.prefix_cache.stats.misses)

@@ -32,3 +32,17 @@ def test_serving_runs_under_the_step_budget_it_is_given_and_keeps_the_outputs(ti
     assert report["max_num_batched_tokens"] == decoder.engine.scheduler.max_num_batched_tokens == 16
     assert report["loads"]["2.0"]["identical_outputs"]
     assert "steps of at most 16 tokens" in format_serving(report)
+
+
+def test_a_capped_continuous_run_decodes_at_most_the_cap_at_once_and_keeps_the_outputs(tiny_llama, tokenizer):
+    from fides_rag.eval.serving import ServingBench
+
+    examples = [QAExample(question="What is the capital?", contexts=("Lyon is the capital of France.",), context_answers=("x",), id="0")]
+    free, capped = FidesDecoder(tiny_llama, tokenizer), FidesDecoder(tiny_llama, tokenizer)
+    uncapped_run = ServingBench(free, examples, n_requests=5, tokens=(2, 6)).run("continuous", 1000.0)
+    bench = ServingBench(capped, examples, n_requests=5, tokens=(2, 6))
+    capped_run = bench.run("continuous", 1000.0, max_requests=2)
+    assert capped.engine.max_requests == 2 and 1 <= capped.engine.stats.largest_batch <= 2
+    assert capped_run["token_ids"] == uncapped_run["token_ids"]
+    bench.configure("continuous")
+    assert capped.engine.max_requests is None
