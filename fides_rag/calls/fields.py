@@ -8,7 +8,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
+from fides_rag.calls.options import resolve_method
 from fides_rag.config import FidesConfig
+from fides_rag.raw_prompts import check_no_context_path
 
 
 def check_fides_config(value: Any) -> Any:
@@ -22,7 +24,7 @@ def check_fides_config(value: Any) -> Any:
 class DecodingFields(BaseModel):
     """A FIDES model object's default decoding options, which one call's keywords may override (`CallOptions.parse`):
     the rule and its constants, the token budget, stops, greedy or sampled decoding, strict mode, how the no-context
-    path is built and how concurrent calls are batched. Temperature is each front door's own (LangChain's default is
+    path is built and how concurrent calls are batched; each is checked when the object is made. Temperature is each front door's own (LangChain's default is
     None, LlamaIndex's 1.0)."""
 
     method: str = Field(default="fides", description="Decoding method: fides (default), standard, cad, adacad, or any "
@@ -50,6 +52,17 @@ class DecodingFields(BaseModel):
                                 "decoded together in one batch.")
     batch_window_s: float = Field(default=0.005, ge=0, le=10, description="How long a call waits for concurrent calls to "
                                   "share its batch, in seconds.")
+
+    @field_validator("method")
+    @classmethod
+    def _a_registered_method(cls, value: str) -> str:
+        resolve_method(value)
+        return value
+
+    @field_validator("no_context_path")
+    @classmethod
+    def _a_known_no_context_path(cls, value: str) -> str:
+        return check_no_context_path(value)
 
     @field_validator("fides_config", mode="before")
     @classmethod

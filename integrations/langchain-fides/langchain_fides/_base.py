@@ -13,7 +13,7 @@ from fides_rag import FidesDecoder, GenerationResult
 from fides_rag.calls import (
     DOCUMENTS_INSTRUCTION, Answer, AnswerLog, Call, CallOptions, ChatPlan, ChatPrompts, DecodingFields, FidesFallbackError, ToolCalling,
 )
-from fides_rag.calls.decoders import check_defaults, decoder_for, decoder_identity
+from fides_rag.calls.decoders import decoder_for, decoder_identity
 from fides_rag.calls.options import SAMPLING
 from fides_rag.generation.streaming import iterate_in_thread
 
@@ -52,7 +52,6 @@ class FidesParams(DecodingFields):
 
     @model_validator(mode="after")
     def _setup(self) -> Any:
-        check_defaults(self.method, self.no_context_path)
         if self.decoder is None:  # a decoder given wins over model=, tokenizer= and model_id=
             self.decoder = decoder_for(model=self.model, tokenizer=self.tokenizer, model_id=self.model_id, method=self.method,
                                        max_new_tokens=self.max_new_tokens)

@@ -21,7 +21,7 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
     MessageRole,
 )
-from llama_index.core.bridge.pydantic import Field, PrivateAttr, model_validator
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.chat_engine.condense_plus_context import DEFAULT_CONTEXT_PROMPT_TEMPLATE
 from llama_index.core.chat_engine.context import DEFAULT_CONTEXT_TEMPLATE
 from llama_index.core.instrumentation import get_dispatcher
@@ -35,7 +35,7 @@ from llama_index.core.types import TokenAsyncGen, TokenGen
 from fides_rag import FidesConfig, FidesDecoder, GenerationResult
 from fides_rag.calls import AnswerLog, CallOptions, ChatPlan, DecodingFields, ToolCalling, fold_fides_constants
 from fides_rag.calls.options import split_template_args
-from fides_rag.calls.decoders import check_defaults, decoder_for
+from fides_rag.calls.decoders import decoder_for
 from fides_rag.generation.streaming import iterate_in_thread
 
 from llama_index.llms.fides.context import CONTEXT_VARIABLES
@@ -136,11 +136,6 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
     @classmethod
     def class_name(cls) -> str:
         return "FidesLLM"
-
-    @model_validator(mode="after")
-    def _checked_defaults(self) -> FidesLLM:
-        check_defaults(self.method, self.no_context_path, self.fides_config)
-        return self
 
     # -- properties ---------------------------------------------------------------------------------
 
