@@ -61,9 +61,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    caps = [None if c.strip() == "none" else int(c) for c in args.caps.split(",")]
-    if any(c is not None and c < 1 for c in caps):
+    names = [c.strip() for c in args.caps.split(",")]
+    if not all(c == "none" or (c.isdigit() and int(c) >= 1) for c in names):
         parser.error(f"--caps must be positive integers or none, got {args.caps}")
+    caps = [None if c == "none" else int(c) for c in names]
     data = sweep(args.model, caps, args.load, args.requests, args.device)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(data, indent=2) + "\n")

@@ -48,7 +48,6 @@ TINY = dict(LLAMA_31_8B, vocab_size=512, hidden_size=64, intermediate_size=128, 
 SPECIAL = {"pad": -252, "unk": -254}
 """The pad and unknown-word ids, from the end of the vocabulary (Llama 3.1: 128004, its fine-tuning pad, and 128002)."""
 METHODS = ("standard", "cad", "fides")
-SECTIONS = ("exactness", "latency", "batch", "serving", "budget")
 PEER = "hf-cfg"
 OPTIONAL = ("gguf", "pandas", "fastapi", "llguidance")
 """Packages the GPU machine may lack: the run reports any of them it imported (it should import none)."""
@@ -235,6 +234,10 @@ def budget_sweep(decoder: Any, prompts: Prompts, args: argparse.Namespace, devic
                  n_requests=args.budget_requests, tokens=tuple(args.serving_tokens), log=lambda m: print(m, file=sys.stderr, flush=True))
 
 
+SECTIONS = {"exactness": exactness, "latency": latency, "batch": batch_scaling, "serving": serving, "budget": budget_sweep}
+"""The sections by name, in the order a full run takes them."""
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from fides_rag import FidesDecoder
     from fides_rag.loading import select_device
@@ -254,11 +257,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "torch": torch.__version__, "weights_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30,
         "settings": {k: v for k, v in vars(args).items() if k != "out"}, "sections": {},
     }
-    sections = {"exactness": exactness, "latency": latency, "batch": batch_scaling, "serving": serving, "budget": budget_sweep}
     for name in args.sections:
         print(f"{name} ...", file=sys.stderr, flush=True)
         begun = time.perf_counter()
-        report["sections"][name] = sections[name](decoder, prompts, args, device)
+        report["sections"][name] = SECTIONS[name](decoder, prompts, args, device)
         report["sections"][name]["seconds"] = time.perf_counter() - begun
         write(report, args.out)
     report["seconds"] = time.perf_counter() - started
@@ -347,6 +349,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
     if args.new_tokens < args.counted_steps + 2:
         parser.error("--new-tokens must exceed --counted-steps by at least 2 (the steps after them are timed)")
+    if min(args.exact_requests, args.exact_tokens) < 1:
+        parser.error("--exact-requests and --exact-tokens must be at least 1")
     if min(args.serving_requests, args.budget_requests) < 4:
         parser.error("--serving-requests and --budget-requests must be at least 4 (the sequential capacity is measured on 4)")
     if len(args.serving_tokens) != 2:

@@ -84,3 +84,15 @@ def test_the_first_differing_token_is_where_two_answers_part_or_where_the_shorte
     assert gpu.first_difference([1, 2, 3], [1, 2, 3]) is None
     assert gpu.first_difference([1, 2, 3], [1, 5, 3]) == 1
     assert gpu.first_difference([1, 2], [1, 2, 3]) == 2
+
+
+@pytest.mark.parametrize("flag", ["--exact-requests", "--exact-tokens"])
+def test_an_exactness_run_of_nothing_is_refused_before_the_model_is_built(flag, capsys):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    with pytest.raises(SystemExit):
+        gpu.parse(["--out", "unused.json", flag, "0"])
+    assert "must be at least 1" in capsys.readouterr().err
