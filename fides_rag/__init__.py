@@ -8,7 +8,7 @@ from fides_rag.lens import UnsupportedArchitectureError
 from fides_rag.loading import load_model, select_device
 from fides_rag.prompts import Demonstration, PromptTemplate
 from fides_rag.result import GenerationResult, StepRecord
-from fides_rag.rules import ContrastRule, available_methods, get_method, register_method
+from fides_rag.rules import ContrastRule, Gate, GatedRule, available_gates, available_methods, get_gate, get_method, register_gate, register_method
 
 __version__ = "0.1.0"
 
@@ -19,6 +19,8 @@ __all__ = [
     "Demonstration",
     "FidesConfig",
     "FidesDecoder",
+    "Gate",
+    "GatedRule",
     "GenerationOptions",
     "GenerationResult",
     "GenerationSettings",
@@ -30,9 +32,12 @@ __all__ = [
     "StepRecord",
     "TextStream",
     "UnsupportedArchitectureError",
+    "available_gates",
     "available_methods",
+    "get_gate",
     "get_method",
     "load_model",
+    "register_gate",
     "register_method",
     "select_device",
 ]

@@ -17,7 +17,7 @@ from fides_rag.generation.scheduler import MIN_BATCHED_TOKENS
 from fides_rag.models_command import add_models_parser, run_models_command
 from fides_rag.demo.cli import add_demo_parser, run_demo_command
 from fides_rag.report import step_table
-from fides_rag.rules import available_methods, get_method, parse_method_names
+from fides_rag.rules import available_gates, available_methods, get_method, parse_method_names
 from fides_rag.serve.command import add_serve_parser, run_serve_command
 
 DEFAULT_MODEL = "gemma3-270m"
@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fides-rag", description="Faithful RAG decoding with FIDES and its baselines.")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    commands.add_parser("methods", help="list the decoding methods")
+    commands.add_parser("methods", help="list the decoding methods and the gates that compose with them")
 
     generate = commands.add_parser("generate", help="answer one question from documents with one or more methods")
     generate.add_argument("question", type=_non_empty_text)
@@ -162,9 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="add FIDES with another FidesConfig as method 'fides-LABEL' (repeatable), e.g. calibrated=cal.json")
     evaluate.add_argument("--max-new-tokens", type=_integer_at_least(1), default=32)
     evaluate.add_argument("--bootstrap", type=_integer_at_least(1), default=1000, help="paired bootstrap resamples")
-    evaluate.add_argument("--bootstrap-by", choices=["row", "question"], default="row",
-                          help="what the paired bootstrap resamples: rows, or questions with all their rows (NQ-Swap "
-                               "repeats a question over several rows; default row)")
+    evaluate.add_argument("--bootstrap-by", choices=["question", "row"], default="question",
+                          help="what the paired bootstrap resamples: questions with all their rows (the default: NQ-Swap "
+                               "repeats a question over several rows), or rows")
     add_model_arguments(evaluate)
     evaluate.add_argument("--analyze", action="store_true", help="run the analyses on the finished run")
     evaluate.add_argument("--no-progress", action="store_true")
@@ -215,6 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "methods":
         print("\n".join(available_methods()))
+        print(f"gates (spell a gated method rule+gate, e.g. fides+agree): {', '.join(available_gates())}")
         return 0
     if args.command == "demo":
         return run_demo_command(args)

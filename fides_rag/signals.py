@@ -89,3 +89,35 @@ def contrast_logits(ctx_logits: torch.Tensor, no_ctx_logits: torch.Tensor, alpha
     if isinstance(alpha, torch.Tensor):
         alpha = alpha.to(ctx_logits.dtype).unsqueeze(-1)
     return (1.0 + alpha) * ctx_logits - alpha * no_ctx_logits
+
+
+# -- what the gates read (GRD's agreement test, NWCAD's two stages) -------------------------------------------
+
+
+def entropy(logits: torch.Tensor) -> torch.Tensor:
+    """H(softmax(z)) = −Σ p log p per row, in nats.  [B, V] -> [B]"""
+    log_p = torch.log_softmax(logits, dim=-1)
+    return (-(log_p.exp() * log_p).sum(dim=-1)).clamp_min(0.0)
+
+
+def top_probability(logits: torch.Tensor) -> torch.Tensor:
+    """The largest probability of softmax(z) per row.  [B, V] -> [B]"""
+    return torch.softmax(logits, dim=-1).amax(dim=-1)
+
+
+def top_two_margin(logits: torch.Tensor) -> torch.Tensor:
+    """p₁ − p₂, the top-1 minus the top-2 probability of softmax(z), per row, in [0, 1].  [B, V] -> [B]"""
+    top = torch.softmax(logits, dim=-1).topk(2, dim=-1).values  # [B, 2]
+    return top[:, 0] - top[:, 1]
+
+
+def top_k_jensen_shannon(logits_p: torch.Tensor, logits_q: torch.Tensor, k: int = 50) -> torch.Tensor:
+    """JSD in nats between P and Q restricted to the union S of their top-k tokens, each renormalised over S.
+
+    [B, V], [B, V] -> [B], in [0, ln 2]. With k >= V it equals `jensen_shannon_divergence`."""
+    k = min(k, logits_p.shape[-1])
+    support = torch.zeros_like(logits_p, dtype=torch.bool)
+    support.scatter_(-1, logits_p.topk(k, dim=-1).indices, True)
+    support.scatter_(-1, logits_q.topk(k, dim=-1).indices, True)
+    outside = torch.finfo(logits_p.dtype).min
+    return jensen_shannon_divergence(logits_p.masked_fill(~support, outside), logits_q.masked_fill(~support, outside))

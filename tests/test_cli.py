@@ -16,9 +16,19 @@ def tiny_folder(tmp_path, tokenizer):
     return tmp_path
 
 
-def test_methods_lists_builtins(capsys):
+def test_methods_lists_builtins_and_the_gates(capsys):
     assert cli.main(["methods"]) == 0
-    assert capsys.readouterr().out.split()[:4] == ["standard", "cad", "adacad", "fides"]
+    out = capsys.readouterr().out
+    assert out.split()[:4] == ["standard", "cad", "adacad", "fides"] and "none, agree, nwcad" in out
+
+
+def test_a_bad_gate_is_rejected_naming_the_gates(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["eval", "--methods", "standard,fides+nope"])
+    assert "unknown gate 'nope' in method 'fides+nope'; available gates: none, agree, nwcad" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "Q?", "--methods", "standard+agree"])
+    assert "'standard' has nothing to gate" in capsys.readouterr().err
 
 
 def test_generate_prints_each_method_and_steps(tiny_folder, capsys):

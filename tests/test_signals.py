@@ -115,3 +115,31 @@ def test_fused_score_skips_zero_weights_and_rejects_missing_signal():
     assert signals.fused_score(opp, None, None, (1.0, 0.0, 0.0)).tolist() == pytest.approx([0.3])
     with pytest.raises(ValueError, match="not computed"):
         signals.fused_score(opp, None, None, (0.5, 0.3, 0.2))
+
+
+def entropy_list(p: list[float]) -> float:
+    return -sum(pi * math.log(pi) for pi in p if pi > 0)
+
+
+def test_entropy_top_probability_and_margin_match_hand_computation():
+    logits = torch.tensor(LOGITS_P)
+    probs = [softmax_list(row) for row in LOGITS_P]
+    assert signals.entropy(logits).tolist() == pytest.approx([entropy_list(p) for p in probs], abs=1e-12)
+    assert signals.top_probability(logits).tolist() == pytest.approx([max(p) for p in probs], abs=1e-12)
+    margins = [sorted(p)[-1] - sorted(p)[-2] for p in probs]
+    assert signals.top_two_margin(logits).tolist() == pytest.approx(margins, abs=1e-12)
+    uniform = torch.zeros(1, 8)
+    assert signals.entropy(uniform).item() == pytest.approx(math.log(8), abs=1e-12)
+    assert signals.top_two_margin(uniform).item() == pytest.approx(0.0, abs=1e-12)
+
+
+def test_top_k_jsd_renormalises_over_the_union_of_both_top_k():
+    p_row, q_row = [4.0, 3.0, 0.0, -1.0, 2.5, -2.0], [0.0, 3.5, 4.0, -1.0, -3.0, 1.0]
+    # top-2 of p: tokens 0, 1; of q: tokens 2, 1 -> union {0, 1, 2}
+    support = [0, 1, 2]
+    p = softmax_list([p_row[i] for i in support])
+    q = softmax_list([q_row[i] for i in support])
+    got = signals.top_k_jensen_shannon(torch.tensor([p_row]), torch.tensor([q_row]), k=2)
+    assert got.item() == pytest.approx(jsd_list(p, q), abs=1e-12)
+    full = signals.top_k_jensen_shannon(torch.tensor(LOGITS_P), torch.tensor(LOGITS_Q), k=50)  # k >= V: the whole vocabulary
+    assert torch.allclose(full, signals.opposition(torch.tensor(LOGITS_P), torch.tensor(LOGITS_Q)), atol=1e-12)

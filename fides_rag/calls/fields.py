@@ -28,7 +28,8 @@ class DecodingFields(BaseModel):
     None, LlamaIndex's 1.0)."""
 
     method: str = Field(default="fides", description="Decoding method: fides (default), standard, cad, adacad, or any "
-                        "rule of fides_rag.available_methods() (register_method adds one).")
+                        "rule of fides_rag.available_methods() (register_method adds one), optionally behind a gate "
+                        "of fides_rag.available_gates() as rule+gate (e.g. fides+agree).")
     fides_config: FidesConfig | None = Field(
         default=None, description="FIDES's constants as a fides_rag.FidesConfig (e.g. FidesConfig.from_file('calibrated.json') "
         "from `fides-rag calibrate`); None: the decoder's.")

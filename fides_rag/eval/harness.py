@@ -104,7 +104,7 @@ def run_eval(
     run_info: Mapping[str, Any] | None = None,
     progress: bool = True,
     bootstrap_samples: int = 1000,
-    bootstrap_by: str = "row",
+    bootstrap_by: str = "question",
     seed: int = 0,
     parallel: tuple[int, int] = (0, 1),
 ) -> dict[str, Any]:
@@ -116,8 +116,8 @@ def run_eval(
     With `parallel=(rank, world)` (torchrun / accelerate launch) each process decodes every world-th example into
     its own shard folder, `shard-<rank>-of-<world>`, which resumes on its own; rank 0 then merges the shards and
     writes the results (the other ranks return an empty dict). Each rank shows its own progress; rank 0 also the total.
-    `bootstrap_by="question"` resamples questions, not rows, in the paired bootstrap (NQ-Swap repeats a question over
-    several rows).
+    The paired bootstrap resamples questions with all their rows (`bootstrap_by="question"`, the default: NQ-Swap
+    repeats a question over several rows), or rows (`"row"`).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -215,8 +215,8 @@ def _merged_shards(out: Path, world: int, examples: Sequence[QAExample]) -> list
 # -- results ---------------------------------------------------------------------------------------
 
 
-BOOTSTRAP_UNITS = ("row", "question")
-"""What the paired bootstrap resamples: rows, or questions (all the rows of a question together)."""
+BOOTSTRAP_UNITS = ("question", "row")
+"""What the paired bootstrap resamples: questions (all the rows of a question together; the default), or rows."""
 
 
 def check_bootstrap_unit(unit: str) -> str:
@@ -225,10 +225,10 @@ def check_bootstrap_unit(unit: str) -> str:
     return unit
 
 
-def summarize(records: Sequence[dict[str, Any]], labels: Sequence[str], *, bootstrap_samples: int = 1000, bootstrap_by: str = "row",
+def summarize(records: Sequence[dict[str, Any]], labels: Sequence[str], *, bootstrap_samples: int = 1000, bootstrap_by: str = "question",
               seed: int = 0) -> dict[str, Any]:
-    """Metrics per method, and the paired bootstrap of every pair of methods on CF, EM and F1 (resampling rows, or
-    with bootstrap_by="question" whole questions)."""
+    """Metrics per method (with the share of tokens contrasted and the mean answer length), and the paired bootstrap of
+    every pair of methods on CF, EM and F1, resampling whole questions (default) or with bootstrap_by="row" rows."""
     check_bootstrap_unit(bootstrap_by)
     records = sorted(records, key=lambda r: r["id"])
     metrics: dict[str, Any] = {}
@@ -238,6 +238,8 @@ def summarize(records: Sequence[dict[str, Any]], labels: Sequence[str], *, boots
         alphas = [s["alpha"] for o in outs for s in o["steps"] if s.get("alpha") is not None]
         summary["mean_alpha"] = sum(alphas) / len(alphas) if alphas else None
         summary["mean_new_tokens"] = sum(o["new_tokens"] for o in outs) / len(outs) if outs else None
+        summary["mean_answer_words"] = sum(len(o["text"].split()) for o in outs) / len(outs) if outs else None
+        summary["share_contrasted"] = share_contrasted(outs)
         summary["n"] = len(outs)
         metrics[label] = summary
     comparisons = []
@@ -253,6 +255,15 @@ def summarize(records: Sequence[dict[str, Any]], labels: Sequence[str], *, boots
                                     clusters=clusters)
             comparisons.append({"a": a, "b": b, "metric": metric, **test})
     return {"metrics": metrics, "significance": comparisons, "labels": list(labels), "bootstrap_by": bootstrap_by}
+
+
+def share_contrasted(outputs: Sequence[Mapping[str, Any]]) -> float | None:
+    """The share of generated tokens, in %, that a contrast rule chose: none under standard decoding, every token of
+    an ungated contrast rule, and under a gate the tokens it left to the rule (its step's `gate` is 0)."""
+    steps = [(o["method"], s) for o in outputs for s in o["steps"]]
+    if not steps:
+        return None
+    return 100 * sum(1 for method, s in steps if method != "standard" and not s.get("gate")) / len(steps)
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -272,13 +283,15 @@ def results_markdown(results: Mapping[str, Any]) -> str:
     if run:
         lines.append(f"Model `{run.get('model')}`, dataset `{run.get('dataset')}`, {run.get('examples')} examples, "
                      f"max_new_tokens {run.get('max_new_tokens')}.\n")
-    head = ["method", "n"] + [METRIC_LABELS[m] for m in METRICS] + ["mean α", "tokens"]
+    head = ["method", "n"] + [METRIC_LABELS[m] for m in METRICS] + ["mean α", "contrasted %", "tokens", "words"]
     rows = [[label, str(metrics[label]["n"])] + [_fmt(metrics[label][k]) for k in METRICS]
-            + [_fmt(metrics[label]["mean_alpha"], 3), _fmt(metrics[label]["mean_new_tokens"])] for label in labels]
+            + [_fmt(metrics[label]["mean_alpha"], 3), _fmt(metrics[label].get("share_contrasted")),
+               _fmt(metrics[label]["mean_new_tokens"]), _fmt(metrics[label].get("mean_answer_words"))] for label in labels]
     lines += [markdown_table(head, rows), ""]
     lines.append("CF = EM against the context answers on conflict-form samples; EM/F1 against the context answers; "
                  "MemR = share of conflict-form predictions equal to the memory answer; Acc = a context answer is "
-                 "contained in the output. All in %, SQuAD normalisation.")
+                 "contained in the output. All in %, SQuAD normalisation. Contrasted = share of answer tokens a contrast "
+                 "rule chose (a gate takes the others as a path gives them); tokens and words = mean answer length.")
     reference = "fides" if "fides" in labels else labels[0]
     compared = [c for c in results["significance"] if reference in (c["a"], c["b"])]
     if compared:

@@ -48,6 +48,8 @@ class Unit:
     """This unit's `GrammarState` (its answer held to a JSON schema, regex or grammar), or None."""
     logprobs: int | None = None
     """Alternatives per token of the log-probabilities this unit records (None: it records none)."""
+    rule_state: torch.Tensor | None = None
+    """[state_size] what this unit's rule kept from its previous step, on the device (rules with `state_size` > 0)."""
     generated: list[int] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
     stop_scanned: int = 0

@@ -80,7 +80,11 @@ def decide(anatomy: ModelAnatomy, batch: RunningBatch, lanes: Sequence[Lane], pl
         n = len(taken.units)
         try:
             inputs = plan.inputs(index, logits, layer_states, anatomy.num_layers)
+            if lane.rule.state_size:
+                inputs.state = _lane_state(taken.units, lane.rule.state_size, logits)  # [n, state_size]
             decided = _combined(lane.rule.name, lane.rule.combine(inputs), n)
+            if lane.rule.state_size:
+                _keep_state(lane.rule.name, decided, taken.units)
             scores = constrain(decided, inputs.ctx_logits, taken.units, taken.unit_errors)  # after combine: the contrast picks among valid tokens
             chosen, has_nan, scores = choose(scores, lane, taken.unit_errors)  # [n], [n], [n, V]
             parts = [chosen, _not_finite(inputs), has_nan]
@@ -99,6 +103,22 @@ def decide(anatomy: ModelAnatomy, batch: RunningBatch, lanes: Sequence[Lane], pl
     if not packed:
         return [], steps
     return torch.cat(packed).tolist(), steps  # the step's one device-to-host transfer
+
+
+def _lane_state(units: Sequence[Unit], size: int, like: torch.Tensor) -> torch.Tensor:
+    """[n, size] the units' states from their previous step; zeros for a unit at its first step."""
+    if all(u.rule_state is not None for u in units):
+        return torch.stack([u.rule_state for u in units])
+    zeros = torch.zeros(size, dtype=like.dtype, device=like.device)
+    return torch.stack([zeros if u.rule_state is None else u.rule_state for u in units])
+
+
+def _keep_state(rule_name: str, decided: StepOutput, units: Sequence[Unit]) -> None:
+    state = decided.state
+    if not isinstance(state, torch.Tensor) or state.dim() != 2 or state.shape[0] != len(units):
+        raise ValueError(f"the contrast rule {rule_name!r} keeps state but returned state={state!r} from combine; expected [{len(units)}, state_size]")
+    for unit, row in zip(units, state.detach().unbind(0)):
+        unit.rule_state = row
 
 
 def constrain(decided: StepOutput, context_logits: torch.Tensor, units: Sequence[Unit], errors: dict[int, BaseException]) -> torch.Tensor:

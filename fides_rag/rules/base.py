@@ -38,6 +38,9 @@ class StepInputs:
     num_layers: int = 0
     document_mask: torch.Tensor | None = None
     """[B, N] bool, True where example b has a document n."""
+    state: torch.Tensor | None = None
+    """[B, state_size] what the rule kept per sequence from its previous step (zeros at a sequence's first step);
+    None for rules whose `state_size` is 0."""
 
     @classmethod
     def from_tensors(
@@ -98,6 +101,8 @@ class StepOutput:
     records: dict[str, torch.Tensor] = field(default_factory=dict)
     """name -> [B] per-row values (e.g. FIDES's alpha and signals, DVD's beta and gamma). They stay on the
     device during decoding and reach `StepRecord.values` once, at the end of the call."""
+    state: torch.Tensor | None = None
+    """[B, state_size] each row's state after this step, handed back as the next step's `StepInputs.state`."""
 
 
 class ContrastRule(ABC):
@@ -110,6 +115,10 @@ class ContrastRule(ABC):
     name: ClassVar[str] = ""
     paths: ClassVar[tuple[str, ...]] = (CONTEXT, NO_CONTEXT)
     """The paths `combine` reads, from `PATHS`. CONTEXT is always run."""
+    contrasts: ClassVar[bool] = True
+    """Whether the rule contrasts anything (standard decoding does not, so a gate has nothing to guard)."""
+    state_size: ClassVar[int] = 0
+    """Values the rule keeps per sequence from one step to the next (`StepInputs.state`, `StepOutput.state`)."""
 
     @property
     def layer_state_paths(self) -> tuple[str, ...]:

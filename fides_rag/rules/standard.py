@@ -11,6 +11,7 @@ class StandardRule(ContrastRule):
     """z_final = z_ctx. Runs no no-context forward pass at all."""
 
     paths = (CONTEXT,)
+    contrasts = False
 
     def combine(self, step: StepInputs) -> StepOutput:
         return StepOutput(logits=step.ctx_logits)

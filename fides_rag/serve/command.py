@@ -10,15 +10,17 @@ import logging
 import os
 
 from fides_rag.cli_model_options import add_model_arguments, load_options
-from fides_rag.rules import available_methods
+from fides_rag.rules import get_method
 from fides_rag.serve.defaults import API_KEY_ENV, DEFAULT_MAX_REQUEST_BYTES
 
 DEFAULT_PORT = 8000
 
 
 def _method(value: str) -> str:
-    if value not in available_methods():
-        raise argparse.ArgumentTypeError(f"unknown method {value!r}; available: {', '.join(available_methods())}")
+    try:
+        get_method(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
     return value
 
 

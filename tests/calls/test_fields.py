@@ -48,3 +48,10 @@ def test_fides_config_is_kept_as_the_same_object_and_a_dict_is_refused():
 def test_the_core_fields_import_no_framework():
     code = "import sys, fides_rag.calls.fields; print(sorted({m.split('.')[0] for m in sys.modules} & {'langchain', 'langchain_core', 'llama_index'}))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+
+
+def test_a_gated_method_is_accepted_and_a_bad_one_refused_when_the_object_is_made():
+    assert DecodingFields(method="fides+agree").method == "fides+agree"
+    for bad, message in [("standard+agree", "nothing to gate"), ("fides+nope", "available gates: none, agree, nwcad")]:
+        with pytest.raises(ValidationError, match=message):
+            DecodingFields(method=bad)

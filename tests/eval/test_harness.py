@@ -177,13 +177,14 @@ def test_run_json_records_each_labels_rule_and_a_changed_one_is_refused(decoder,
 
 def _scored(question, fides, standard):
     return {"id": f"{question}-{fides}{standard}", "question": question,
-            "outputs": {m: {"scores": {"cf": v, "em": v, "f1": v}, "steps": [], "new_tokens": 1} for m, v in (("fides", fides), ("standard", standard))}}
+            "outputs": {m: {"scores": {"cf": v, "em": v, "f1": v}, "steps": [], "new_tokens": 1, "text": "x", "method": m}
+                        for m, v in (("fides", fides), ("standard", standard))}}
 
 
 def test_bootstrap_by_question_resamples_questions_and_says_so():
     records = [_scored(q, f, s) for q, f, s in [("q1", 1, 0), ("q1", 1, 0), ("q1", 1, 0), ("q2", 0, 0), ("q3", 1, 1), ("q3", 0, 1)]]
-    by_row = summarize(records, ["standard", "fides"], bootstrap_samples=200)
-    by_question = summarize(records, ["standard", "fides"], bootstrap_samples=200, bootstrap_by="question")
+    by_row = summarize(records, ["standard", "fides"], bootstrap_samples=200, bootstrap_by="row")
+    by_question = summarize(records, ["standard", "fides"], bootstrap_samples=200)  # questions: the default
     assert by_row["bootstrap_by"] == "row" and all(c["clusters"] is None for c in by_row["significance"])
     assert by_question["bootstrap_by"] == "question" and all(c["clusters"] == 3 for c in by_question["significance"])
     assert [c["diff"] for c in by_question["significance"]] == [c["diff"] for c in by_row["significance"]]
@@ -191,6 +192,22 @@ def test_bootstrap_by_question_resamples_questions_and_says_so():
 
 
 def test_an_unknown_bootstrap_unit_is_refused_before_decoding(decoder, tmp_path):
-    with pytest.raises(ValueError, match="bootstrap_by must be one of row, question"):
+    with pytest.raises(ValueError, match="bootstrap_by must be one of question, row"):
         run_eval(decoder, EXAMPLES[:2], build_methods(["standard"]), tmp_path, progress=False, bootstrap_by="example")
     assert not (tmp_path / PREDICTIONS).exists()
+
+
+def test_each_method_reports_the_share_of_tokens_contrasted_and_the_answer_length(decoder, tmp_path):
+    methods = build_methods(["standard", "fides", "fides+agree", "cad+nwcad"])
+    results = run_eval(decoder, EXAMPLES[:3], methods, tmp_path, batch_size=3, max_new_tokens=5, progress=False, bootstrap_samples=20)
+    metrics = results["metrics"]
+    assert metrics["standard"]["share_contrasted"] == 0.0 and metrics["fides"]["share_contrasted"] == 100.0
+    records = read_predictions(tmp_path / PREDICTIONS)
+    for label in ("fides+agree", "cad+nwcad"):
+        steps = [s for r in records for s in r["outputs"][label]["steps"]]
+        assert all("gate" in s for s in steps)
+        assert metrics[label]["share_contrasted"] == pytest.approx(100 * sum(s["gate"] == 0 for s in steps) / len(steps))
+        words = [len(r["outputs"][label]["text"].split()) for r in records]
+        assert metrics[label]["mean_answer_words"] == pytest.approx(sum(words) / len(words))
+    assert results["bootstrap_by"] == "question"
+    assert "contrasted %" in (tmp_path / RESULTS_MD).read_text()

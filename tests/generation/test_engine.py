@@ -24,6 +24,7 @@ DOCUMENTS = [
     ["Canberra was chosen.", "The capital of Australia is Melbourne. " * 3],
 ]
 RULES = {name: {"decore": dict(heads={1: [0], 3: [1, 2]})}.get(name, {}) for name in available_methods()}
+RULES.update({"fides+agree": {}, "adacad+agree": {}, "cad+nwcad": {}, "dola+agree": {}})  # gates, one keeping state
 
 
 class Arrivals:
@@ -57,8 +58,8 @@ def decoder(tiny_llama, tokenizer):
 
 @pytest.mark.parametrize("family", ["llama", "gemma3_text"])
 def test_staggered_arrivals_equal_each_request_alone(tiny_models, tokenizer, family):
-    """Every method; requests arrive at steps 1 (two at once), 3, 4 and 9, with different budgets, so they join
-    running decodes of other methods and leave while others go on (gemma3: a 16-token sliding window)."""
+    """Every method, gated ones too; requests arrive at steps 1 (two at once), 3, 4 and 9, with different budgets, so
+    they join running decodes of other methods and leave while others go on (gemma3: a 16-token sliding window)."""
     decoder = FidesDecoder(tiny_models[family], tokenizer, prompt_template=PromptTemplate(stop=()))
     requests, expected = {}, {}
     for i, (name, options) in enumerate(RULES.items()):

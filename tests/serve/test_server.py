@@ -64,6 +64,8 @@ def test_method_and_no_documents_are_recorded(server):
     client = _client(server)
     cad = _ask(client, max_tokens=4, extra={"method": "cad"})
     assert cad.model_extra["fides"]["method"] == "cad"
+    gated = _ask(client, max_tokens=4, extra={"method": "fides+agree"}).model_extra["fides"]
+    assert gated["method"] == "fides+agree" and all(step["gate"] in (0, 1, 3) for step in gated["steps"]) and gated["steps"]
     plain = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": QUESTION}], max_tokens=4)
     record = plain.model_extra["fides"]
     assert record["method"] == "standard" and record["documents_source"] == "none" and "no documents" in record["fallback"]
@@ -104,6 +106,8 @@ def test_sixteen_concurrent_requests_each_equal_their_sequential_answer(server):
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": -3}, "max_tokens"),
     ({"messages": [{"role": "user", "content": "hi"}], "method": "no-such-method"}, "method"),
+    ({"messages": [{"role": "user", "content": "hi"}], "method": "standard+agree"}, "method"),
+    ({"messages": [{"role": "user", "content": "hi"}], "method": "fides+agree+nwcad"}, "method"),
     ({"messages": [{"role": "user", "content": "hi"}], "documents": ["fine", 7]}, "documents.1"),
     ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
     ({"messages": [{"role": "user", "content": "hi"}], "best_of": 2}, "best_of"),
