@@ -1,5 +1,5 @@
-"""Issue 14 on a tiny random-weight model: the LLM cache key, honest fallbacks, strict mode, last_result,
-a shared decoder's token budget."""
+"""On a tiny random-weight model: the LLM cache key, honest fallbacks, strict mode, last_result and a shared
+decoder's token budget."""
 
 from __future__ import annotations
 
