@@ -12,7 +12,7 @@ from typing import Any
 from fides_rag.generation.prompting import PreparedExample, PromptPreparer
 from fides_rag.generation.settings import GenerationSettings
 from fides_rag.generation.validation import check_document_paths, refuse_document_paths
-from fides_rag.rules import ContrastRule, get_method
+from fides_rag.rules import ContrastRule, get_method, split_method
 from fides_rag.rules.base import MASKED_HEADS
 
 Heads = dict[int, tuple[int, ...]]
@@ -154,9 +154,14 @@ class RequestBuilder:
         return found
 
     def resolve(self, method: str | ContrastRule | None) -> ContrastRule:
-        """A rule object for `method`; None, or the default rule's name, gives the configured default rule."""
+        """A rule object for `method`; None, or the default rule's name, gives the configured default rule, and that
+        name behind a gate (`fides+agree`) the configured rule behind the gate."""
         if method is None or (isinstance(method, str) and method == self.default_method.name):
             return self.default_method
+        if isinstance(method, str):
+            rule, gate = split_method(method)
+            if gate is not None and rule == self.default_method.name:
+                return get_method(self.default_method, gate=gate)
         return get_method(method)
 
     def labelled(self, method: str | ContrastRule | None, methods: Methods | None) -> dict[str, ContrastRule]:

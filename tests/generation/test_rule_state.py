@@ -82,3 +82,13 @@ def test_gated_methods_decode_alike_alone_and_together(tiny_llama, tokenizer):
         together = decoder.generate_batch(QUESTIONS, DOCUMENTS, method=method, max_new_tokens=6)
         assert [r.token_ids for r in together] == alone[method]
     assert get_method("fides+agree").options()["gate_options"] == {"prior_confidence": 0.5, "commitment": 0.75}
+
+
+def test_a_gate_on_the_decoders_own_rule_keeps_its_configuration(tiny_llama, tokenizer):
+    from fides_rag import FidesConfig
+
+    config = FidesConfig(lambda_=3.0)
+    decoder = FidesDecoder(tiny_llama, tokenizer, method="fides", config=config)
+    rule = decoder.requests.resolve("fides+agree")
+    assert rule.name == "fides+agree" and rule.rule is decoder.requests.resolve("fides") and rule.rule.config.lambda_ == 3.0
+    assert decoder.requests.resolve("cad+agree").rule.alpha == 1.0
