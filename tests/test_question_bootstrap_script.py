@@ -14,12 +14,13 @@ SCRIPT = ROOT / "benchmarks" / "question_bootstrap.py"
 
 
 def _record(i: int, question: str, fides: float, standard: float) -> dict:
-    outputs = {m: {"scores": {"cf": v, "em": v, "f1": v}, "steps": [], "new_tokens": 2} for m, v in (("fides", fides), ("standard", standard))}
+    outputs = {m: {"scores": {"cf": v, "em": v, "f1": v}, "steps": [], "new_tokens": 2, "text": "an answer", "method": m}
+               for m, v in (("fides", fides), ("standard", standard))}
     return {"id": f"row-{i}", "question": question, "outputs": outputs}
 
 
 def test_intervals_over_questions_are_wider_when_questions_repeat(tmp_path):
-    run = tmp_path / "smollm2-nqswap"
+    run = tmp_path / "smollm2-nqswap-gated"
     run.mkdir()
     rows = [_record(5 * q + k, f"question {q}", float(q % 3 != 0), float(q % 2 == 0)) for q in range(12) for k in range(5)]
     (run / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
