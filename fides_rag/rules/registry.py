@@ -90,7 +90,7 @@ def get_method(method: str | ContrastRule, *, gate: Any = None, **options: Any) 
     if gate is None:
         return rule
     gate = get_gate(gate)
-    return rule if gate.name == "none" and rule.contrasts else GatedRule(rule, gate)
+    return rule if type(gate).name == "none" else GatedRule(rule, gate)
 
 
 def parse_method_names(spec: str | Sequence[str]) -> list[str]:

@@ -89,6 +89,7 @@ def test_gates_are_spelled_rule_plus_gate_everywhere_a_method_is_named():
     assert isinstance(rule, GatedRule) and rule.name == "fides+agree" and rule.needs_no_context
     assert get_method("cad+nwcad", alpha=0.5).rule.alpha == 0.5
     assert type(get_method("fides+none")) is FidesRule  # the default gate: FIDES exactly as published
+    assert get_method("standard+none").name == "standard"
     assert parse_method_names("standard,fides+agree,adacad+agree") == ["standard", "fides+agree", "adacad+agree"]
     dola = get_method("dola+agree")  # a rule without a no-context path gets it for the gate
     assert "no_context" in dola.paths and dola.lens_layers(8) == get_method("dola").lens_layers(8)
