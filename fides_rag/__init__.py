@@ -10,7 +10,7 @@ from fides_rag.prompts import Demonstration, PromptTemplate
 from fides_rag.result import GenerationResult, StepRecord
 from fides_rag.rules import ContrastRule, Gate, GatedRule, available_gates, available_methods, get_gate, get_method, register_gate, register_method
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "AsyncTextStream",

@@ -43,7 +43,6 @@ def test_generation_never_imports_the_facade():
     for name, targets in graph().items():
         if name.startswith("fides_rag.generation"):
             assert "fides_rag.decoder" not in targets, name
-            assert "fides_rag.batching" not in targets, name
 
 
 def test_no_import_circle():

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from fides_rag.testing import build_tokenizer
-from fides_rag.tool_calls import ToolCalling
+from fides_rag.calls import ToolCalling
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))

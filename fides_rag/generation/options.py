@@ -1,5 +1,5 @@
 """The keyword options of the public calls, as TypedDicts: one typed `**options` shared by the decoder's
-`generate`, `generate_batch`, `stream`, `agenerate` and `astream` and the request batcher's calls, so editors
+`submit`, `generate`, `generate_batch`, `stream`, `agenerate` and `astream`, so editors
 complete them and type checkers check them (PEP 692), and a new option is added in one place. Their meaning and
 validation: `GenerationSettings` (generation) and `RequestBuilder` (method, methods).
 """
@@ -13,7 +13,7 @@ from transformers import LogitsProcessorList, StoppingCriteriaList
 
 from fides_rag.rules.base import ContrastRule
 
-__all__ = ["GenerationOptions", "MethodOptions", "RequestOptions"]
+__all__ = ["GenerationOptions", "MethodOptions"]
 
 
 class GenerationOptions(TypedDict, total=False):
@@ -43,16 +43,3 @@ class MethodOptions(GenerationOptions, total=False):
 
     method: str | ContrastRule | None
     methods: Sequence[str | ContrastRule] | Mapping[str, str | ContrastRule] | None
-
-
-class RequestOptions(MethodOptions, total=False):
-    """A batched request's options (`RequestBatcher.submit`): `MethodOptions`, or for raw prompts context_prompt and
-    no_context_prompt (and add_special_tokens, untrusted_texts) in place of a question and documents (a `PromptPair`'s
-    fields)."""
-
-    context_prompt: str | None
-    no_context_prompt: str | None
-    add_special_tokens: bool
-    untrusted_texts: Sequence[str]
-    """With raw prompts: texts in them (the documents, the question) tokenised as plain text, so that special-token
-    text inside them never becomes a control token (fides-rag's own template always does this)."""

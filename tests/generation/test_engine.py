@@ -294,12 +294,10 @@ def test_a_program_that_exits_with_requests_in_flight_exits_cleanly():
     program = textwrap.dedent("""
         import time
         from fides_rag import FidesDecoder
-        from fides_rag.batching import RequestBatcher
         from fides_rag.testing import build_tiny_model, build_tokenizer
         tokenizer = build_tokenizer()
         decoder = FidesDecoder(build_tiny_model("llama", len(tokenizer)), tokenizer)
-        batcher = RequestBatcher(decoder)
-        futures = [batcher.submit("What is the capital?", ["Lyon is the capital."], max_new_tokens=600) for _ in range(3)]
+        handles = [decoder.submit("What is the capital?", ["Lyon is the capital."], max_new_tokens=600) for _ in range(3)]
         deadline = time.monotonic() + 60
         while decoder.engine.requests_in_flight < 3 and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -11,7 +11,7 @@ import pytest
 
 from fides_rag import FidesDecoder, PromptTemplate, available_methods, get_method, load_model
 from fides_rag.generation.grammar import GrammarConstraint
-from fides_rag.tool_calls import ToolCalling, ToolSpec
+from fides_rag.calls import ToolCalling, ToolSpec
 
 QUESTION, DOCUMENTS = "Which city is the capital of France?", ["Lyon is the capital of France.", "Paris is a large city."]
 METHODS = {name: {"decore": dict(heads={1: [0]})}.get(name, {}) for name in available_methods()}

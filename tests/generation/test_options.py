@@ -9,8 +9,6 @@ import typing
 import pytest
 
 from fides_rag import FidesDecoder, GenerationOptions, GenerationSettings, MethodOptions
-from fides_rag.batching import RequestBatcher
-from fides_rag.generation.options import RequestOptions
 
 
 def test_generation_options_name_every_setting():
@@ -20,16 +18,13 @@ def test_generation_options_name_every_setting():
 
 def test_each_options_type_adds_its_own_keys():
     assert MethodOptions.__optional_keys__ - GenerationOptions.__optional_keys__ == {"method", "methods"}
-    assert RequestOptions.__optional_keys__ - MethodOptions.__optional_keys__ == {"context_prompt", "no_context_prompt", "add_special_tokens", "untrusted_texts"}
 
 
 @pytest.mark.parametrize(
     "call, options",
     [
         (FidesDecoder.generate, MethodOptions), (FidesDecoder.generate_batch, MethodOptions), (FidesDecoder.stream, MethodOptions),
-        (FidesDecoder.agenerate, MethodOptions), (FidesDecoder.astream, MethodOptions),
-        (RequestBatcher.submit, RequestOptions), (RequestBatcher.generate, RequestOptions),
-        (RequestBatcher.agenerate, RequestOptions), (RequestBatcher.stream, RequestOptions), (RequestBatcher.astream, RequestOptions),
+        (FidesDecoder.agenerate, MethodOptions), (FidesDecoder.astream, MethodOptions), (FidesDecoder.submit, MethodOptions),
     ],
 )
 def test_public_calls_declare_their_options(call, options):

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fides_rag import FidesDecoder, load_model
-from fides_rag.batching import RequestBatcher
+from fides_rag import FidesDecoder, PromptPair, load_model
 from fides_rag.generation.plain_text import find_spans
 from fides_rag.testing import build_tiny_model
 
@@ -108,7 +107,7 @@ def test_spans_of_untrusted_texts_are_every_verbatim_occurrence():
     assert find_spans([" ab ", "", "zz"], "xabyab") == [(1, 3), (4, 6)]
 
 
-def test_the_batcher_takes_untrusted_texts_with_raw_prompts(chat_decoder, monkeypatch):
+def test_raw_prompts_take_untrusted_texts(chat_decoder, monkeypatch):
     tok = chat_decoder.tokenizer
     template = chat_decoder.prepare(QUESTION, [INJECTIONS["tiny"]], 8)
     prepared = []
@@ -119,13 +118,10 @@ def test_the_batcher_takes_untrusted_texts_with_raw_prompts(chat_decoder, monkey
         return prepared[-1]
 
     monkeypatch.setattr(chat_decoder.prompts, "prepare_from_prompts", spy)
-    batcher = RequestBatcher(chat_decoder, window_s=0)
-    result = batcher.generate(context_prompt=template.context_prompt, no_context_prompt=template.no_context_prompt, add_special_tokens=False,
-                              untrusted_texts=[INJECTIONS["tiny"], QUESTION], method="cad", max_new_tokens=2)
+    pair = PromptPair(template.context_prompt, template.no_context_prompt, add_special_tokens=False, untrusted=[INJECTIONS["tiny"], QUESTION])
+    result = chat_decoder.submit(pair, method="cad", max_new_tokens=2).result()
     assert control_count(tok, prepared[-1].context_ids) == control_count(tok, template.context_ids)
     assert result.prompt_tokens == len(template.context_ids)
-    with pytest.raises(ValueError, match="untrusted_texts goes with context_prompt"):
-        batcher.generate(QUESTION, [CLEAN], untrusted_texts=[CLEAN])
 
 
 # -- the real backbones ------------------------------------------------------------------------------
@@ -154,9 +150,9 @@ def test_real_backbones_tokenise_injected_markup_as_text(real_decoder):
     raw = real_decoder.prompts.prepare_from_prompts(injected.context_prompt, injected.no_context_prompt, 8,
                                                     add_special_tokens=not real_decoder.use_chat_template, untrusted=[injection, QUESTION])
     assert raw.context_ids == injected.context_ids
-    result = RequestBatcher(real_decoder, window_s=0).generate(
-        context_prompt=injected.context_prompt, no_context_prompt=injected.no_context_prompt, untrusted_texts=[injection],
-        add_special_tokens=not real_decoder.use_chat_template, method="fides", max_new_tokens=3)
+    pair = PromptPair(injected.context_prompt, injected.no_context_prompt, add_special_tokens=not real_decoder.use_chat_template,
+                      untrusted=[injection])
+    result = real_decoder.submit(pair, method="fides", max_new_tokens=3).result()
     assert result.prompt_tokens == len(injected.context_ids)
     if real_decoder.alias == "smollm2-135m-instruct":  # two injected <|im_start|>: 9 as one string against 7
         start = tok.convert_tokens_to_ids("<|im_start|>")

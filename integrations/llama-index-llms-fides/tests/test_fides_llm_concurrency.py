@@ -8,7 +8,6 @@ import asyncio
 from llama_index.core import Document, SummaryIndex
 
 from fides_rag import FidesDecoder
-from fides_rag.batching import shared_batcher
 from fides_rag.testing import build_tiny_model, build_tokenizer
 from llama_index.llms.fides import FidesLLM
 
@@ -33,14 +32,13 @@ def test_concurrent_acompletes_batch_and_equal_each_call_alone():
     decoder = fresh_decoder()
     llm = FidesLLM(decoder=decoder, batch_window_s=0.2)
     alone = [llm.complete(q, documents=d, **kw).text for q, d, kw in CALLS]
-    batcher = shared_batcher(decoder, max_batch_size=8, window_s=0.2)
-    before = batcher.stats.admissions
+    before = decoder.stats.admissions
 
     async def together():
         return await asyncio.gather(*(llm.acomplete(q, documents=d, **kw) for q, d, kw in CALLS))
 
     assert [r.text for r in asyncio.run(together())] == alone
-    stats = batcher.stats
+    stats = decoder.stats
     assert stats.admissions - before < len(CALLS) and stats.largest_batch >= 2, stats  # shared steps
 
 

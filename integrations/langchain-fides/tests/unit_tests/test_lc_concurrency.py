@@ -1,4 +1,4 @@
-"""Concurrent LangChain calls share batched decodes through fides-rag's request batcher, and each answer
+"""Concurrent LangChain calls share batched decodes on the decoder's one engine, and each answer
 equals the same call made alone."""
 
 from __future__ import annotations
@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 
 from fides_rag import FidesDecoder
-from fides_rag.batching import shared_batcher
 from fides_rag.testing import build_tiny_model, build_tokenizer
 from langchain_fides import ChatFides, FidesLLM
 
@@ -31,14 +30,13 @@ def test_concurrent_ainvokes_batch_and_equal_each_call_alone():
     decoder = fresh_decoder()
     llm = FidesLLM(decoder=decoder, batch_window_s=0.2)
     alone = [llm.invoke(**call) for call in CALLS]
-    batcher = shared_batcher(decoder, max_batch_size=8, window_s=0.2)
-    before = batcher.stats.admissions
+    before = decoder.stats.admissions
 
     async def together():
         return await asyncio.gather(*(llm.ainvoke(**call) for call in CALLS))
 
     assert asyncio.run(together()) == alone
-    stats = batcher.stats
+    stats = decoder.stats
     assert stats.admissions - before < len(CALLS) and stats.largest_batch >= 2, stats  # shared steps, not one decode per call
 
 
@@ -47,10 +45,9 @@ def test_batch_decodes_items_together(decoder):
     llm = FidesLLM(decoder=decoder, batch_window_s=0.2, method="cad")
     questions = [c["input"] for c in CALLS[:4]]
     alone = [llm.invoke(q, documents=["Lyon is the capital of France."]) for q in questions]
-    batcher = shared_batcher(decoder, max_batch_size=8, window_s=0.2)
-    before = batcher.stats.admissions
+    before = decoder.stats.admissions
     assert llm.batch(questions, documents=["Lyon is the capital of France."]) == alone
-    assert batcher.stats.admissions - before < len(questions)
+    assert decoder.stats.admissions - before < len(questions)
 
 
 def test_chat_model_concurrent_calls_equal_alone():

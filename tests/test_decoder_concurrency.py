@@ -1,5 +1,5 @@
-"""The request batcher: concurrent requests from threads and asyncio share batched decodes, each result
-equal to the request decoded alone; bad input fails alone; cancelled requests leave the batch."""
+"""Concurrent callers of one decoder: requests from threads and asyncio share batched decodes, each result equal
+to the request decoded alone; bad input fails alone; cancelled requests leave the batch."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from fides_rag import FidesDecoder, PromptPair, PromptTemplate
-from fides_rag.batching import RequestBatcher
 from fides_rag.testing import MULTI_DOCUMENT_QUESTIONS, MULTI_DOCUMENTS
 
 REQUESTS = [
@@ -32,9 +31,11 @@ def alone(decoder: FidesDecoder, request: dict):
     return decoder.generate(request.pop("question"), request.pop("documents"), **request)
 
 
-def split(request: dict) -> tuple[str | None, object, dict]:
+def split(request: dict) -> tuple[object, object, dict]:
     request = dict(request)
-    return request.pop("question", None), request.pop("documents", None), request
+    if "context_prompt" in request:
+        return PromptPair(request.pop("context_prompt"), request.pop("no_context_prompt")), None, request
+    return request.pop("question"), request.pop("documents"), request
 
 
 @pytest.fixture
@@ -44,15 +45,15 @@ def decoder(tiny_llama, tokenizer):
 
 def test_concurrent_threads_get_what_they_would_get_alone(decoder):
     expected = [alone(decoder, r) for r in REQUESTS]
-    batcher = RequestBatcher(decoder, max_batch_size=8, window_s=0.2)
-    before = batcher.stats.requests
+    decoder.configure(max_requests=8, window_s=0.2)
+    before = decoder.stats.requests
     results = [None] * len(REQUESTS)
     barrier = threading.Barrier(len(REQUESTS))
 
     def call(i: int) -> None:
         question, documents, kwargs = split(REQUESTS[i])
         barrier.wait()
-        results[i] = batcher.generate(question, documents, **kwargs)
+        results[i] = decoder.generate(question, documents, **kwargs)
 
     threads = [threading.Thread(target=call, args=(i,)) for i in range(len(REQUESTS))]
     for t in threads:
@@ -63,20 +64,20 @@ def test_concurrent_threads_get_what_they_would_get_alone(decoder):
         assert got.token_ids == want.token_ids and got.text == want.text
         assert got.method == want.method and got.requested_method == want.requested_method
         assert got.finish_reason == want.finish_reason
-    assert batcher.stats.requests == before + len(REQUESTS)
-    assert batcher.stats.largest_batch >= 2  # requests shared steps
+    assert decoder.stats.requests == before + len(REQUESTS)
+    assert decoder.stats.largest_batch >= 2  # requests shared steps
 
 
 def test_asyncio_requests_batch_and_bad_input_fails_alone(decoder):
     expected = [alone(decoder, r) for r in REQUESTS]
-    batcher = RequestBatcher(decoder, max_batch_size=8, window_s=0.2)
+    decoder.configure(max_requests=8, window_s=0.2)
 
     async def main():
-        calls = [batcher.agenerate(q, d, **kw) for q, d, kw in map(split, REQUESTS)]
+        calls = [decoder.agenerate(q, d, **kw) for q, d, kw in map(split, REQUESTS)]
         bad = [
-            batcher.agenerate("   ", ["doc"]),  # empty question
-            batcher.agenerate("Q?", ["only one"], method="dvd"),  # DVD needs two documents
-            batcher.agenerate("Q?", ["doc"], temperature=float("inf"), do_sample=True),
+            decoder.agenerate("   ", ["doc"]),  # empty question
+            decoder.agenerate("Q?", ["only one"], method="dvd"),  # DVD needs two documents
+            decoder.agenerate("Q?", ["doc"], temperature=float("inf"), do_sample=True),
         ]
         return await asyncio.gather(*calls, *bad, return_exceptions=True)
 
@@ -91,12 +92,12 @@ def test_asyncio_requests_batch_and_bad_input_fails_alone(decoder):
 
 
 def test_streams_from_a_shared_batch_concatenate_to_their_results(decoder):
-    batcher = RequestBatcher(decoder, max_batch_size=4, window_s=0.2)
-    texts, results = {}, {}
+    decoder.configure(max_requests=4, window_s=0.2)
+    texts = {}
 
     def call(i: int) -> None:
         question, documents, kwargs = split(REQUESTS[i])
-        texts[i] = "".join(batcher.stream(question, documents, **kwargs))
+        texts[i] = "".join(decoder.stream(question, documents, **kwargs))
 
     threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
     for t in threads:
@@ -113,12 +114,12 @@ def test_a_cancelled_task_leaves_the_batch(decoder, tiny_llama):
         lambda module, args, kwargs: forwards.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
     )
     decoder.eos_token_ids = set()  # both run to their budget unless cancelled
-    batcher = RequestBatcher(decoder, max_batch_size=4, window_s=0.2)
+    decoder.configure(max_requests=4, window_s=0.2)
     long = dict(question="What is the capital of France?", documents=["Lyon is the capital of France."], method="cad")
 
     async def main():
-        keep = asyncio.create_task(batcher.agenerate(**long, max_new_tokens=200))
-        doomed = asyncio.create_task(batcher.agenerate(**long, max_new_tokens=200, stop=["zzz"]))
+        keep = asyncio.create_task(decoder.agenerate(**long, max_new_tokens=200))
+        doomed = asyncio.create_task(decoder.agenerate(**long, max_new_tokens=200, stop=["zzz"]))
         while sum(shape == (4, 1) for shape in forwards) < 2:  # a few decode steps of both (after their prompts' chunks)
             await asyncio.sleep(0.001)
         doomed.cancel()
@@ -132,23 +133,22 @@ def test_a_cancelled_task_leaves_the_batch(decoder, tiny_llama):
         handle.remove()
     steps = [rows for rows, tokens in forwards if tokens == 1]  # the decode forwards (prompt chunks are longer)
     assert kept.token_ids == decoder.generate(**long, max_new_tokens=200).token_ids and len(kept.token_ids) == 200
-    assert batcher.stats.cancelled == 1
+    assert decoder.stats.cancelled == 1
     assert max(steps) == 4 and steps[-1] == 2  # decoded together, then the cancelled request's two rows left
     assert len(steps) == 199
 
 
-def test_bad_batcher_settings():
-    with pytest.raises(ValueError, match="max_batch_size"):
-        RequestBatcher(object(), max_batch_size=0)
+def test_bad_engine_settings_are_refused_naming_the_setting(decoder):
+    with pytest.raises(ValueError, match="max_requests"):
+        decoder.configure(max_requests=0)
     with pytest.raises(ValueError, match="window_s"):
-        RequestBatcher(object(), window_s=-1)
-
+        decoder.configure(window_s=-1)
 
 
 def test_batched_results_carry_their_recorded_values(decoder):
-    batcher = RequestBatcher(decoder, max_batch_size=4, window_s=0.2)
-    short = batcher.submit("What jumps?", ["The quick brown fox jumps."], method="fides", max_new_tokens=2)
-    long = batcher.submit("Who chose Canberra?", ["Canberra was chosen as a compromise."], method="fides", max_new_tokens=9)
+    decoder.configure(max_requests=4, window_s=0.2)
+    short = decoder.submit("What jumps?", ["The quick brown fox jumps."], method="fides", max_new_tokens=2)
+    long = decoder.submit("Who chose Canberra?", ["Canberra was chosen as a compromise."], method="fides", max_new_tokens=9)
     for future in (short, long):
         result = future.result()
         assert result.steps and all(s.alpha is not None and s.opposition is not None for s in result.steps)
