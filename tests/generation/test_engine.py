@@ -24,7 +24,8 @@ DOCUMENTS = [
     ["Canberra was chosen.", "The capital of Australia is Melbourne. " * 3],
 ]
 RULES = {name: {"decore": dict(heads={1: [0], 3: [1, 2]})}.get(name, {}) for name in available_methods()}
-RULES.update({"fides+agree": {}, "adacad+agree": {}, "cad+nwcad": {}, "dola+agree": {}})  # gates, one keeping state
+RULES.update({"fides+agree": {}, "adacad+agree": {}, "cad+nwcad": {}, "dola+agree": {}, "dvd+agree": {},  # gates, agree keeping state
+              "decore+nwcad": dict(heads={1: [0], 3: [1, 2]})})
 
 
 class Arrivals:
