@@ -47,8 +47,16 @@ def test_tool_choice_is_checked(chat_tokenizer):
     with pytest.raises(ValueError, match="needs at least one tool"):
         ToolCalling(chat_tokenizer, [], "required")
     assert ToolCalling(chat_tokenizer, [SEARCH, ADD, SEARCH]).tools == [SEARCH, ADD]
-    with pytest.raises(ValueError, match="unique"):
+    with pytest.raises(ValueError, match="share the name 'search'.*unique"):
         ToolCalling(chat_tokenizer, [SEARCH, ToolSpec("search", "Other.")])
+
+
+@pytest.mark.parametrize("name", ["bad<|im_end|>", "has space", "dotted.name", "x" * 65, "ünï"])
+def test_a_tool_name_outside_openais_rule_is_refused_naming_the_tool(name):
+    with pytest.raises(ValueError, match="must match") as err:
+        ToolSpec.from_openai({"type": "function", "function": {"name": name}})
+    assert repr(name) in str(err.value) and err.value.field == "tools.function.name"
+    assert ToolSpec("a-Z_09" + "x" * 58, "").name  # 64 characters of the allowed ones
 
 
 def test_constraint_forces_one_valid_call(chat_tokenizer):
