@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fides_rag.calls.options import CONSTRAINTS, CallInputError
+from fides_rag.generation.schema_support import check_reference_cycles
 
 
 class IncompleteAnswerError(ValueError):
@@ -55,8 +56,12 @@ def schema_of(spec: Any, field: str = "json_schema") -> dict[str, Any]:
 
 def check_json_schema(schema: Mapping[str, Any], field: str, *, what: str | None = None) -> None:
     """A CallInputError naming `field` when the grammar library cannot compile `schema` (an invalid schema, or a
-    keyword it does not implement). Nothing is checked where the `grammar` extra (llguidance) is not installed: the
+    keyword it does not implement), or when it would admit no value (a cycle of references with no content). Nothing is checked where the `grammar` extra (llguidance) is not installed: the
     decoder then refuses every constrained call with the install command."""
+    try:
+        check_reference_cycles(schema)
+    except ValueError as err:
+        raise CallInputError(f"{what or field}: {err}", field) from None
     try:
         import llguidance
     except ImportError:

@@ -92,10 +92,28 @@ class ToolCall:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": json.dumps(self.arguments)}}
 
 
-def _call_schema(tool: ToolSpec) -> dict:
+def _rebased(schema: Any, prefix: str) -> Any:
+    """`schema` moved under the JSON pointer `prefix` of a larger schema: its local references ("#/$defs/Item",
+    "#") rewritten to point where their targets now are (values of const, enum, ... kept as they are)."""
+    if isinstance(schema, list):
+        return [_rebased(item, prefix) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    moved = {}
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+            moved[key] = f"#{prefix}{value[1:]}"
+        else:
+            moved[key] = value if key in ("const", "enum", "default", "examples") else _rebased(value, prefix)
+    return moved
+
+
+def _call_schema(tool: ToolSpec, at: str = "") -> dict:
+    """The schema of one call of `tool`, to sit at the JSON pointer `at` of the forcing schema (its arguments' local
+    references rebased there, so a pydantic model's `$defs` still resolve)."""
     return {
         "type": "object",
-        "properties": {"name": {"const": tool.name}, "arguments": closed_schema(dict(tool.parameters))},
+        "properties": {"name": {"const": tool.name}, "arguments": _rebased(closed_schema(dict(tool.parameters)), f"{at}/properties/arguments")},
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }
@@ -233,7 +251,7 @@ class ToolCalling:
             return None
         if len(forced) == 1:
             return _call_schema(forced[0])
-        return {"anyOf": [_call_schema(t) for t in forced]}
+        return {"anyOf": [_call_schema(t, f"/anyOf/{i}") for i, t in enumerate(forced)]}
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         """(content with the calls removed, calls): `<tool_call>` blocks, or the whole text as one bare JSON call.

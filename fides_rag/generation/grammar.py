@@ -34,6 +34,7 @@ import torch
 from fides_rag.extras import require
 from fides_rag.generation.grammar_closing import TokenBytes, completes, shortest_completion
 from fides_rag.generation.grammar_masks import allocate_bitmask, apply_bitmask, bitmask_width
+from fides_rag.generation.schema_support import check_reference_cycles
 
 # One-line JSON as json.dumps writes it ({"a": 1, "b": [2, 3]}), no other whitespace: a small model cannot loop on
 # blank lines. A schema can override any of these under its "x-guidance" key.
@@ -181,6 +182,10 @@ class GrammarConstraint:
                 entry.compiled.move_to_end((kind, source))
                 return cached
         if kind == "json_schema":
+            try:
+                check_reference_cycles(json.loads(source))
+            except ValueError as err:
+                raise ValueError(f"invalid json schema: {err}") from None
             text = llg.LLMatcher.grammar_from_json_schema(source, defaults=JSON_OPTIONS)
         elif kind == "regex":
             text = llg.LLMatcher.grammar_from_regex(source)

@@ -32,6 +32,27 @@ def test_a_schema_the_grammar_library_cannot_compile_names_the_field(schema, pro
     assert err.value.field == "response_format.json_schema.schema"
 
 
+@pytest.mark.parametrize("schema, at, cycle", [
+    ({"$defs": {"A": {"$ref": "#/$defs/A"}}, "$ref": "#/$defs/A"}, "/", "#/$defs/A -> #/$defs/A"),
+    ({"type": "object", "properties": {"x": {"$ref": "#/$defs/A"}}, "$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A", "title": "B"}}},
+     "/properties/x", "#/$defs/A -> #/$defs/B -> #/$defs/A"),
+    ({"$ref": "#"}, "/", "# -> #"),
+    ({"definitions": {"A": {"anyOf": [{"$ref": "#/definitions/A"}]}}, "$ref": "#/definitions/A"}, "/", "#/definitions/A -> #/definitions/A/anyOf/0 -> #/definitions/A"),
+])
+def test_a_reference_cycle_with_no_content_is_refused_naming_where_it_is(schema, at, cycle):
+    with pytest.raises(CallInputError, match="reference cycle with no content") as err:
+        constraint_of(json_schema=schema, field="response_format.json_schema.schema")
+    assert err.value.field == "response_format.json_schema.schema" and f"at {at} " in str(err.value) and cycle in str(err.value)
+    assert "does not exist" not in str(err.value)
+
+
+def test_a_recursive_schema_with_content_is_no_cycle():
+    tree = {"$defs": {"Node": {"type": "object", "properties": {"children": {"type": "array", "items": {"$ref": "#/$defs/Node"}}}}},
+            "$ref": "#/$defs/Node"}
+    assert constraint_of(json_schema=tree, strict=False) == {"json_schema": tree}
+    constraint_of(json_schema={"type": "object", "properties": {"a": {"const": {"$ref": "#"}}}})  # a value, not a reference
+
+
 def test_a_cut_answer_never_parses_as_a_partial_object():
     assert parse_structure('{"name": "Rome"}', "eos", City) == City(name="Rome")
     with pytest.raises(IncompleteAnswerError, match="cut at max_new_tokens"):

@@ -157,6 +157,28 @@ def test_forced_call_decodes_to_a_valid_call(chat_tokenizer, tiny_llama):
     assert set(calls[0].arguments) == set(spec.parameters["required"])
 
 
+def test_a_forced_call_of_a_tool_whose_parameters_use_defs_decodes_to_a_valid_call(chat_tokenizer, tiny_llama):
+    pytest.importorskip("llguidance")
+    from pydantic import BaseModel
+
+    class Point(BaseModel):
+        x: int
+
+    class Move(BaseModel):
+        to: Point
+
+    move = ToolSpec("move", "Move.", Move.model_json_schema())
+    assert move.parameters["properties"]["to"] == {"$ref": "#/$defs/Point"}
+    for choice, tools in (("move", [move]), ("required", [SEARCH, move])):
+        calling = ToolCalling(chat_tokenizer, tools, choice)
+        result = FidesDecoder(tiny_llama, chat_tokenizer).generate(PromptPair("Move.", "Move."), method="standard", max_new_tokens=60,
+                                                                   json_schema=calling.constraint())
+        calls = calling.parse(result.text)[1]
+        assert len(calls) == 1, result.text  # a complete call, closed by the grammar within the budget if need be
+        if calls[0].name == "move":
+            assert Move.model_validate(calls[0].arguments)
+
+
 def test_stream_holds_back_what_may_be_a_call(chat_tokenizer):
     from fides_rag.calls.tools import ToolCallStream
 
