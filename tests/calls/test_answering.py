@@ -3,6 +3,8 @@ concatenate to the answer, role lines and tool markup as stops, and a forced cal
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from fides_rag import FidesDecoder
@@ -79,3 +81,25 @@ def test_the_answer_log_keeps_the_newest_answers(decoder):
     plan = ChatPrompts.for_decoder(decoder).conversation(TURNS, 4, documents=[DOC])
     answers = [log.add(Call(decoder, plan, CallOptions.parse({}, {"max_new_tokens": n})).run()) for n in (2, 3, 4)]
     assert log.last is answers[-1].result and [e["info"] for e in log.entries()] == [a.record for a in answers[1:]]
+
+
+ANSWER_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"], "additionalProperties": False}
+
+
+def test_a_structured_answer_the_grammar_closed_early_is_complete_streamed_or_not(decoder):
+    from fides_rag.generation.grammar import GrammarConstraint
+
+    shortest = len(GrammarConstraint.compile(decoder.tokenizer, json_schema=ANSWER_SCHEMA).start().completion(200))
+    plan = ChatPrompts.for_decoder(decoder).conversation(TURNS, shortest + 3, documents=[DOC])
+    options = {"max_new_tokens": shortest + 3, "json_schema": ANSWER_SCHEMA}
+    answer = Call(decoder, plan, CallOptions.parse({}, options), structure=True).run()
+    assert answer.record["closed_early"] is True  # the random model never closes on its own: the budget did
+    assert answer.finish_reason == "stop" and answer.record["finish_reason"] != "length"
+    assert answer.parsing_error is None and answer.parsed == json.loads(answer.text) and set(answer.parsed) == {"answer"}
+    streamed = list(Call(decoder, plan, CallOptions.parse({}, options), structure=True).stream())[-1]
+    assert streamed.finish_reason == "stop" and streamed.record["closed_early"] is True and streamed.parsed == answer.parsed
+    calling = ToolCalling(decoder.tokenizer, [SEARCH], "search")
+    budget = len(GrammarConstraint.compile(decoder.tokenizer, json_schema=calling.constraint()).start().completion(200)) + 3
+    forced_plan = ChatPrompts.for_decoder(decoder, tools=calling).conversation([("user", "Find the tower.")], budget)
+    forced = Call(decoder, forced_plan, CallOptions.parse({}, {"max_new_tokens": budget}), calling=calling).run()
+    assert [c.name for c in forced.tool_calls] == ["search"] and forced.finish_reason == "tool_calls" and forced.record["closed_early"]

@@ -87,6 +87,35 @@ def test_response_formats_give_json_of_their_schema(server, response_format, sch
         jsonschema.validate(json.loads(text), schema)
 
 
+FREE_TEXT = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"], "additionalProperties": False}
+
+
+def _shortest(tiny_model_dir, schema) -> int:
+    from transformers import AutoTokenizer
+
+    from fides_rag.generation.grammar import GrammarConstraint
+
+    return len(GrammarConstraint.compile(AutoTokenizer.from_pretrained(tiny_model_dir), json_schema=schema).start().completion(200))
+
+
+def test_an_answer_the_grammar_closed_early_is_complete_finish_reason_stop(server, tiny_model_dir):
+    budget = _shortest(tiny_model_dir, FREE_TEXT) + 3  # the random model never closes a free string: the budget does
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": FREE_TEXT, "strict": True}}
+    raw = _client(server).chat.completions.with_raw_response.create(model="tiny", messages=ASK, max_tokens=budget, response_format=fmt,
+                                                                     extra_body={"documents": DOCS})
+    response = raw.parse()
+    record = response.model_extra["fides"]
+    assert record["closed_early"] is True and raw.headers["x-fides-closed-early"] == "true"
+    assert response.choices[0].finish_reason == "stop" and record["finish_reason"] != "length"
+    jsonschema.validate(json.loads(response.choices[0].message.content), FREE_TEXT)
+    chunks = list(_chat(server, response_format=fmt, max_tokens=budget, stream=True))
+    last = [c for c in chunks if c.choices and c.choices[0].finish_reason][-1]
+    assert last.choices[0].finish_reason == "stop" and chunks[-1].model_extra["fides"]["closed_early"] is True
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == response.choices[0].message.content
+    free = _client(server).chat.completions.with_raw_response.create(model="tiny", messages=ASK, max_tokens=3)
+    assert free.headers["x-fides-closed-early"] == "false" and free.parse().choices[0].finish_reason == "length"  # a cut answer
+
+
 def test_logprobs_in_openai_shape_from_the_contrasted_distribution(server):
     response = _chat(server, logprobs=True, top_logprobs=3, max_tokens=6)
     content = response.choices[0].logprobs.content

@@ -162,6 +162,26 @@ def test_structured_predict_is_held_to_the_schema(llm):
         llm.structured_predict(Answer, prompt, llm_kwargs={"regex": "a"}, context_str=DOC, query_str=Q)
 
 
+class Said(BaseModel):
+    """Free text, which the random model never closes on its own."""
+
+    said: str
+
+
+def test_a_structured_answer_the_grammar_closed_early_parses_as_complete(llm, chat_decoder):
+    from fides_rag.calls import constraint_of
+    from fides_rag.generation.grammar import GrammarConstraint
+
+    schema = constraint_of(json_schema=Said)["json_schema"]
+    budget = len(GrammarConstraint.compile(chat_decoder.tokenizer, json_schema=schema).start().completion(200)) + 3
+    prompt = PromptTemplate("Context: {context_str}\nQuestion: {query_str}\nAnswer:")
+    said = llm.structured_predict(Said, prompt, llm_kwargs={"max_new_tokens": budget}, context_str=DOC, query_str=Q)
+    info = llm.history[-1]["info"]
+    assert isinstance(said, Said) and info["closed_early"] is True and info["finish_reason"] != "length"
+    streamed = list(llm.stream_structured_predict(Said, prompt, llm_kwargs={"max_new_tokens": budget}, context_str=DOC, query_str=Q))
+    assert streamed[-1] == said
+
+
 async def _last(stream):
     items = [item async for item in await stream]
     return items[-1]

@@ -95,6 +95,26 @@ def test_structured_output_for_every_schema_form(chat, method):
         chat.model_copy(update={"max_new_tokens": 2}).with_structured_output(AnswerDict, method=method).invoke(Q)
 
 
+class Said(BaseModel):
+    """Free text, which the random model never closes on its own."""
+
+    said: str
+
+
+def test_a_structured_answer_the_grammar_closed_early_parses_as_complete(chat, decoder):
+    from fides_rag.calls import constraint_of
+    from fides_rag.generation.grammar import GrammarConstraint
+
+    schema = constraint_of(json_schema=Said)["json_schema"]
+    budget = len(GrammarConstraint.compile(decoder.tokenizer, json_schema=schema).start().completion(200)) + 3
+    tight = chat.model_copy(update={"max_new_tokens": budget})
+    raw = tight.with_structured_output(Said, method="json_schema", include_raw=True).invoke(Q)
+    meta = raw["raw"].response_metadata
+    assert meta["closed_early"] is True and meta["finish_reason"] != "length"  # closed by the budget, complete
+    assert raw["parsing_error"] is None and isinstance(raw["parsed"], Said)
+    assert isinstance(tight.with_structured_output(Said, method="json_schema").invoke(Q), Said)
+
+
 def test_structured_output_checks_its_arguments(chat):
     raw = chat.with_structured_output(method="json_mode", include_raw=True).invoke(Q)  # any object: random weights ramble
     assert raw["raw"].content.startswith("{") and (isinstance(raw["parsed"], dict) or "cut at max_new_tokens" in str(raw["parsing_error"]))
