@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from fides_rag.calls import Answer, Call, ChatPlan
 from fides_rag.decoder import FidesDecoder
 from fides_rag.generation.engine import QueueFullError
+from fides_rag.generation.grammar import BudgetBelowShortestAnswer
 from fides_rag.generation.tickets import RequestHandle
 from fides_rag.serve.agent_call import AgentCall, agent_call
 from fides_rag.serve.errors import APIError, bad_request, validation_error
@@ -31,6 +32,14 @@ from fides_rag.serve.responses import ChunkWriter, new_id
 logger = logging.getLogger("fides_rag.serve")
 DISCONNECT_POLL_S = 0.2
 Planner = Callable[[FidesDecoder, Any, int, Any], ChatPlan]
+
+
+def _budget_below_shortest(body: Any, agent: AgentCall, err: BudgetBelowShortestAnswer) -> APIError:
+    """The 400 of a structured answer (response_format, a forced call) whose budget cannot hold its shortest answer."""
+    param = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
+    what = "tool call" if agent.calling is not None and agent.calling.forced else "response_format answer"
+    return bad_request(f"{param}={err.budget} is fewer than the {err.needed} tokens the shortest complete {what} needs under its "
+                       f"grammar, so the answer could only be cut: set {param} to at least {err.needed}", param, "max_tokens_too_small")
 
 
 def _queue_full(message: str) -> APIError:
@@ -121,6 +130,8 @@ class RequestHandling:
             handle = call.submit(stream=body.stream)
         except QueueFullError as err:
             raise _queue_full(str(err)) from None
+        except BudgetBelowShortestAnswer as err:
+            raise _budget_below_shortest(body, agent, err) from None
         except (ValueError, TypeError) as err:
             raise bad_request(" ".join(str(err).split()), getattr(err, "field", None)) from None
         try:

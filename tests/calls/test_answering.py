@@ -3,6 +3,7 @@ concatenate to the answer, role lines and tool markup as stops, and a forced cal
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -61,11 +62,26 @@ def test_a_forced_call_refuses_a_second_grammar_naming_it(decoder):
 def test_a_forced_call_that_gave_none_is_never_an_answer(decoder):
     calling = ToolCalling(decoder.tokenizer, [SEARCH], "search")
     planner = ChatPrompts.for_decoder(decoder, tools=calling)
-    plan = planner.conversation([("user", "Find the tower.")], 3)
-    answer = Call(decoder, plan, CallOptions.parse({}, {"max_new_tokens": 3}), calling=calling).run()
-    if not answer.tool_calls:  # three tokens cannot hold the call (until the grammar closes it early)
-        assert answer.text == "" and "forced a call, but none could be read" in answer.notes[-1]
-        assert answer.record["tool_choice"] == "search" and answer.finish_reason == "length"
+    plan = planner.conversation([("user", "Find the tower.")], 60)
+    call = Call(decoder, plan, CallOptions.parse({}, {"max_new_tokens": 60}), calling=calling)
+    cut = dataclasses.replace(call.run().result, text='{"name": "sea', finish_reason="length")  # as a stop string could cut it
+    answer = call.finish(cut)
+    assert answer.tool_calls == [] and answer.text == "" and "forced a call, but none could be read" in answer.notes[-1]
+    assert answer.record["tool_choice"] == "search" and answer.finish_reason == "length"
+
+
+@pytest.mark.parametrize("forced", [True, False])
+def test_a_structured_call_whose_budget_cannot_hold_its_shortest_answer_is_refused_before_decoding(decoder, forced):
+    calling = ToolCalling(decoder.tokenizer, [SEARCH], "search") if forced else None
+    plan = ChatPrompts.for_decoder(decoder, tools=calling).conversation([("user", "Find the tower.")], 3)
+    options = CallOptions.parse({}, {"max_new_tokens": 3, **({} if forced else {"json_schema": ANSWER_SCHEMA})})
+    call = Call(decoder, plan, options, calling=calling, structure=None if forced else True)
+    requests = decoder.engine.stats.requests
+    for run in (call.run, lambda: list(call.stream())):
+        with pytest.raises(ValueError, match=r"max_new_tokens=3 is fewer than the (\d+) tokens .* raise max_new_tokens to at least \1") as err:
+            run()
+        assert err.value.field == "max_new_tokens" and err.value.needed > 3
+    assert decoder.engine.stats.requests == requests
 
 
 def test_deltas_hold_one_back_so_the_last_carries_the_answer(decoder):

@@ -116,6 +116,27 @@ def test_an_answer_the_grammar_closed_early_is_complete_finish_reason_stop(serve
     assert free.headers["x-fides-closed-early"] == "false" and free.parse().choices[0].finish_reason == "length"  # a cut answer
 
 
+@pytest.mark.parametrize("forced", [False, True])
+def test_a_structured_answer_whose_max_tokens_cannot_hold_its_shortest_answer_is_refused(server, tiny_model_dir, forced):
+    from fides_rag.calls import ToolCalling
+
+    if forced:
+        schema = ToolCalling(None, [SEARCH], "search").constraint()
+        fields = {"tools": [SEARCH], "tool_choice": {"type": "function", "function": {"name": "search"}}}
+    else:
+        schema, fields = FREE_TEXT, {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": FREE_TEXT, "strict": True}}}
+    needed = _shortest(tiny_model_dir, schema)
+    for budget_field in ("max_tokens", "max_completion_tokens"):
+        for stream in (False, True):
+            body = {"messages": ASK, "documents": DOCS, budget_field: needed - 1, "stream": stream, **fields}
+            response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
+            error = response.json()["error"]
+            assert response.status_code == 400 and error["param"] == budget_field and error["type"] == "invalid_request_error", error
+            assert f"{budget_field}={needed - 1} is fewer than the {needed} tokens" in error["message"] and f"at least {needed}" in error["message"]
+    answer = _chat(server, max_tokens=needed, **fields).choices[0]
+    assert answer.finish_reason == ("tool_calls" if forced else "stop")
+
+
 def test_logprobs_in_openai_shape_from_the_contrasted_distribution(server):
     response = _chat(server, logprobs=True, top_logprobs=3, max_tokens=6)
     content = response.choices[0].logprobs.content
