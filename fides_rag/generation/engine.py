@@ -189,6 +189,8 @@ class DecodeEngine:
         """Run each rule's setup hook (under the model lock, as it may run the model): its masked attention heads
         (DeCoRe's head discovery), checked against the model. None where a rule masks no heads."""
         heads: list[Heads | None] = []
+        if not any(MASKED_HEADS in rule.paths for rule in rules):
+            return [None] * len(rules)  # nothing to run: a request's admission never waits for the steps in flight
         with self.model_lock:
             for rule in rules:
                 asked = rule.masked_heads(self.model, self.tokenizer) if MASKED_HEADS in rule.paths else None

@@ -60,6 +60,8 @@ class RequestHandling:
         self.decoder, self.model_name, self.method, self.limits = decoder, model_name, method, limits
         self.metrics = ServerMetrics(decoder)
         self.draining = False
+        self.admitting = 0
+        """Requests between their admission check and the engine's queue (being parsed, planned, tokenised)."""
 
     async def counted(self, endpoint: str, call: Awaitable[Response]) -> Response:
         """The response of `call`, or its API error's (counted by status)."""
@@ -72,10 +74,13 @@ class RequestHandling:
     async def serve(self, raw: Request, endpoint: str, model: type[Sampling], plan_of: Planner,
                     respond: Callable[..., dict[str, Any]]) -> Response:
         raw_body = await self.limits.read_body(raw)
-        self._refuse_when_full()
-        # Parsing, planning and tokenising take long for a long prompt and the engine's admission waits for the
-        # model lock: off the event loop, so health checks, metrics and 429s answer meanwhile.
-        body, admitted = await anyio.to_thread.run_sync(self._admit, raw_body, model, plan_of)
+        self._take_place()  # before any planning, on the event loop: a refusal never waits behind others' work
+        # Parsing, planning and tokenising take long for a long prompt: off the event loop, so health checks, metrics
+        # and 429s answer meanwhile.
+        try:
+            body, admitted = await anyio.to_thread.run_sync(self._admit, raw_body, model, plan_of)
+        finally:
+            self.admitting -= 1  # queued on the engine by now (counted in its queue_length), or refused
         if body.stream:
             writer = ChunkWriter(admitted.chat, self.model_name)
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -110,18 +115,23 @@ class RequestHandling:
         except ValidationError as err:
             raise validation_error(list(err.errors()), supported_fields(model)) from None
 
-    def _refuse_when_full(self) -> None:
+    def _take_place(self) -> None:
+        """Admit one request to planning, or refuse it (503 while draining, 429 past max_queue): the requests being
+        planned count as waiting, with those in the engine's queue, so a flood is refused at once, before any of its
+        requests is parsed, planned or tokenised. Runs on the event loop only (the count needs no lock)."""
         engine = self.decoder.engine
         if self.draining:
             raise APIError(503, "the server is shutting down; retry on another replica", type="server_error", code="shutting_down")
-        if engine.max_queue is not None and engine.queue_length >= engine.max_queue:
-            raise _queue_full(f"{engine.queue_length} requests are waiting, the engine's max_queue is {engine.max_queue}; retry later")
+        waiting = engine.queue_length + self.admitting
+        if engine.max_queue is not None and waiting >= engine.max_queue:
+            raise _queue_full(f"{waiting} requests are waiting (queued, or being planned), the engine's max_queue is {engine.max_queue}; "
+                              "retry later")
+        self.admitting += 1
 
     def _admit(self, raw_body: bytes, model: type[Sampling], plan_of: Planner) -> tuple[Any, Admitted]:
         """Validate, plan, build and submit one request (on a worker thread)."""
         started = time.perf_counter()
         body = self._validated(raw_body, model)
-        self._refuse_when_full()
         self.limits.check_documents(self.decoder.tokenizer, body.documents or [], self.decoder.context_window,
                                     body.budget() or self.decoder.max_new_tokens)
         agent = agent_call(self.decoder, body)
