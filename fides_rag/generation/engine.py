@@ -29,7 +29,7 @@ from fides_rag.generation.in_flight import InFlight
 from fides_rag.generation.kv_cache import DecodeCache, mergeable
 from fides_rag.generation.layout import Unit
 from fides_rag.generation.prefix_cache import DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
-from fides_rag.generation.prompting import context_window
+from fides_rag.generation.prompting import ContextWindowExceeded, context_window
 from fides_rag.generation.ragged_attention import per_segment_attention
 from fides_rag.generation.requests import Heads, Request
 from fides_rag.generation.running import RunningBatch
@@ -219,10 +219,7 @@ class DecodeEngine:
     def _check_fits(self, request: Request) -> None:
         longest = max(len(ids) for ids in (request.example.context_ids, request.example.no_context_ids, *(request.example.document_ids or [])))
         if longest + request.settings.max_new_tokens > self.context_window:
-            raise ValueError(
-                f"a prompt of {longest} tokens plus max_new_tokens={request.settings.max_new_tokens} exceeds the model's "
-                f"context window of {self.context_window}; shorten the prompt or documents, or lower max_new_tokens"
-            )
+            raise ContextWindowExceeded(longest, request.settings.max_new_tokens, self.context_window, "the prompt or documents")
         self.scheduler.check_fits(request)
 
     def submit(self, requests: Sequence[Request], *, wait_here: bool = False) -> list[RequestHandle]:

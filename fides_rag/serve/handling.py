@@ -18,6 +18,7 @@ from fides_rag.calls import Answer, Call, ChatPlan
 from fides_rag.decoder import FidesDecoder
 from fides_rag.generation.engine import QueueFullError
 from fides_rag.generation.grammar import BudgetBelowShortestAnswer
+from fides_rag.generation.prompting import ContextWindowExceeded
 from fides_rag.generation.tickets import RequestHandle
 from fides_rag.serve.agent_call import AgentCall, agent_call
 from fides_rag.serve.errors import APIError, bad_request, validation_error
@@ -36,10 +37,22 @@ Planner = Callable[[FidesDecoder, Any, int, Any], ChatPlan]
 
 def _budget_below_shortest(body: Any, agent: AgentCall, err: BudgetBelowShortestAnswer) -> APIError:
     """The 400 of a structured answer (response_format, a forced call) whose budget cannot hold its shortest answer."""
-    param = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
+    param = _budget_field(body)
     what = "tool call" if agent.calling is not None and agent.calling.forced else "response_format answer"
     return bad_request(f"{param}={err.budget} is fewer than the {err.needed} tokens the shortest complete {what} needs under its "
                        f"grammar, so the answer could only be cut: set {param} to at least {err.needed}", param, "max_tokens_too_small")
+
+
+def _budget_field(body: Any) -> str:
+    return "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
+
+
+def _not_fitting(body: Any, err: ContextWindowExceeded) -> APIError:
+    """The 400 of a prompt that, with the budget, passes the context window: `param` names the larger of the two."""
+    prompt, budget = ("messages" if isinstance(body, ChatCompletionRequest) else "prompt"), _budget_field(body)
+    return bad_request(f"the {prompt} ({err.tokens} tokens) and {budget}={err.max_new_tokens} do not fit the model's context window "
+                       f"of {err.context_window} tokens; shorten the {prompt} or lower {budget}",
+                       prompt if err.tokens >= err.max_new_tokens else budget, "context_length_exceeded")
 
 
 def _queue_full(message: str) -> APIError:
@@ -142,6 +155,8 @@ class RequestHandling:
             raise _queue_full(str(err)) from None
         except BudgetBelowShortestAnswer as err:
             raise _budget_below_shortest(body, agent, err) from None
+        except ContextWindowExceeded as err:
+            raise _not_fitting(body, err) from None
         except (ValueError, TypeError) as err:
             raise bad_request(" ".join(str(err).split()), getattr(err, "field", None)) from None
         try:

@@ -81,6 +81,17 @@ def test_documents_past_the_token_limit_or_the_window_are_refused_not_trimmed(se
     assert trimmed.status_code == 200 and trimmed.json()["fides"]["documents_trimmed"] is True
 
 
+@pytest.mark.parametrize("body, path, param", [
+    ({"messages": [{"role": "user", "content": "tower " * 3000}]}, CHAT, "messages"),
+    ({"messages": HI, "max_tokens": 9000}, CHAT, "max_tokens"),
+    ({"messages": HI, "max_completion_tokens": 9000}, CHAT, "max_completion_tokens"),
+    ({"prompt": "tower " * 3000}, "/v1/completions", "prompt"),
+])
+def test_a_prompt_past_the_context_window_is_refused_naming_what_to_shorten(server, body, path, param):
+    error = _error(_post(server, body, path=path), 400)
+    assert error["param"] == param and error["code"] == "context_length_exceeded" and "context window" in error["message"], error
+
+
 def test_sampling_extremes_answer_greedily_or_get_a_400(server):
     greedy = _post(server, {"messages": HI, "documents": DOCS}).json()["choices"][0]["message"]["content"]
     for extreme in ({"temperature": 1e-300}, {"temperature": 5e-324, "seed": 3}, {"temperature": 1.0, "top_p": 1e-300, "seed": 1}):
