@@ -34,7 +34,7 @@ import torch
 from fides_rag.extras import require
 from fides_rag.generation.grammar_closing import TokenBytes, completes, shortest_completion
 from fides_rag.generation.grammar_masks import allocate_bitmask, apply_bitmask, bitmask_width
-from fides_rag.generation.schema_support import check_reference_cycles
+from fides_rag.generation.schema_support import check_pattern_limits, check_schema_shape, largest_object
 
 # One-line JSON as json.dumps writes it ({"a": 1, "b": [2, 3]}), no other whitespace: a small model cannot loop on
 # blank lines. A schema can override any of these under its "x-guidance" key.
@@ -53,6 +53,16 @@ SHORTEST_SEARCH = 1024
 
 class GrammarViolation(ValueError):
     """A token the grammar refuses was accepted, or the grammar reached a state no token can continue."""
+
+
+class GrammarLimitExceeded(ValueError):
+    """A grammar past a limit of the grammar library (llguidance's parser or lexer), found by the search from its
+    start before anything decodes: every answer would run into it. `field`: the grammar's keyword (json_schema, ...)."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(f"the {kind.replace('_', ' ')} is past a limit of the grammar library: {reason}; simplify it (fewer optional "
+                         "properties in one object, shorter repetitions, less nesting)")
+        self.field, self.reason = kind, reason
 
 
 class BudgetBelowShortestAnswer(ValueError):
@@ -199,11 +209,15 @@ class GrammarConstraint:
                 return cached
         if kind == "json_schema":
             try:
-                check_reference_cycles(json.loads(source))
+                check_schema_shape(json.loads(source))
             except ValueError as err:
                 raise ValueError(f"invalid json schema: {err}") from None
             text = llg.LLMatcher.grammar_from_json_schema(source, defaults=JSON_OPTIONS)
         elif kind == "regex":
+            try:
+                check_pattern_limits(source)
+            except ValueError as err:
+                raise ValueError(f"invalid regex: {err}") from None
             text = llg.LLMatcher.grammar_from_regex(source)
         else:
             try:
@@ -257,14 +271,25 @@ class GrammarConstraint:
         """A shortest complete answer of the grammar from its start, in tokens (`grammar_closing`; its length bounds
         the shortest from above, and is what the decoder forces under a budget), searched at least `max_tokens` (and
         SHORTEST_SEARCH) far; None when the search finds none ([] for any_text). Searched once per compiled grammar
-        (again only for a farther bound after finding none); thread-safe."""
+        (again only for a farther bound after finding none); thread-safe. GrammarLimitExceeded where the search runs
+        into a limit of llguidance (an object with about 500 optional properties, say)."""
         if self._template is None:
             return []
+        if "limit" in self._shortest:
+            raise GrammarLimitExceeded(self.kind, self._shortest["limit"])
         bound = max(max_tokens, SHORTEST_SEARCH)
         known = self._shortest.get("found")
         if known is not None and (known[1] is not None or known[0] >= bound):
             return None if known[1] is None else list(known[1])
-        path = shortest_completion(self._template.deep_copy(), self._tokens.token_bytes(), max_tokens=bound)
+        matcher = self._template.deep_copy()
+        path = shortest_completion(matcher, self._tokens.token_bytes(), max_tokens=bound)
+        if matcher.is_error():  # a limit of llguidance's parser or lexer, met on the way: every answer would meet it
+            reason = matcher.get_error().strip().splitlines()[0]
+            largest = largest_object(json.loads(self.source)) if self.kind == "json_schema" else None
+            if largest is not None:
+                reason += f" (the schema's largest object, at {largest[0]}, has {largest[1]} optional properties)"
+            self._shortest["limit"] = reason
+            raise GrammarLimitExceeded(self.kind, reason)
         self._shortest["found"] = (bound, path)  # one assignment: a racing search stores the same path
         return None if path is None else list(path)
 

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from fides_rag.calls import Answer, Call, ChatPlan
 from fides_rag.decoder import FidesDecoder
 from fides_rag.generation.engine import QueueFullError
-from fides_rag.generation.grammar import BudgetBelowShortestAnswer
+from fides_rag.generation.grammar import BudgetBelowShortestAnswer, GrammarLimitExceeded
 from fides_rag.generation.prompting import ContextWindowExceeded
 from fides_rag.generation.tickets import RequestHandle
 from fides_rag.serve.agent_call import AgentCall, agent_call
@@ -41,6 +41,15 @@ def _budget_below_shortest(body: Any, agent: AgentCall, err: BudgetBelowShortest
     what = "tool call" if agent.calling is not None and agent.calling.forced else "response_format answer"
     return bad_request(f"{param}={err.budget} is fewer than the {err.needed} tokens the shortest complete {what} needs under its "
                        f"grammar, so the answer could only be cut: set {param} to at least {err.needed}", param, "max_tokens_too_small")
+
+
+def _grammar_param(body: Any, agent: AgentCall) -> str:
+    """The field whose grammar this is: the response format's schema, or the forced tool's parameters."""
+    if agent.calling is None or not agent.calling.forced:
+        return "response_format.json_schema.schema"
+    forced = agent.calling.forced
+    names = [tool.function.name for tool in body.tools or []]
+    return f"tools.{names.index(forced[0].name)}.function.parameters" if len(forced) == 1 and forced[0].name in names else "tools"
 
 
 def _budget_field(body: Any) -> str:
@@ -157,6 +166,8 @@ class RequestHandling:
             raise _budget_below_shortest(body, agent, err) from None
         except ContextWindowExceeded as err:
             raise _not_fitting(body, err) from None
+        except GrammarLimitExceeded as err:
+            raise bad_request(" ".join(str(err).split()), _grammar_param(body, agent), "grammar_too_large") from None
         except (ValueError, TypeError) as err:
             raise bad_request(" ".join(str(err).split()), getattr(err, "field", None)) from None
         try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from pydantic import BaseModel
 
@@ -51,6 +53,37 @@ def test_a_recursive_schema_with_content_is_no_cycle():
             "$ref": "#/$defs/Node"}
     assert constraint_of(json_schema=tree, strict=False) == {"json_schema": tree}
     constraint_of(json_schema={"type": "object", "properties": {"a": {"const": {"$ref": "#"}}}})  # a value, not a reference
+
+
+BIG = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(10_000)}}
+RECURSIVE = {"$defs": {"A": {"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}, "required": ["a"]}}, "$ref": "#/$defs/A"}
+
+
+@pytest.mark.parametrize("schema, named", [
+    (BIG, ["the object at / lists 10000 properties", "limit of 1000"]),
+    ({"type": "object", "properties": {"outer": BIG}}, ["the object at /properties/outer lists 10000 properties"]),
+    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "^a{1000000}$"}}}, ["pattern at /properties/a/pattern repeats 1000000 times", "limit of 10000"]),
+    (RECURSIVE, ["no finite JSON value", "#/$defs/A -> #/$defs/A/properties/a -> #/$defs/A"]),
+    ({"type": "object", "properties": {"xs": {"type": "array", "minItems": 1, "items": {"$ref": "#"}}}, "required": ["xs"]},
+     ["no finite JSON value", "# -> #/properties/xs -> #/properties/xs/items -> #"]),
+])
+def test_a_schema_past_the_grammars_limits_is_refused_at_once_naming_where_and_the_limit(schema, named):
+    started = time.monotonic()
+    with pytest.raises(CallInputError) as err:
+        constraint_of(json_schema=schema, field="response_format.json_schema.schema")
+    assert time.monotonic() - started < 2.0 and err.value.field == "response_format.json_schema.schema"
+    for text in named:
+        assert text in str(err.value), str(err.value)
+
+
+def test_recursion_that_can_end_and_repetitions_within_the_limit_are_accepted():
+    tree = {"$defs": {"A": {"type": "object", "properties": {"a": {"anyOf": [{"$ref": "#/$defs/A"}, {"type": "null"}]}}, "required": ["a"]}},
+            "$ref": "#/$defs/A"}
+    optional = {"$defs": {"A": {"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}}}, "$ref": "#/$defs/A"}
+    listed = {"type": "object", "properties": {"xs": {"type": "array", "items": {"$ref": "#"}}}, "required": ["xs"]}
+    for schema in (tree, optional, listed, {"type": "string", "pattern": "^a{10000}$"},
+                   {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(1000)}, "required": [f"p{i}" for i in range(1000)]}):
+        assert constraint_of(json_schema=schema, strict=False) == {"json_schema": schema}
 
 
 def test_a_cut_answer_never_parses_as_a_partial_object():

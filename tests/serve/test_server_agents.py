@@ -5,6 +5,7 @@ values of unimplemented fields, and every bad agent request refused with a 400 n
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import jsonschema
@@ -183,6 +184,33 @@ UNENFORCED = {"type": "object", "properties": {"a": {"type": "string", "contentE
 
 def _fmt(schema, strict=None):
     return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, **({} if strict is None else {"strict": strict})}}
+
+
+WIDE = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(600)}}
+ENDLESS = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize("schema, param, code, named", [
+    ({"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(10_000)}}, "response_format.json_schema.schema", "invalid_value",
+     "the object at / lists 10000 properties, more than the grammar's limit of 1000"),
+    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "^a{1000000}$"}}}, "response_format.json_schema.schema", "invalid_value",
+     "the pattern at /properties/a/pattern repeats 1000000 times, more than the grammar's limit of 10000"),
+    (ENDLESS, "response_format.json_schema.schema", "invalid_value", "no finite JSON value matches the schema"),
+    (WIDE, "response_format.json_schema.schema", "grammar_too_large", "the schema's largest object, at /, has 600 optional properties"),
+    ({"type": "object", "properties": {f"{i}": {} for i in range(600)}}, "tools.0.function.parameters", "grammar_too_large",
+     "the schema's largest object, at /properties/arguments, has 600 optional properties"),  # short, so the prompt fits the window
+])
+def test_a_schema_past_the_grammars_limits_gets_a_400_at_once_naming_where(server, schema, param, code, named):
+    if param.startswith("tools"):
+        fields = {"tools": [{"type": "function", "function": {"name": "wide", "parameters": schema}}],
+                  "tool_choice": {"type": "function", "function": {"name": "wide"}}}
+    else:
+        fields = {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+    started = time.monotonic()
+    response = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": ASK, "max_tokens": 8, **fields}, timeout=60)
+    error = response.json()["error"]
+    assert time.monotonic() - started < 5.0 and response.status_code == 400, error
+    assert error["param"] == param and error["code"] == code and named in error["message"], error
 
 
 @pytest.mark.parametrize("extra, param", [
