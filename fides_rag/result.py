@@ -73,7 +73,8 @@ class GenerationResult:
     """(tokens given, tokens kept) of the document block when it had to be trimmed to fit the context window."""
     closed_early: bool = False
     """A structured answer (JSON schema, regex, grammar) the token budget would have cut: the decoder forced the
-    grammar's shortest completion in its last tokens, so the answer still parses (`finish_reason` "length")."""
+    grammar's shortest completion in its last tokens, so the answer is complete and parses (`finish_reason` "eos", or
+    "stop" where the budget ended it complete; never "length")."""
 
     @property
     def alphas(self) -> list[float | None]:

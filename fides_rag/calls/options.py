@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fides_rag.config import FidesConfig
-from fides_rag.generation.settings import sampling_options
+from fides_rag.generation.settings import MAX_SEED, sampling_options
 from fides_rag.prompts import document_texts
 from fides_rag.rules import ContrastRule, accepts_option, get_method
 
@@ -138,6 +138,9 @@ class CallOptions:
             raise TypeError(f"strict must be True or False, got {strict!r}")
         stop = merged.get("stop") or []
         stops = [stop] if isinstance(stop, str) else [s for s in stop if isinstance(s, str) and s]
+        seed = merged.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED):
+            raise CallInputError(f"seed must be None or an integer in [0, 2**63 - 1], got {seed!r}", "seed")  # greedy or not
         sampling = sampling_options(*(merged.get(k, d) for k, d in zip(SAMPLING, (False, None, 1.0, 0, None))))
         return cls(method, requested, positive_budget(merged.get("max_new_tokens", 128)), list(dict.fromkeys(stops)), sampling, constraint, strict)
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fides_rag.calls.options import CONSTRAINTS, CallInputError
+from fides_rag.generation.schema_support import check_schema_shape
 
 
 class IncompleteAnswerError(ValueError):
@@ -54,9 +55,15 @@ def schema_of(spec: Any, field: str = "json_schema") -> dict[str, Any]:
 
 
 def check_json_schema(schema: Mapping[str, Any], field: str, *, what: str | None = None) -> None:
-    """A CallInputError naming `field` when the grammar library cannot compile `schema` (an invalid schema, or a
-    keyword it does not implement). Nothing is checked where the `grammar` extra (llguidance) is not installed: the
-    decoder then refuses every constrained call with the install command."""
+    """A CallInputError naming `field` when `schema` would admit no value (a cycle of references with no content, a
+    schema requiring itself without end) or passes the grammar's limits (`schema_support.check_schema_shape`), or when
+    the grammar library cannot compile it (an invalid schema, or a keyword it does not implement). The library's own
+    check is skipped where the `grammar` extra (llguidance) is not installed: the decoder then refuses every
+    constrained call with the install command."""
+    try:
+        check_schema_shape(schema)
+    except ValueError as err:
+        raise CallInputError(f"{what or field}: {err}", field) from None
     try:
         import llguidance
     except ImportError:

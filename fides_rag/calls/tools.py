@@ -26,6 +26,8 @@ CHOICES = ("auto", "none", "required", "any")
 """tool_choice values other than a tool's name ("any" is "required")."""
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _PROBE = "fides_probe_tool_3f9c"
+TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+"""OpenAI's rule for a tool's name (matched whole): the name is written into the prompt and matched in the answer."""
 
 
 def new_call_id() -> str:
@@ -44,6 +46,9 @@ class ToolSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise CallInputError(f"a tool needs a non-empty name, got {self.name!r}", "tools.function.name")
+        if not TOOL_NAME.fullmatch(self.name):
+            raise CallInputError(f"tool name {self.name!r} must match ^[a-zA-Z0-9_-]{{1,64}}$ (letters, digits, '_' and '-', at most 64), "
+                                 "as OpenAI's tool names do", "tools.function.name")
         if not isinstance(self.parameters, Mapping) or self.parameters.get("type", "object") != "object":
             raise CallInputError(f"tool {self.name!r}: parameters must be a JSON schema of an object, got {self.parameters!r}",
                                  "tools.function.parameters")
@@ -87,10 +92,28 @@ class ToolCall:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": json.dumps(self.arguments)}}
 
 
-def _call_schema(tool: ToolSpec) -> dict:
+def _rebased(schema: Any, prefix: str) -> Any:
+    """`schema` moved under the JSON pointer `prefix` of a larger schema: its local references ("#/$defs/Item",
+    "#") rewritten to point where their targets now are (values of const, enum, ... kept as they are)."""
+    if isinstance(schema, list):
+        return [_rebased(item, prefix) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    moved = {}
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+            moved[key] = f"#{prefix}{value[1:]}"
+        else:
+            moved[key] = value if key in ("const", "enum", "default", "examples") else _rebased(value, prefix)
+    return moved
+
+
+def _call_schema(tool: ToolSpec, at: str = "") -> dict:
+    """The schema of one call of `tool`, to sit at the JSON pointer `at` of the forcing schema (its arguments' local
+    references rebased there, so a pydantic model's `$defs` still resolve)."""
     return {
         "type": "object",
-        "properties": {"name": {"const": tool.name}, "arguments": closed_schema(dict(tool.parameters))},
+        "properties": {"name": {"const": tool.name}, "arguments": _rebased(closed_schema(dict(tool.parameters)), f"{at}/properties/arguments")},
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }
@@ -162,8 +185,9 @@ class ToolCalling:
         specs = [ToolSpec.from_any(t) for t in tools]
         self.tools = list({json.dumps(t.openai(), sort_keys=True): t for t in specs}.values())  # the same tool twice: once
         names = [t.name for t in self.tools]
-        if len(set(names)) != len(names):
-            raise CallInputError(f"two different tools share a name; tool names must be unique, got {names}", "tools")
+        shared = next((name for i, name in enumerate(names) if name in names[:i]), None)
+        if shared is not None:
+            raise CallInputError(f"two different tools share the name {shared!r}; tool names must be unique, got {names}", "tools.function.name")
         self.tool_choice = tool_choice_name(tool_choice, names, required=required)
         self._native: bool | None = None
 
@@ -227,7 +251,7 @@ class ToolCalling:
             return None
         if len(forced) == 1:
             return _call_schema(forced[0])
-        return {"anyOf": [_call_schema(t) for t in forced]}
+        return {"anyOf": [_call_schema(t, f"/anyOf/{i}") for i, t in enumerate(forced)]}
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         """(content with the calls removed, calls): `<tool_call>` blocks, or the whole text as one bare JSON call.

@@ -29,7 +29,7 @@ from fides_rag.generation.in_flight import InFlight
 from fides_rag.generation.kv_cache import DecodeCache, mergeable
 from fides_rag.generation.layout import Unit
 from fides_rag.generation.prefix_cache import DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
-from fides_rag.generation.prompting import context_window
+from fides_rag.generation.prompting import ContextWindowExceeded, context_window
 from fides_rag.generation.ragged_attention import per_segment_attention
 from fides_rag.generation.requests import Heads, Request
 from fides_rag.generation.running import RunningBatch
@@ -189,6 +189,8 @@ class DecodeEngine:
         """Run each rule's setup hook (under the model lock, as it may run the model): its masked attention heads
         (DeCoRe's head discovery), checked against the model. None where a rule masks no heads."""
         heads: list[Heads | None] = []
+        if not any(MASKED_HEADS in rule.paths for rule in rules):
+            return [None] * len(rules)  # nothing to run: a request's admission never waits for the steps in flight
         with self.model_lock:
             for rule in rules:
                 asked = rule.masked_heads(self.model, self.tokenizer) if MASKED_HEADS in rule.paths else None
@@ -217,10 +219,7 @@ class DecodeEngine:
     def _check_fits(self, request: Request) -> None:
         longest = max(len(ids) for ids in (request.example.context_ids, request.example.no_context_ids, *(request.example.document_ids or [])))
         if longest + request.settings.max_new_tokens > self.context_window:
-            raise ValueError(
-                f"a prompt of {longest} tokens plus max_new_tokens={request.settings.max_new_tokens} exceeds the model's "
-                f"context window of {self.context_window}; shorten the prompt or documents, or lower max_new_tokens"
-            )
+            raise ContextWindowExceeded(longest, request.settings.max_new_tokens, self.context_window, "the prompt or documents")
         self.scheduler.check_fits(request)
 
     def submit(self, requests: Sequence[Request], *, wait_here: bool = False) -> list[RequestHandle]:

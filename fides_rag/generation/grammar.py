@@ -34,6 +34,7 @@ import torch
 from fides_rag.extras import require
 from fides_rag.generation.grammar_closing import TokenBytes, completes, shortest_completion
 from fides_rag.generation.grammar_masks import allocate_bitmask, apply_bitmask, bitmask_width
+from fides_rag.generation.schema_support import check_pattern_limits, check_schema_shape, largest_object
 
 # One-line JSON as json.dumps writes it ({"a": 1, "b": [2, 3]}), no other whitespace: a small model cannot loop on
 # blank lines. A schema can override any of these under its "x-guidance" key.
@@ -45,10 +46,35 @@ HORIZON = 32
 """A state looks for its shortest completion once the tokens left are within this many of the last one found."""
 RETRY = 8
 """Tokens to wait before looking again after a search found no completion."""
+SHORTEST_SEARCH = 1024
+"""Tokens the search for a grammar's shortest answer from its start looks at least this far for (bounded in work by
+`grammar_closing.MAX_EXPANSIONS`; a few tenths of a second for a 60-key object), whatever the budget."""
 
 
 class GrammarViolation(ValueError):
     """A token the grammar refuses was accepted, or the grammar reached a state no token can continue."""
+
+
+class GrammarLimitExceeded(ValueError):
+    """A grammar past a limit of the grammar library (llguidance's parser or lexer), found by the search from its
+    start before anything decodes: every answer would run into it. `field`: the grammar's keyword (json_schema, ...)."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(f"the {kind.replace('_', ' ')} is past a limit of the grammar library: {reason}; simplify it (fewer optional "
+                         "properties in one object, shorter repetitions, less nesting)")
+        self.field, self.reason = kind, reason
+
+
+class BudgetBelowShortestAnswer(ValueError):
+    """A request's max_new_tokens is fewer than the tokens its grammar's shortest complete answer needs: the answer
+    could only be cut, so the request is refused before anything decodes. `needed`: that shortest answer's tokens."""
+
+    field = "max_new_tokens"
+
+    def __init__(self, kind: str, budget: int, needed: int) -> None:
+        super().__init__(f"max_new_tokens={budget} is fewer than the {needed} tokens the shortest complete answer of the "
+                         f"{kind.replace('_', ' ')} needs, so the answer could only be cut: raise max_new_tokens to at least {needed}")
+        self.kind, self.budget, self.needed = kind, budget, needed
 
 
 def _llguidance():
@@ -151,6 +177,7 @@ class GrammarConstraint:
     eos_token_ids: tuple[int, ...]
     _template: Any = field(repr=False, default=None)  # llguidance.LLMatcher at the start, copied by start()
     _tokens: Any = field(repr=False, default=None)  # the _TokenizerGrammars it was compiled for
+    _shortest: dict = field(repr=False, default_factory=dict, compare=False)  # {"bound", "path"}: shortest_answer's search
 
     @classmethod
     def compile(
@@ -181,8 +208,16 @@ class GrammarConstraint:
                 entry.compiled.move_to_end((kind, source))
                 return cached
         if kind == "json_schema":
+            try:
+                check_schema_shape(json.loads(source))
+            except ValueError as err:
+                raise ValueError(f"invalid json schema: {err}") from None
             text = llg.LLMatcher.grammar_from_json_schema(source, defaults=JSON_OPTIONS)
         elif kind == "regex":
+            try:
+                check_pattern_limits(source)
+            except ValueError as err:
+                raise ValueError(f"invalid regex: {err}") from None
             text = llg.LLMatcher.grammar_from_regex(source)
         else:
             try:
@@ -232,6 +267,39 @@ class GrammarConstraint:
         """A fresh state at the start of the grammar, for one request (or one row of a batch)."""
         return GrammarState(self, None if self._template is None else self._template.deep_copy())
 
+    def shortest_answer(self, max_tokens: int = SHORTEST_SEARCH) -> list[int] | None:
+        """A shortest complete answer of the grammar from its start, in tokens (`grammar_closing`; its length bounds
+        the shortest from above, and is what the decoder forces under a budget), searched at least `max_tokens` (and
+        SHORTEST_SEARCH) far; None when the search finds none ([] for any_text). Searched once per compiled grammar
+        (again only for a farther bound after finding none); thread-safe. GrammarLimitExceeded where the search runs
+        into a limit of llguidance (an object with about 500 optional properties, say)."""
+        if self._template is None:
+            return []
+        if "limit" in self._shortest:
+            raise GrammarLimitExceeded(self.kind, self._shortest["limit"])
+        bound = max(max_tokens, SHORTEST_SEARCH)
+        known = self._shortest.get("found")
+        if known is not None and (known[1] is not None or known[0] >= bound):
+            return None if known[1] is None else list(known[1])
+        matcher = self._template.deep_copy()
+        path = shortest_completion(matcher, self._tokens.token_bytes(), max_tokens=bound)
+        if matcher.is_error():  # a limit of llguidance's parser or lexer, met on the way: every answer would meet it
+            reason = matcher.get_error().strip().splitlines()[0]
+            largest = largest_object(json.loads(self.source)) if self.kind == "json_schema" else None
+            if largest is not None:
+                reason += f" (the schema's largest object, at {largest[0]}, has {largest[1]} optional properties)"
+            self._shortest["limit"] = reason
+            raise GrammarLimitExceeded(self.kind, reason)
+        self._shortest["found"] = (bound, path)  # one assignment: a racing search stores the same path
+        return None if path is None else list(path)
+
+    def check_budget(self, max_new_tokens: int) -> None:
+        """BudgetBelowShortestAnswer where `max_new_tokens` is fewer than the tokens of the grammar's shortest complete
+        answer (nothing is refused where the search finds none: a count it cannot see, as a large minLength)."""
+        path = self.shortest_answer(max_new_tokens)
+        if path is not None and len(path) > max_new_tokens:
+            raise BudgetBelowShortestAnswer(self.kind, max_new_tokens, len(path))
+
 
 class GrammarState:
     """One request's position in its grammar. Not thread-safe: owned by the loop that steps the request.
@@ -253,8 +321,10 @@ class GrammarState:
         self._path: list[int] | None = None  # a completion from here, searched when the budget gets near
         self._known: int | None = None  # length of the last completion found (None: not searched yet)
         self._retry_below: int | None = None  # after a failed search: look again once fewer tokens are left
+        self._at_start = True  # no token accepted yet: the constraint's own search from the start applies
         self.budget_short: int | None = None
-        """The tokens the grammar's shortest answer needs, where the budget is smaller: it cannot close."""
+        """The tokens the grammar's shortest answer needs, where the budget is smaller: it cannot close (a request
+        built by the decoder is refused instead, `GrammarConstraint.check_budget`)."""
 
     def reserve(self, left: int) -> None:
         """Before a step with `left` tokens left (this step's included): know a completion once the budget is
@@ -284,7 +354,7 @@ class GrammarState:
 
     def _search(self, left: int) -> None:
         first = self._known is None
-        self._path = self.completion(left)
+        self._path = self.constraint.shortest_answer(left) if self._at_start else self.completion(left)
         if first and self._path is not None and len(self._path) > left:
             self.budget_short = len(self._path)
         if self._path is None:
@@ -302,7 +372,7 @@ class GrammarState:
             if token_id in self.constraint.eos_token_ids:
                 return token_id
             raise GrammarViolation(f"token {token_id} after the grammar ended with EOS")
-        before, self.forced = self._path, None
+        before, self.forced, self._at_start = self._path, None, False
         if not self._matcher.consume_token(token_id):
             raise GrammarViolation(f"the {self.constraint.kind.replace('_', ' ')} refuses token {token_id}: "
                                    f"{self._matcher.get_error().splitlines()[0]}")

@@ -19,6 +19,18 @@ logger = logging.getLogger(__name__)
 MAX_SANE_CONTEXT = 10_000_000
 
 
+class ContextWindowExceeded(ValueError):
+    """A prompt that, with max_new_tokens, does not fit the model's context window (bad input, refused before
+    anything decodes). `field`: what to shorten; `tokens`, `max_new_tokens`, `context_window`: the numbers."""
+
+    field = "prompt"
+
+    def __init__(self, tokens: int, max_new_tokens: int, context_window: int, what: str = "the prompt") -> None:
+        super().__init__(f"a prompt of {tokens} tokens plus max_new_tokens={max_new_tokens} exceeds the context window of "
+                         f"{context_window}; shorten {what} or lower max_new_tokens")
+        self.tokens, self.max_new_tokens, self.context_window = tokens, max_new_tokens, context_window
+
+
 @dataclass
 class PreparedExample:
     """The tokenised prompts of one example, and how they came to be."""
@@ -188,10 +200,7 @@ class PromptPreparer:
         ctx_ids, no_ctx_ids = self._encode_raw((context_prompt, no_context_prompt), add_special_tokens, untrusted)
         longest = max(len(ctx_ids), len(no_ctx_ids))
         if longest + max_new_tokens > self.context_window:
-            raise ValueError(
-                f"a prompt of {longest} tokens plus max_new_tokens={max_new_tokens} exceeds the context window "
-                f"of {self.context_window}; shorten the prompt or lower max_new_tokens"
-            )
+            raise ContextWindowExceeded(longest, max_new_tokens, self.context_window)
         return PreparedExample(context_prompt, no_context_prompt, ctx_ids, no_ctx_ids, (), True)
 
     def _encode_raw(self, prompts: Sequence[str], add_special_tokens: bool, untrusted: Sequence[str] | str) -> list[list[int]]:

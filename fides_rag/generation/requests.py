@@ -234,7 +234,10 @@ class RequestBuilder:
         runs = [MethodRun(label, rule, standard or rule) for label, rule in labelled.items()]  # one 'standard': decoded once
         if stream and methods is not None:
             raise ValueError("a stream decodes one method; pass method=, not methods=")
-        request = Request(example, runs, settings, streams=stream, several=methods is not None, constraint=self.constraint(settings, example.stop + settings.stop))
+        constraint = self.constraint(settings, example.stop + settings.stop)
+        if constraint is not None:
+            constraint.check_budget(settings.max_new_tokens)  # an answer that could only be cut is refused, not decoded
+        request = Request(example, runs, settings, streams=stream, several=methods is not None, constraint=constraint)
         check_document_paths([example], [run.effective for run in request.decoded], first=number)
         return request
 

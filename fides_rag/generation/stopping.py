@@ -45,10 +45,9 @@ def stop_found(unit: Unit) -> bool:
 
 def finish_reason(unit: Unit, eos_token_ids: set[int], criteria_hit: bool) -> FinishReason | None:
     """Why `unit` stops after its latest token, or None if it goes on. A structured answer the budget made close
-    early ends for "length", as OpenAI reports an answer cut by max_tokens."""
+    early is complete (its grammar accepts it): it ends as any complete answer does ("eos", or "stop" where it
+    reached its budget complete), never for "length"; `closed_early` tells the budget closed it."""
     grammar = unit.grammar
-    if grammar is not None and grammar.closed_early and (unit.generated[-1] in eos_token_ids or grammar.is_terminated()):
-        return "length"  # closed for the budget
     if unit.generated[-1] in eos_token_ids:
         return "eos"
     if grammar is not None and grammar.is_terminated():
@@ -58,5 +57,5 @@ def finish_reason(unit: Unit, eos_token_ids: set[int], criteria_hit: bool) -> Fi
     if criteria_hit:
         return "criteria"
     if len(unit.generated) >= unit.max_new_tokens:
-        return "length"
+        return "stop" if grammar is not None and grammar.closed_early and grammar.is_complete() else "length"
     return None

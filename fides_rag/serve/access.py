@@ -13,7 +13,7 @@ from typing import Any
 from fides_rag.serve.errors import APIError
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/health/"})
 
 
 def is_loopback(host: str) -> bool:

@@ -41,14 +41,22 @@ def _strict(schema: Any, param: str) -> None:
 
 
 def _tools(body: ChatCompletionRequest) -> list[ToolSpec]:
-    specs = []
+    """The tools as the call layer's specs; a bad one is refused naming its field (`tools.0.function.name`), and so is
+    a name given twice, as OpenAI's API refuses it (the call layer merges a tool given twice, identical)."""
+    specs: list[ToolSpec] = []
+    first: dict[str, int] = {}
     for i, tool in enumerate(body.tools or []):
+        name = tool.function.name
+        if name in first:
+            raise bad_request(f"tools.{i}.function.name: the name {name!r} is taken by tools.{first[name]}; tool names must be unique "
+                              "within a request", f"tools.{i}.function.name", "invalid_value")
+        first[name] = i
         if tool.function.strict:
-            _strict(tool.function.parameters or ANY_OBJECT, f"tools[{i}].function.parameters")
+            _strict(tool.function.parameters or ANY_OBJECT, f"tools.{i}.function.parameters")
         try:
             specs.append(ToolSpec.from_openai(tool.model_dump(exclude_none=True)))
         except CallInputError as err:
-            raise _named(err, err.field.replace("tools.", f"tools[{i}].", 1)) from None
+            raise _named(err, err.field.replace("tools.", f"tools.{i}.", 1)) from None
     return specs
 
 

@@ -47,7 +47,16 @@ def build_app(decoder: FidesDecoder, *, model_name: str, method: str = "fides", 
         while (engine.requests_in_flight or engine.queue_length) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
 
-    app = FastAPI(title="fides-rag", lifespan=lifespan)
+    # No redirects: a path with a trailing slash is served as the path without it (`_route`), any other unknown path
+    # gets a 404 in OpenAI's shape; Starlette's default, a bare 307, is an answer many clients do not follow with the body.
+    app = FastAPI(title="fides-rag", lifespan=lifespan, redirect_slashes=False)
+
+    def _route(method: str, path: str) -> Any:
+        def register(endpoint: Any) -> Any:
+            app.add_api_route(path, endpoint, methods=[method])
+            app.add_api_route(f"{path}/", endpoint, methods=[method], include_in_schema=False)
+            return endpoint
+        return register
 
     app.add_middleware(AccessControl, policy=access)
     if access.cors_origins:  # outermost: answers preflights, and puts its headers on refusals too
@@ -64,25 +73,25 @@ def build_app(decoder: FidesDecoder, *, model_name: str, method: str = "fides", 
         code = {404: "not_found", 405: "method_not_allowed"}.get(err.status_code)
         return APIError(err.status_code, what, code=code, headers=dict(err.headers or {})).response()
 
-    @app.post("/v1/chat/completions")
+    @_route("POST", "/v1/chat/completions")
     async def chat_completions(raw: Request) -> Response:
         return await handling.counted("chat", handling.serve(raw, "chat", ChatCompletionRequest, chat_plan, chat_completion))
 
-    @app.post("/v1/completions")
+    @_route("POST", "/v1/completions")
     async def completions(raw: Request) -> Response:
         return await handling.counted("completions", handling.serve(raw, "completions", CompletionRequest, completion_plan, text_completion))
 
-    @app.get("/v1/models")
+    @_route("GET", "/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "fides-rag"}]}
 
-    @app.get("/health")
+    @_route("GET", "/health")
     async def health() -> JSONResponse:
         body = {"status": "draining" if handling.draining else "ok", "queue_length": engine.queue_length,
                 "requests_in_flight": engine.requests_in_flight}
         return JSONResponse(body, status_code=503 if handling.draining else 200)
 
-    @app.get("/metrics")
+    @_route("GET", "/metrics")
     async def prometheus() -> Response:
         return Response(metrics.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
 

@@ -40,7 +40,7 @@ def add_serve_parser(commands: Any, default_model: str) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     serve.add_argument("--max-new-tokens", type=_positive, default=128, help="tokens of a request that sets no max_tokens (default 128)")
-    serve.add_argument("--max-queue", type=_positive, help="requests waiting for the engine beyond which a request gets 429 (default: no bound)")
+    serve.add_argument("--max-queue", type=_positive, help="requests waiting for the engine (queued or being planned) beyond which a request gets 429 (default: no bound)")
     serve.add_argument("--max-batch-size", type=_positive, help="requests decoding at once (default: no bound)")
     serve.add_argument("--max-num-batched-tokens", type=_positive,
                        help="tokens a step computes: its decodes, then prompt chunks of at most this (default 512 on CPU, 2048 on GPU)")

@@ -27,7 +27,8 @@ def plan_headers(plan: ChatPlan, requested: str) -> dict[str, str]:
 
 
 def record_headers(record: dict[str, Any]) -> dict[str, str]:
-    """The record's summary: method, fallback, documents, the mean alpha (where the method records one), notes."""
+    """The record's summary: method, fallback, documents, the mean alpha (where the method records one), notes, and
+    whether the grammar closed a structured answer early to fit the budget (complete, so its finish_reason is "stop")."""
     alphas = [a for a in record.get("alphas", []) if a is not None]
     headers = {
         "x-fides-method": _ascii(record["method"]),
@@ -36,6 +37,7 @@ def record_headers(record: dict[str, Any]) -> dict[str, str]:
         "x-fides-documents-source": _ascii(record["documents_source"]),
         "x-fides-num-documents": str(record["num_documents"]),
         "x-fides-notes": _ascii(record.get("notes", [])),
+        "x-fides-closed-early": "true" if record.get("closed_early") else "false",
     }
     if alphas:
         headers["x-fides-mean-alpha"] = f"{sum(alphas) / len(alphas):.6f}"

@@ -17,6 +17,8 @@ from pydantic import ValidationError
 from fides_rag.calls import Answer, Call, ChatPlan
 from fides_rag.decoder import FidesDecoder
 from fides_rag.generation.engine import QueueFullError
+from fides_rag.generation.grammar import BudgetBelowShortestAnswer, GrammarLimitExceeded
+from fides_rag.generation.prompting import ContextWindowExceeded
 from fides_rag.generation.tickets import RequestHandle
 from fides_rag.serve.agent_call import AgentCall, agent_call
 from fides_rag.serve.errors import APIError, bad_request, validation_error
@@ -31,6 +33,35 @@ from fides_rag.serve.responses import ChunkWriter, new_id
 logger = logging.getLogger("fides_rag.serve")
 DISCONNECT_POLL_S = 0.2
 Planner = Callable[[FidesDecoder, Any, int, Any], ChatPlan]
+
+
+def _budget_below_shortest(body: Any, agent: AgentCall, err: BudgetBelowShortestAnswer) -> APIError:
+    """The 400 of a structured answer (response_format, a forced call) whose budget cannot hold its shortest answer."""
+    param = _budget_field(body)
+    what = "tool call" if agent.calling is not None and agent.calling.forced else "response_format answer"
+    return bad_request(f"{param}={err.budget} is fewer than the {err.needed} tokens the shortest complete {what} needs under its "
+                       f"grammar, so the answer could only be cut: set {param} to at least {err.needed}", param, "max_tokens_too_small")
+
+
+def _grammar_param(body: Any, agent: AgentCall) -> str:
+    """The field whose grammar this is: the response format's schema, or the forced tool's parameters."""
+    if agent.calling is None or not agent.calling.forced:
+        return "response_format.json_schema.schema"
+    forced = agent.calling.forced
+    names = [tool.function.name for tool in body.tools or []]
+    return f"tools.{names.index(forced[0].name)}.function.parameters" if len(forced) == 1 and forced[0].name in names else "tools"
+
+
+def _budget_field(body: Any) -> str:
+    return "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
+
+
+def _not_fitting(body: Any, err: ContextWindowExceeded) -> APIError:
+    """The 400 of a prompt that, with the budget, passes the context window: `param` names the larger of the two."""
+    prompt, budget = ("messages" if isinstance(body, ChatCompletionRequest) else "prompt"), _budget_field(body)
+    return bad_request(f"the {prompt} ({err.tokens} tokens) and {budget}={err.max_new_tokens} do not fit the model's context window "
+                       f"of {err.context_window} tokens; shorten the {prompt} or lower {budget}",
+                       prompt if err.tokens >= err.max_new_tokens else budget, "context_length_exceeded")
 
 
 def _queue_full(message: str) -> APIError:
@@ -51,6 +82,8 @@ class RequestHandling:
         self.decoder, self.model_name, self.method, self.limits = decoder, model_name, method, limits
         self.metrics = ServerMetrics(decoder)
         self.draining = False
+        self.admitting = 0
+        """Requests between their admission check and the engine's queue (being parsed, planned, tokenised)."""
 
     async def counted(self, endpoint: str, call: Awaitable[Response]) -> Response:
         """The response of `call`, or its API error's (counted by status)."""
@@ -63,10 +96,13 @@ class RequestHandling:
     async def serve(self, raw: Request, endpoint: str, model: type[Sampling], plan_of: Planner,
                     respond: Callable[..., dict[str, Any]]) -> Response:
         raw_body = await self.limits.read_body(raw)
-        self._refuse_when_full()
-        # Parsing, planning and tokenising take long for a long prompt and the engine's admission waits for the
-        # model lock: off the event loop, so health checks, metrics and 429s answer meanwhile.
-        body, admitted = await anyio.to_thread.run_sync(self._admit, raw_body, model, plan_of)
+        self._take_place()  # before any planning, on the event loop: a refusal never waits behind others' work
+        # Parsing, planning and tokenising take long for a long prompt: off the event loop, so health checks, metrics
+        # and 429s answer meanwhile.
+        try:
+            body, admitted = await anyio.to_thread.run_sync(self._admit, raw_body, model, plan_of)
+        finally:
+            self.admitting -= 1  # queued on the engine by now (counted in its queue_length), or refused
         if body.stream:
             writer = ChunkWriter(admitted.chat, self.model_name)
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -101,18 +137,23 @@ class RequestHandling:
         except ValidationError as err:
             raise validation_error(list(err.errors()), supported_fields(model)) from None
 
-    def _refuse_when_full(self) -> None:
+    def _take_place(self) -> None:
+        """Admit one request to planning, or refuse it (503 while draining, 429 past max_queue): the requests being
+        planned count as waiting, with those in the engine's queue, so a flood is refused at once, before any of its
+        requests is parsed, planned or tokenised. Runs on the event loop only (the count needs no lock)."""
         engine = self.decoder.engine
         if self.draining:
             raise APIError(503, "the server is shutting down; retry on another replica", type="server_error", code="shutting_down")
-        if engine.max_queue is not None and engine.queue_length >= engine.max_queue:
-            raise _queue_full(f"{engine.queue_length} requests are waiting, the engine's max_queue is {engine.max_queue}; retry later")
+        waiting = engine.queue_length + self.admitting
+        if engine.max_queue is not None and waiting >= engine.max_queue:
+            raise _queue_full(f"{waiting} requests are waiting (queued, or being planned), the engine's max_queue is {engine.max_queue}; "
+                              "retry later")
+        self.admitting += 1
 
     def _admit(self, raw_body: bytes, model: type[Sampling], plan_of: Planner) -> tuple[Any, Admitted]:
         """Validate, plan, build and submit one request (on a worker thread)."""
         started = time.perf_counter()
         body = self._validated(raw_body, model)
-        self._refuse_when_full()
         self.limits.check_documents(self.decoder.tokenizer, body.documents or [], self.decoder.context_window,
                                     body.budget() or self.decoder.max_new_tokens)
         agent = agent_call(self.decoder, body)
@@ -121,6 +162,12 @@ class RequestHandling:
             handle = call.submit(stream=body.stream)
         except QueueFullError as err:
             raise _queue_full(str(err)) from None
+        except BudgetBelowShortestAnswer as err:
+            raise _budget_below_shortest(body, agent, err) from None
+        except ContextWindowExceeded as err:
+            raise _not_fitting(body, err) from None
+        except GrammarLimitExceeded as err:
+            raise bad_request(" ".join(str(err).split()), _grammar_param(body, agent), "grammar_too_large") from None
         except (ValueError, TypeError) as err:
             raise bad_request(" ".join(str(err).split()), getattr(err, "field", None)) from None
         try:

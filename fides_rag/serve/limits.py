@@ -4,6 +4,7 @@ do not fit the context window are refused (the default) or trimmed (recorded as 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,13 +52,13 @@ class RequestLimits:
                              "shorter documents (the server's --max-request-bytes sets the limit)", code="request_too_large")
 
     def parse(self, body: bytes) -> dict[str, Any]:
-        """The body as a JSON object: invalid JSON, NaN/Infinity, numbers too long, nesting deeper than
-        `max_json_depth` and anything but an object are each refused with a 400."""
+        """The body as a JSON object: invalid JSON, NaN/Infinity, numbers too long or too large, nesting deeper than
+        `max_json_depth` and anything but an object are each refused with a 400 (naming the field where there is one)."""
         try:
-            payload = json.loads(body, parse_constant=_refuse_constant)
+            payload = json.loads(body, parse_constant=_Refused.constant, parse_int=_Refused.integer, parse_float=_Refused.number)
         except RecursionError:
             raise self._too_deep() from None
-        except ValueError as err:  # JSONDecodeError, UnicodeDecodeError, integers past Python's digit limit
+        except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
             raise APIError(400, f"the request body is not valid JSON: {err}", code="invalid_json") from None
         if not isinstance(payload, dict):
             raise bad_request("the request body must be a JSON object")
@@ -91,29 +92,57 @@ class RequestLimits:
                            "the record's documents_trimmed)", "documents", "context_length_exceeded")
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
+class _Refused:
+    """A value the JSON text holds but a request may not (NaN, Infinity, an integer past Python's digit limit, a number
+    too large for a float): parsed as this marker, so the tree walk can name the field that holds it."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    @classmethod
+    def constant(cls, name: str) -> _Refused:
+        return cls(f"{name} is not a JSON number (JSON has no NaN or Infinity)")
+
+    @classmethod
+    def integer(cls, text: str) -> int | _Refused:
+        try:
+            return int(text)
+        except ValueError:  # past sys.get_int_max_str_digits()
+            return cls(f"an integer of {len(text.lstrip('-'))} digits is too long")
+
+    @classmethod
+    def number(cls, text: str) -> float | _Refused:
+        value = float(text)
+        return value if math.isfinite(value) else cls(f"{text[:32]} is too large for a number")
 
 
-def _too_deep(limit: int) -> APIError:
-    return APIError(400, f"the request body nests deeper than {limit} levels", code="invalid_json")
+def _too_deep(limit: int, param: str | None = None) -> APIError:
+    return APIError(400, f"the request body nests deeper than {limit} levels", param=param, code="invalid_json")
+
+
+def _param(path: tuple[Any, ...]) -> str | None:
+    """A field's path as pydantic names it in its errors (messages.0.content)."""
+    return ".".join(str(part) for part in path) or None
 
 
 def _check_tree(value: Any, limit: int) -> None:
-    """Refuse (400) nesting past `limit` levels and strings that are not Unicode text (a lone surrogate such as
-    "\\ud800" is valid JSON but no character); walked without recursion."""
-    stack = [(value, 1)]
+    """Refuse (400, naming the field) nesting past `limit` levels, the values `_Refused` marks, and strings that are
+    not Unicode text (a lone surrogate such as "\\ud800" is valid JSON but no character); walked without recursion."""
+    stack: list[tuple[Any, int, tuple[Any, ...]]] = [(value, 1, ())]
     while stack:
-        item, depth = stack.pop()
+        item, depth, path = stack.pop()
+        if isinstance(item, _Refused):
+            raise APIError(400, f"invalid request at {_param(path)!r}: {item.what}", param=_param(path), code="invalid_json")
         if isinstance(item, str):
             try:
                 item.encode("utf-8")
             except UnicodeEncodeError as err:
                 raise APIError(400, f"a string in the request body holds a lone surrogate ({item[err.start]!r}), which is not text",
-                               code="invalid_json") from None
+                               param=_param(path), code="invalid_json") from None
         elif isinstance(item, (dict, list)):
             if depth > limit:
-                raise _too_deep(limit)
-            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+                raise _too_deep(limit, _param(path))
+            children = item.items() if isinstance(item, dict) else enumerate(item)
+            stack.extend((child, depth + 1, (*path, key)) for key, child in children)
             if isinstance(item, dict):
-                stack.extend((key, depth) for key in item)
+                stack.extend((key, depth, (*path, key)) for key in item)

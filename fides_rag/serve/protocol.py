@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
 
 from fides_rag.generation.logprobs import MAX_TOP_LOGPROBS
+from fides_rag.generation.settings import MAX_SEED
 from fides_rag.serve.agent_fields import AgentFields, NoOpFields
 
 
@@ -58,7 +59,8 @@ class Sampling(NoOpFields, _Strict):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    """Checked whatever the temperature (greedy decoding ignores it), in the range sampling takes."""
     stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1, le=1, description="one choice per request")
     stream: bool = False

@@ -3,6 +3,9 @@ concatenate to the answer, role lines and tool markup as stops, and a forced cal
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 
 from fides_rag import FidesDecoder
@@ -59,11 +62,26 @@ def test_a_forced_call_refuses_a_second_grammar_naming_it(decoder):
 def test_a_forced_call_that_gave_none_is_never_an_answer(decoder):
     calling = ToolCalling(decoder.tokenizer, [SEARCH], "search")
     planner = ChatPrompts.for_decoder(decoder, tools=calling)
-    plan = planner.conversation([("user", "Find the tower.")], 3)
-    answer = Call(decoder, plan, CallOptions.parse({}, {"max_new_tokens": 3}), calling=calling).run()
-    if not answer.tool_calls:  # three tokens cannot hold the call (until the grammar closes it early)
-        assert answer.text == "" and "forced a call, but none could be read" in answer.notes[-1]
-        assert answer.record["tool_choice"] == "search" and answer.finish_reason == "length"
+    plan = planner.conversation([("user", "Find the tower.")], 60)
+    call = Call(decoder, plan, CallOptions.parse({}, {"max_new_tokens": 60}), calling=calling)
+    cut = dataclasses.replace(call.run().result, text='{"name": "sea', finish_reason="length")  # as a stop string could cut it
+    answer = call.finish(cut)
+    assert answer.tool_calls == [] and answer.text == "" and "forced a call, but none could be read" in answer.notes[-1]
+    assert answer.record["tool_choice"] == "search" and answer.finish_reason == "length"
+
+
+@pytest.mark.parametrize("forced", [True, False])
+def test_a_structured_call_whose_budget_cannot_hold_its_shortest_answer_is_refused_before_decoding(decoder, forced):
+    calling = ToolCalling(decoder.tokenizer, [SEARCH], "search") if forced else None
+    plan = ChatPrompts.for_decoder(decoder, tools=calling).conversation([("user", "Find the tower.")], 3)
+    options = CallOptions.parse({}, {"max_new_tokens": 3, **({} if forced else {"json_schema": ANSWER_SCHEMA})})
+    call = Call(decoder, plan, options, calling=calling, structure=None if forced else True)
+    requests = decoder.engine.stats.requests
+    for run in (call.run, lambda: list(call.stream())):
+        with pytest.raises(ValueError, match=r"max_new_tokens=3 is fewer than the (\d+) tokens .* raise max_new_tokens to at least \1") as err:
+            run()
+        assert err.value.field == "max_new_tokens" and err.value.needed > 3
+    assert decoder.engine.stats.requests == requests
 
 
 def test_deltas_hold_one_back_so_the_last_carries_the_answer(decoder):
@@ -79,3 +97,25 @@ def test_the_answer_log_keeps_the_newest_answers(decoder):
     plan = ChatPrompts.for_decoder(decoder).conversation(TURNS, 4, documents=[DOC])
     answers = [log.add(Call(decoder, plan, CallOptions.parse({}, {"max_new_tokens": n})).run()) for n in (2, 3, 4)]
     assert log.last is answers[-1].result and [e["info"] for e in log.entries()] == [a.record for a in answers[1:]]
+
+
+ANSWER_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"], "additionalProperties": False}
+
+
+def test_a_structured_answer_the_grammar_closed_early_is_complete_streamed_or_not(decoder):
+    from fides_rag.generation.grammar import GrammarConstraint
+
+    shortest = len(GrammarConstraint.compile(decoder.tokenizer, json_schema=ANSWER_SCHEMA).start().completion(200))
+    plan = ChatPrompts.for_decoder(decoder).conversation(TURNS, shortest + 3, documents=[DOC])
+    options = {"max_new_tokens": shortest + 3, "json_schema": ANSWER_SCHEMA}
+    answer = Call(decoder, plan, CallOptions.parse({}, options), structure=True).run()
+    assert answer.record["closed_early"] is True  # the random model never closes on its own: the budget did
+    assert answer.finish_reason == "stop" and answer.record["finish_reason"] != "length"
+    assert answer.parsing_error is None and answer.parsed == json.loads(answer.text) and set(answer.parsed) == {"answer"}
+    streamed = list(Call(decoder, plan, CallOptions.parse({}, options), structure=True).stream())[-1]
+    assert streamed.finish_reason == "stop" and streamed.record["closed_early"] is True and streamed.parsed == answer.parsed
+    calling = ToolCalling(decoder.tokenizer, [SEARCH], "search")
+    budget = len(GrammarConstraint.compile(decoder.tokenizer, json_schema=calling.constraint()).start().completion(200)) + 3
+    forced_plan = ChatPrompts.for_decoder(decoder, tools=calling).conversation([("user", "Find the tower.")], budget)
+    forced = Call(decoder, forced_plan, CallOptions.parse({}, {"max_new_tokens": budget}), calling=calling).run()
+    assert [c.name for c in forced.tool_calls] == ["search"] and forced.finish_reason == "tool_calls" and forced.record["closed_early"]

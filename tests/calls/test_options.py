@@ -26,6 +26,9 @@ def test_a_call_overrides_the_defaults_and_config_goes_to_the_rules_that_take_on
     ({"method": "cad", "fides_config": FidesConfig()}, "fides_config"),
     ({"max_new_tokens": 0}, "max_new_tokens"),
     ({"json_schema": {"type": "object"}, "regex": "a+"}, "json_schema"),
+    ({"seed": 2**64}, "seed"),  # greedy: the seed is unused, and still checked
+    ({"seed": -1, "do_sample": True, "temperature": 0.5}, "seed"),
+    ({"seed": 2**63, "temperature": 0}, "seed"),
 ])
 def test_bad_options_name_their_field(call, field):
     with pytest.raises(CallInputError) as err:

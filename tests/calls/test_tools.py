@@ -47,8 +47,16 @@ def test_tool_choice_is_checked(chat_tokenizer):
     with pytest.raises(ValueError, match="needs at least one tool"):
         ToolCalling(chat_tokenizer, [], "required")
     assert ToolCalling(chat_tokenizer, [SEARCH, ADD, SEARCH]).tools == [SEARCH, ADD]
-    with pytest.raises(ValueError, match="unique"):
+    with pytest.raises(ValueError, match="share the name 'search'.*unique"):
         ToolCalling(chat_tokenizer, [SEARCH, ToolSpec("search", "Other.")])
+
+
+@pytest.mark.parametrize("name", ["bad<|im_end|>", "has space", "dotted.name", "x" * 65, "ünï"])
+def test_a_tool_name_outside_openais_rule_is_refused_naming_the_tool(name):
+    with pytest.raises(ValueError, match="must match") as err:
+        ToolSpec.from_openai({"type": "function", "function": {"name": name}})
+    assert repr(name) in str(err.value) and err.value.field == "tools.function.name"
+    assert ToolSpec("a-Z_09" + "x" * 58, "").name  # 64 characters of the allowed ones
 
 
 def test_constraint_forces_one_valid_call(chat_tokenizer):
@@ -147,6 +155,28 @@ def test_forced_call_decodes_to_a_valid_call(chat_tokenizer, tiny_llama):
     assert content == "" and len(calls) == 1 and calls[0].name in ("search", "add")
     spec = SEARCH if calls[0].name == "search" else ADD
     assert set(calls[0].arguments) == set(spec.parameters["required"])
+
+
+def test_a_forced_call_of_a_tool_whose_parameters_use_defs_decodes_to_a_valid_call(chat_tokenizer, tiny_llama):
+    pytest.importorskip("llguidance")
+    from pydantic import BaseModel
+
+    class Point(BaseModel):
+        x: int
+
+    class Move(BaseModel):
+        to: Point
+
+    move = ToolSpec("move", "Move.", Move.model_json_schema())
+    assert move.parameters["properties"]["to"] == {"$ref": "#/$defs/Point"}
+    for choice, tools in (("move", [move]), ("required", [SEARCH, move])):
+        calling = ToolCalling(chat_tokenizer, tools, choice)
+        result = FidesDecoder(tiny_llama, chat_tokenizer).generate(PromptPair("Move.", "Move."), method="standard", max_new_tokens=60,
+                                                                   json_schema=calling.constraint())
+        calls = calling.parse(result.text)[1]
+        assert len(calls) == 1, result.text  # a complete call, closed by the grammar within the budget if need be
+        if calls[0].name == "move":
+            assert Move.model_validate(calls[0].arguments)
 
 
 def test_stream_holds_back_what_may_be_a_call(chat_tokenizer):

@@ -217,6 +217,8 @@ def test_bad_input_is_refused_with_what_to_fix(tokenizer):
         GrammarConstraint.compile(tokenizer)
     with pytest.raises(ValueError, match="invalid json schema"):
         GrammarConstraint.compile(tokenizer, json_schema={"type": "object", "properties": {"a": {"type": "strin"}}})
+    with pytest.raises(ValueError, match=r"invalid json schema: the schema at / leads into a reference cycle with no content \(#/\$defs/A -> #/\$defs/A\)"):
+        GrammarConstraint.compile(tokenizer, json_schema={"$defs": {"A": {"$ref": "#/$defs/A"}}, "$ref": "#/$defs/A"})
     with pytest.raises(ValueError, match="invalid regex"):
         GrammarConstraint.compile(tokenizer, regex="[a-")
     with pytest.raises(ValueError, match="invalid grammar"):
@@ -227,6 +229,22 @@ def test_bad_input_is_refused_with_what_to_fix(tokenizer):
         GrammarConstraint.compile(tokenizer, json_schema=[1, 2])
     with pytest.raises(ValueError, match="smaller than the tokenizer"):
         GrammarConstraint.compile(tokenizer, regex="a", vocab_size=10)
+
+
+def test_a_grammar_past_the_grammar_librarys_limits_is_refused_before_decoding(tokenizer):
+    from fides_rag.generation.grammar import GrammarLimitExceeded
+
+    with pytest.raises(ValueError, match="the object at / lists 10000 properties, more than the grammar's limit of 1000"):
+        GrammarConstraint.compile(tokenizer, json_schema={"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(10_000)}})
+    with pytest.raises(ValueError, match="invalid regex: the pattern at regex repeats 1000000 times"):
+        GrammarConstraint.compile(tokenizer, regex="a{1000000}")
+    with pytest.raises(ValueError, match="no finite JSON value"):
+        GrammarConstraint.compile(tokenizer, json_schema={"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]})
+    wide = GrammarConstraint.compile(tokenizer, json_schema={"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(600)}})
+    for _ in range(2):  # the second time from what the first search learned
+        with pytest.raises(GrammarLimitExceeded, match=r"past a limit of the grammar library: .*largest object, at /, has 600 optional properties") as err:
+            wide.check_budget(64)
+        assert err.value.field == "json_schema"
 
 
 def test_a_missing_extra_names_the_install_command(tokenizer, monkeypatch):

@@ -1,6 +1,6 @@
 """Structured output under a token budget: the decoder forces the grammar's shortest completion in the last tokens,
 so a random-weight model (which writes garbage and never closes on its own) still returns JSON that validates,
-under every method, streamed or not, with finish_reason "length" and `closed_early` set."""
+under every method, streamed or not, complete (finish_reason "eos" or "stop", never "length") with `closed_early` set."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import jsonschema
 import pytest
 
 from fides_rag import FidesDecoder, PromptTemplate, available_methods, get_method, load_model
-from fides_rag.generation.grammar import GrammarConstraint
 from fides_rag.calls import ToolCalling, ToolSpec
+from fides_rag.generation.grammar import BudgetBelowShortestAnswer, GrammarConstraint
 
 QUESTION, DOCUMENTS = "Which city is the capital of France?", ["Lyon is the capital of France.", "Paris is a large city."]
 METHODS = {name: {"decore": dict(heads={1: [0]})}.get(name, {}) for name in available_methods()}
@@ -49,7 +49,7 @@ def check(result, schema, budget: int) -> None:
     jsonschema.validate(json.loads(result.text), schema)
     assert len(result.token_ids) <= budget
     if result.closed_early:
-        assert result.finish_reason == "length"
+        assert result.finish_reason in ("eos", "stop")  # complete: closed by the grammar, not cut
     assert result.to_metadata()["closed_early"] == result.closed_early
 
 
@@ -112,11 +112,19 @@ def test_an_answer_that_ends_on_its_own_is_untouched(decoder):
     assert tight.token_ids == free.token_ids and not tight.closed_early
 
 
-def test_a_budget_below_the_shortest_document_is_noted(decoder, tokenizer):
-    schema = SCHEMAS["nested"]
-    budget = shortest(tokenizer, schema) - 1
-    result = decoder.generate(QUESTION, DOCUMENTS, method="standard", json_schema=schema, max_new_tokens=budget)
-    assert any(f"max_new_tokens={budget} is fewer than" in note for note in result.notes)
+@pytest.mark.parametrize("spec", [dict(json_schema=SCHEMAS["nested"]), dict(json_schema=TOOL.parameters), dict(regex=r"(yes|no), because [a-z]{3}\.")])
+def test_a_budget_below_the_shortest_answer_is_refused_before_decoding_naming_the_minimum(decoder, tokenizer, spec):
+    needed = len(GrammarConstraint.compile(tokenizer, **spec).start().completion(200))
+    requests = decoder.engine.stats.requests
+    for budget in (1, needed - 1):
+        with pytest.raises(BudgetBelowShortestAnswer, match=f"max_new_tokens={budget} is fewer than the {needed} tokens .* at least {needed}") as err:
+            decoder.generate(QUESTION, DOCUMENTS, method="standard", max_new_tokens=budget, **spec)
+        assert isinstance(err.value, ValueError) and err.value.field == "max_new_tokens" and err.value.needed == needed
+        with pytest.raises(BudgetBelowShortestAnswer):
+            decoder.submit(QUESTION, DOCUMENTS, max_new_tokens=budget, stream=True, **spec)
+    assert decoder.engine.stats.requests == requests  # nothing was queued
+    result = decoder.generate(QUESTION, DOCUMENTS, method="standard", max_new_tokens=needed, **spec)
+    assert result.finish_reason != "length" and len(result.token_ids) <= needed  # the minimum itself holds a complete answer
 
 
 def test_the_completion_is_a_real_one_for_regex_and_lark(tokenizer):

@@ -5,6 +5,7 @@ values of unimplemented fields, and every bad agent request refused with a 400 n
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import jsonschema
@@ -87,6 +88,56 @@ def test_response_formats_give_json_of_their_schema(server, response_format, sch
         jsonschema.validate(json.loads(text), schema)
 
 
+FREE_TEXT = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"], "additionalProperties": False}
+
+
+def _shortest(tiny_model_dir, schema) -> int:
+    from transformers import AutoTokenizer
+
+    from fides_rag.generation.grammar import GrammarConstraint
+
+    return len(GrammarConstraint.compile(AutoTokenizer.from_pretrained(tiny_model_dir), json_schema=schema).start().completion(200))
+
+
+def test_an_answer_the_grammar_closed_early_is_complete_finish_reason_stop(server, tiny_model_dir):
+    budget = _shortest(tiny_model_dir, FREE_TEXT) + 3  # the random model never closes a free string: the budget does
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": FREE_TEXT, "strict": True}}
+    raw = _client(server).chat.completions.with_raw_response.create(model="tiny", messages=ASK, max_tokens=budget, response_format=fmt,
+                                                                     extra_body={"documents": DOCS})
+    response = raw.parse()
+    record = response.model_extra["fides"]
+    assert record["closed_early"] is True and raw.headers["x-fides-closed-early"] == "true"
+    assert response.choices[0].finish_reason == "stop" and record["finish_reason"] != "length"
+    jsonschema.validate(json.loads(response.choices[0].message.content), FREE_TEXT)
+    chunks = list(_chat(server, response_format=fmt, max_tokens=budget, stream=True))
+    last = [c for c in chunks if c.choices and c.choices[0].finish_reason][-1]
+    assert last.choices[0].finish_reason == "stop" and chunks[-1].model_extra["fides"]["closed_early"] is True
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == response.choices[0].message.content
+    free = _client(server).chat.completions.with_raw_response.create(model="tiny", messages=ASK, max_tokens=3)
+    assert free.headers["x-fides-closed-early"] == "false" and free.parse().choices[0].finish_reason == "length"  # a cut answer
+
+
+@pytest.mark.parametrize("forced", [False, True])
+def test_a_structured_answer_whose_max_tokens_cannot_hold_its_shortest_answer_is_refused(server, tiny_model_dir, forced):
+    from fides_rag.calls import ToolCalling
+
+    if forced:
+        schema = ToolCalling(None, [SEARCH], "search").constraint()
+        fields = {"tools": [SEARCH], "tool_choice": {"type": "function", "function": {"name": "search"}}}
+    else:
+        schema, fields = FREE_TEXT, {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": FREE_TEXT, "strict": True}}}
+    needed = _shortest(tiny_model_dir, schema)
+    for budget_field in ("max_tokens", "max_completion_tokens"):
+        for stream in (False, True):
+            body = {"messages": ASK, "documents": DOCS, budget_field: needed - 1, "stream": stream, **fields}
+            response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
+            error = response.json()["error"]
+            assert response.status_code == 400 and error["param"] == budget_field and error["type"] == "invalid_request_error", error
+            assert f"{budget_field}={needed - 1} is fewer than the {needed} tokens" in error["message"] and f"at least {needed}" in error["message"]
+    answer = _chat(server, max_tokens=needed, **fields).choices[0]
+    assert answer.finish_reason == ("tool_calls" if forced else "stop")
+
+
 def test_logprobs_in_openai_shape_from_the_contrasted_distribution(server):
     response = _chat(server, logprobs=True, top_logprobs=3, max_tokens=6)
     content = response.choices[0].logprobs.content
@@ -135,18 +186,52 @@ def _fmt(schema, strict=None):
     return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, **({} if strict is None else {"strict": strict})}}
 
 
+WIDE = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(600)}}
+ENDLESS = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize("schema, param, code, named", [
+    ({"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(10_000)}}, "response_format.json_schema.schema", "invalid_value",
+     "the object at / lists 10000 properties, more than the grammar's limit of 1000"),
+    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "^a{1000000}$"}}}, "response_format.json_schema.schema", "invalid_value",
+     "the pattern at /properties/a/pattern repeats 1000000 times, more than the grammar's limit of 10000"),
+    (ENDLESS, "response_format.json_schema.schema", "invalid_value", "no finite JSON value matches the schema"),
+    (WIDE, "response_format.json_schema.schema", "grammar_too_large", "the schema's largest object, at /, has 600 optional properties"),
+    ({"type": "object", "properties": {f"{i}": {} for i in range(600)}}, "tools.0.function.parameters", "grammar_too_large",
+     "the schema's largest object, at /properties/arguments, has 600 optional properties"),  # short, so the prompt fits the window
+])
+def test_a_schema_past_the_grammars_limits_gets_a_400_at_once_naming_where(server, schema, param, code, named):
+    if param.startswith("tools"):
+        fields = {"tools": [{"type": "function", "function": {"name": "wide", "parameters": schema}}],
+                  "tool_choice": {"type": "function", "function": {"name": "wide"}}}
+    else:
+        fields = {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+    started = time.monotonic()
+    response = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": ASK, "max_tokens": 8, **fields}, timeout=60)
+    error = response.json()["error"]
+    assert time.monotonic() - started < 5.0 and response.status_code == 400, error
+    assert error["param"] == param and error["code"] == code and named in error["message"], error
+
+
 @pytest.mark.parametrize("extra, param", [
     ({"frequency_penalty": 0.5}, "frequency_penalty"),
     ({"presence_penalty": -1}, "presence_penalty"),
     ({"logit_bias": {"50256": -100}}, "logit_bias"),
-    ({"tools": [{"type": "function", "function": {"name": "a", "parameters": BAD_SCHEMA}}]}, "tools[0].function.parameters"),
-    ({"tools": [{"type": "function", "function": {"name": "a", "parameters": {"type": "array"}}}]}, "tools[0].function.parameters"),
+    ({"tools": [{"type": "function", "function": {"name": "a", "parameters": BAD_SCHEMA}}]}, "tools.0.function.parameters"),
+    ({"tools": [{"type": "function", "function": {"name": "a", "parameters": {"type": "array"}}}]}, "tools.0.function.parameters"),
     ({"tools": [SEARCH], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "bad<|im_end|>"}}]}, "tools.0.function.name"),
+    ({"tools": [SEARCH, {"type": "function", "function": {"name": "a" * 65}}]}, "tools.1.function.name"),
+    ({"tools": [SEARCH, {"type": "function", "function": {"name": "other"}}, SEARCH]}, "tools.2.function.name"),
+    ({"tools": [SEARCH, {**SEARCH, "function": {**SEARCH["function"], "description": "Another."}}]}, "tools.1.function.name"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"response_format": _fmt(UNCOMPILABLE)}, "response_format.json_schema.schema"),
     ({"response_format": _fmt(BAD_SCHEMA)}, "response_format.json_schema.schema"),
+    ({"response_format": _fmt({"$defs": {"A": {"$ref": "#/$defs/A"}}, "$ref": "#/$defs/A"})}, "response_format.json_schema.schema"),
+    ({"tools": [{"type": "function", "function": {"name": "a", "parameters": {"type": "object", "properties": {"b": {"$ref": "#/$defs/B"}},
+                                                                              "$defs": {"B": {"$ref": "#/$defs/B"}}}}}]}, "tools.0.function.parameters"),
     ({"response_format": _fmt(UNENFORCED, strict=True)}, "response_format.json_schema.schema"),
-    ({"tools": [{**SEARCH, "function": {**SEARCH["function"], "strict": True, "parameters": UNENFORCED}}]}, "tools[0].function.parameters"),
+    ({"tools": [{**SEARCH, "function": {**SEARCH["function"], "strict": True, "parameters": UNENFORCED}}]}, "tools.0.function.parameters"),
     ({"tools": [SEARCH], "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
     ({"logprobs": True, "stream": True, "n": 2}, "n"),
     ({"top_logprobs": 2}, "top_logprobs"),
@@ -156,7 +241,9 @@ def test_bad_agent_requests_get_a_400_naming_the_field(server, extra, param):
     response = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": ASK, "max_tokens": 2, **extra}, timeout=30)
     error = response.json()["error"]
     assert response.status_code == 400 and error["type"] == "invalid_request_error" and error["param"] == param, error
-    assert error["message"]
+    assert error["message"] and "does not exist" not in error["message"]
+    if "$defs" in json.dumps(extra):
+        assert "reference cycle with no content" in error["message"]
 
 
 def test_a_strict_schema_keyword_the_grammar_ignores_is_noted_when_not_strict(server):

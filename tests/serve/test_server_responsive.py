@@ -1,5 +1,6 @@
 """The event loop never waits on a request's work: `/health`, `/metrics` and 429s answer within a second while a
-long prompt is admitted, a large body is refused and the queue is full."""
+long prompt is admitted, a large body is refused and the queue is full; a flood past the queue's bound is refused
+at once, never after the other requests' planning."""
 
 from __future__ import annotations
 
@@ -55,3 +56,42 @@ def test_health_metrics_and_429s_answer_within_a_second_under_load(tiny_model_di
     assert waits and max(waits) < ANSWER_WITHIN_S, sorted(waits)[-5:]
     rejected = [seconds for status, seconds in outcomes if status == 429]
     assert rejected and max(rejected) < ANSWER_WITHIN_S, outcomes
+
+
+FLOOD = 40
+REFUSED_WITHIN_S = 2.0
+
+
+def _timed(url: str, body: dict) -> tuple[int, float, float]:
+    started = time.monotonic()
+    response = httpx.post(url, content=json.dumps(body), headers={"Content-Type": "application/json"}, timeout=300)
+    return response.status_code, started, time.monotonic()
+
+
+def test_a_flood_past_max_queue_gets_its_429s_at_once_not_after_the_others_planning(tiny_model_dir, start_server):
+    # Whole prompts in one step: each step holds the model for a while, as a real model's steps do.
+    server = start_server(tiny_model_dir, "--max-queue", "4", "--max-batch-size", "2", "--max-num-batched-tokens", "16384")
+    chat = f"{server.url}/v1/chat/completions"
+    body = {"messages": [{"role": "user", "content": "Which tower is it? " * 250}], "documents": ["The tower is in Rome. " * 125],
+            "max_tokens": 4}  # thousands of tokens to tokenise, plan and prefill on each path
+    health: list[float] = []
+    done = threading.Event()
+
+    def probe() -> None:
+        while not done.is_set():
+            started = time.monotonic()
+            assert httpx.get(f"{server.url}/health", timeout=60).status_code == 200
+            health.append(time.monotonic() - started)
+            time.sleep(0.05)
+
+    with ThreadPoolExecutor(FLOOD + 1) as pool:
+        prober = pool.submit(probe)
+        outcomes = list(pool.map(lambda _: _timed(chat, body), range(FLOOD)))
+        done.set()
+        prober.result()
+    statuses = [status for status, _, _ in outcomes]
+    assert set(statuses) <= {200, 429} and statuses.count(429) >= FLOOD // 2 and 200 in statuses, statuses
+    bound = REFUSED_WITHIN_S + max(health)  # as fast as the event loop answers anything, give or take the client's threads
+    late = sorted(round(end - started, 2) for status, started, end in outcomes if status == 429 and end - started > bound)
+    assert not late, f"429s later than {bound:.2f} s after they were sent (/health at most {max(health):.2f} s): {late}"
+    assert httpx.get(f"{server.url}/health").json()["queue_length"] == 0

@@ -130,12 +130,12 @@ def test_bad_tool_arguments_and_cut_calls_are_reported(llm):
         llm.chat_with_tools([TOOL], Q, tool_required=True, json_schema={"type": "object"})
     with pytest.raises(TypeError, match="complete does not take tools="):
         llm.complete(Q, tools=[TOOL])
-    cut = llm.chat_with_tools([TOOL], Q, tool_required=True, max_new_tokens=3)
-    assert llm.get_tool_calls_from_response(cut, error_on_no_tool_call=False) == []
-    assert "forced a call, but none could be read" in cut.additional_kwargs["notes"][-1]
-    assert cut.message.content == ""  # a cut forced call is never the answer (an agent would take it as final)
+    with pytest.raises(ValueError, match=r"max_new_tokens=3 is fewer than the (\d+) tokens .* at least \1"):
+        llm.chat_with_tools([TOOL], Q, tool_required=True, max_new_tokens=3)  # a call cannot fit: refused before decoding
+    plain = llm.chat_with_tools([TOOL], Q, tool_choice="none", max_new_tokens=3)
+    assert llm.get_tool_calls_from_response(plain, error_on_no_tool_call=False) == []
     with pytest.raises(ValueError, match="Expected at least one tool call"):
-        llm.get_tool_calls_from_response(cut)
+        llm.get_tool_calls_from_response(plain)
 
 
 def test_structured_predict_is_held_to_the_schema(llm):
@@ -156,10 +156,30 @@ def test_structured_predict_is_held_to_the_schema(llm):
     assert isinstance(function.structured_predict(Answer, prompt, context_str=DOC, query_str=Q), Answer)
     info = function.history[-1]["info"]  # context_str is the context here too, as in predict
     assert info["method"] == "fides" and info["documents_source"] == "documents" and DOC not in info["no_context_prompt"]
-    with pytest.raises(ValueError, match="cut at max_new_tokens"):
-        llm.structured_predict(Answer, prompt, llm_kwargs={"max_new_tokens": 2}, context_str=DOC, query_str=Q)
+    with pytest.raises(ValueError, match="max_new_tokens=2 is fewer than the .* raise max_new_tokens to at least"):
+        llm.structured_predict(Answer, prompt, llm_kwargs={"max_new_tokens": 2}, context_str=DOC, query_str=Q)  # never cut
     with pytest.raises(ValueError, match="drop regex="):
         llm.structured_predict(Answer, prompt, llm_kwargs={"regex": "a"}, context_str=DOC, query_str=Q)
+
+
+class Said(BaseModel):
+    """Free text, which the random model never closes on its own."""
+
+    said: str
+
+
+def test_a_structured_answer_the_grammar_closed_early_parses_as_complete(llm, chat_decoder):
+    from fides_rag.calls import constraint_of
+    from fides_rag.generation.grammar import GrammarConstraint
+
+    schema = constraint_of(json_schema=Said)["json_schema"]
+    budget = len(GrammarConstraint.compile(chat_decoder.tokenizer, json_schema=schema).start().completion(200)) + 3
+    prompt = PromptTemplate("Context: {context_str}\nQuestion: {query_str}\nAnswer:")
+    said = llm.structured_predict(Said, prompt, llm_kwargs={"max_new_tokens": budget}, context_str=DOC, query_str=Q)
+    info = llm.history[-1]["info"]
+    assert isinstance(said, Said) and info["closed_early"] is True and info["finish_reason"] != "length"
+    streamed = list(llm.stream_structured_predict(Said, prompt, llm_kwargs={"max_new_tokens": budget}, context_str=DOC, query_str=Q))
+    assert streamed[-1] == said
 
 
 async def _last(stream):

@@ -7,7 +7,6 @@ import json
 from typing import Literal
 
 import pytest
-from langchain_core.exceptions import OutputParserException
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from pydantic import BaseModel
@@ -62,9 +61,8 @@ def test_bad_tool_choice_and_cut_calls_are_reported(chat, caplog):
         chat.invoke(Q, tool_choice="any")
     with pytest.raises(ValueError, match="drop json_schema="):
         chat.bind_tools([search], tool_choice="any").invoke(Q, json_schema={"type": "object"})
-    cut = chat.bind_tools([search], tool_choice="any").invoke(Q, max_new_tokens=3)
-    assert cut.tool_calls == [] and "forced a call, but none could be read" in cut.response_metadata["notes"][-1]
-    assert cut.content == ""  # a cut forced call is never the answer (an agent would take it as final)
+    with pytest.raises(ValueError, match=r"max_new_tokens=3 is fewer than the (\d+) tokens .* at least \1"):
+        chat.bind_tools([search], tool_choice="any").invoke(Q, max_new_tokens=3)  # a call cannot fit: refused before decoding
 
 
 def test_tool_messages_are_the_evidence_and_calls_render_in_history(chat):
@@ -89,10 +87,30 @@ def test_structured_output_for_every_schema_form(chat, method):
     assert chat.with_structured_output(schema, method=method).invoke(Q)["answer"] in ("rome", "paris")
     raw = chat.with_structured_output(Answer, method=method, include_raw=True).invoke(Q)
     assert isinstance(raw["raw"], AIMessage) and isinstance(raw["parsed"], Answer) and raw["parsing_error"] is None
-    cut = chat.model_copy(update={"max_new_tokens": 2}).with_structured_output(Answer, method=method, include_raw=True).invoke(Q)
-    assert cut["parsed"] is None and "cut at max_new_tokens" in str(cut["parsing_error"])  # never a partial object
-    with pytest.raises(OutputParserException, match="raise max_new_tokens"):
-        chat.model_copy(update={"max_new_tokens": 2}).with_structured_output(AnswerDict, method=method).invoke(Q)
+    tight = chat.model_copy(update={"max_new_tokens": 2})  # no answer fits: refused before decoding, never a partial object
+    for structured in (tight.with_structured_output(Answer, method=method, include_raw=True), tight.with_structured_output(AnswerDict, method=method)):
+        with pytest.raises(ValueError, match="max_new_tokens=2 is fewer than the .* raise max_new_tokens to at least"):
+            structured.invoke(Q)
+
+
+class Said(BaseModel):
+    """Free text, which the random model never closes on its own."""
+
+    said: str
+
+
+def test_a_structured_answer_the_grammar_closed_early_parses_as_complete(chat, decoder):
+    from fides_rag.calls import constraint_of
+    from fides_rag.generation.grammar import GrammarConstraint
+
+    schema = constraint_of(json_schema=Said)["json_schema"]
+    budget = len(GrammarConstraint.compile(decoder.tokenizer, json_schema=schema).start().completion(200)) + 3
+    tight = chat.model_copy(update={"max_new_tokens": budget})
+    raw = tight.with_structured_output(Said, method="json_schema", include_raw=True).invoke(Q)
+    meta = raw["raw"].response_metadata
+    assert meta["closed_early"] is True and meta["finish_reason"] != "length"  # closed by the budget, complete
+    assert raw["parsing_error"] is None and isinstance(raw["parsed"], Said)
+    assert isinstance(tight.with_structured_output(Said, method="json_schema").invoke(Q), Said)
 
 
 def test_structured_output_checks_its_arguments(chat):
@@ -126,12 +144,17 @@ def test_a_template_that_renders_tools_gets_them_natively():
 @pytest.mark.parametrize("method", ["json_schema", "function_calling"])
 def test_call_options_pass_through_every_structured_output_wrapper(chat, method):
     structured = chat.with_structured_output(Answer, method=method, include_raw=True)
-    for runnable, kwargs in ((structured, {"documents": [DOC], "max_new_tokens": 5}),
-                             (structured.bind(documents=[DOC], max_new_tokens=5), {}),
-                             (structured.with_config(tags=["t"]), {"documents": [DOC], "max_new_tokens": 5})):
-        raw = runnable.invoke(Q, **kwargs)["raw"]
-        meta = raw.response_metadata
-        assert meta["documents_source"] == "documents" and meta["method"] == "fides", meta["notes"]
-        assert meta["completion_tokens"] <= 5
+    for budget in (5, 90):  # 5 tokens cannot hold the answer: refused, which shows the budget reached the call
+        for runnable, kwargs in ((structured, {"documents": [DOC], "max_new_tokens": budget}),
+                                 (structured.bind(documents=[DOC], max_new_tokens=budget), {}),
+                                 (structured.with_config(tags=["t"]), {"documents": [DOC], "max_new_tokens": budget})):
+            if budget == 5:
+                with pytest.raises(ValueError, match="max_new_tokens=5 is fewer than the"):
+                    runnable.invoke(Q, **kwargs)
+                continue
+            raw = runnable.invoke(Q, **kwargs)["raw"]
+            meta = raw.response_metadata
+            assert meta["documents_source"] == "documents" and meta["method"] == "fides", meta["notes"]
+            assert meta["completion_tokens"] <= budget
     with pytest.raises(TypeError, match="unsupported call options"):
         structured.invoke(Q, no_such_option=1)  # refused, never dropped
