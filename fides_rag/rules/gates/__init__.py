@@ -16,8 +16,9 @@ from fides_rag.rules.gates.base import (
 from fides_rag.rules.gates.none import NoGate  # noqa: I001 - registration order: none, agree, nwcad
 from fides_rag.rules.gates.agree import AgreeGate
 from fides_rag.rules.gates.nwcad import NwcadGate
+from fides_rag.rules.gates.defer import DeferGate
 
 __all__ = [
-    "CONTEXT_AS_IS", "MEMORY_LEANING", "NO_CONTEXT_AS_IS", "RULE", "AgreeGate", "Gate", "GateDecision", "NoGate", "NwcadGate",
+    "CONTEXT_AS_IS", "MEMORY_LEANING", "NO_CONTEXT_AS_IS", "RULE", "AgreeGate", "DeferGate", "Gate", "GateDecision", "NoGate", "NwcadGate",
     "available_gates", "gate_is_registered", "get_gate", "register_gate",
 ]

@@ -11,7 +11,7 @@ import torch
 from fides_rag import GatedRule, available_gates, get_gate, get_method
 from fides_rag.rules import StepInputs, parse_method_names
 from fides_rag.rules.fides import FidesRule
-from fides_rag.rules.gates import CONTEXT_AS_IS, MEMORY_LEANING, NO_CONTEXT_AS_IS, RULE, AgreeGate, NwcadGate
+from fides_rag.rules.gates import CONTEXT_AS_IS, MEMORY_LEANING, NO_CONTEXT_AS_IS, RULE, AgreeGate, DeferGate, NwcadGate
 
 
 def log_softmax(row: list[float]) -> list[float]:
@@ -72,6 +72,12 @@ def test_nwcad_gate_stages():
     assert strict.choice.tolist() == [RULE, RULE, RULE]
 
 
+def test_defer_gate_takes_the_context_path_where_it_departs_from_memory_and_the_rule_where_they_agree():
+    decision = DeferGate().decide(step(CTX, NO_CTX))
+    assert decision.choice.tolist() == [RULE, CONTEXT_AS_IS, CONTEXT_AS_IS]
+    assert torch.equal(decision.logits, torch.tensor(CTX, dtype=torch.float64)) and decision.state is None
+
+
 def test_gated_rule_takes_the_rule_where_the_gate_leaves_it_and_records_who_chose():
     inputs = step(CTX, NO_CTX)
     plain = FidesRule(weights=(1.0, 0.0, 0.0)).combine(inputs)
@@ -84,7 +90,7 @@ def test_gated_rule_takes_the_rule_where_the_gate_leaves_it_and_records_who_chos
 
 
 def test_gates_are_spelled_rule_plus_gate_everywhere_a_method_is_named():
-    assert available_gates()[:3] == ["none", "agree", "nwcad"]
+    assert available_gates()[:4] == ["none", "agree", "nwcad", "defer"]
     rule = get_method("fides+agree")
     assert isinstance(rule, GatedRule) and rule.name == "fides+agree" and rule.needs_no_context
     assert get_method("cad+nwcad", alpha=0.5).rule.alpha == 0.5
