@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "eval"
-METHODS = ("standard", "cad", "adacad", "fides", "coiecd", "fides+agree", "fides+nwcad", "adacad+agree")
-HEADLINE_METHODS = ("standard", "adacad", "fides", "fides+agree", "fides+nwcad")
-GATED_FIDES = ("fides+agree", "fides+nwcad")
+METHODS = ("standard", "cad", "adacad", "fides", "coiecd", "fides+agree", "fides+nwcad", "fides+defer", "adacad+agree")
+HEADLINE_METHODS = ("standard", "adacad", "fides", "fides+agree", "fides+nwcad", "fides+defer")
+GATED_FIDES = ("fides+agree", "fides+nwcad", "fides+defer")
 SMALL_N = 100
 
 

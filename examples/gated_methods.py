@@ -10,6 +10,7 @@ methods = {  # label -> a method name (rule+gate) or a configured rule behind a 
     "fides": "fides",
     "fides+agree": "fides+agree",
     "fides+nwcad": "fides+nwcad",
+    "fides+defer": "fides+defer",
     "cad+nwcad tau=0.1": get_method("cad", alpha=1.0, gate=get_gate("nwcad", tau=0.1)),
 }
 for docs in (conflict, agreeing):
