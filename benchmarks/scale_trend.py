@@ -4,7 +4,8 @@ committed eval runs.
 Reads `results/eval/<run>/results.json` (written by `fides-rag eval`) for the conflict rows (`--dataset nq-swap`)
 and the no-conflict rows (`--dataset nq-swap-original`) of each backbone, and prints markdown:
 
-    python benchmarks/scale_trend.py            # the headline table (README)
+    python benchmarks/scale_trend.py            # the headline table (README): CF and no-conflict EM, FIDES gated or not
+    python benchmarks/scale_trend.py --gates    # each method against standard and AdaCAD with CIs, and its contrasted share (docs)
     python benchmarks/scale_trend.py --full     # CF, Acc and MemR of every method, and the no-conflict slice (docs)
     python benchmarks/scale_trend.py --targets  # the do-no-harm targets, met or not, with the figures
 
@@ -81,6 +82,19 @@ def table(head: list[str], rows: list[list[str]]) -> str:
 
 
 def headline(root: Path = RESULTS) -> str:
+    """One row per backbone: CF on the conflict rows and EM on the no-conflict rows, standard and FIDES gated or not."""
+    shown = ("standard", "adacad", "fides", *GATED_FIDES)
+    names = {"standard": "standard", "adacad": "AdaCAD", "fides": "FIDES", **{m: "+" + m.split("+")[1] for m in GATED_FIDES}}
+    head = (["backbone", "n"] + [f"CF {names[m]}" for m in shown] + [f"no-conflict EM {names[m]}" for m in shown])
+    rows = []
+    for b in BACKBONES:
+        conflict, original = load(b.conflict_run, root), load(b.original_run, root)
+        rows.append([f"{b.name} ({b.size})", f"{n_label(n_of(conflict))} / {n_label(n_of(original))}"]
+                    + [metric(conflict, m, "cf") for m in shown] + [metric(original, m, "em") for m in shown])
+    return table(head, rows)
+
+
+def gates(root: Path = RESULTS) -> str:
     head = ["backbone, n conflict / no-conflict", "method", "CF", "CF − standard", "CF − AdaCAD", "no-conflict EM",
             "EM − standard", "contrasted %"]
     rows = []
@@ -161,11 +175,13 @@ def full(root: Path = RESULTS) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     shown = parser.add_mutually_exclusive_group()
+    shown.add_argument("--gates", action="store_true", help="each method against standard and AdaCAD with CIs, and its contrasted share")
     shown.add_argument("--full", action="store_true", help="every method's CF, Acc and MemR, and the no-conflict slice")
     shown.add_argument("--targets", action="store_true", help="the do-no-harm targets of gated FIDES, met or not")
     parser.add_argument("--results", type=Path, default=RESULTS, help="the folder holding the eval runs")
     args = parser.parse_args()
-    print(full(args.results) if args.full else targets(args.results) if args.targets else headline(args.results))
+    shown = full if args.full else targets if args.targets else gates if args.gates else headline
+    print(shown(args.results))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ def _run(root: Path, *args: str) -> str:
                           capture_output=True, text=True).stdout
 
 
-def test_headline_gives_each_methods_differences_with_cis_and_labels_small_n(tmp_path):
+def test_gates_table_gives_each_methods_differences_with_cis_and_labels_small_n(tmp_path):
     conflict = _results(40, {"standard": {"cf": 50.0}, "adacad": {"cf": 55.0}, "fides": {"cf": 60.0, "share_contrasted": 100.0},
                              "fides+agree": {"cf": 52.0, "share_contrasted": 7.5}}, [
         {"a": "standard", "b": "fides", "metric": "cf", "diff": -10.0, "ci_low": -15.0, "ci_high": -5.0},
@@ -39,12 +39,14 @@ def test_headline_gives_each_methods_differences_with_cis_and_labels_small_n(tmp
     ])
     _write(tmp_path, "qwen05-nqswap", conflict)
     _write(tmp_path, "qwen05-nqswap-original", original)
-    lines = _run(tmp_path).splitlines()
+    lines = _run(tmp_path, "--gates").splitlines()
     at = next(i for i, line in enumerate(lines) if "(0.5B)" in line)
     assert lines[at] == "| Qwen2.5-Coder-0.5B-Instruct (0.5B), n 40 (small n) / 200 | standard | 50.0 |  |  | 70.0 |  | – |"
     assert lines[at + 2] == "|  | fides | 60.0 | +10.0 [+5.0, +15.0] | +5.0 [+1.0, +9.0] | 69.0 | -1.0 [-2.5, +0.5] | 100.0 |"
     assert lines[at + 3] == "|  | fides+agree | 52.0 | +2.0 [+0.5, +3.5] | – | 70.0 | +0.0 [+0.0, +0.0] | 7.5 |"
-    assert "| SmolLM2-135M-Instruct (135M), n not run / not run | standard |" in _run(tmp_path)
+    assert "| SmolLM2-135M-Instruct (135M), n not run / not run | standard |" in _run(tmp_path, "--gates")
+    headline = _run(tmp_path)
+    assert "| Qwen2.5-Coder-0.5B-Instruct (0.5B) | 40 (small n) / 200 | 50.0 | 55.0 | 60.0 | 52.0 | – | – | 70.0 | – | 69.0 | 70.0 | – | – |" in headline
 
 
 def test_targets_say_whether_gated_fides_keeps_the_gain_and_does_no_harm(tmp_path):
