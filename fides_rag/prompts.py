@@ -10,6 +10,18 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
 
+class ContextWindowExceeded(ValueError):
+    """A prompt that, with max_new_tokens, does not fit the model's context window (bad input, refused before
+    anything decodes). `field`: what to shorten; `tokens`, `max_new_tokens`, `context_window`: the numbers."""
+
+    field = "prompt"
+
+    def __init__(self, tokens: int, max_new_tokens: int, context_window: int, what: str = "the prompt", message: str | None = None) -> None:
+        super().__init__(message or f"a prompt of {tokens} tokens plus max_new_tokens={max_new_tokens} exceeds the context window of "
+                                    f"{context_window}; shorten {what} or lower max_new_tokens")
+        self.tokens, self.max_new_tokens, self.context_window = tokens, max_new_tokens, context_window
+
+
 @dataclass(frozen=True)
 class Demonstration:
     """One worked example shown before the question."""
@@ -173,12 +185,15 @@ def fit_texts(
     count: Callable[[Rendered], int],
     budget: int,
     tokenizer: Any,
+    *,
+    max_new_tokens: int = 0,
 ) -> FittedTexts[Rendered]:
     """Render a prompt from named texts (documents); while it is over `budget` tokens, cut the longest
     text's tail by the overflow. One rule for the decoder's template and the integrations' own prompts.
 
-    `render` builds the prompt from the current texts, `count` gives its length in tokens. Raises a
-    ValueError when the prompt does not fit even with every text emptied.
+    `render` builds the prompt from the current texts, `count` gives its length in tokens. Raises
+    ContextWindowExceeded (a ValueError) when the prompt does not fit even with every text emptied, with the
+    prompt's tokens then and `max_new_tokens` (the part of the context window that `budget` leaves out).
     """
     current = dict(texts)
     ids = {name: tokenizer(text, add_special_tokens=False)["input_ids"] for name, text in current.items()}
@@ -189,9 +204,10 @@ def fit_texts(
     while over > 0:
         longest = max(kept, key=kept.__getitem__, default=None)
         if longest is None or kept[longest] == 0:
-            raise ValueError(
-                f"the prompt does not fit even without its documents: {over} tokens over the budget of {budget} "
-                f"(the context window minus max_new_tokens); shorten the question or prompt, or lower max_new_tokens"
+            raise ContextWindowExceeded(
+                budget + over, max_new_tokens, budget + max_new_tokens,
+                message=f"the prompt does not fit even without its documents: {over} tokens over the budget of {budget} "
+                        f"(the context window minus max_new_tokens); shorten the question or prompt, or lower max_new_tokens",
             )
         kept[longest] = max(0, kept[longest] - over)
         current[longest] = tokenizer.decode(ids[longest][: kept[longest]], skip_special_tokens=True)

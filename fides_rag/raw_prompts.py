@@ -94,7 +94,7 @@ def fit_documents(
     the tokenizer's length of a string rendering)."""
     if count is None:
         count = lambda rendered: len(tokenizer(rendered)["input_ids"])  # noqa: E731
-    fitted = fit_texts(texts, render, count, context_window - max_new_tokens, tokenizer)
+    fitted = fit_texts(texts, render, count, context_window - max_new_tokens, tokenizer, max_new_tokens=max_new_tokens)
     if not fitted.trimmed:
         return FittedPrompt(fitted.rendered, fitted.texts, False, None, [])
     note = fitted.note(max_new_tokens, context_window)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fides_rag.prompts import context_text, fit_texts
+from fides_rag.prompts import ContextWindowExceeded, context_text, fit_texts
 
 
 def _count(tokenizer):
@@ -33,6 +33,13 @@ def test_longest_text_is_cut_first_until_the_prompt_fits(tokenizer):
 def test_prompt_that_cannot_fit_is_an_error(tokenizer):
     with pytest.raises(ValueError, match="does not fit even without its documents"):
         fit_texts({"doc": "Lyon is the capital of France."}, lambda t: "A long fixed question " * 5 + t["doc"], _count(tokenizer), 3, tokenizer)
+
+
+def test_a_prompt_that_cannot_fit_says_by_how_much_so_a_server_names_what_to_shorten(tokenizer):
+    question = "A long fixed question " * 5
+    with pytest.raises(ContextWindowExceeded) as err:
+        fit_texts({"doc": "Lyon."}, lambda t: question + t["doc"], _count(tokenizer), 3, tokenizer, max_new_tokens=2**64)
+    assert (err.value.tokens, err.value.max_new_tokens, err.value.context_window) == (_count(tokenizer)(question), 2**64, 3 + 2**64)
 
 
 def test_a_mapping_of_documents_is_refused_not_read_as_its_keys(tokenizer, tiny_llama):

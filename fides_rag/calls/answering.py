@@ -16,7 +16,7 @@ from typing import Any
 from fides_rag.calls.metadata import FINISH_REASONS, record, usage
 from fides_rag.calls.options import CallOptions
 from fides_rag.calls.planning import ChatPlan
-from fides_rag.calls.structure import parse_structure, refuse_other_grammar
+from fides_rag.calls.structure import parse_structure, refuse_cutting_stops, refuse_other_grammar
 from fides_rag.calls.tools import ToolCall, ToolCallStream, ToolCalling
 from fides_rag.generation.tickets import RequestHandle
 from fides_rag.prompts import PromptTemplate, TemplateLeftovers
@@ -115,6 +115,8 @@ class Call:
         if forced is not None:
             refuse_other_grammar(options.constraint, "a forced tool_choice is decoded under its own grammar")
             options.constraint = {"json_schema": forced}
+        if options.constraint and options.stop:
+            refuse_cutting_stops(options.stop, getattr(decoder, "tokenizer", None), "a forced tool call" if forced is not None else "a structured answer")
         options.check_fallback(plan)
 
     # -- decoding ---------------------------------------------------------------------------------

@@ -8,10 +8,11 @@ with a keyword it does not implement (refused, never ignored, strict or not).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fides_rag.calls.options import CONSTRAINTS, CallInputError
+from fides_rag.generation.requests import special_token_id
 from fides_rag.generation.schema_support import check_schema_shape
 
 
@@ -106,6 +107,20 @@ def refuse_other_grammar(call: Mapping[str, Any], why: str) -> None:
     given = [k for k in CONSTRAINTS if call.get(k) is not None]
     if given:
         raise CallInputError(f"{why}; drop {', '.join(given)}=", given[0])
+
+
+def refuse_cutting_stops(stop: Sequence[str], tokenizer: Any, what: str) -> None:
+    """A CallInputError naming `stop` where `what` (a structured answer, a forced call) is asked with a stop string
+    that could cut it: its grammar decides where it ends, and a stop string matched in its text ("a" inside a key)
+    would end it mid-structure. A stop that is one special token (an end-of-turn token) is taken: it ends the grammar
+    as EOS does, where the answer is complete."""
+    if tokenizer is None:
+        return
+    cutting = [s for s in stop if special_token_id(tokenizer, s) is None]
+    if cutting:
+        raise CallInputError(f"stop strings cannot end {what}: its grammar decides where it ends, and {cutting[0]!r} could match "
+                             "inside it and cut it mid-structure; drop stop (one special token, such as an end-of-turn token, is "
+                             "accepted: it ends the answer where it is complete)", "stop")
 
 
 def check_complete(text: str, finish_reason: str | None) -> str:

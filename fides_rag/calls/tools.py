@@ -135,7 +135,11 @@ def tool_choice_name(tool_choice: Any, names: Sequence[str], *, required: bool =
             return tool_choice_name(tool_choice["type"], names, required=required)
         if not isinstance(name, str):
             raise CallInputError(f"tool_choice dict must name a function ({{'type': 'function', 'function': {{'name': ...}}}}), got {dict(tool_choice)!r}", "tool_choice")
-        tool_choice = name
+        if name not in names or name in CHOICES:  # a function's name, never a mode: {"name": "none"} forces no "none" mode
+            why = (f"which would read as tool_choice={name!r}; rename the tool" if name in names else
+                   f"which is not a bound tool's name ({', '.join(names) or 'no tools'})")
+            raise CallInputError(f"tool_choice names the function {name!r}, {why}", "tool_choice")
+        return name
     if not isinstance(tool_choice, str):
         raise CallInputError(f"tool_choice must be a string, a bool or a dict, got {type(tool_choice).__name__}", "tool_choice")
     if required and tool_choice in ("auto", "none"):

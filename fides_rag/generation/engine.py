@@ -288,7 +288,7 @@ class DecodeEngine:
                 paths.append(MASKED_HEADS)
             units.append(Unit(
                 ticket=None, index=index, rows={p: [] for p in paths}, prompt_ids=list(example.context_ids),
-                stop=example.stop + settings.stop, max_new_tokens=settings.max_new_tokens, text=IncrementalText(self.decode_text),
+                stop=request.text_stops, max_new_tokens=settings.max_new_tokens, text=IncrementalText(self.decode_text),
                 seed=settings.seed, head_set=head_set, processors=settings.unit_processors(len(example.context_ids), self.eos_token_ids),
                 criteria=settings.stopping_criteria or None,
                 grammar=request.constraint.start() if request.constraint is not None else None, logprobs=settings.logprobs,

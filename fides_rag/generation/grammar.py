@@ -295,7 +295,8 @@ class GrammarConstraint:
 
     def check_budget(self, max_new_tokens: int) -> None:
         """BudgetBelowShortestAnswer where `max_new_tokens` is fewer than the tokens of the grammar's shortest complete
-        answer (nothing is refused where the search finds none: a count it cannot see, as a large minLength)."""
+        answer (nothing is refused where the search finds none: an answer past its bounds of bytes and work; a count,
+        as a minLength or minItems, it finds, `grammar_closing`)."""
         path = self.shortest_answer(max_new_tokens)
         if path is not None and len(path) > max_new_tokens:
             raise BudgetBelowShortestAnswer(self.kind, max_new_tokens, len(path))

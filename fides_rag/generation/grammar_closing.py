@@ -9,22 +9,33 @@ where it found it (every token it tries is rolled back):
    States are told apart by their token masks and forced bytes along a short fixed probe from them, so a byte
    that leaves the state as it was (a letter inside a string, a digit inside a number) is a loop and is not
    expanded again. Of a large class of admitted bytes (letters, digits) one representative is tried.
-2. the shortest byte completion found is then written in as few tokens as the matcher accepts (longest token
-   first, each checked by the matcher), so `"}` is one token where the vocabulary has it.
+2. where that finds none, a count the probe cannot see keeps states alike (a `minLength` of 60, `minItems` of 30,
+   13 digits for a `minimum` of 10**12: the first and the tenth character look the same), or the one byte that
+   moves on is not among the representatives (the `x` of a pattern `x`). Then a walk by the probe's rule, closing
+   bytes first, looping where nothing else moves (`_walk`); where it finds none, a second search, shortest first,
+   pumps each cycle it meets (a byte or a stretch that leads back to a state alike) round by round until the state
+   changes, and tries the admitted bytes the representatives stood for after them (`_pumping_search`).
+3. the byte completion found is then written in as few tokens as the matcher accepts (longest token first, each
+   checked by the matcher), so `"}` is one token where the vocabulary has it.
 
 The result is a real completion (the matcher accepted every token and ends accepting), of at most as many tokens
-as bytes: the shortest in bytes among the states the search told apart, so its length bounds the shortest in
-tokens from above, which is what the budget needs: forcing it always fits.
+as bytes: the shortest in bytes among the states the first search told apart (the walk's and the second search's,
+a short one), so its length bounds the shortest in tokens from above, which is what the budget needs: forcing it
+always fits.
 """
 
 from __future__ import annotations
 
+import heapq
+from itertools import count
 from typing import Any
 
 import numpy as np
 
 MAX_EXPANSIONS = 4000
-"""Matcher states the search may evaluate before giving up (a grammar whose completion is far away)."""
+"""Matcher states each search may evaluate before giving up (a grammar whose completion is far away)."""
+TRAIL = 64
+"""Steps back along its own path the second search looks for a state alike, to find the cycle it pumps."""
 PROBE = 6
 """Steps of the probe that tells states apart (see `_signature`)."""
 PROBE_TRIES = 4
@@ -61,6 +72,15 @@ class TokenBytes:
 def _candidate_bytes(mask: bytes, table: TokenBytes) -> list[int]:
     """The first bytes of the tokens the mask admits, with one representative for each large class (letters,
     digits, non-ASCII): closing punctuation first, then the rarest (the byte fewest admitted tokens start with)."""
+    return _bytes_of(mask, table)[0]
+
+
+def _other_bytes(mask: bytes, table: TokenBytes) -> list[int]:
+    """The admitted first bytes that `_candidate_bytes` leaves out (those its representatives stand for)."""
+    return _bytes_of(mask, table)[1]
+
+
+def _bytes_of(mask: bytes, table: TokenBytes) -> tuple[list[int], list[int]]:
     found = table.candidates.get(mask)
     if found is None:
         if len(table.candidates) > 4096:
@@ -69,7 +89,7 @@ def _candidate_bytes(mask: bytes, table: TokenBytes) -> list[int]:
     return found
 
 
-def _first_bytes(mask: bytes, table: TokenBytes) -> list[int]:
+def _first_bytes(mask: bytes, table: TokenBytes) -> tuple[list[int], list[int]]:
     bits = np.unpackbits(np.frombuffer(mask, dtype=np.uint8), bitorder="little")[: len(table.first_byte)]
     counts = np.bincount(table.first_byte[bits.astype(bool)], minlength=257)[:256]
     admitted = [b for b in np.flatnonzero(counts).tolist() if table.byte_token[b] is not None]
@@ -86,7 +106,8 @@ def _first_bytes(mask: bytes, table: TokenBytes) -> list[int]:
                 continue
             seen.add(id(group))
         chosen.append(b)
-    return sorted(chosen, key=lambda b: (_CLOSERS.find(bytes([b])) % (len(_CLOSERS) + 1), counts[b], b))
+    rank = sorted(chosen, key=lambda b: (_CLOSERS.find(bytes([b])) % (len(_CLOSERS) + 1), counts[b], b))
+    return rank, [b for b in admitted if b not in set(chosen)]
 
 
 def _signature(matcher: Any, table: TokenBytes) -> tuple:
@@ -138,19 +159,21 @@ def _replay(matcher: Any, tokens: list[int]) -> bool:
 def shortest_byte_completion(matcher: Any, table: TokenBytes, max_bytes: int) -> bytes | None:
     """The shortest byte string (of at most `max_bytes`) that takes `matcher` to an accepting state, or None.
     A first search expands each distinct state once; where that finds nothing (a count the mask cannot show, as a
-    `minLength` or `minItems`: the first and second item look alike), a second lets each state recur."""
+    `minLength` or `minItems`: the first and tenth item look alike; or a byte the representatives do not stand
+    for), a walk that takes closing bytes first, then a second search that pumps the cycles it meets."""
     if matcher.is_accepting():
         return b""
-    for repeats in (1, 8):
-        found = _search(matcher, table, max_bytes, repeats)
+    for search in (_search, _walk, _pumping_search):
+        found = search(matcher, table, max_bytes)
         if found is not None:
             return found
     return None
 
 
-def _search(matcher: Any, table: TokenBytes, max_bytes: int, repeats: int) -> bytes | None:
+def _search(matcher: Any, table: TokenBytes, max_bytes: int) -> bytes | None:
+    """The first search: breadth-first over bytes, each state the signature tells apart expanded once."""
     frontier: list[bytes] = [b""]
-    seen = {_signature(matcher, table): 1}
+    seen = {_signature(matcher, table)}
     expansions = 0
     for _ in range(max_bytes):
         following: list[bytes] = []
@@ -176,8 +199,8 @@ def _search(matcher: Any, table: TokenBytes, max_bytes: int, repeats: int) -> by
                 if accepting:
                     matcher.rollback(len(tokens))
                     return path + step
-                if seen.get(key, 0) < repeats:
-                    seen[key] = seen.get(key, 0) + 1
+                if key not in seen:
+                    seen.add(key)
                     following.append(path + step)
             matcher.rollback(len(tokens))
             if expansions > MAX_EXPANSIONS:
@@ -185,6 +208,148 @@ def _search(matcher: Any, table: TokenBytes, max_bytes: int, repeats: int) -> by
         if not following:
             return None
         frontier = following
+    return None
+
+
+def _walk(matcher: Any, table: TokenBytes, max_bytes: int) -> bytes | None:
+    """A completion by the probe's rule, followed to the end: the forced bytes, else the first of PROBE_TRIES
+    representatives (closing punctuation first) that changes the mask, else the first admitted one (a loop, as a
+    character of a string whose minLength is not reached yet). Cheap (a few masks a byte) and short where a count is
+    all that hides the way out; None where it does not reach an accepting state within `max_bytes`."""
+    path, taken = bytearray(), 0
+    try:
+        while len(path) <= max_bytes:
+            if matcher.is_accepting():
+                return bytes(path)
+            forced = matcher.compute_ff_bytes()
+            if forced:
+                moved = _advance(matcher, table, forced)
+                if not moved:
+                    return None
+                path += forced
+                taken += moved
+                continue
+            mask, loop, moved = matcher.compute_bitmask(), None, 0
+            for b in _plain(_candidate_bytes(mask, table))[:PROBE_TRIES]:
+                moved = _advance(matcher, table, bytes([b]))
+                if moved and (matcher.is_accepting() or matcher.compute_bitmask() != mask):
+                    path.append(b)
+                    break
+                loop = b if moved and loop is None else loop
+                matcher.rollback(moved)
+                moved = 0
+            if not moved:
+                if loop is None:
+                    return None
+                moved = _advance(matcher, table, bytes([loop]))
+                path.append(loop)
+            taken += moved
+        return None
+    finally:
+        matcher.rollback(taken)
+
+
+class _Node:
+    """A state of the second search: the bytes that reach it, its signature, the node it came from and its level
+    (the cycles left on the way, see `_pumping_search`). A node that pumps a cycle holds the cycle's bytes
+    (`segment`), taken once more each time it is expanded; a node with `rest` tries the admitted bytes its state's
+    representatives stood for."""
+
+    __slots__ = ("path", "key", "parent", "level", "segment", "rest")
+
+    def __init__(self, path: bytes, key: tuple, parent: _Node | None, level: int, segment: bytes | None = None, rest: bool = False) -> None:
+        self.path, self.key, self.parent, self.level, self.segment, self.rest = path, key, parent, level, segment, rest
+
+    def cycle_start(self, key: tuple) -> _Node | None:
+        """The node on this one's own path, at its level and within TRAIL steps back, whose state is alike to `key`."""
+        node: _Node | None = self
+        for _ in range(TRAIL):
+            if node is None or node.level != self.level:
+                return None
+            if node.key == key and node.segment is None and not node.rest:
+                return node
+            node = node.parent
+        return None
+
+
+def _plain(candidates: list[int]) -> list[int]:
+    """The bytes of `candidates` that start no escape sequence and no multi-byte character (a closing never needs
+    one where a plain byte is admitted), or all of them where none is plain."""
+    plain = [b for b in candidates if b < 0x80 and b != 0x5C]
+    return plain or candidates
+
+
+def _pumping_search(matcher: Any, table: TokenBytes, max_bytes: int) -> bytes | None:
+    """A completion where states the signature cannot tell apart hide the way out (see `shortest_byte_completion`),
+    shortest path first. A step back to a state alike to one on its own path is a cycle (a character of a string,
+    an item of an array), pumped round by round until the state changes; the state it changes to starts a new
+    level, in which the states alike to those before it are new again (the second string of an array whose strings
+    have a minLength looks like the first). The bytes a representative stood for are tried after the
+    representatives, at the same length. Bounded by MAX_EXPANSIONS and `max_bytes`; None where it finds nothing."""
+    start = _Node(b"", _signature(matcher, table), None, 0)
+    seen, pumped, order = {(start.key, 0)}, set(), count()
+    queue: list[tuple[int, int, _Node]] = [(0, next(order), start)]
+    expansions = 0
+
+    def push(length: int, node: _Node) -> None:
+        heapq.heappush(queue, (length, next(order), node))
+
+    def step_to(step: bytes) -> tuple[bool, tuple | None]:
+        """(accepting, signature) after `step` from the matcher's state (rolled back); (False, None) if refused."""
+        moved = _advance(matcher, table, step)
+        if not moved:
+            return False, None
+        accepting = matcher.is_accepting()
+        key = None if accepting else _signature(matcher, table)
+        matcher.rollback(moved)
+        return accepting, key
+
+    while queue and expansions <= MAX_EXPANSIONS:
+        _, _, node = heapq.heappop(queue)
+        tokens = [table.byte_token[b] for b in node.path]
+        if not _replay(matcher, tokens):
+            matcher.rollback(len(tokens))
+            continue
+        try:
+            if node.segment is not None:  # one more round of its cycle
+                expansions += 1
+                accepting, key = step_to(node.segment)
+                path = node.path + node.segment
+                if accepting:
+                    return path
+                if key == node.key and len(path) + len(node.segment) <= max_bytes:
+                    push(len(path) + len(node.segment), _Node(path, key, node.parent, node.level, node.segment))
+                elif key is not None and key != node.key and (key, node.level + 1) not in seen:
+                    seen.add((key, node.level + 1))
+                    push(len(path), _Node(path, key, node, node.level + 1))
+                continue
+            forced = matcher.compute_ff_bytes()
+            if forced:
+                steps = [forced]
+            else:
+                mask = matcher.compute_bitmask()
+                steps = [bytes([b]) for b in _plain((_other_bytes if node.rest else _candidate_bytes)(mask, table))]
+                if not node.rest and _plain(_other_bytes(mask, table)):
+                    push(len(node.path) + 1, _Node(node.path, node.key, node.parent, node.level, rest=True))
+            for step in steps:
+                expansions += 1
+                accepting, key = step_to(step)
+                path = node.path + step
+                if accepting:
+                    return path
+                if key is None or len(path) > max_bytes:
+                    continue
+                if (key, node.level) not in seen:
+                    seen.add((key, node.level))
+                    push(len(path), _Node(path, key, node, node.level))
+                    continue
+                began = node.cycle_start(key)
+                segment = b"" if began is None else path[len(began.path):]
+                if began is not None and (began, len(segment)) not in pumped:  # one pump per cycle: its start and length
+                    pumped.add((began, len(segment)))
+                    push(len(path) + len(segment), _Node(path, key, node, node.level, segment))
+        finally:
+            matcher.rollback(len(tokens))
     return None
 
 

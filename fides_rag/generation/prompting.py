@@ -12,23 +12,17 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from fides_rag.generation.plain_text import PlainTextEncoder, Span, find_spans
-from fides_rag.prompts import PromptTemplate, document_texts, fit_texts, template_stops
+from fides_rag.prompts import ContextWindowExceeded, PromptTemplate, document_texts, fit_texts, template_stops
 
 logger = logging.getLogger(__name__)
 
 MAX_SANE_CONTEXT = 10_000_000
 
 
-class ContextWindowExceeded(ValueError):
-    """A prompt that, with max_new_tokens, does not fit the model's context window (bad input, refused before
-    anything decodes). `field`: what to shorten; `tokens`, `max_new_tokens`, `context_window`: the numbers."""
+class EmptyQuestion(ValueError):
+    """A question that is not a non-empty string (bad input). `field`: what to fix."""
 
-    field = "prompt"
-
-    def __init__(self, tokens: int, max_new_tokens: int, context_window: int, what: str = "the prompt") -> None:
-        super().__init__(f"a prompt of {tokens} tokens plus max_new_tokens={max_new_tokens} exceeds the context window of "
-                         f"{context_window}; shorten {what} or lower max_new_tokens")
-        self.tokens, self.max_new_tokens, self.context_window = tokens, max_new_tokens, context_window
+    field = "question"
 
 
 @dataclass
@@ -132,6 +126,7 @@ class PromptPreparer:
             lambda rendered: len(rendered[1]),
             self.context_window - max_new_tokens,
             self.tokenizer,
+            max_new_tokens=max_new_tokens,
         )
         prompt, ids = fitted.rendered
         return prompt, ids, (fitted.tokens_before, fitted.tokens_after) if fitted.trimmed else None
@@ -146,7 +141,7 @@ class PromptPreparer:
 
         With `document_paths`, also one prompt per document, each trimmed on its own in the same way."""
         if not isinstance(question, str) or not question.strip():
-            raise ValueError(f"question must be a non-empty string, got {question!r}")
+            raise EmptyQuestion(f"question must be a non-empty string, got {question!r}")
         check_text(question, "question")
         question = question.strip()
         texts = document_texts(documents)
@@ -155,9 +150,10 @@ class PromptPreparer:
         budget = self.context_window - max_new_tokens
         no_ctx_prompt, no_ctx_ids = self.render(question, None)
         if len(no_ctx_ids) > budget:
-            raise ValueError(
-                f"the question alone takes {len(no_ctx_ids)} prompt tokens, more than the context window "
-                f"({self.context_window}) minus max_new_tokens ({max_new_tokens}); shorten it or lower max_new_tokens"
+            raise ContextWindowExceeded(
+                len(no_ctx_ids), max_new_tokens, self.context_window,
+                message=f"the question alone takes {len(no_ctx_ids)} prompt tokens, more than the context window "
+                        f"({self.context_window}) minus max_new_tokens ({max_new_tokens}); shorten it or lower max_new_tokens",
             )
         # Plain text stops at the template's stops (a newline); a chat turn ends at EOS, but an answer that
         # runs on into the template's next line ("\nDocument [2]: ...") stops there too.

@@ -89,6 +89,15 @@ class Request:
         return sum(_path_rows(run.effective, self.example, run.heads) for run in self.decoded)
 
     @property
+    def text_stops(self) -> tuple[str, ...]:
+        """The stop strings matched in the answer's text: none for a structured answer, whose grammar decides where it
+        ends (a stop string could match inside it, as "a" in a key, and cut it mid-structure; a stop that is one
+        special token ends the grammar as EOS does, `RequestBuilder.constraint`)."""
+        if self.constraint is not None and self.constraint.kind != "any_text":
+            return ()
+        return tuple(self.example.stop) + tuple(self.settings.stop)
+
+    @property
     def tokens(self) -> int:
         """KV positions this request may hold at most: each row's prompt plus the token budget."""
         budget = self.settings.max_new_tokens
@@ -114,6 +123,13 @@ def _path_rows(rule: ContrastRule, example: PreparedExample, heads: Heads | None
     return len(_path_ids(rule, example, heads))
 
 
+def special_token_id(tokenizer: Any, text: str) -> int | None:
+    """The id of `text` where it is one special token of `tokenizer` (an end-of-turn token such as <|im_end|>), else None."""
+    ids = tokenizer.encode(text, add_special_tokens=False)  # special-token text becomes its one id
+    special = set(getattr(tokenizer, "all_special_ids", ())) | {i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if t.special}
+    return int(ids[0]) if len(ids) == 1 and ids[0] != tokenizer.unk_token_id and ids[0] in special else None
+
+
 class RequestBuilder:
     """Builds `Request`s with one prompt preparer, one default method and token budget, and the engine's head setup."""
 
@@ -133,8 +149,9 @@ class RequestBuilder:
 
     def constraint(self, settings: GenerationSettings, stops: Sequence[str] = ()) -> Any:
         """The compiled grammar of `settings` (cached per tokenizer and grammar), or None. Every stop string of the
-        request that is one token (an end-of-turn token, say) ends the grammar as EOS does: admitted only where the
-        structure is complete, so it cannot cut the answer mid-structure."""
+        request that is one special token (an end-of-turn token, say) ends the grammar as EOS does: admitted only where
+        the structure is complete, so it cannot cut the answer mid-structure. Other stop strings are not matched in a
+        structured answer (`Request.text_stops`): an ordinary token as the grammar's end could not appear in it."""
         if not settings.constrained:
             return None
         from fides_rag.generation.grammar import GrammarConstraint
@@ -146,12 +163,8 @@ class RequestBuilder:
         return GrammarConstraint.compile(self.preparer.tokenizer, vocab_size=self.vocab_size, eos_token_ids=sorted(ends), **spec)
 
     def _stop_tokens(self, stops: Sequence[str]) -> set[int]:
-        tokenizer, found = self.preparer.tokenizer, set()
-        for stop in stops:
-            ids = tokenizer.encode(stop, add_special_tokens=False)  # special-token text becomes its one id
-            if len(ids) == 1 and ids[0] != tokenizer.unk_token_id:
-                found.add(int(ids[0]))
-        return found
+        tokenizer = self.preparer.tokenizer
+        return {token for token in (special_token_id(tokenizer, stop) for stop in stops) if token is not None}
 
     def resolve(self, method: str | ContrastRule | None) -> ContrastRule:
         """A rule object for `method`; None, or the default rule's name, gives the configured default rule, and that

@@ -100,7 +100,7 @@ def agent_call(decoder: Any, body: Sampling) -> AgentCall:
         call.calling = ToolCalling.of_call(decoder.tokenizer, _tools(body), choice)
     except CallInputError as err:
         raise _named(err, err.field) from None
-    if call.calling is not None and body.parallel_tool_calls is False and call.calling.tool_choice != "none":
-        call.stop.append(CALL_END)  # one call at most: the answer ends after its first call
+    if call.calling is not None and body.parallel_tool_calls is False and call.calling.tool_choice == "auto":
+        call.stop.append(CALL_END)  # one call at most: the answer ends after its first call (a forced call's grammar admits one)
     _response_format(body, call)
     return call

@@ -64,6 +64,14 @@ def _not_fitting(body: Any, err: ContextWindowExceeded) -> APIError:
                        prompt if err.tokens >= err.max_new_tokens else budget, "context_length_exceeded")
 
 
+def _request_field(body: Any, field: str | None) -> str | None:
+    """The request's field that a core error's `field` names: the question and the prompt are the body's messages
+    (chat) or prompt (completions)."""
+    if field in ("question", "prompt"):
+        return "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
+    return field
+
+
 def _queue_full(message: str) -> APIError:
     return APIError(429, message, type="rate_limit_error", code="queue_full", headers={"Retry-After": "1"})
 
@@ -169,7 +177,7 @@ class RequestHandling:
         except GrammarLimitExceeded as err:
             raise bad_request(" ".join(str(err).split()), _grammar_param(body, agent), "grammar_too_large") from None
         except (ValueError, TypeError) as err:
-            raise bad_request(" ".join(str(err).split()), getattr(err, "field", None)) from None
+            raise bad_request(" ".join(str(err).split()), _request_field(body, getattr(err, "field", None))) from None
         try:
             self.limits.check_trimmed(call.plan.trimmed or handle.request.example.documents_trimmed)
         except APIError:

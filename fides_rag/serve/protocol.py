@@ -101,6 +101,8 @@ class CompletionRequest(Sampling):
     def _one_prompt(cls, value: str | list[str]) -> str | list[str]:
         if isinstance(value, list) and len(value) != 1:
             raise ValueError(f"one prompt per request, got a list of {len(value)}")
+        if not (value if isinstance(value, str) else value[0]).strip():
+            raise ValueError("the prompt is empty: send the text to complete")
         return value
 
     def text(self) -> str:

@@ -240,3 +240,13 @@ def test_every_front_doors_tool_choice_forms_read_alike():
     assert [tool_choice_name(c, names) for c in (None, False, True, "any", "auto", {"type": "function", "function": {"name": "search"}})] == [
         "auto", "none", "search", "required", "auto", "search"]
     assert tool_choice_name(None, names, required=True) == "required"
+
+
+@pytest.mark.parametrize("names, name, said", [(["search"], "none", "not a bound tool's name"), (["search"], "required", "not a bound tool's name"),
+                                               (["search", "auto"], "auto", "rename the tool")])
+def test_a_tool_choice_dict_names_a_function_never_a_mode(names, name, said):
+    from fides_rag.calls import CallInputError, tool_choice_name
+
+    with pytest.raises(CallInputError, match=said) as err:
+        tool_choice_name({"type": "function", "function": {"name": name}}, names)
+    assert err.value.field == "tool_choice"

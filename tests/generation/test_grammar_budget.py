@@ -127,6 +127,42 @@ def test_a_budget_below_the_shortest_answer_is_refused_before_decoding_naming_th
     assert result.finish_reason != "length" and len(result.token_ids) <= needed  # the minimum itself holds a complete answer
 
 
+COUNTED = [  # where states alike hide the way out (a count, or one byte of a class): the first search finds none
+    {"type": "string", "minLength": 60},
+    {"type": "string", "pattern": "x"},
+    {"type": "integer", "minimum": 10**12},
+    {"type": "array", "items": {"type": "string"}, "minItems": 40},
+    {"type": "array", "items": {"type": "string", "minLength": 30}, "minItems": 3},
+    {"type": "object", "properties": {"a": {"type": "string", "minLength": 20}, "b": {"type": "null"}}, "required": ["a", "b"]},
+]
+
+
+@pytest.mark.parametrize("schema", COUNTED)
+def test_an_answer_whose_way_out_is_a_count_is_found_and_closes_within_the_budget(decoder, tokenizer, schema):
+    path = GrammarConstraint.compile(tokenizer, json_schema=schema).shortest_answer(64)
+    assert path is not None
+    jsonschema.validate(json.loads(tokenizer.decode(path)), schema)
+    with pytest.raises(BudgetBelowShortestAnswer):  # refused up front, not cut
+        decoder.generate(QUESTION, DOCUMENTS, method="standard", json_schema=schema, max_new_tokens=len(path) - 1)
+    for budget in (len(path), len(path) + 5):
+        result = decoder.generate(QUESTION, DOCUMENTS, method="fides", json_schema=schema, max_new_tokens=budget)
+        check(result, schema, budget)
+        assert result.finish_reason != "length"
+
+
+def test_stop_strings_never_cut_a_structured_answer(decoder, tokenizer):
+    """A stop string can match inside a structured answer ("a" in a key, a quote): it is not matched there, the grammar
+    ends the answer; only a stop that is one special token ends it as EOS does, where it is complete."""
+    schema = SCHEMAS["string"]
+    budget = shortest(tokenizer, schema) + 6
+    for stop in (["a", '"', "}"], ['"answer"']):
+        check(decoder.generate(QUESTION, DOCUMENTS, method="standard", json_schema=schema, max_new_tokens=budget, stop=stop), schema, budget)
+    request = decoder.requests.build(QUESTION, DOCUMENTS, json_schema=schema, stop=["a", "<|end|>"])
+    ends = request.constraint.eos_token_ids
+    assert request.text_stops == () and tokenizer.convert_tokens_to_ids("<|end|>") in ends and tokenizer.convert_tokens_to_ids("a") not in ends
+    assert decoder.requests.build(QUESTION, DOCUMENTS, stop=["a"]).text_stops[-1] == "a"  # free text: matched as ever
+
+
 def test_the_completion_is_a_real_one_for_regex_and_lark(tokenizer):
     for spec in (dict(regex=r"(yes|no), because [a-z]+\."), dict(grammar='start: "(" item ("," item)* ")"\nitem: /[0-9]+/')):
         state = GrammarConstraint.compile(tokenizer, **spec).start()

@@ -220,6 +220,10 @@ def test_a_schema_past_the_grammars_limits_gets_a_400_at_once_naming_where(serve
     ({"tools": [{"type": "function", "function": {"name": "a", "parameters": BAD_SCHEMA}}]}, "tools.0.function.parameters"),
     ({"tools": [{"type": "function", "function": {"name": "a", "parameters": {"type": "array"}}}]}, "tools.0.function.parameters"),
     ({"tools": [SEARCH], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tools": [SEARCH], "tool_choice": {"type": "function", "function": {"name": "none"}}}, "tool_choice"),  # a function's name, not a mode
+    ({"tools": [SEARCH], "tool_choice": "required", "stop": ["a"]}, "stop"),
+    ({"response_format": _fmt(CITY, strict=True), "stop": ["i"]}, "stop"),
+    ({"response_format": {"type": "json_object"}, "stop": "\n"}, "stop"),
     ({"tools": [{"type": "function", "function": {"name": "bad<|im_end|>"}}]}, "tools.0.function.name"),
     ({"tools": [SEARCH, {"type": "function", "function": {"name": "a" * 65}}]}, "tools.1.function.name"),
     ({"tools": [SEARCH, {"type": "function", "function": {"name": "other"}}, SEARCH]}, "tools.2.function.name"),
@@ -254,3 +258,15 @@ def test_a_strict_schema_keyword_the_grammar_ignores_is_noted_when_not_strict(se
 def test_parallel_tool_calls_false_is_accepted(server):
     response = _chat(server, tools=[SEARCH], tool_choice="required", parallel_tool_calls=False, max_tokens=80)
     assert len(response.choices[0].message.tool_calls) == 1
+
+
+def test_a_structured_answer_takes_an_end_of_turn_stop_and_is_never_cut_by_one(server):
+    """A stop string could match inside a structured answer ("i" in "city") and cut it: refused (above); a stop that
+    is one special token ends the answer only where it is complete."""
+    for fields in ({"response_format": _fmt(CITY, strict=True)}, {"tools": [SEARCH], "tool_choice": "required"}):
+        response = _chat(server, max_tokens=80, stop=["<|end|>"], **fields)
+        message = response.choices[0].message
+        if "response_format" in fields:
+            jsonschema.validate(json.loads(message.content), CITY)
+        else:
+            _arguments_valid(message.tool_calls[0], [SEARCH])

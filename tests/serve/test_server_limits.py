@@ -81,15 +81,31 @@ def test_documents_past_the_token_limit_or_the_window_are_refused_not_trimmed(se
     assert trimmed.status_code == 200 and trimmed.json()["fides"]["documents_trimmed"] is True
 
 
+TOOL_TURNS = [{"role": "user", "content": "Where is it?"},
+              {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "search", "arguments": "{}"}}]},
+              {"role": "tool", "tool_call_id": "c1", "content": "The tower is in Rome."}]
+
+
 @pytest.mark.parametrize("body, path, param", [
     ({"messages": [{"role": "user", "content": "tower " * 3000}]}, CHAT, "messages"),
     ({"messages": HI, "max_tokens": 9000}, CHAT, "max_tokens"),
+    ({"messages": TOOL_TURNS, "max_tokens": 8180}, CHAT, "max_tokens"),  # the tool messages are the documents
+    ({"messages": TOOL_TURNS, "max_tokens": 2**64}, CHAT, "max_tokens"),
     ({"messages": HI, "max_completion_tokens": 9000}, CHAT, "max_completion_tokens"),
     ({"prompt": "tower " * 3000}, "/v1/completions", "prompt"),
 ])
 def test_a_prompt_past_the_context_window_is_refused_naming_what_to_shorten(server, body, path, param):
     error = _error(_post(server, body, path=path), 400)
     assert error["param"] == param and error["code"] == "context_length_exceeded" and "context window" in error["message"], error
+
+
+@pytest.mark.parametrize("body, path, param", [
+    ({"prompt": ""}, "/v1/completions", "prompt"),
+    ({"prompt": ["  "]}, "/v1/completions", "prompt"),
+    ({"messages": [{"role": "user", "content": " "}], "documents": DOCS}, CHAT, "messages"),
+])
+def test_an_empty_question_is_refused_naming_where_it_is(server, body, path, param):
+    assert _error(_post(server, {**body, "max_tokens": 2}, path=path), 400)["param"] == param
 
 
 def test_sampling_extremes_answer_greedily_or_get_a_400(server):
