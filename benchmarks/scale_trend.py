@@ -24,7 +24,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "eval"
 METHODS = ("standard", "cad", "adacad", "fides", "coiecd", "fides+agree", "fides+nwcad", "fides+defer", "adacad+agree")
-HEADLINE_METHODS = ("standard", "adacad", "fides", "fides+agree", "fides+nwcad", "fides+defer")
+HEADLINE_METHODS = ("standard", "adacad", "fides", "fides+agree", "fides+nwcad")
 GATED_FIDES = ("fides+agree", "fides+nwcad", "fides+defer")
 SMALL_N = 100
 
@@ -83,7 +83,7 @@ def table(head: list[str], rows: list[list[str]]) -> str:
 
 def headline(root: Path = RESULTS) -> str:
     """One row per backbone: CF on the conflict rows and EM on the no-conflict rows, standard and FIDES gated or not."""
-    shown = ("standard", "adacad", "fides", *GATED_FIDES)
+    shown = HEADLINE_METHODS
     names = {"standard": "standard", "adacad": "AdaCAD", "fides": "FIDES", **{m: "+" + m.split("+")[1] for m in GATED_FIDES}}
     head = (["backbone", "n"] + [f"CF {names[m]}" for m in shown] + [f"no-conflict EM {names[m]}" for m in shown])
     rows = []
@@ -101,7 +101,7 @@ def gates(root: Path = RESULTS) -> str:
     for b in BACKBONES:
         conflict, original = load(b.conflict_run, root), load(b.original_run, root)
         label = f"{b.name} ({b.size}), n {n_label(n_of(conflict))} / {n_label(n_of(original))}"
-        for m in HEADLINE_METHODS:
+        for m in ("standard", "adacad", "fides", *GATED_FIDES):
             if m != "standard" and not has(conflict, m) and not has(original, m):
                 continue
             rows.append([label if m == "standard" else "", m, metric(conflict, m, "cf"),
