@@ -201,10 +201,18 @@ def test_batching_quick_start_runs_and_answers_every_question():
     assert lines[1].strip() and lines[2].strip()  # the future's answer, the streamed answer
 
 
+def _chosen_by(line: str) -> list[str]:
+    """The trailing list of a gated_methods.py line: who chose each token."""
+    return ast.literal_eval(line[line.rindex(" [") + 1 :])
+
+
 EXPECTED_OUTPUT = {
     "custom_rule.py": lambda lines: len(lines) == 1 and "{'cap': 1.0}" in lines[0],
     "decoder_async.py": lambda lines: len(lines) == 3 and lines[0].split()[-1] in {"eos", "stop", "length"}
     and len(ast.literal_eval(lines[2])) == 3,
+    "gated_methods.py": lambda lines: len(lines) == 10
+    and all(set(_chosen_by(line)) <= {"rule", "gate"} for line in lines)
+    and all(set(_chosen_by(line)) == {"rule"} for line in lines if line.strip().startswith("fides:")),
     "methods_tour.py": lambda lines: len(lines) == 13 and "decore" in ast.literal_eval(lines[0])
     and all("records:" in line for line in lines[1:12]) and lines[12].startswith("dvd"),
 }
