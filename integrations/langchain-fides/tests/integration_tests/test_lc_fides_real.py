@@ -6,7 +6,6 @@ import os
 from typing import Any
 
 import pytest
-from langchain_core.exceptions import OutputParserException
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import PromptTemplate
 from langchain_core.runnables import RunnablePassthrough
@@ -83,15 +82,10 @@ ROOM_FOR_CALLS = 32
 MORE_ROOM = {"test_unicode_tool_call_integration": 48, "test_json_mode": 64}
 """Tests whose answer is longer (a unicode argument; a whole joke, which the model finishes in about 45 tokens)."""
 NEEDS_ROOM = ("tool_call", "tool_choice", "structured", "json", "bind_runnables")
-LOOPS_IN_A_STRING = "greedy smollm2-135m repeats itself inside the joke's free-text 'setup' ('A cat is a cat, a cat is a cat, ...') until max_tokens; the grammar keeps the JSON valid but cannot make it stop, and a cut answer is a parsing error, not a partial object"
 NO_UNFORCED_CALL = "smollm2-135m does not choose to call a tool by itself (tool_choice='auto'); forced calls: test_tool_choice, test_tool_calling and the create_agent test"
 
 
-LOOPS = (LOOPS_IN_A_STRING, OutputParserException)
 EXPECTED_FAILURES = {
-    **{f"test_structured_output{sync}[{schema}]": LOOPS for sync in ("", "_async") for schema in ("pydantic", "typeddict", "json_schema")},
-    "test_structured_output_pydantic_2_v1": LOOPS,
-    "test_structured_output_optional_param": LOOPS,
     "test_agent_loop[model0]": (NO_UNFORCED_CALL, AssertionError),
     "test_agent_loop[model1]": (NO_UNFORCED_CALL, AssertionError),
 }
