@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(INTEGRATIONS))
 	touch $(STAMP)
 
 demo: setup
-	$(PY) -m fides_rag.cli demo
+	$(PY) -m fides_rag.cli.main demo
 
 quickstart: setup
 	$(PY) examples/quickstart.py

@@ -19,7 +19,7 @@ from typing import Any
 from fides_rag import FidesConfig, FidesDecoder
 from fides_rag.eval.datasets import load_nq_swap
 from fides_rag.eval.serving import ServingBench
-from fides_rag.loading import load_model
+from fides_rag.models.loading import load_model
 
 
 def sweep(model: str, caps: list[int | None], load: float, requests: int, device: str) -> dict[str, Any]:

@@ -8,7 +8,7 @@ decodes nothing (the predictions are all there) and only rewrites results.json a
         --max-new-tokens 16 --device cpu --out NEW --analyze
     cp -r NEW OLD && rm -r OLD/analysis OLD/results.*
     git worktree add /tmp/old REV
-    (cd /tmp/old && PYTHONPATH=/tmp/old python -m fides_rag.cli eval <the same arguments> --out OLD --analyze)
+    (cd /tmp/old && PYTHONPATH=/tmp/old python -m fides_rag.cli.main eval <the same arguments> --out OLD --analyze)
     python benchmarks/compare_statistics.py NEW OLD --out report.json
 """
 

@@ -28,9 +28,9 @@ def eval_command(args: argparse.Namespace, out: Path) -> list[str]:
 def run_both(args: argparse.Namespace) -> None:
     """One process with every thread, then `--processes` processes under torchrun sharing the threads."""
     shutil.rmtree(args.runs, ignore_errors=True)
-    one = [sys.executable, "-m", "fides_rag.cli", *eval_command(args, args.runs / "one")]
+    one = [sys.executable, "-m", "fides_rag.cli.main", *eval_command(args, args.runs / "one")]
     several = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.processes),
-               "-m", "fides_rag.cli", *eval_command(args, args.runs / "several")]
+               "-m", "fides_rag.cli.main", *eval_command(args, args.runs / "several")]
     for command, threads in ((one, args.threads), (several, max(1, args.threads // args.processes))):
         print("$ OMP_NUM_THREADS=%d %s" % (threads, " ".join(command)), flush=True)
         subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": str(threads)}, check=True, stdout=subprocess.DEVNULL)

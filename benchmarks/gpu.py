@@ -240,7 +240,7 @@ SECTIONS = {"exactness": exactness, "latency": latency, "batch": batch_scaling, 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from fides_rag import FidesDecoder
-    from fides_rag.loading import select_device
+    from fides_rag.models.loading import select_device
 
     device = select_device(args.device)
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}[args.dtype]

@@ -429,7 +429,7 @@ def footprint(dist: str) -> dict:
 
 
 def measure(lib_name: str, model: str, args) -> dict:
-    from fides_rag.loading import resolve_model_source
+    from fides_rag.models.loading import resolve_model_source
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_source(model))

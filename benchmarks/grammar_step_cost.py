@@ -24,7 +24,7 @@ from fides_rag.generation.grammar_masks import allocate_bitmask, apply_bitmask
 
 
 def measure(model: str, rows: int, passes: int, seed: int) -> dict:
-    from fides_rag.loading import resolve_model_source
+    from fides_rag.models.loading import resolve_model_source
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_source(model))

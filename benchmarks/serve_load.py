@@ -164,7 +164,7 @@ def summarise(level: int, outcomes: list[Outcome], wall_s: float, reference: lis
 
 def start_server(args: argparse.Namespace) -> subprocess.Popen:
     """`fides-rag serve` on loopback; returns once /health answers (or exits with the server's log)."""
-    command = [sys.executable, "-m", "fides_rag.cli", "serve", "--model", args.model, "--method", args.method,
+    command = [sys.executable, "-m", "fides_rag.cli.main", "serve", "--model", args.model, "--method", args.method,
                "--host", "127.0.0.1", "--port", str(args.port), *args.server_arg]
     print("$ " + " ".join(command), flush=True)
     log = open(args.server_log, "w")

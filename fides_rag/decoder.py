@@ -26,8 +26,8 @@ from fides_rag.generation.requests import PromptPair, RequestBuilder
 from fides_rag.generation.settings import GenerationSettings
 from fides_rag.generation.streaming import AsyncTextStream, TextStream
 from fides_rag.generation.tickets import RequestHandle
-from fides_rag.lens import ModelAnatomy
-from fides_rag.prompts import PromptTemplate
+from fides_rag.method.lens import ModelAnatomy
+from fides_rag.prompts.template import PromptTemplate
 from fides_rag.result import GenerationResult
 from fides_rag.rules import ContrastRule, get_method
 
@@ -87,7 +87,7 @@ class FidesDecoder:
     ) -> FidesDecoder:
         """Load a model with `load_model` (`device_map="auto"` splits it over the available devices, offloading
         what does not fit to `offload_folder`) and wrap it; `kwargs` go to the decoder."""
-        from fides_rag.loading import load_model
+        from fides_rag.models.loading import load_model
 
         load_kwargs = {"offload_folder": offload_folder} if offload_folder is not None else {}
         model, tokenizer = load_model(name_or_path, device=device, dtype=dtype, device_map=device_map, **load_kwargs)

@@ -9,7 +9,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from transformers import Gemma2Config, Gemma3TextConfig, GemmaConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-from fides_rag.prompts import DEFAULT_DEMONSTRATIONS
+from fides_rag.prompts.template import DEFAULT_DEMONSTRATIONS
 
 CORPUS = [
     "Lyon is the capital of France. Paris is a large city on the Seine.",

@@ -12,7 +12,7 @@ import torch
 from transformers import LogitsProcessorList, MaxLengthCriteria, RepetitionPenaltyLogitsProcessor, StoppingCriteriaList
 
 from fides_rag import FidesConfig, FidesDecoder, NonFiniteLogitsError, PromptPair, PromptTemplate, get_method
-from fides_rag.lens import ModelAnatomy
+from fides_rag.method.lens import ModelAnatomy
 
 from fides_rag.testing import build_tiny_model
 

@@ -9,7 +9,7 @@ import torch
 from transformers import DynamicCache, StoppingCriteria, StoppingCriteriaList
 
 from fides_rag import ContrastRule, FidesDecoder, PromptPair, PromptTemplate, UnsupportedArchitectureError
-from fides_rag.lens import ModelAnatomy
+from fides_rag.method.lens import ModelAnatomy
 from fides_rag.rules import StepOutput
 from fides_rag.rules.dvd import DvdRule
 from fides_rag.testing import MULTI_DOCUMENT_QUESTIONS, MULTI_DOCUMENTS, build_tiny_model

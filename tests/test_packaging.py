@@ -58,7 +58,7 @@ def test_wheel_installs_into_a_fresh_venv_without_extras(tmp_path: Path) -> None
     present = _run(py, "-c", probe, *EXTRA_MODULES)
     assert present.stdout.strip() == "[]", f"extras leaked into the core install: {present.stdout}"
 
-    imported = _run(py, "-c", "import fides_rag, fides_rag.cli; print(fides_rag.FidesDecoder.__name__)", cwd=tmp_path)
+    imported = _run(py, "-c", "import fides_rag, fides_rag.cli.main; print(fides_rag.FidesDecoder.__name__)", cwd=tmp_path)
     assert imported.returncode == 0 and imported.stdout.strip() == "FidesDecoder", imported.stderr[-3000:]
     helped = _run(env_dir / "bin" / "fides-rag", "--help", cwd=tmp_path)
     assert helped.returncode == 0 and "eval" in helped.stdout, helped.stderr[-3000:]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fides_rag.cli import build_parser
+from fides_rag.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 READMES = [ROOT / "README.md", ROOT / "integrations/langchain-fides/README.md", ROOT / "integrations/llama-index-llms-fides/README.md"]

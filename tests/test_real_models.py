@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fides_rag import FidesDecoder, load_model
-from fides_rag import loading
+from fides_rag.models import loading
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fides_rag.prompts import PromptTemplate, TemplateLeftovers, template_stops
+from fides_rag.prompts.template import PromptTemplate, TemplateLeftovers, template_stops
 
 
 def test_template_stops_are_the_templates_line_heads_after_a_newline():

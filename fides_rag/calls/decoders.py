@@ -9,10 +9,10 @@ from typing import Any
 
 from fides_rag.calls.fields import check_fides_config
 from fides_rag.calls.options import resolve_method
-from fides_rag.config import FidesConfig
+from fides_rag.method.config import FidesConfig
 from fides_rag.decoder import FidesDecoder
-from fides_rag.loading import load_model
-from fides_rag.raw_prompts import check_no_context_path
+from fides_rag.models.loading import load_model
+from fides_rag.prompts.raw import check_no_context_path
 
 
 class DecoderInputError(TypeError, ValueError):

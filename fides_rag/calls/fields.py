@@ -9,8 +9,8 @@ from typing import Any
 from pydantic import BaseModel, Field, field_validator
 
 from fides_rag.calls.options import resolve_method
-from fides_rag.config import FidesConfig
-from fides_rag.raw_prompts import check_no_context_path
+from fides_rag.method.config import FidesConfig
+from fides_rag.prompts.raw import check_no_context_path
 
 
 def check_fides_config(value: Any) -> Any:

@@ -10,9 +10,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fides_rag.config import FidesConfig
+from fides_rag.method.config import FidesConfig
 from fides_rag.generation.settings import MAX_SEED, sampling_options
-from fides_rag.prompts import document_texts
+from fides_rag.prompts.template import document_texts
 from fides_rag.rules import ContrastRule, accepts_option, get_method
 
 logger = logging.getLogger("fides_rag.calls")

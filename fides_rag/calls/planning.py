@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fides_rag.generation.requests import PromptPair
-from fides_rag.prompts import PromptTemplate, TemplateLeftovers, template_stops
+from fides_rag.prompts.template import PromptTemplate, TemplateLeftovers, template_stops
 from fides_rag.result import GenerationResult
-from fides_rag.raw_prompts import check_no_context_path, fit_documents, question_only_text, render_chat
+from fides_rag.prompts.raw import check_no_context_path, fit_documents, question_only_text, render_chat
 from fides_rag.calls.tools import ToolCalling, calls_from_openai, render_calls
 
 logger = logging.getLogger("fides_rag.calls")

@@ -20,7 +20,7 @@ from typing import Any
 
 from fides_rag.calls.options import CallInputError
 from fides_rag.calls.structure import check_json_schema, closed_schema
-from fides_rag.raw_prompts import render_chat
+from fides_rag.prompts.raw import render_chat
 
 CHOICES = ("auto", "none", "required", "any")
 """tool_choice values other than a tool's name ("any" is "required")."""

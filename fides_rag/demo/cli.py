@@ -1,4 +1,4 @@
-"""The `fides-rag demo` sub-command. fides_rag.cli wires it in:
+"""The `fides-rag demo` sub-command. fides_rag.cli.main wires it in:
 
     from fides_rag.demo.cli import add_demo_parser, run_demo_command
     add_demo_parser(commands)                       # in build_parser
@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from fides_rag.cli_model_options import add_model_arguments, load_options
+from fides_rag.cli.model_options import add_model_arguments, load_options
 from fides_rag.demo.corpus import DATA_ENV
 from fides_rag.demo.run import DEFAULT_K, DEFAULT_LIMITS, DEFAULT_METHODS, DEFAULT_MODEL, DEFAULT_NOISE, DemoSettings
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from fides_rag.config import FidesConfig
+from fides_rag.method.config import FidesConfig
 from fides_rag.decoder import FidesDecoder, PromptPair
 from fides_rag.generation.kv_cache import prompt_cache_bytes
 from fides_rag.eval.datasets import QAExample, load_nq_swap
@@ -235,7 +235,7 @@ def run_bench(
     log=lambda message: print(message, flush=True),
 ) -> dict:
     """Run the chosen sections on each model; write JSON to `out` after every section (nothing is lost)."""
-    from fides_rag.loading import load_model
+    from fides_rag.models.loading import load_model
 
     examples = load_nq_swap(data)
     report: dict[str, Any] = {"machine": machine(), "protocol": {"samples": samples, "warmup": warmup, "new_tokens": new_tokens}, "models": {}}

@@ -18,7 +18,7 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any
 
-from fides_rag.config import FidesConfig
+from fides_rag.method.config import FidesConfig
 from fides_rag.eval.datasets import QAExample
 from fides_rag.eval.metrics import METRIC_LABELS, METRICS, aggregate
 from fides_rag.eval.parallel import barrier, gather, shard

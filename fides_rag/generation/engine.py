@@ -35,7 +35,7 @@ from fides_rag.generation.requests import Heads, Request
 from fides_rag.generation.running import RunningBatch
 from fides_rag.generation.scheduler import DEFAULT_BATCHED_TOKENS, Admission, QueueFullError, Scheduler
 from fides_rag.generation.tickets import RequestHandle, Ticket
-from fides_rag.lens import ModelAnatomy
+from fides_rag.method.lens import ModelAnatomy
 from fides_rag.rules.base import CONTEXT, DOCUMENTS, MASKED_HEADS, NO_CONTEXT, ContrastRule
 
 __all__ = ["Admission", "DecodeEngine", "EngineStats", "QueueFullError", "collect_eos_ids", "model_lock"]

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from fides_rag.lens import ModelAnatomy
+from fides_rag.method.lens import ModelAnatomy
 
 
 class LayerCapture:

@@ -22,7 +22,7 @@ from fides_rag.generation.running import RunningBatch
 from fides_rag.generation.scheduler import StepBudget
 from fides_rag.generation.step import advance, decide
 from fides_rag.generation.tickets import Ticket
-from fides_rag.lens import ModelAnatomy
+from fides_rag.method.lens import ModelAnatomy
 
 
 class InFlight:

@@ -24,7 +24,7 @@ from transformers.cache_utils import CacheLayerMixin, DynamicCache, DynamicLayer
 
 from fides_rag.generation.hooks import HeadMasker, LayerCapture
 from fides_rag.generation.ragged_attention import hand_over
-from fides_rag.lens import ModelAnatomy
+from fides_rag.method.lens import ModelAnatomy
 
 
 @dataclass

@@ -21,7 +21,7 @@ from fides_rag.generation.kv_cache import DecodeCache, Prefilled, ragged_cache
 from fides_rag.generation.layout import GroupSpec
 from fides_rag.generation.prefix_cache import PrefixCache, head_key
 from fides_rag.generation.prompting import common_prefix
-from fides_rag.lens import ModelAnatomy
+from fides_rag.method.lens import ModelAnatomy
 
 
 MIN_SHARED = 16

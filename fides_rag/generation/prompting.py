@@ -12,7 +12,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from fides_rag.generation.plain_text import PlainTextEncoder, Span, find_spans
-from fides_rag.prompts import ContextWindowExceeded, PromptTemplate, document_texts, fit_texts, template_stops
+from fides_rag.prompts.template import ContextWindowExceeded, PromptTemplate, document_texts, fit_texts, template_stops
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from fides_rag.generation.logprobs import column_count, lane_top_k, logprob_colu
 from fides_rag.generation.layout import Unit
 from fides_rag.generation.running import RunningBatch
 from fides_rag.generation.stopping import finish_reason
-from fides_rag.lens import ModelAnatomy
+from fides_rag.method.lens import ModelAnatomy
 from fides_rag.result import StepRecord
 from fides_rag.rules.base import StepInputs, StepOutput
 

@@ -6,7 +6,7 @@ import math
 
 from fides_rag.rules.base import ContrastRule, StepInputs, StepOutput
 from fides_rag.rules.registry import register_method
-from fides_rag.signals import contrast_logits, opposition
+from fides_rag.method.signals import contrast_logits, opposition
 
 
 @register_method("adacad")

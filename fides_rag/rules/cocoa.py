@@ -41,7 +41,7 @@ import torch
 
 from fides_rag.rules.base import ContrastRule, StepInputs, StepOutput
 from fides_rag.rules.registry import register_method
-from fides_rag.signals import opposition
+from fides_rag.method.signals import opposition
 
 SHIPPED = {
     "alpha": 0.5,

@@ -23,7 +23,7 @@ What this module computes, per row b (z_base = ctx_logits, z_masked = masked_log
     vanilla variant:  a = alpha
     logits = (1 + a) · z_base − a · z_masked;  StepOutput.alpha = a (after the cap)
 
-`masked_heads` returns the explicit `heads`, or the top `num_heads` of `fides_rag.heads.retrieval_head_ranking`,
+`masked_heads` returns the explicit `heads`, or the top `num_heads` of `fides_rag.method.heads.retrieval_head_ranking`,
 discovered once per model on synthetic copy prompts and cached. By default `num_heads` keeps the reference's
 share of heads, 50 of Llama-3-8B's 1024 (4.9%), rounded up: 14 of SmolLM2-135M's 270, 4 of gemma3-270m's 72.
 
@@ -37,7 +37,7 @@ Deviations, and why:
   with the heads masked at every position. The reference runs the prompt (all but its last token) once through
   the *unmasked* model and gives a deep copy of that KV cache to the masked model, so masking acts only from
   the prompt's last token on.
-- The heads come from `fides_rag.heads` (label-free synthetic copy prompts; see its docstring), not from the
+- The heads come from `fides_rag.method.heads` (label-free synthetic copy prompts; see its docstring), not from the
   reference's needle-in-a-haystack JSON files; layers are 1-based here.
 - The default head count is the reference's *share* (50 / 1024), not its absolute 50, which was tuned for
   7-8B models and would mask most heads of a small model (50 of gemma3-270m's 72, most of which score 0).
@@ -52,11 +52,11 @@ from typing import Any, Mapping
 
 import torch
 
-from fides_rag.heads import DiscoverySettings, retrieval_heads
-from fides_rag.lens import ModelAnatomy
+from fides_rag.method.heads import DiscoverySettings, retrieval_heads
+from fides_rag.method.lens import ModelAnatomy
 from fides_rag.rules.base import CONTEXT, MASKED_HEADS, ContrastRule, StepInputs, StepOutput
 from fides_rag.rules.registry import register_method
-from fides_rag.signals import contrast_logits
+from fides_rag.method.signals import contrast_logits
 
 VARIANTS = ("entropy", "vanilla")
 REFERENCE_NUM_HEADS, REFERENCE_TOTAL_HEADS = 50, 1024  # the reference's num_retrieval_heads, of Llama-3-8B's 32 x 32

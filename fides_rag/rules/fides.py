@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
-from fides_rag.config import FidesConfig
+from fides_rag.method.config import FidesConfig
 from fides_rag.rules.base import CONTEXT, NO_CONTEXT, ContrastRule, StepInputs, StepOutput
 from fides_rag.rules.registry import register_method
-from fides_rag.signals import (
+from fides_rag.method.signals import (
     adaptive_alpha,
     contrast_logits,
     fused_score,

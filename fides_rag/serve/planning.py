@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fides_rag.calls import Call, CallInputError, CallOptions, ChatPlan, ChatPrompts, ToolCalling, check_question, turn_of
-from fides_rag.config import FidesConfig
+from fides_rag.method.config import FidesConfig
 from fides_rag.decoder import FidesDecoder
 from fides_rag.serve.agent_call import AgentCall
 from fides_rag.serve.errors import bad_request

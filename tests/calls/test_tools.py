@@ -203,7 +203,7 @@ def test_stream_holds_back_what_may_be_a_call(chat_tokenizer):
 def test_the_bundled_backbones_get_the_fallback_format(alias):
     from transformers import AutoTokenizer
 
-    from fides_rag.loading import resolve_model_source
+    from fides_rag.models.loading import resolve_model_source
 
     tok = AutoTokenizer.from_pretrained(resolve_model_source(alias))
     calling = ToolCalling(tok, [SEARCH], "search")

@@ -108,7 +108,7 @@ def test_trace(records, tmp_path):
 
 def test_run_analyses_and_cli(records, tmp_path):
     (tmp_path / PREDICTIONS).write_text("".join(json.dumps(r) + "\n" for r in records))
-    from fides_rag.cli import main
+    from fides_rag.cli.main import main
 
     assert main(["analyze", str(tmp_path)]) == 0
     names = {p.name for p in (tmp_path / "analysis").iterdir()}

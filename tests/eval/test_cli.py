@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from fides_rag.cli import build_parser, main
+from fides_rag.cli.main import build_parser, main
 from fides_rag.eval.datasets import data_dir
 from fides_rag.eval.records import read_predictions
 
@@ -46,7 +46,7 @@ def test_interrupted_eval_says_how_to_resume(monkeypatch, capsys):
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("fides_rag.cli._eval", interrupted)
+    monkeypatch.setattr("fides_rag.cli.main._eval", interrupted)
     assert main(["eval", "--out", "runs/somewhere"]) == 130
     assert "answers so far are in runs/somewhere; rerun the same command to resume" in capsys.readouterr().err
 

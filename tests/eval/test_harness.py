@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from fides_rag.config import FidesConfig
+from fides_rag.method.config import FidesConfig
 from fides_rag.decoder import FidesDecoder
 from fides_rag.eval.datasets import QAExample
 from fides_rag.eval.harness import (

@@ -39,7 +39,7 @@ def tiny_run_inputs(tmp_path_factory):
 
 
 def _eval_args(root: Path, out: Path, batch_size: int = 4, new_tokens: int = 4, progress: bool = False) -> list[str]:
-    return ["-m", "fides_rag.cli", "eval", "--model", str(root / "model"), "--dataset", "jsonl", "--data", str(root / "data.jsonl"),
+    return ["-m", "fides_rag.cli.main", "eval", "--model", str(root / "model"), "--dataset", "jsonl", "--data", str(root / "data.jsonl"),
             "--methods", "standard,fides", "--batch-size", str(batch_size), "--max-new-tokens", str(new_tokens), "--device", "cpu",
             "--bootstrap", "200", "--out", str(out), *([] if progress else ["--no-progress"])]
 

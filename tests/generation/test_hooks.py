@@ -8,7 +8,7 @@ import torch
 
 from fides_rag.generation.hooks import HeadMasker, LayerCapture
 from fides_rag.generation.kv_cache import RowGroup, left_padded, prefill
-from fides_rag.lens import ModelAnatomy
+from fides_rag.method.lens import ModelAnatomy
 
 
 def storage_bytes(tensor: torch.Tensor) -> int:

@@ -11,7 +11,7 @@ import torch
 from fides_rag.generation.hooks import LayerCapture
 from fides_rag.generation.kv_cache import RowGroup, cache_bytes, left_padded, prefill, prompt_cache_bytes, prune
 from fides_rag.generation.ragged_attention import per_segment_attention
-from fides_rag.lens import ModelAnatomy
+from fides_rag.method.lens import ModelAnatomy
 
 CONTEXT = list(range(5, 165))  # 160 tokens: documents and question
 NO_CONTEXT = list(range(7, 27))  # 20 tokens: the question alone

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fides_rag import FidesDecoder, get_method
-from fides_rag.heads import DiscoverySettings, retrieval_heads
+from fides_rag.method.heads import DiscoverySettings, retrieval_heads
 from fides_rag.rules import StepInputs
 from fides_rag.rules.decore import DecoreRule, default_num_heads
 from fides_rag.testing import build_tiny_model, build_tokenizer

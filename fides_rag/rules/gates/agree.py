@@ -7,7 +7,7 @@ import torch
 
 from fides_rag.rules.base import StepInputs
 from fides_rag.rules.gates.base import CONTEXT_AS_IS, MEMORY_LEANING, RULE, Gate, GateDecision, checked_fraction, register_gate
-from fides_rag.signals import entropy
+from fides_rag.method.signals import entropy
 
 UNDECIDED, TRUST_CONTEXT, TRUST_MEMORY = 0.0, 1.0, 2.0
 

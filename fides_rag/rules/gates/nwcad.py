@@ -7,7 +7,7 @@ import torch
 
 from fides_rag.rules.base import StepInputs
 from fides_rag.rules.gates.base import CONTEXT_AS_IS, NO_CONTEXT_AS_IS, RULE, Gate, GateDecision, checked_fraction, register_gate
-from fides_rag.signals import top_k_jensen_shannon, top_two_margin
+from fides_rag.method.signals import top_k_jensen_shannon, top_two_margin
 
 
 @register_gate("nwcad")

@@ -14,7 +14,7 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from langchain_core.runnables import Runnable
 
 from fides_rag.calls import DOCUMENTS_INSTRUCTION, Answer, ChatPlan, ToolCalling, tool_choice_name, turn_of
-from fides_rag.prompts import document_texts
+from fides_rag.prompts.template import document_texts
 
 from langchain_fides._base import CALL_OPTIONS, FidesParams
 from langchain_fides._discovery import recorder

@@ -14,7 +14,7 @@ from langchain_core.prompt_values import StringPromptValue
 from langchain_core.runnables import RunnableLambda
 from pydantic import Field, model_validator
 
-from fides_rag.prompts import PromptTemplate, document_texts
+from fides_rag.prompts.template import PromptTemplate, document_texts
 
 _TEMPLATE = PromptTemplate()
 

@@ -363,7 +363,7 @@ def test_chat_engines_put_retrieved_context_in_the_context_path(llm, mock_index,
 
 
 def test_no_context_path_question_in_a_query_engine_and_a_chat(chat_decoder, plain_decoder):
-    from fides_rag.raw_prompts import question_only_text, render_chat
+    from fides_rag.prompts.raw import question_only_text, render_chat
 
     llm = FidesLLM(chat_decoder, max_new_tokens=3, no_context_path="question")
     expected = render_chat(chat_decoder.tokenizer, [{"role": "user", "content": question_only_text(QUERY)}])

@@ -140,7 +140,7 @@ class TestChatFidesStandard(ChatModelUnitTests):
 
 
 def test_no_context_path_question_is_the_last_human_message_alone(decoder):
-    from fides_rag.raw_prompts import question_only_text, render_chat
+    from fides_rag.prompts.raw import question_only_text, render_chat
 
     chat = ChatFides(decoder=decoder, max_new_tokens=3, no_context_path="question")
     question = "What is the capital of France?"

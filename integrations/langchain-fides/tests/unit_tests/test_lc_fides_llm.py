@@ -226,7 +226,7 @@ def test_async_does_not_block_event_loop(llm):
 
 
 def _question_only(decoder, question: str) -> str:
-    from fides_rag.raw_prompts import question_only_text, render_chat
+    from fides_rag.prompts.raw import question_only_text, render_chat
 
     return render_chat(decoder.tokenizer, [{"role": "user", "content": question_only_text(question)}])
 

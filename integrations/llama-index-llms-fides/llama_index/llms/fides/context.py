@@ -15,7 +15,7 @@ from typing import Any
 
 from llama_index.core.prompts.base import BasePromptTemplate, SelectorPromptTemplate
 
-from fides_rag.prompts import context_text
+from fides_rag.prompts.template import context_text
 
 CONTEXT_VARIABLES: tuple[str, ...] = ("context_str", "context_msg")
 """Template variables that carry retrieved text in llama-index-core 0.14's prompts."""

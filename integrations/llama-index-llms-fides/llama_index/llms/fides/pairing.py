@@ -12,8 +12,8 @@ from llama_index.core.chat_engine.context import DEFAULT_CONTEXT_TEMPLATE
 from llama_index.core.prompts.base import BasePromptTemplate
 
 from fides_rag.calls import ChatPlan, ChatPrompts, ContextMessages, ToolCalling, role_of, turn_of
-from fides_rag.prompts import document_texts
-from fides_rag.raw_prompts import render_chat
+from fides_rag.prompts.template import document_texts
+from fides_rag.prompts.raw import render_chat
 
 from llama_index.llms.fides.context import CONTEXT_VARIABLES, find_context, prompt_type
 from llama_index.llms.fides.prompts import is_fides_rag_template

@@ -16,7 +16,7 @@ from typing import Any
 from llama_index.core.prompts import PromptTemplate
 from llama_index.core.prompts.prompt_type import PromptType
 
-from fides_rag.prompts import PromptTemplate as FidesPromptTemplate
+from fides_rag.prompts.template import PromptTemplate as FidesPromptTemplate
 
 _MARKER = "fides_rag_template"
 

@@ -31,11 +31,11 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from fides_rag.config import SIGNAL_NAMES, FidesConfig
-from fides_rag.prompts import document_texts
+from fides_rag.method.config import SIGNAL_NAMES, FidesConfig
+from fides_rag.prompts.template import document_texts
 from fides_rag.rules.base import CONTEXT, NO_CONTEXT, StepInputs, StepOutput
 from fides_rag.rules.fides import FidesRule, noise_layer
-from fides_rag.signals import kl_divergence, layer_mean_unit_distance
+from fides_rag.method.signals import kl_divergence, layer_mean_unit_distance
 
 SOURCE_MEASURED_WEIGHTS: tuple[float, float, float] = (0.533, 0.278, 0.189)
 """The weights the source measured with the 1/σ rule (FidesConfig's default is their rounding)."""

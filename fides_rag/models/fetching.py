@@ -18,7 +18,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from fides_rag.model_cache import cache_root
+from fides_rag.models.cache import cache_root
 
 
 class FetchError(RuntimeError):

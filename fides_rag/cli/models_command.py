@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fides_rag.fetching import FETCHED_MODELS, FetchError, fetch, lookup, models_dir
+from fides_rag.models.fetching import FETCHED_MODELS, FetchError, fetch, lookup, models_dir
 
 
 def add_models_parser(commands: argparse._SubParsersAction) -> None:
@@ -22,7 +22,7 @@ def add_models_parser(commands: argparse._SubParsersAction) -> None:
 
 def run_models_command(args: argparse.Namespace) -> int:
     if args.models_command == "list":
-        from fides_rag.loading import BUNDLED_MODELS
+        from fides_rag.models.loading import BUNDLED_MODELS
 
         for name in BUNDLED_MODELS:
             print(f"{name}  (bundled: {BUNDLED_MODELS[name].install})")

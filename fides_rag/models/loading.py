@@ -20,9 +20,9 @@ from typing import Any, Callable
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from fides_rag.fetching import FETCHED_MODELS, fetched_path
-from fides_rag.model_memory import check_fits
-from fides_rag.model_cache import CACHE_ENV, cache_root  # noqa: F401  (public here too)
+from fides_rag.models.fetching import FETCHED_MODELS, fetched_path
+from fides_rag.models.memory import check_fits
+from fides_rag.models.cache import CACHE_ENV, cache_root  # noqa: F401  (public here too)
 
 logger = logging.getLogger(__name__)
 

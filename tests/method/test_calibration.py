@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fides_rag import FidesConfig, FidesDecoder, available_methods
-from fides_rag.calibration import (
+from fides_rag.method.calibration import (
     SOURCE_MEASURED_WEIGHTS,
     RawSignalsRule,
     calibrate,
@@ -23,7 +23,7 @@ from fides_rag.calibration import (
     write_report,
 )
 from fides_rag.rules.fides import FidesRule
-from fides_rag.signals import hidden_state_shift, layer_mean_unit_distance
+from fides_rag.method.signals import hidden_state_shift, layer_mean_unit_distance
 
 QUESTIONS = ["What is the capital of France?", "Who chose Canberra?", "What jumps?", "Where is Paris?"]
 DOCUMENTS = [

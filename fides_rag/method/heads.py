@@ -68,8 +68,8 @@ from typing import Any, Iterator
 
 import torch
 
-from fides_rag.lens import ModelAnatomy
-from fides_rag.loading import cache_root
+from fides_rag.method.lens import ModelAnatomy
+from fides_rag.models.loading import cache_root
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fides_rag.raw_prompts import fit_documents, leading_bos, merge_system_turns, render_chat, strip_leading_bos
+from fides_rag.prompts.raw import fit_documents, leading_bos, merge_system_turns, render_chat, strip_leading_bos
 
 
 class BosTokenizer:

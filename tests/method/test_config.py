@@ -87,7 +87,7 @@ def test_strengths_whose_products_with_logits_overflow_are_refused(kwargs, field
 
 def test_the_largest_strength_still_decodes_to_finite_logits(tokenizer, tiny_llama):
     from fides_rag import FidesDecoder, get_method
-    from fides_rag.config import MAX_ALPHA
+    from fides_rag.method.config import MAX_ALPHA
 
     decoder = FidesDecoder(tiny_llama, tokenizer)
     for config in (FidesConfig(fixed_alpha=MAX_ALPHA), FidesConfig(lambda_=MAX_ALPHA / 1.0, weights=(1.0, 0.0, 0.0))):

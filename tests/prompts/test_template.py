@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fides_rag.prompts import ContextWindowExceeded, context_text, fit_texts
+from fides_rag.prompts.template import ContextWindowExceeded, context_text, fit_texts
 
 
 def _count(tokenizer):
@@ -44,7 +44,7 @@ def test_a_prompt_that_cannot_fit_says_by_how_much_so_a_server_names_what_to_sho
 
 def test_a_mapping_of_documents_is_refused_not_read_as_its_keys(tokenizer, tiny_llama):
     from fides_rag import FidesDecoder
-    from fides_rag.prompts import document_texts
+    from fides_rag.prompts.template import document_texts
 
     with pytest.raises(TypeError, match=r"documents is a mapping \(dict with keys \['text'\]\).*pass a list of documents"):
         document_texts({"text": "Lyon is the capital of France."})

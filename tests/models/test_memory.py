@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fides_rag import loading
-from fides_rag.model_memory import available_bytes, check_fits, float32_bytes
+from fides_rag.models import loading
+from fides_rag.models.memory import available_bytes, check_fits, float32_bytes
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def test_a_model_larger_than_the_free_memory_is_refused_with_both_sizes(tiny_ggu
 
 
 def test_loading_checks_memory_before_dequantising(tiny_gguf, monkeypatch):
-    monkeypatch.setattr("fides_rag.model_memory.available_bytes", lambda: 100)
+    monkeypatch.setattr("fides_rag.models.memory.available_bytes", lambda: 100)
     monkeypatch.setattr(loading, "AutoModelForCausalLM", None)  # any load attempt would fail differently
     with pytest.raises(MemoryError, match="needs about"):
         loading.load_model(str(tiny_gguf), device="cpu")

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from fides_rag import cli
+import fides_rag.cli.main as cli
 from fides_rag.testing import build_tiny_model
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from fides_rag import signals
+from fides_rag.method import signals
 
 torch.set_default_dtype(torch.float64)
 

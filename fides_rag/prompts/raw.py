@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic
 
-from fides_rag.prompts import PromptTemplate, Rendered, fit_texts
+from fides_rag.prompts.template import PromptTemplate, Rendered, fit_texts
 
 NO_CONTEXT_PATHS = ("emptied", "question")
 """How an integration builds the no-context path from a framework's prompt: 'emptied' (the same prompt with its

@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2Config
 
 from fides_rag import UnsupportedArchitectureError
-from fides_rag.lens import SUPPORTED_FAMILIES, ModelAnatomy
+from fides_rag.method.lens import SUPPORTED_FAMILIES, ModelAnatomy
 
 from fides_rag.testing import FAMILIES
 

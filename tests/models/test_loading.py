@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fides_rag import FidesDecoder, load_model, select_device
-from fides_rag import loading
+from fides_rag.models import loading
 from fides_rag.testing import build_tiny_model
 
 

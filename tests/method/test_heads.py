@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from fides_rag import heads as heads_module
-from fides_rag.heads import (
+from fides_rag.method import heads as heads_module
+from fides_rag.method.heads import (
     DiscoverySettings,
     HeadRanking,
     build_copy_samples,
@@ -176,7 +176,7 @@ def test_cache_round_trip(tokenizer, cache_dir, monkeypatch, caplog):
     monkeypatch.undo()
     monkeypatch.setenv("FIDES_RAG_CACHE", str(cache_dir))
     path.write_text("{not json")
-    with caplog.at_level("WARNING", logger="fides_rag.heads"):
+    with caplog.at_level("WARNING", logger="fides_rag.method.heads"):
         assert retrieval_head_ranking(model, tokenizer, settings) == first
     assert "ignoring retrieval-head cache" in caplog.text
     assert HeadRanking.from_json(json.loads(path.read_text())) == first
@@ -192,7 +192,7 @@ def test_top_k_validated(tokenizer, cache_dir):
 
 @pytest.mark.slow
 def test_smollm2_discovery_finds_copying_heads():
-    from fides_rag.loading import load_model
+    from fides_rag.models.loading import load_model
 
     model, tokenizer = load_model("smollm2-135m-instruct", device="cpu")
     started = time.perf_counter()

@@ -132,7 +132,7 @@ class ModelAnatomy:
         if model_type not in SUPPORTED_FAMILIES:
             raise UnsupportedArchitectureError(
                 f"unsupported architecture {model_type!r} ({type(model).__name__}): fides-rag has a verified logit lens "
-                f"only for {sorted(SUPPORTED_FAMILIES)}. Add the family to fides_rag/lens.py with a test that the lens "
+                f"only for {sorted(SUPPORTED_FAMILIES)}. Add the family to fides_rag/method/lens.py with a test that the lens "
                 f"at the last layer reproduces the model's logits."
             )
         backbone = getattr(model, "model", None)

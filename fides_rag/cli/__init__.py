@@ -1,0 +1,1 @@
+"""The `fides-rag` command and its subcommands."""

@@ -1,0 +1,1 @@
+"""Prompts: fides-rag's two-path template, and raw prompts built by a framework."""
