@@ -9,7 +9,8 @@ import torch
 
 from fides_rag.generation.lanes import Lane
 from fides_rag.generation.layout import Unit
-from fides_rag.rules.base import CONTEXT, DOCUMENTS, ContrastRule, StepInputs
+from fides_rag.generation.paths import PATH_KINDS
+from fides_rag.rules.base import CONTEXT, ContrastRule, StepInputs
 
 
 class _Index:
@@ -31,15 +32,16 @@ class _LanePlan:
         self.rows = {
             path: _Index([u.rows[path][0] for u in units])  # [n]
             for path in units[0].rows
-            if path != DOCUMENTS
+            if not PATH_KINDS[path].padded
         }
         self.lens = {layer: _Index([lens_position[(layer, u.rows[CONTEXT][0])] for u in units]) for layer in lens_layers}
-        self.documents = self.present = None
-        if DOCUMENTS in units[0].rows:
-            docs = [u.rows[DOCUMENTS] for u in units]
-            most = max(len(d) for d in docs)
-            self.documents = _Index([d + d[:1] * (most - len(d)) for d in docs])  # [n, N], pads repeat a row
-            self.present = _Index(torch.tensor([[True] * len(d) + [False] * (most - len(d)) for d in docs]))  # [n, N]
+        self.padded: dict[str, tuple[_Index, _Index]] = {}
+        """path -> its rows [n, N] (pads repeat a row) and where they are real [n, N], for paths of several rows."""
+        for path in (p for p in units[0].rows if PATH_KINDS[p].padded):
+            many = [u.rows[path] for u in units]
+            most = max(len(d) for d in many)
+            rows = _Index([d + d[:1] * (most - len(d)) for d in many])
+            self.padded[path] = rows, _Index(torch.tensor([[True] * len(d) + [False] * (most - len(d)) for d in many]))
 
 
 class StepPlan:
@@ -71,9 +73,9 @@ class StepPlan:
             lens_logits={layer: logits[index.on(device)] for layer, index in plan.lens.items()},
             num_layers=num_layers,
         )
-        if plan.documents is not None:
-            present = plan.present.on(device)
-            step.logits[DOCUMENTS] = logits[plan.documents.on(device)].masked_fill(~present[..., None], 0.0)  # [n, N, V]
+        for path, (rows, present_rows) in plan.padded.items():
+            present = present_rows.on(device)
+            step.logits[path] = logits[rows.on(device)].masked_fill(~present[..., None], 0.0)  # [n, N, V]
             step.document_mask = present
         if layer_states is not None:
             for path in plan.rule.layer_state_paths:

@@ -1,9 +1,9 @@
 """The row layout of the running decode: which batch row is which path of which unit (one request under one
 method), rows appended when requests join, and compaction when units finish.
 
-Rows join in groups, one per path of the newcomers that some method needs (see `PATHS`): their context
-prompts, their no-context prompts, one prompt per document, and one copy of the context prompts per distinct
-set of masked heads. A request's methods share these rows at prefill; from its first step on each unit owns
+Rows join in groups, one per path of the newcomers that some method needs, in the path table's order
+(`paths.PATH_KINDS`): their context prompts, their no-context prompts, one prompt per document, and one copy of
+the context prompts per distinct set of masked heads. A request's methods share these rows at prefill; from its first step on each unit owns
 its rows (copies where several shared one), and a finished unit's rows leave the batch. Rows keep their order,
 so each prefill group stays one run of rows (one segment of the ragged cache).
 """
@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from fides_rag.generation.detokenize import IncrementalText
+from fides_rag.generation.paths import PATH_KINDS
 from fides_rag.result import FinishReason, StepRecord
-from fides_rag.rules.base import CONTEXT, DOCUMENTS, MASKED_HEADS, NO_CONTEXT
 
 
 @dataclass(eq=False)
@@ -79,32 +79,26 @@ def prefill_groups(newcomers: Sequence[tuple[Unit, Any, int]], first_row: int) -
             examples.append(example)
     groups: list[GroupSpec] = []
     first: dict[tuple[str, int, int], int] = {}  # (path, head set, example id) -> its first row
-    keys = [(CONTEXT, -1), (NO_CONTEXT, -1), (DOCUMENTS, -1)] + [(MASKED_HEADS, h) for h in sorted({h for *_, h in newcomers if h >= 0})]
+    head_sets = sorted({h for *_, h in newcomers if h >= 0})
+    keys = [(kind, h) for kind in PATH_KINDS.values() for h in (head_sets if kind.per_head_set else [-1])]
     at = first_row
-    for path, head_set in keys:
-        users = {id(example) for unit, example, h in newcomers if path in unit.rows and (path != MASKED_HEADS or h == head_set)}
-        chosen = [e for e in examples if id(e) in users or path == CONTEXT]
+    for kind, head_set in keys:
+        users = {id(example) for unit, example, h in newcomers if kind.name in unit.rows and (not kind.per_head_set or h == head_set)}
+        chosen = [e for e in examples if id(e) in users or kind.always]
         if not chosen:
             continue
         sequences: list[list[int]] = []
         for e in chosen:
-            first[(path, head_set, id(e))] = at + len(sequences)
-            sequences.extend(_path_sequences(path, e))
-        groups.append(GroupSpec(path, sequences, head_set))
+            first[(kind.name, head_set, id(e))] = at + len(sequences)
+            sequences.extend(kind.prompts(e))
+        groups.append(GroupSpec(kind.name, sequences, head_set))
         at += len(sequences)
     for unit, example, head_set in newcomers:
         for path in unit.rows:
-            row = first[(path, head_set if path == MASKED_HEADS else -1, id(example))]
-            unit.rows[path] = list(range(row, row + len(_path_sequences(path, example))))
+            kind = PATH_KINDS[path]
+            row = first[(path, head_set if kind.per_head_set else -1, id(example))]
+            unit.rows[path] = list(range(row, row + len(kind.prompts(example))))
     return groups, [g.head_set for g in groups for _ in g.sequences]
-
-
-def _path_sequences(path: str, example: Any) -> list[list[int]]:
-    if path == NO_CONTEXT:
-        return [example.no_context_ids]
-    if path == DOCUMENTS:
-        return list(example.document_ids or [])
-    return [example.context_ids]  # CONTEXT, MASKED_HEADS
 
 
 class RowLayout:

@@ -9,13 +9,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fides_rag.generation.paths import Heads, prompt_ids
 from fides_rag.generation.prompting import PreparedExample, PromptPreparer
 from fides_rag.generation.settings import GenerationSettings
 from fides_rag.generation.validation import check_document_paths, refuse_document_paths
 from fides_rag.rules import ContrastRule, get_method, split_method
-from fides_rag.rules.base import MASKED_HEADS
 
-Heads = dict[int, tuple[int, ...]]
 Methods = Sequence["str | ContrastRule"] | Mapping[str, "str | ContrastRule"]
 
 
@@ -86,7 +85,7 @@ class Request:
     @property
     def rows(self) -> int:
         """Batch rows this request holds while decoding (every path of every distinct method)."""
-        return sum(_path_rows(run.effective, self.example, run.heads) for run in self.decoded)
+        return sum(len(prompt_ids(run.effective, self.example, run.heads)) for run in self.decoded)
 
     @property
     def text_stops(self) -> tuple[str, ...]:
@@ -103,24 +102,9 @@ class Request:
         budget = self.settings.max_new_tokens
         total = 0
         for run in self.decoded:
-            for ids in _path_ids(run.effective, self.example, run.heads):
+            for ids in prompt_ids(run.effective, self.example, run.heads):
                 total += len(ids) + budget
         return total
-
-
-def _path_ids(rule: ContrastRule, example: PreparedExample, heads: Heads | None) -> list[list[int]]:
-    ids = [example.context_ids]
-    if rule.needs_no_context:
-        ids.append(example.no_context_ids)
-    if rule.needs_document_paths:
-        ids.extend(example.document_ids or [])
-    if heads and MASKED_HEADS in rule.paths:
-        ids.append(example.context_ids)
-    return ids
-
-
-def _path_rows(rule: ContrastRule, example: PreparedExample, heads: Heads | None) -> int:
-    return len(_path_ids(rule, example, heads))
 
 
 def special_token_id(tokenizer: Any, text: str) -> int | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fides_rag.generation.layout import Unit
+from fides_rag.generation.paths import reported_prompt
 from fides_rag.generation.prompting import PreparedExample
 from fides_rag.generation.stopping import first_stop_index
 from fides_rag.result import GenerationResult
@@ -38,7 +39,7 @@ def assemble(
         method_options=effective.options(),
         finish_reason=unit.finish_reason or "length",
         context_prompt=example.context_prompt,
-        no_context_prompt=example.no_context_prompt if NO_CONTEXT in effective.paths else None,
+        no_context_prompt=reported_prompt(NO_CONTEXT, effective, example),
         prompt_tokens=len(example.context_ids),
         notes=notes,
         documents_trimmed=example.documents_trimmed,
