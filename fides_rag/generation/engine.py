@@ -2,11 +2,11 @@
 the input device, the model lock, the rules' head setup, text decoding) and decodes every request submitted
 to it with continuous batching.
 
-Its thread runs steps while anything is in flight: the scheduler (`scheduler.py`) admits waiting requests and
-budgets the step; the step runs one forward of every decoding row, then prefill chunks of admitted requests
+Its thread runs steps while anything is in flight: the scheduler (`scheduler.py`) plans each step (its newcomers,
+decodes and prefill budget, `step_plan.py`) and the engine carries the plan out: the step runs one forward of every decoding row, then prefill chunks of admitted requests
 within the budget (a request's rows join the running cache once its prompts are prefilled), one head matmul,
-each lane's rule and choice, and one host transfer, then releases every request that finished: its result,
-with every recorded value, goes back at once. A greedy request gives the same tokens whatever else is in flight.
+each lane's rule and choice, and one host transfer, then releases the requests that finished as the scheduler
+says: their results, with every recorded value, go back. A greedy request gives the same tokens whatever else is in flight.
 """
 
 from __future__ import annotations
@@ -29,14 +29,16 @@ from fides_rag.generation.in_flight import InFlight
 from fides_rag.generation.kv_cache import DecodeCache, mergeable
 from fides_rag.generation.layout import Unit
 from fides_rag.generation.prefix_cache import DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
-from fides_rag.generation.prompting import ContextWindowExceeded, context_window
+from fides_rag.generation.paths import masks_heads, paths_run
+from fides_rag.generation.prompting import context_window
 from fides_rag.generation.ragged_attention import per_segment_attention
 from fides_rag.generation.requests import Heads, Request
 from fides_rag.generation.running import RunningBatch
 from fides_rag.generation.scheduler import DEFAULT_BATCHED_TOKENS, Admission, QueueFullError, Scheduler
+from fides_rag.generation.step_plan import ScheduledStep
 from fides_rag.generation.tickets import RequestHandle, Ticket
 from fides_rag.method.lens import ModelAnatomy
-from fides_rag.rules.base import CONTEXT, DOCUMENTS, MASKED_HEADS, NO_CONTEXT, ContrastRule
+from fides_rag.rules.base import ContrastRule
 
 __all__ = ["Admission", "DecodeEngine", "EngineStats", "QueueFullError", "collect_eos_ids", "model_lock"]
 _SCHEDULER_SETTINGS = ("max_requests", "max_rows", "max_tokens", "max_queue", "window_s", "admission", "max_num_batched_tokens")
@@ -137,13 +139,14 @@ class DecodeEngine:
         self.stats = EngineStats()
         if max_num_batched_tokens is None:
             max_num_batched_tokens = DEFAULT_BATCHED_TOKENS.get(self.input_device.type, DEFAULT_BATCHED_TOKENS["cpu"])
+        self.context_window = context_window(model.config, tokenizer)
         self.scheduler = Scheduler(max_num_batched_tokens=max_num_batched_tokens, max_requests=max_requests, max_rows=max_rows,
-                                   max_tokens=max_tokens, max_queue=max_queue, window_s=window_s, admission=admission)
+                                   max_tokens=max_tokens, max_queue=max_queue, window_s=window_s, admission=admission,
+                                   context_window=self.context_window)
         self.prefix_cache = PrefixCache(prefix_cache_bytes if prefix_caching else 0)
         """KV states of prompt prefixes, reused by later prompts that start with them (bounded in bytes, LRU)."""
         self.chunked = split_prefill and mergeable(DecodeCache(config=self.anatomy.config))
         """Whether prompts are prefilled in chunks (their rows are held ragged); else in one forward at admission."""
-        self.context_window = context_window(model.config, tokenizer)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self._flight = InFlight(
             self.anatomy, lambda: RunningBatch(self.anatomy, pad, self.input_device, split_prefill), self.stats,
@@ -189,11 +192,11 @@ class DecodeEngine:
         """Run each rule's setup hook (under the model lock, as it may run the model): its masked attention heads
         (DeCoRe's head discovery), checked against the model. None where a rule masks no heads."""
         heads: list[Heads | None] = []
-        if not any(MASKED_HEADS in rule.paths for rule in rules):
+        if not any(masks_heads(rule) for rule in rules):
             return [None] * len(rules)  # nothing to run: a request's admission never waits for the steps in flight
         with self.model_lock:
             for rule in rules:
-                asked = rule.masked_heads(self.model, self.tokenizer) if MASKED_HEADS in rule.paths else None
+                asked = rule.masked_heads(self.model, self.tokenizer) if masks_heads(rule) else None
                 checked = self.anatomy.check_heads(asked, f"method {rule.name!r}") if asked is not None else {}
                 if checked:
                     self.anatomy.attention_output_projections()  # refuses a model whose heads cannot be masked
@@ -216,12 +219,6 @@ class DecodeEngine:
     def rows_in_flight(self) -> int:
         return self._flight.batch.layout.num_rows
 
-    def _check_fits(self, request: Request) -> None:
-        longest = max(len(ids) for ids in (request.example.context_ids, request.example.no_context_ids, *(request.example.document_ids or [])))
-        if longest + request.settings.max_new_tokens > self.context_window:
-            raise ContextWindowExceeded(longest, request.settings.max_new_tokens, self.context_window, "the prompt or documents")
-        self.scheduler.check_fits(request)
-
     def submit(self, requests: Sequence[Request], *, wait_here: bool = False) -> list[RequestHandle]:
         """Queue requests (admitted together when they fit); one handle each. Raises at once if one can never fit,
         or QueueFullError if the queue would pass max_queue.
@@ -232,7 +229,7 @@ class DecodeEngine:
         if _EXITING.is_set() and not wait_here:
             raise RuntimeError("the interpreter is exiting and the engine's thread has stopped; decode on this thread (generate)")
         for request in requests:
-            self._check_fits(request)
+            self.scheduler.check_fits(request)
         handles = [RequestHandle(r, self) for r in requests]
         tickets = [Ticket(h, self._units(h)) for h in handles]
         with self._wake:
@@ -281,13 +278,10 @@ class DecodeEngine:
         settings, example = request.settings, request.example
         units = []
         for index, run in enumerate(request.decoded):
-            rule = run.effective
-            paths = [CONTEXT] + [p for p in (NO_CONTEXT, DOCUMENTS) if p in rule.paths]
-            head_set = self._head_set(run.heads) if run.heads and MASKED_HEADS in rule.paths else -1
-            if head_set >= 0:
-                paths.append(MASKED_HEADS)
+            kinds = paths_run(run.effective, run.heads)
+            head_set = self._head_set(run.heads) if any(kind.per_head_set for kind in kinds) else -1
             units.append(Unit(
-                ticket=None, index=index, rows={p: [] for p in paths}, prompt_ids=list(example.context_ids),
+                ticket=None, index=index, rows={kind.name: [] for kind in kinds}, prompt_ids=list(example.context_ids),
                 stop=request.text_stops, max_new_tokens=settings.max_new_tokens, text=IncrementalText(self.decode_text),
                 seed=settings.seed, head_set=head_set, processors=settings.unit_processors(len(example.context_ids), self.eos_token_ids),
                 criteria=settings.stopping_criteria or None,
@@ -314,26 +308,22 @@ class DecodeEngine:
     def _run(self, until: Callable[[], bool] | None) -> None:
         """Steps until `until()` holds (a caller decoding its own request) or, on the engine's thread, until idle."""
         while not (until is not None and until()):
-            newcomers = self._next_admission(wait=until is None)
-            if newcomers is None:
+            plan = self._next_step(wait=until is None)
+            if plan is None:
                 return
             try:
                 with self.model_lock, torch.inference_mode(), per_segment_attention(self.anatomy.backbone), \
                         (self.step_context or contextlib.nullcontext)():
-                    self._flight.static = self.scheduler.admission == "static"
-                    budget = None
                     if self.chunked:
                         self.prefix_cache.bind(self.model, self.tokenizer)
-                        self._flight.chunk_tokens = self.scheduler.max_num_batched_tokens
-                        budget = self.scheduler.step_budget(self._flight.batch.layout.num_rows)
-                    self._flight.step(newcomers, self.eos_token_ids, self.model.dtype, budget)
+                    self._flight.step(plan, self.eos_token_ids, self.model.dtype, self.scheduler.release)
             except BaseException as error:  # noqa: BLE001 - a failed forward fails what was decoding, not the engine
-                self._flight.fail_all(error, newcomers)
+                self._flight.fail_all(error, [*plan.newcomers, *self.scheduler.drop_held()])
                 if not isinstance(error, Exception):  # KeyboardInterrupt in a caller's thread: stop there
                     raise
 
-    def _next_admission(self, wait: bool) -> list[Ticket] | None:
-        """The tickets to admit at this step boundary ([] is a step with no newcomer); None: nothing to do (the
+    def _next_step(self, wait: bool) -> ScheduledStep | None:
+        """The scheduler's plan of the step at this boundary (it may admit no newcomer); None: nothing to do (the
         engine's thread ends after IDLE_EXIT_S of it)."""
         scheduler = self.scheduler
         with self._wake:
@@ -342,9 +332,7 @@ class DecodeEngine:
                     if wait:
                         self._driver = None
                     return None
-            if not self._flight.requests and scheduler.window_s > 0:  # an idle engine gathers concurrent arrivals
-                self._wake.wait_for(scheduler.full, scheduler.window_s)
-            return scheduler.admit(self._flight.requests, self._flight.batch.extendable, self._cancelled_in_queue)
+            return scheduler.schedule(self._flight, chunked=self.chunked, wait_for=self._wake.wait_for, on_cancelled=self._cancelled_in_queue)
 
     def _cancelled_in_queue(self, ticket: Ticket) -> None:
         self.stats.cancelled += 1

@@ -1,12 +1,13 @@
-"""The requests in flight and one step of their decode: newcomers join (their prompts prefilled, their rows
-appended), every row advances one token (one forward, one head matmul, each lane's rule and choice, one host
-transfer), and each request that finished is released with its result; rows of finished or cancelled requests
+"""The requests in flight and one step of their decode, carried out as the scheduler planned it
+(`step_plan.ScheduledStep`): newcomers join (their prompts prefilled, their rows appended), every row advances one
+token (one forward, one head matmul, each lane's rule and choice, one host transfer), and each request that
+finished goes to the scheduler, which says when its result is released; rows of finished or cancelled requests
 leave the batch."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ContextManager
 
 import torch
@@ -15,12 +16,13 @@ from fides_rag.generation.gather import StepPlan
 from fides_rag.generation.hooks import HeadMasker, LayerCapture
 from fides_rag.generation.lanes import Lanes
 from fides_rag.generation.layout import Unit, prefill_groups
-from fides_rag.generation.prefilling import TicketPrefill, row_prefills
+from fides_rag.generation.paths import prefill_anchors
+from fides_rag.generation.prefilling import RowPrefill, TicketPrefill, row_prefills
 from fides_rag.generation.prefix_cache import PrefixCache
 from fides_rag.generation.requests import Heads
 from fides_rag.generation.running import RunningBatch
-from fides_rag.generation.scheduler import StepBudget
 from fides_rag.generation.step import advance, decide
+from fides_rag.generation.step_plan import ScheduledStep
 from fides_rag.generation.tickets import Ticket
 from fides_rag.method.lens import ModelAnatomy
 
@@ -33,8 +35,6 @@ class InFlight:
         self.anatomy = anatomy
         self.prefixes = prefixes
         self.input_device = input_device
-        self.chunk_tokens = 0
-        """The longest prefill chunk (the scheduler's max_num_batched_tokens), set before each step."""
         self.prefilling: list[TicketPrefill] = []
         """Admitted requests whose prompts are being prefilled, in order of admission."""
         self.stats = stats
@@ -43,9 +43,6 @@ class InFlight:
         self.batch = batch()
         self.lanes = Lanes(anatomy.num_layers)
         self.tickets: list[Ticket] = []
-        self.held: list[Ticket] = []
-        """Finished under static admission: released together when the whole batch has finished."""
-        self.static = False
         self.head_sets: list[Heads] = []
         self._masker: HeadMasker | None = None
         self._masker_sets = 0
@@ -66,21 +63,35 @@ class InFlight:
         """Every request in flight: decoding, or being prefilled."""
         return [*self.tickets, *(job.ticket for job in self.prefilling)]
 
-    def step(self, newcomers: list[Ticket], eos_token_ids: set[int], dtype: Any, budget: StepBudget | None = None) -> None:
-        """Admit `newcomers`, advance every decoding request one token, release those that finished.
+    @property
+    def rows(self) -> int:
+        """The running batch's rows."""
+        return self.batch.layout.num_rows
 
-        With a `budget` the newcomers' prompts are prefilled in chunks, after the decodes, over as many steps as the
-        budget needs, and a request starts decoding at the step its last chunk ran; without, in one forward now."""
+    @property
+    def extendable(self) -> bool:
+        """Whether rows can join the running batch now."""
+        return self.batch.extendable
+
+    def step(self, plan: ScheduledStep, eos_token_ids: set[int], dtype: Any,
+             release: Callable[[Sequence[Ticket], bool], list[Ticket]]) -> None:
+        """Carry out `plan`: admit its newcomers, advance every decoding request one token, hand those that finished
+        to `release` (the scheduler's: which results go out now).
+
+        Prefilled whole, the newcomers join in one forward now; else their prompts are prefilled in the plan's
+        chunks, after the decodes, over as many steps as the budget needs, and a request starts decoding at the step
+        its last chunk ran."""
         self.drop_cancelled()
-        whole = [] if budget is not None else newcomers
-        if budget is not None:
-            self.prefilling += [self._prefill_job(t) for t in newcomers]
+        whole = plan.newcomers if plan.prefill_whole else []
+        if not plan.prefill_whole:
+            self.prefilling += [self._prefill_job(t, plan.chunk_tokens) for t in plan.newcomers]
         for ticket in whole:
             self._wire(ticket, 0)
         if not self.tickets and not self.prefilling:
             return
         batch = self.batch
-        old_units = [u for t in self.tickets if t not in whole for u in t.units if u.finish_reason is None]
+        decoding = [t for t in plan.decodes if t in self.tickets]  # less those cancelled since it was planned
+        old_units = [u for t in decoding for u in t.units if u.finish_reason is None]
         state_layers, layers = self.lanes.capture_layers([r.effective for j in self.prefilling for r in j.ticket.request.decoded])
         with LayerCapture(self.anatomy, layers) as capture, self._masking() as masker:
             if not batch.empty:
@@ -89,8 +100,8 @@ class InFlight:
                 units = [(u, t.request.example, u.head_set) for t in whole for u in t.units]
                 groups, head_sets = prefill_groups(units, batch.layout.num_rows)
                 batch.join(groups, head_sets, capture, masker)
-            if budget is not None:
-                self._prefill_chunks(budget, capture, masker)
+            for chunk in plan.prefill_chunks(self.prefilling, self._start_row):
+                self.stats.prefill_tokens += chunk.row.run_chunk(self.anatomy, self.input_device, capture, masker, self.prefixes)
         joined = whole + self._join_prefilled(layers)
         if joined:
             self.stats.admissions += 1
@@ -105,7 +116,7 @@ class InFlight:
         self.stats.tokens += sum(len(s.units) for s in lane_steps) - len(failed)
         self.stats.largest_batch = max(self.stats.largest_batch, len(self.tickets))
         self.stats.peak_rows = max(self.stats.peak_rows, batch.layout.num_rows)
-        self._settle(failed)
+        self._settle(failed, release)
         self._compact()
 
     def _wire(self, ticket: Ticket, row_offset: int) -> None:
@@ -116,25 +127,17 @@ class InFlight:
             self.lanes.add(unit, ticket.request.decoded[unit.index].effective, ticket.request.settings, unit.head_set)
         self.tickets.append(ticket)
 
-    def _prefill_job(self, ticket: Ticket) -> TicketPrefill:
+    def _prefill_job(self, ticket: Ticket, chunk_tokens: int) -> TicketPrefill:
         example = ticket.request.example
         units = [(u, example, u.head_set) for u in ticket.units]
         groups, _ = prefill_groups(units, 0)  # rows numbered from 0 until the request joins
-        references = [example.context_ids, example.no_context_ids, *example.template_prefixes]
-        rows = row_prefills(groups, self.chunk_tokens, references, self.head_sets)
+        references = [*prefill_anchors(example), *example.template_prefixes]
+        rows = row_prefills(groups, chunk_tokens, references, self.head_sets)
         self.stats.prompt_tokens += sum(len(r.ids) for r in rows)
         return TicketPrefill(ticket, groups, rows)
 
-    def _prefill_chunks(self, budget: StepBudget, capture: LayerCapture, masker: HeadMasker | None) -> None:
-        """Prefill chunks in FIFO order (request, then row) while the step's budget lasts."""
-        for job in self.prefilling:
-            for row in job.pending():
-                while not row.finished:
-                    if not row.started:
-                        row.start(self.anatomy, self.prefixes)
-                    if not budget.take(row.next_cut() - row.done):
-                        return
-                    self.stats.prefill_tokens += row.run_chunk(self.anatomy, self.input_device, capture, masker, self.prefixes)
+    def _start_row(self, row: RowPrefill) -> None:
+        row.start(self.anatomy, self.prefixes)
 
     def _join_prefilled(self, layers: tuple[int, ...]) -> list[Ticket]:
         """Requests whose every row is prefilled join the decode (their rows after the current ones)."""
@@ -155,8 +158,8 @@ class InFlight:
             self._masker, self._masker_sets = HeadMasker(self.anatomy, list(self.head_sets)), len(self.head_sets)
         return self._masker
 
-    def _settle(self, failed: list[tuple[Unit, BaseException]]) -> None:
-        """Fail the requests of failed units, stream new text, release every request that finished."""
+    def _settle(self, failed: list[tuple[Unit, BaseException]], release: Callable[[Sequence[Ticket], bool], list[Ticket]]) -> None:
+        """Fail the requests of failed units, stream new text, release the requests that finished as `release` says."""
         for unit, error in failed:
             ticket = unit.ticket
             if ticket in self.tickets and not ticket.handle.done():
@@ -165,21 +168,15 @@ class InFlight:
             for other in ticket.units:
                 other.finish_reason = other.finish_reason or "cancelled"
         still: list[Ticket] = []
+        finished: list[Ticket] = []
         for ticket in self.tickets:
             if ticket.handle.done() and not ticket.handle.cancelled:  # failed just now
                 continue
             ticket.stream_delta()
-            if not ticket.finished:
-                still.append(ticket)
-            elif self.static:
-                self.held.append(ticket)
-            else:
-                self._release(ticket)
+            (finished if ticket.finished else still).append(ticket)
         self.tickets = still
-        if not still and not self.prefilling and self.held:  # a static batch: released together
-            for ticket in self.held:
-                self._release(ticket)
-            self.held = []
+        for ticket in release(finished, bool(still or self.prefilling)):
+            self._release(ticket)
 
     def _release(self, ticket: Ticket) -> None:
         if ticket.handle.cancelled:
@@ -213,12 +210,13 @@ class InFlight:
         self.lanes.keep(lambda unit: unit.finish_reason is None)
 
     def fail_all(self, error: BaseException, newcomers: list[Ticket]) -> None:
-        """A step failed outside any one rule (the forward itself): fail every request it held, start clean."""
+        """A step failed outside any one rule (the forward itself): fail every request it held and `newcomers` (those
+        admitted or held back at it), start clean."""
         prefilling = [job.ticket for job in self.prefilling]
-        for ticket in [*self.tickets, *prefilling, *(t for t in newcomers if t not in self.tickets and t not in prefilling), *self.held]:
+        for ticket in [*self.tickets, *prefilling, *(t for t in newcomers if t not in self.tickets and t not in prefilling)]:
             ticket.fail(error)
             self.stats.failed += 1
-        self.tickets, self.held, self.prefilling = [], [], []
+        self.tickets, self.prefilling = [], []
         self.batch = self._new_batch()
         self.lanes = Lanes(self.anatomy.num_layers)
         self._plan = None

@@ -1,17 +1,22 @@
-"""The scheduler: the admission policy of the engine. It holds the waiting queue (FIFO, bounded by `max_queue`),
-admits requests within the bounds on requests, rows and KV positions in flight (continuously at every step, or
-'static': a batch runs to its end before the next is admitted), and gives each step its token budget: the
+"""The scheduler: every policy of the engine. It holds the waiting queue (FIFO, bounded by `max_queue`), refuses
+a request that could never fit (the model's context window, the bounds), lets an idle engine wait `window_s` for
+more arrivals, admits requests within the bounds on requests, rows and KV positions in flight (continuously at
+every step, or 'static': a batch runs to its end before the next is admitted, and its results go out together),
+and plans each step (`ScheduledStep`): its newcomers, its decodes and their bucket, and its token budget, the
 decodes first, one token per running row, then prefill chunks up to `max_num_batched_tokens`.
 
-The engine runs the steps it plans (schedule, execute, update, as vLLM's engine core does).
+The engine carries out the steps it plans (schedule, execute, update, as vLLM's engine core does).
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, Protocol
 
+from fides_rag.generation.paths import longest_prompt
+from fides_rag.generation.prompting import ContextWindowExceeded
+from fides_rag.generation.step_plan import ScheduledStep, StepBudget
 from fides_rag.generation.tickets import Ticket
 
 Admission = Literal["continuous", "static"]
@@ -40,28 +45,35 @@ def check_batched_tokens(value: Any) -> int:
     return value
 
 
-class StepBudget:
-    """The tokens one step may still compute: `take(n)` says whether a prefill chunk of n tokens runs now. The
-    first chunk of a step always runs (so prefill progresses under any number of decodes, and a running decode
-    waits at most one chunk); later ones only within the budget."""
+class Running(Protocol):
+    """What the scheduler reads of the requests in flight."""
 
-    def __init__(self, tokens: int) -> None:
-        self.left = tokens
-        self.chunks = 0
+    @property
+    def requests(self) -> list[Ticket]:
+        """Every request admitted: decoding, or being prefilled."""
 
-    def take(self, tokens: int) -> bool:
-        if self.chunks and tokens > self.left:
-            return False
-        self.left -= tokens
-        self.chunks += 1
-        return True
+    @property
+    def tickets(self) -> list[Ticket]:
+        """The requests decoding."""
+
+    @property
+    def rows(self) -> int:
+        """The running batch's rows."""
+
+    @property
+    def extendable(self) -> bool:
+        """Whether rows can join the running batch now."""
 
 
 class Scheduler:
-    """The waiting queue and the policy that admits from it and budgets each step."""
+    """The waiting queue and the policy that admits from it, plans each step and releases what finished."""
 
-    def __init__(self, *, max_num_batched_tokens: int, **settings: Any) -> None:
+    def __init__(self, *, max_num_batched_tokens: int, context_window: int | None = None, **settings: Any) -> None:
         self.queue: collections.deque[Ticket] = collections.deque()
+        self.context_window = context_window
+        """The model's context window: a request whose prompt plus max_new_tokens passes it is refused (None: none)."""
+        self.held: list[Ticket] = []
+        """Finished under static admission: released together when the whole batch has finished."""
         self.max_num_batched_tokens = check_batched_tokens(max_num_batched_tokens)
         self.max_requests: int | None = None
         self.max_rows: int | None = 128
@@ -96,7 +108,10 @@ class Scheduler:
             raise TypeError(f"unknown engine settings {sorted(settings)}")
 
     def check_fits(self, request: Any) -> None:
-        """Raise if `request` alone passes a bound (it could never be admitted)."""
+        """Raise if `request` alone passes the context window or a bound (it could never be admitted)."""
+        longest = longest_prompt(request.example)
+        if self.context_window is not None and longest + request.settings.max_new_tokens > self.context_window:
+            raise ContextWindowExceeded(longest, request.settings.max_new_tokens, self.context_window, "the prompt or documents")
         for name, needed, what in (("max_rows", request.rows, "batch rows"), ("max_tokens", request.tokens, "KV positions")):
             bound = getattr(self, name)
             if bound is not None and needed > bound:
@@ -146,3 +161,37 @@ class Scheduler:
     def step_budget(self, decode_rows: int) -> StepBudget:
         """This step's budget for prefill chunks: what the decodes leave of max_num_batched_tokens."""
         return StepBudget(self.max_num_batched_tokens - decode_rows)
+
+    def bucket(self, rows: int) -> int:
+        """The row count a decode of `rows` rows runs at (with no fixed batch sizes, `rows` itself)."""
+        return rows
+
+    def schedule(self, running: Running, *, chunked: bool, wait_for: Callable[[Callable[[], bool], float], Any],
+                 on_cancelled: Callable[[Ticket], None]) -> ScheduledStep:
+        """Plan the next step: an idle engine first waits up to `window_s` for a whole batch to arrive (`wait_for`,
+        the engine's condition wait), then the newcomers are admitted, and the decodes and the budget are set.
+        `chunked`: prompts are prefilled in chunks under the budget (else whole, at admission)."""
+        if not running.requests and self.window_s > 0:  # an idle engine gathers concurrent arrivals
+            wait_for(self.full, self.window_s)
+        newcomers = self.admit(running.requests, running.extendable, on_cancelled)
+        rows = running.rows
+        return ScheduledStep(
+            newcomers=newcomers, decodes=list(running.tickets), decode_rows=rows, bucket=self.bucket(rows),
+            chunk_tokens=self.max_num_batched_tokens, budget=self.step_budget(rows) if chunked else None,
+        )
+
+    def release(self, finished: Sequence[Ticket], running: bool) -> list[Ticket]:
+        """Of the requests that finished at a step, those whose results go out now: every one under continuous
+        admission; under static admission, the whole batch together once nothing of it is `running`."""
+        now = [] if self.admission == "static" else list(finished)
+        if self.admission == "static":
+            self.held += finished
+        if not running and self.held:
+            now += self.held
+            self.held = []
+        return now
+
+    def drop_held(self) -> list[Ticket]:
+        """The finished requests held back so far, no longer held (a failed step fails them with the rest)."""
+        held, self.held = self.held, []
+        return held
