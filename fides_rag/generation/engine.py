@@ -3,10 +3,11 @@ the input device, the model lock, the rules' head setup, text decoding) and deco
 to it with continuous batching.
 
 Its thread runs steps while anything is in flight: the scheduler (`scheduler.py`) plans each step (its newcomers,
-decodes and prefill budget, `step_plan.py`) and the engine carries the plan out: the step runs one forward of every decoding row, then prefill chunks of admitted requests
-within the budget (a request's rows join the running cache once its prompts are prefilled), one head matmul,
-each lane's rule and choice, and one host transfer, then releases the requests that finished as the scheduler
-says: their results, with every recorded value, go back. A greedy request gives the same tokens whatever else is in flight.
+decodes and prefill budget, `step_plan.py`) and the engine carries the plan out: the step runs one forward of
+every decoding row, then prefill chunks of admitted requests within the budget (a request's rows join the running
+cache once its prompts are prefilled), one head matmul, each lane's rule and choice, and one host transfer, then
+releases the requests that finished as the scheduler says: their results, with every recorded value, go back.
+A greedy request gives the same tokens whatever else is in flight.
 """
 
 from __future__ import annotations
@@ -139,14 +140,13 @@ class DecodeEngine:
         self.stats = EngineStats()
         if max_num_batched_tokens is None:
             max_num_batched_tokens = DEFAULT_BATCHED_TOKENS.get(self.input_device.type, DEFAULT_BATCHED_TOKENS["cpu"])
-        self.context_window = context_window(model.config, tokenizer)
         self.scheduler = Scheduler(max_num_batched_tokens=max_num_batched_tokens, max_requests=max_requests, max_rows=max_rows,
-                                   max_tokens=max_tokens, max_queue=max_queue, window_s=window_s, admission=admission,
-                                   context_window=self.context_window)
+                                   max_tokens=max_tokens, max_queue=max_queue, window_s=window_s, admission=admission)
         self.prefix_cache = PrefixCache(prefix_cache_bytes if prefix_caching else 0)
         """KV states of prompt prefixes, reused by later prompts that start with them (bounded in bytes, LRU)."""
         self.chunked = split_prefill and mergeable(DecodeCache(config=self.anatomy.config))
         """Whether prompts are prefilled in chunks (their rows are held ragged); else in one forward at admission."""
+        self.context_window = self.scheduler.context_window = context_window(model.config, tokenizer)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self._flight = InFlight(
             self.anatomy, lambda: RunningBatch(self.anatomy, pad, self.input_device, split_prefill), self.stats,
@@ -332,7 +332,8 @@ class DecodeEngine:
                     if wait:
                         self._driver = None
                     return None
-            return scheduler.schedule(self._flight, chunked=self.chunked, wait_for=self._wake.wait_for, on_cancelled=self._cancelled_in_queue)
+            return scheduler.schedule(self._flight, chunked=self.chunked, wait_for=self._wake.wait_for,
+                                      on_cancelled=self._cancelled_in_queue)
 
     def _cancelled_in_queue(self, ticket: Ticket) -> None:
         self.stats.cancelled += 1

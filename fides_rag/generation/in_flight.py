@@ -90,7 +90,8 @@ class InFlight:
         if not self.tickets and not self.prefilling:
             return
         batch = self.batch
-        decoding = [t for t in plan.decodes if t in self.tickets]  # less those cancelled since it was planned
+        live = {id(t) for t in self.tickets}
+        decoding = [t for t in plan.decodes if id(t) in live]  # less those cancelled since it was planned
         old_units = [u for t in decoding for u in t.units if u.finish_reason is None]
         state_layers, layers = self.lanes.capture_layers([r.effective for j in self.prefilling for r in j.ticket.request.decoded])
         with LayerCapture(self.anatomy, layers) as capture, self._masking() as masker:
