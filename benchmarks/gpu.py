@@ -249,12 +249,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         values["num_hidden_layers"] = args.layers
     started = time.perf_counter()
     model, tokenizer = build(values, device, dtype)
-    decoder = FidesDecoder(model, tokenizer)
+    decoder = FidesDecoder(model, tokenizer, mode=args.mode)
     prompts = Prompts(values["vocab_size"], {values["bos_token_id"], *values["eos_token_id"], tokenizer.pad_token_id, tokenizer.unk_token_id})
     report: dict[str, Any] = {
         "config": "tiny" if args.tiny else "Llama-3.1-8B", "config_values": values, "dtype": args.dtype,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
-        "torch": torch.__version__, "weights_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30,
+        "mode": decoder.engine.mode, "torch": torch.__version__, "weights_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30,
         "settings": {k: v for k, v in vars(args).items() if k != "out"}, "sections": {},
     }
     for name in args.sections:
@@ -326,6 +326,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=None, help="override the number of layers")
     parser.add_argument("--device", default="auto", help="auto (CUDA when present), cuda, cpu (default: %(default)s)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    parser.add_argument("--mode", default=None, choices=["exact", "fast"], help="the engine's mode (default: exact on the CPU, fast elsewhere)")
     parser.add_argument("--sections", type=lambda s: s.split(","), default=list(SECTIONS),
                         help=f"comma-separated (default: {','.join(SECTIONS)})")
     parser.add_argument("--context-tokens", type=int, default=2048, help="context prompt tokens (default: %(default)s)")
