@@ -139,6 +139,14 @@ class KVPool:
                 oldest = positions.repeat_interleave(groups, dim=0) - window  # [R * groups, 1]
                 self.masks[window] = (own & (self.slot_pos[None, :] > oldest))[None, None]
 
+    def attention_mask(self, layer_types: Sequence[str] | None) -> torch.Tensor | dict[str, torch.Tensor]:
+        """This step's masks as a forward's attention mask: one [1, 1, R * groups, S] mask, or one per layer type."""
+        if len(self.masks) == 1:
+            return next(iter(self.masks.values()))
+        if layer_types is None:
+            raise ValueError("a model whose layers attend over different windows must name its layer_types in its config")
+        return {kind: self.masks[window] for kind, window in zip(layer_types, self.windows)}
+
     def write(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """This step's keys and values of every row ([R, kv_heads, 1, d]) into their slots; the layer's whole pool."""
         self.keys[layer].index_copy_(2, self.write_slots, key_states.transpose(0, 2))
@@ -195,11 +203,7 @@ class PooledLayer(CacheLayerMixin):
         raise RuntimeError("a PooledLayer is built from prefilled rows")
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        from fides_rag.generation.pooled_attention import hand_over_mask
-
-        keys, values = self.pool.write(self.index, key_states, value_states)
-        hand_over_mask(self.pool.masks[self.pool.windows[self.index]])
-        return keys, values
+        return self.pool.write(self.index, key_states, value_states)
 
     def get_seq_length(self) -> int:
         return max(self.pool.lengths, default=0)

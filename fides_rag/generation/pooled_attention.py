@@ -2,7 +2,8 @@
 interface.
 
 Under `pooled_attention(model)`, a `PooledLayer`'s update writes the step's keys and values into the pool and
-hands the step's mask for that layer over to the attention function registered here. It folds the query heads that
+returns the layer's whole pool; the step's masks come in as the forward's attention mask (one 4D mask, or one per
+layer type), which transformers hands to every layer as is. The attention function registered here folds the query heads that
 share a key-value head into the query length ([R, heads, 1, d] -> [1, kv_heads, R * groups, d]) and runs one
 `scaled_dot_product_attention` over the layer's whole pool, [1, kv_heads, S, d]: a row's queries see its own slots
 only. The number of calls, and of aten ops, does not grow with the rows.
@@ -11,7 +12,6 @@ only. The number of calls, and of aten ops, does not grow with the rows.
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,27 +20,19 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 
 IMPLEMENTATION = "fides_pooled"
-_LOCAL = threading.local()
-
-
-def hand_over_mask(mask: torch.Tensor) -> None:
-    """Called by a pooled layer's update: the mask ([1, 1, R * groups, S] bool) of the attention call that follows."""
-    _LOCAL.mask = mask
 
 
 def _pooled_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, scaling: float | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
-    mask = getattr(_LOCAL, "mask", None)
-    if mask is None:
-        raise RuntimeError("pooled attention runs only over a pooled cache (fast mode's decode step)")
-    _LOCAL.mask = None
+    if attention_mask is None or query.shape[2] != 1:
+        raise RuntimeError("pooled attention runs only in fast mode's decode step, over a pooled cache and its mask")
     if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
         raise ValueError("fast mode's pooled attention supports neither attention-logit softcapping nor attention sinks")
     rows, heads, length, dim = query.shape  # [R, heads, 1, d]
     kv_heads = key.shape[1]
     groups = heads // kv_heads
     folded = query.reshape(rows, kv_heads, groups * length, dim).transpose(0, 1).reshape(1, kv_heads, rows * groups * length, dim)
-    out = F.scaled_dot_product_attention(folded, key, value, attn_mask=mask, scale=scaling)  # [1, kv_heads, R * groups, d]
+    out = F.scaled_dot_product_attention(folded, key, value, attn_mask=attention_mask, scale=scaling)  # [1, kv_heads, R * groups, d]
     return out.reshape(kv_heads, rows, groups, dim).transpose(0, 1).reshape(rows, length, heads, dim), None
 
 
@@ -49,14 +41,12 @@ AttentionInterface.register(IMPLEMENTATION, _pooled_attention)
 
 @contextlib.contextmanager
 def pooled_attention(model: Any) -> Iterator[None]:
-    """Within it, on this thread, `model`'s attention runs over a pooled cache (hold the model's lock). No attention
-    mask is built by transformers: the pool's layers hand theirs over."""
+    """Within it, `model`'s attention runs over a pooled cache (hold the model's lock: it switches the model's
+    attention implementation for the duration)."""
     config = model.config
     kind = config._attn_implementation
     config._attn_implementation = IMPLEMENTATION
-    _LOCAL.mask = None
     try:
         yield
     finally:
-        _LOCAL.mask = None
         config._attn_implementation = kind

@@ -32,8 +32,9 @@ class PooledBatch(RunningBatch):
         self.pool.begin_step(self.positions, config.num_attention_heads // (getattr(config, "num_key_value_heads", None) or config.num_attention_heads))
         if masker is not None:
             masker.set_rows(self.layout.row_head_sets)
+        mask = self.pool.attention_mask(getattr(config, "layer_types", None))
         with pooled_attention(self.anatomy.backbone):
-            hidden, self.cache = self.anatomy.run_backbone(step_ids, None, self.positions, self.cache)
+            hidden, self.cache = self.anatomy.run_backbone(step_ids, mask, self.positions, self.cache)
         self.hidden = hidden[:, -1, :]  # [R, H]
         self.states = dict(capture.states)
 
