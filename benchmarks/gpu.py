@@ -1,11 +1,12 @@
 """The GPU benchmark in one command: a random-weight model with Llama-3.1-8B's configuration in bfloat16 (weights do not
 matter for timing; nothing is downloaded), on CUDA when present. It measures
 
-- exactness: every request's greedy tokens alone and among all the others in flight (standard, CAD and FIDES
-  requests of distinct prompt lengths together), which the engine promises are equal;
-- per-token latency of standard, CAD and FIDES (fides-rag's engine) and transformers' CFG (`generate` with
-  `guidance_scale`), with host syncs per token on CUDA (`torch.cuda.set_sync_debug_mode`) and aten ops per step;
-- batch scaling of standard and FIDES from 1 to 32 requests;
+- exactness, in each engine mode: every request's greedy tokens alone and among all the others in flight (standard,
+  CAD and FIDES requests of distinct prompt lengths together), which exact mode promises are equal;
+- per-token latency, in each mode, of standard, CAD and FIDES (fides-rag's engine) and of the peers: transformers'
+  CFG (`generate` with `guidance_scale`) and, on CUDA, `generate` with a static cache and `torch.compile`; with host
+  syncs per token on CUDA (`torch.cuda.set_sync_debug_mode`) and aten ops per step;
+- batch scaling of standard and FIDES from 1 to 32 requests, in each mode;
 - the serving benchmark (`fides_rag.eval.serving`): continuous against static batching at 1x and 2x the sequential
   capacity;
 - the step budget (`max_num_batched_tokens`): continuous serving at one load under each budget, to choose the default;
@@ -15,8 +16,12 @@ Prompts are token ids (a word-level tokenizer over the model's vocabulary is bui
 the documents and a question; the no-context prompt is the prefix and the question. It needs torch, transformers and
 accelerate only.
 
-    python benchmarks/gpu.py --out results/gpu/h200.json             # past 8 minutes on one H200: split --sections
-    python benchmarks/gpu.py --tiny --device cpu --out /tmp/gpu.json  # a tiny configuration, seconds on a CPU
+Modes: exact and fast on the CPU; fast only on CUDA (exact mode is refused there, see `fides_rag/generation/modes.py`).
+A GPU window is spent in two calls of under 6 minutes each on one H100; each section is written when it ends:
+
+    python benchmarks/gpu.py --call 1 --out results/gpu/h100-call1.json   # exactness, latency, batch scaling
+    python benchmarks/gpu.py --call 2 --out results/gpu/h100-call2.json   # serving, step-budget sweep
+    python benchmarks/gpu.py --tiny --device cpu --out /tmp/gpu.json      # a tiny configuration, seconds on a CPU
 """
 
 from __future__ import annotations
@@ -49,6 +54,11 @@ SPECIAL = {"pad": -252, "unk": -254}
 """The pad and unknown-word ids, from the end of the vocabulary (Llama 3.1: 128004, its fine-tuning pad, and 128002)."""
 METHODS = ("standard", "cad", "fides")
 PEER = "hf-cfg"
+STATIC_PEER = "hf-static-compile"
+CALLS = {1: ("exactness", "latency", "batch"), 2: ("serving", "budget")}
+"""The sections of each of the two GPU calls."""
+MODED = ("exactness", "latency", "batch")
+"""Sections run once per engine mode."""
 OPTIONAL = ("gguf", "pandas", "fastapi", "llguidance")
 """Packages the GPU machine may lack: the run reports any of them it imported (it should import none)."""
 
@@ -118,13 +128,17 @@ def latency(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: to
     from fides_rag.eval.step_probe import measure_engine, measure_generate, prepared_from_ids
 
     pairs = [prompts.pair(args.context_tokens, args.question_tokens) for _ in range(args.samples + 1)]
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in (*METHODS, PEER)}
+    peers = [p for p in args.peers if p in (PEER, STATIC_PEER)]
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in (*METHODS, *peers)}
     reset_peak(device)
     for i, (context, no_context) in enumerate(pairs):
         for method in runs:
             if method == PEER:
                 run = measure_generate(decoder.model, context, args.new_tokens, args.counted_steps, negative_ids=no_context,
                                        guidance_scale=2.0, pad_token_id=decoder.tokenizer.pad_token_id)
+            elif method == STATIC_PEER:  # transformers compiles the decode step of a static cache on CUDA (CUDA graphs)
+                run = measure_generate(decoder.model, context, args.new_tokens, args.counted_steps,
+                                       pad_token_id=decoder.tokenizer.pad_token_id, cache_implementation="static")
             else:
                 run = measure_engine(decoder, prepared_from_ids(decoder.tokenizer, context, no_context), method, args.new_tokens, args.counted_steps)
             if i > 0:
@@ -140,8 +154,11 @@ def latency(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: to
             "samples": len(measured),
         }
     decode = {m: d["decode_ms_per_token"] for m, d in out["methods"].items()}
-    out["ratios"] = {"fides/cad": decode["fides"] / decode["cad"], "fides/standard": decode["fides"] / decode["standard"],
-                     "cad/hf-cfg": decode["cad"] / decode[PEER]}
+    out["ratios"] = {"fides/cad": decode["fides"] / decode["cad"], "fides/standard": decode["fides"] / decode["standard"]}
+    if PEER in decode:
+        out["ratios"]["cad/hf-cfg"] = decode["cad"] / decode[PEER]
+    if STATIC_PEER in decode:
+        out["ratios"]["standard/hf-static-compile"] = decode["standard"] / decode[STATIC_PEER]
     out["memory"] = peak_memory(device)
     return out
 
@@ -249,18 +266,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         values["num_hidden_layers"] = args.layers
     started = time.perf_counter()
     model, tokenizer = build(values, device, dtype)
-    decoder = FidesDecoder(model, tokenizer)
+    modes = args.modes or (["exact", "fast"] if device.type == "cpu" else ["fast"])
+    decoders = {mode: FidesDecoder(model, tokenizer, mode=mode) for mode in modes}
     prompts = Prompts(values["vocab_size"], {values["bos_token_id"], *values["eos_token_id"], tokenizer.pad_token_id, tokenizer.unk_token_id})
     report: dict[str, Any] = {
         "config": "tiny" if args.tiny else "Llama-3.1-8B", "config_values": values, "dtype": args.dtype,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
-        "torch": torch.__version__, "weights_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30,
+        "modes": modes, "torch": torch.__version__, "weights_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30,
         "settings": {k: v for k, v in vars(args).items() if k != "out"}, "sections": {},
     }
     for name in args.sections:
         print(f"{name} ...", file=sys.stderr, flush=True)
         begun = time.perf_counter()
-        report["sections"][name] = SECTIONS[name](decoder, prompts, args, device)
+        if name in MODED:
+            report["sections"][name] = {"modes": {}}
+            for mode, decoder in decoders.items():
+                report["sections"][name]["modes"][mode] = SECTIONS[name](decoder, prompts, args, device)
+                write(report, args.out)
+        else:
+            report["sections"][name] = SECTIONS[name](decoders[modes[-1]], prompts, args, device)
         report["sections"][name]["seconds"] = time.perf_counter() - begun
         write(report, args.out)
     report["seconds"] = time.perf_counter() - started
@@ -278,26 +302,24 @@ def tables(report: dict[str, Any]) -> str:
     """Markdown tables of a report."""
     lines = [f"{report['config']} ({report['dtype']}, random weights) on {report['device']}, torch {report['torch']}.", ""]
     sections = report["sections"]
-    if "exactness" in sections:
-        exact = sections["exactness"]
-        lines += [f"Greedy tokens alone and among all {exact['requests'] * len(exact['methods'])} requests in flight "
+    for mode, exact in sections.get("exactness", {}).get("modes", {}).items():
+        lines += [f"{mode} mode: greedy tokens alone and among all {exact['requests'] * len(exact['methods'])} requests in flight "
                   f"({exact['new_tokens']} tokens each):", "", "| method | requests equal | first differing token |", "|---|---|---|"]
         for method, d in exact["methods"].items():
             where = ", ".join(str(i) for i in d["first_differing_token"] if i is not None) or "-"
             lines.append(f"| {method} | {d['equal']}/{exact['requests']} | {where} |")
         lines.append("")
-    if "latency" in sections:
-        lat = sections["latency"]
-        lines += [f"Per-token latency, batch 1, {lat['context_tokens']}-token context prompt, {lat['new_tokens']} tokens:", "",
+    for mode, lat in sections.get("latency", {}).get("modes", {}).items():
+        lines += [f"{mode} mode: per-token latency, batch 1, {lat['context_tokens']}-token context prompt, {lat['new_tokens']} tokens:", "",
                   "| method | decode ms/token | first token ms | host syncs/token | aten ops/token |", "|---|---|---|---|---|"]
         for method, d in lat["methods"].items():
             syncs = "-" if d["host_syncs_per_token"] is None else f"{d['host_syncs_per_token']:.1f}"
             lines.append(f"| {method} | {d['decode_ms_per_token']:.2f} | {d['first_token_ms']:.1f} | {syncs} | {d['ops_per_token']:,.0f} |")
         lines += ["", "Ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in lat["ratios"].items()), ""]
-    if "batch" in sections:
-        batch = sections["batch"]
+    for mode, batch in sections.get("batch", {}).get("modes", {}).items():
         sizes = list(batch["fides"])
-        lines += ["| requests | " + " | ".join(f"{m} ms/step | {m} tokens/s | {m} aten ops/step" for m in ("standard", "fides")) + " |",
+        lines += [f"{mode} mode: requests decoding together:", "",
+                  "| requests | " + " | ".join(f"{m} ms/step | {m} tokens/s | {m} aten ops/step" for m in ("standard", "fides")) + " |",
                   "|---|" + "---|---|---|" * 2]
         for size in sizes:
             lines.append(f"| {size} | " + " | ".join(f"{batch[m][size]['decode_ms_per_step']:.2f} | {batch[m][size]['tokens_per_s']:.1f} | "
@@ -326,8 +348,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=None, help="override the number of layers")
     parser.add_argument("--device", default="auto", help="auto (CUDA when present), cuda, cpu (default: %(default)s)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
-    parser.add_argument("--sections", type=lambda s: s.split(","), default=list(SECTIONS),
-                        help=f"comma-separated (default: {','.join(SECTIONS)})")
+    parser.add_argument("--modes", type=lambda s: s.split(","), default=None,
+                        help="engine modes of the exactness, latency and batch sections (default: exact,fast on the CPU, fast elsewhere)")
+    parser.add_argument("--peers", type=lambda s: s.split(","), default=None,
+                        help=f"peer lanes of the latency section (default: {PEER},{STATIC_PEER} on CUDA, {PEER} elsewhere)")
+    parser.add_argument("--call", type=int, choices=sorted(CALLS), default=None,
+                        help="one of the two GPU calls: " + "; ".join(f"{c}: {','.join(s)}" for c, s in CALLS.items()))
+    parser.add_argument("--sections", type=lambda s: s.split(","), default=None,
+                        help=f"comma-separated (default: {','.join(SECTIONS)}, or those of --call)")
     parser.add_argument("--context-tokens", type=int, default=2048, help="context prompt tokens (default: %(default)s)")
     parser.add_argument("--question-tokens", type=int, default=32, help="question tokens (default: %(default)s)")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens decoded per request (default: %(default)s)")
@@ -344,6 +372,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--budget-requests", type=int, default=16, help="requests per budget (default: %(default)s)")
     parser.add_argument("--budget-load", type=float, default=2.0, help="load of the budget sweep, in sequential capacities (default: %(default)s)")
     args = parser.parse_args(argv)
+    if args.call is not None and args.sections is not None:
+        parser.error("give --call or --sections, not both")
+    args.sections = list(CALLS[args.call]) if args.call is not None else args.sections or list(SECTIONS)
+    if args.modes is not None and set(args.modes) - {"exact", "fast"}:
+        parser.error(f"--modes takes exact and/or fast, got {','.join(args.modes)}")
+    if args.peers is None:
+        args.peers = [PEER, STATIC_PEER] if torch.cuda.is_available() and args.device != "cpu" else [PEER]
+    elif set(args.peers) - {PEER, STATIC_PEER}:
+        parser.error(f"--peers takes {PEER} and/or {STATIC_PEER}, got {','.join(args.peers)}")
     unknown = set(args.sections) - set(SECTIONS)
     if unknown:
         parser.error(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")

@@ -22,7 +22,8 @@ def test_the_gpu_benchmark_runs_with_a_tiny_configuration_on_cpu(tmp_path):
     run = subprocess.run(
         [sys.executable, "benchmarks/gpu.py", "--tiny", "--device", "cpu", "--dtype", "float32", "--context-tokens", "48",
          "--question-tokens", "8", "--new-tokens", "5", "--samples", "1", "--batch-sizes", "1,2", "--serving-requests", "4",
-         "--serving-tokens", "2,4", "--loads", "4,8", "--budgets", "16,64", "--budget-requests", "4", "--out", str(out)],
+         "--serving-tokens", "2,4", "--loads", "4,8", "--budgets", "16,64", "--budget-requests", "4",
+         "--peers", "hf-cfg,hf-static-compile", "--out", str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=380,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -30,24 +31,29 @@ def test_the_gpu_benchmark_runs_with_a_tiny_configuration_on_cpu(tmp_path):
     assert report["config"] == "tiny" and report["config_values"]["num_hidden_layers"] == 2
     assert report["optional_packages_imported"] == []
 
-    exact = report["sections"]["exactness"]  # on the CPU in float32 the engine's contract holds: every request is equal
+    assert report["modes"] == ["exact", "fast"]  # both modes on the CPU
+    exactness = report["sections"]["exactness"]["modes"]
+    exact = exactness["exact"]  # on the CPU in float32 exact mode's contract holds: every request is equal
     assert exact["requests"] == 8 and exact["new_tokens"] == 32
     assert {m: d["equal"] for m, d in exact["methods"].items()} == {"standard": 8, "cad": 8, "fides": 8}
     assert "| fides | 8/8 | - |" in run.stdout
+    assert set(exactness["fast"]["methods"]) == {"standard", "cad", "fides"}
+    assert "fast mode: greedy tokens alone" in run.stdout
 
-    latency = report["sections"]["latency"]
-    assert set(latency["methods"]) == {"standard", "cad", "fides", "hf-cfg"}
-    for method in latency["methods"].values():
-        assert method["decode_ms_per_token"] > 0 and method["first_token_ms"] > 0 and method["ops_per_token"] > 0
-        assert method["host_syncs_per_token"] is None  # counted on CUDA only
-    assert latency["methods"]["cad"]["ops_per_token"] > latency["methods"]["standard"]["ops_per_token"]
-    assert latency["memory"]["peak_rss_gib"] > 0
+    for mode, latency in report["sections"]["latency"]["modes"].items():
+        assert set(latency["methods"]) == {"standard", "cad", "fides", "hf-cfg", "hf-static-compile"}
+        for method in latency["methods"].values():
+            assert method["decode_ms_per_token"] > 0 and method["first_token_ms"] > 0 and method["ops_per_token"] > 0
+            assert method["host_syncs_per_token"] is None  # counted on CUDA only
+        assert latency["methods"]["cad"]["ops_per_token"] > latency["methods"]["standard"]["ops_per_token"]
+        assert latency["memory"]["peak_rss_gib"] > 0
+        assert "standard/hf-static-compile" in latency["ratios"]
 
-    batch = report["sections"]["batch"]
-    for method in ("standard", "fides"):
-        assert list(batch[method]) == ["1", "2"]
-        assert all(size["decode_ms_per_step"] > 0 and size["tokens_per_s"] > 0 for size in batch[method].values())
-        assert batch[method]["2"]["ops_per_step"] >= batch[method]["1"]["ops_per_step"] > 0
+    for mode, batch in report["sections"]["batch"]["modes"].items():
+        for method in ("standard", "fides"):
+            assert list(batch[method]) == ["1", "2"]
+            assert all(size["decode_ms_per_step"] > 0 and size["tokens_per_s"] > 0 for size in batch[method].values())
+            assert batch[method]["2"]["ops_per_step"] >= batch[method]["1"]["ops_per_step"] > 0
 
     serving = report["sections"]["serving"]
     assert list(serving["loads"]) == ["4.0", "8.0"]
@@ -61,6 +67,19 @@ def test_the_gpu_benchmark_runs_with_a_tiny_configuration_on_cpu(tmp_path):
     assert all(d["latency_s"]["p95"] >= d["ttft_s"]["p50"] > 0 for d in sweep["budgets"].values())
     assert "| max_num_batched_tokens |" in run.stdout
     assert "| method | decode ms/token |" in run.stdout and "continuous / static" in run.stdout
+
+
+def test_each_gpu_call_runs_its_own_sections_and_a_call_excludes_sections(capsys):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert gpu.parse(["--out", "x.json", "--call", "1"]).sections == ["exactness", "latency", "batch"]
+    assert gpu.parse(["--out", "x.json", "--call", "2"]).sections == ["serving", "budget"]
+    with pytest.raises(SystemExit):
+        gpu.parse(["--out", "x.json", "--call", "1", "--sections", "batch"])
+    assert "give --call or --sections, not both" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flag", ["--serving-requests", "--budget-requests"])

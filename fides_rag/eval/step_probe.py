@@ -143,16 +143,17 @@ def measure_engine(decoder: Any, example: PreparedExample, method: Any, new_toke
 
 def measure_generate(model: Any, context_ids: Sequence[int], new_tokens: int, counted: int, *, pad_token_id: int = 0,
                      negative_ids: Sequence[int] | None = None, guidance_scale: float | None = None,
-                     inference_mode: bool = False) -> dict[str, Any]:
-    """One forced-length greedy `model.generate` (with `guidance_scale` and `negative_ids`: transformers' CFG),
+                     inference_mode: bool = False, **generate_options: Any) -> dict[str, Any]:
+    """One forced-length greedy `model.generate` (with `guidance_scale` and `negative_ids`: transformers' CFG; with
+    `cache_implementation="static"`: a static cache, whose decode step transformers compiles on CUDA),
     measured step by step; as users call it (under its own no_grad), or inside torch.inference_mode as fides-rag's
     engine runs, where the dispatcher sees whole `linear` calls rather than their parts."""
     device = model.get_input_embeddings().weight.device
     ids = torch.tensor([list(context_ids)], device=device)
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = dict(generate_options)
     if guidance_scale is not None:
         negative = torch.tensor([list(negative_ids or [])], device=device)
-        extra = {"guidance_scale": guidance_scale, "negative_prompt_ids": negative, "negative_prompt_attention_mask": torch.ones_like(negative)}
+        extra |= {"guidance_scale": guidance_scale, "negative_prompt_ids": negative, "negative_prompt_attention_mask": torch.ones_like(negative)}
     probe = StepProbe(counted, device)
     try:
         start = time.perf_counter()

@@ -29,6 +29,8 @@ from fides_rag.generation.detokenize import IncrementalText
 from fides_rag.generation.in_flight import InFlight
 from fides_rag.generation.kv_cache import DecodeCache, mergeable
 from fides_rag.generation.layout import Unit
+from fides_rag.generation.modes import Mode, resolve_mode
+from fides_rag.generation.pooled_batch import PooledBatch
 from fides_rag.generation.prefix_cache import DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
 from fides_rag.generation.paths import masks_heads, paths_run
 from fides_rag.generation.prompting import context_window
@@ -124,6 +126,7 @@ class DecodeEngine:
         max_requests: int | None = None, max_rows: int | None = 128, max_tokens: int | None = None,
         max_queue: int | None = None, window_s: float = 0.0, admission: Admission = "continuous",
         max_num_batched_tokens: int | None = None, prefix_caching: bool = True, prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+        mode: Mode | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -147,9 +150,13 @@ class DecodeEngine:
         self.chunked = split_prefill and mergeable(DecodeCache(config=self.anatomy.config))
         """Whether prompts are prefilled in chunks (their rows are held ragged); else in one forward at admission."""
         self.context_window = self.scheduler.context_window = context_window(model.config, tokenizer)
+        self.mode = resolve_mode(mode, self.input_device, model.config)
+        """'exact': a greedy request's tokens do not depend on what else is in flight; 'fast': one attention call per
+        layer over every row (see `modes.py`)."""
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        batch_type = PooledBatch if self.mode == "fast" else RunningBatch
         self._flight = InFlight(
-            self.anatomy, lambda: RunningBatch(self.anatomy, pad, self.input_device, split_prefill), self.stats,
+            self.anatomy, lambda: batch_type(self.anatomy, pad, self.input_device, split_prefill), self.stats,
             self.decode_text, self._decode_token, self.prefix_cache, self.input_device,
         )
         self._wake = threading.Condition()

@@ -1,0 +1,78 @@
+"""The running decode of fast mode: its rows' keys and values in one pool (`kv_pool.py`), attended by one call per
+layer (`pooled_attention.py`). Prefill is the same as exact mode's; a request's rows move into the pool when it
+joins."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from fides_rag.generation.hooks import HeadMasker, LayerCapture
+from fides_rag.generation.kv_cache import Prefilled, RaggedLayer, mergeable
+from fides_rag.generation.kv_pool import KVPool, PooledCache
+from fides_rag.generation.pooled_attention import pooled_attention
+from fides_rag.generation.running import RunningBatch, _states
+
+
+class PooledBatch(RunningBatch):
+    """`RunningBatch` over a `KVPool`: one attention call per layer for every row."""
+
+    pool: KVPool | None = None
+
+    @property
+    def extendable(self) -> bool:
+        return True
+
+    def forward(self, tokens: Sequence[int], capture: LayerCapture, masker: HeadMasker | None) -> None:
+        step_ids = torch.tensor(list(tokens), dtype=torch.long).to(self.input_device, non_blocking=True)[:, None]  # [R, 1]
+        self.positions = self.positions + 1  # [R, 1]
+        self.layout.grow()
+        config = self.anatomy.config
+        self.pool.begin_step(self.positions, config.num_attention_heads // (getattr(config, "num_key_value_heads", None) or config.num_attention_heads))
+        if masker is not None:
+            masker.set_rows(self.layout.row_head_sets)
+        mask = self.pool.attention_mask(getattr(config, "layer_types", None))
+        with pooled_attention(self.anatomy.backbone):
+            hidden, self.cache = self.anatomy.run_backbone(step_ids, mask, self.positions, self.cache)
+        self.hidden = hidden[:, -1, :]  # [R, H]
+        self.states = dict(capture.states)
+
+    def append(self, state: Prefilled, states: dict[int, torch.Tensor], head_sets: Sequence[int], lengths: Sequence[int]) -> None:
+        layers = state.cache.layers
+        if not all(isinstance(layer, RaggedLayer) for layer in layers):
+            raise TypeError("fast mode needs a model whose KV cache layers are dynamic or sliding-window ones")
+        if self.empty:
+            windows = [getattr(layer.segments[0], "sliding_window", None) for layer in layers]
+            self.pool = KVPool(windows, layers[0].segments[0].keys)
+            self.cache = PooledCache(self.pool, self.anatomy.config)
+            self.positions, self.hidden, self.states = state.positions, state.last_hidden, states
+        else:
+            self.positions = torch.cat([self.positions, state.positions.to(self.positions.device)])
+            self.hidden = torch.cat([self.hidden, state.last_hidden.to(self.hidden.device)])
+            self.states = {layer: torch.cat([_states(self.states, layer, self.hidden, self.layout.num_rows),
+                                             _states(states, layer, state.last_hidden, len(lengths)).to(self.hidden.device)])
+                           for layer in {*self.states, *states}}
+        self.pool.add_rows(state.cache, lengths)
+        self.layout.append(head_sets, lengths)
+
+    def keep(self, rows: list[int] | None) -> None:
+        if rows is None:
+            return
+        if not rows:
+            self.cache = self.pool = self.positions = self.hidden = None
+            self.states = {}
+            return
+        self.pool.keep(rows)
+        self.positions = self.positions[torch.tensor(rows, dtype=torch.long).to(self.positions.device, non_blocking=True)]
+
+
+def pool_supported(config: object) -> str | None:
+    """Why fast mode cannot run this model (None: it can)."""
+    from fides_rag.generation.kv_cache import DecodeCache
+
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        return "its attention logits are soft-capped"
+    if not mergeable(DecodeCache(config=config)):
+        return "its KV cache layers are neither dynamic nor sliding-window ones"
+    return None
