@@ -18,7 +18,7 @@ from fides_rag.calls.options import CallOptions
 from fides_rag.calls.planning import ChatPlan
 from fides_rag.calls.structure import parse_structure, refuse_cutting_stops, refuse_other_grammar
 from fides_rag.calls.tools import ToolCall, ToolCallStream, ToolCalling
-from fides_rag.generation.tickets import RequestHandle
+from fides_rag.decoder import RequestHandle
 from fides_rag.prompts.template import PromptTemplate, TemplateLeftovers
 from fides_rag.result import GenerationResult
 

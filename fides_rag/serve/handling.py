@@ -15,11 +15,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from fides_rag.calls import Answer, Call, ChatPlan
-from fides_rag.decoder import FidesDecoder
-from fides_rag.generation.engine import QueueFullError
+from fides_rag.decoder import FidesDecoder, QueueFullError, RequestHandle
 from fides_rag.generation.grammar import BudgetBelowShortestAnswer, GrammarLimitExceeded
 from fides_rag.generation.prompting import ContextWindowExceeded
-from fides_rag.generation.tickets import RequestHandle
 from fides_rag.serve.agent_call import AgentCall, agent_call
 from fides_rag.serve.errors import APIError, bad_request, validation_error
 from fides_rag.serve.fides_headers import plan_headers, record_headers
@@ -149,12 +147,12 @@ class RequestHandling:
         """Admit one request to planning, or refuse it (503 while draining, 429 past max_queue): the requests being
         planned count as waiting, with those in the engine's queue, so a flood is refused at once, before any of its
         requests is parsed, planned or tokenised. Runs on the event loop only (the count needs no lock)."""
-        engine = self.decoder.engine
         if self.draining:
             raise APIError(503, "the server is shutting down; retry on another replica", type="server_error", code="shutting_down")
-        waiting = engine.queue_length + self.admitting
-        if engine.max_queue is not None and waiting >= engine.max_queue:
-            raise _queue_full(f"{waiting} requests are waiting (queued, or being planned), the engine's max_queue is {engine.max_queue}; "
+        max_queue = self.decoder.limits.max_queue
+        waiting = self.decoder.stats.queue_length + self.admitting
+        if max_queue is not None and waiting >= max_queue:
+            raise _queue_full(f"{waiting} requests are waiting (queued, or being planned), the engine's max_queue is {max_queue}; "
                               "retry later")
         self.admitting += 1
 
