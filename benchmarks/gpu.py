@@ -172,28 +172,25 @@ def batch_scaling(decoder: Any, prompts: Prompts, args: argparse.Namespace, devi
     from fides_rag.eval.step_probe import StepProbe, prepared_from_ids
 
     out: dict[str, Any] = {}
-    default = decoder.engine.scheduler.max_num_batched_tokens
+    default = decoder.limits.max_num_batched_tokens
     try:
         for method in ("standard", "fides"):
             out[method] = {}
             for size in args.batch_sizes:
                 pairs = [prompts.pair(args.context_tokens + 8 * i, args.question_tokens) for i in range(size)]
-                decoder.engine.configure(max_num_batched_tokens=max(default, sum(len(c) + len(n) for c, n in pairs)))
+                decoder.configure(max_num_batched_tokens=max(default, sum(len(c) + len(n) for c, n in pairs)))
                 examples = [prepared_from_ids(decoder.tokenizer, *pair) for pair in pairs]
                 reset_peak(device)
                 probe = StepProbe(args.counted_steps, device)
-                decoder.engine.step_context = probe.engine_step
-                try:
+                with decoder.around_steps(probe.engine_step):
                     start = time.perf_counter()
                     decoder.generate_batch(examples, method=method, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens)
-                finally:
-                    decoder.engine.step_context = None
                 report = probe.report(start)
                 step_ms = report["decode_ms_per_token"]
                 out[method][str(size)] = {"decode_ms_per_step": step_ms, "first_step_ms": report["first_token_ms"], "tokens_per_s": size * 1000 / step_ms,
                                           "ops_per_step": report["ops_per_token"], **peak_memory(device)}
     finally:
-        decoder.engine.configure(max_num_batched_tokens=default)
+        decoder.configure(max_num_batched_tokens=default)
     return out
 
 

@@ -1,8 +1,7 @@
 """fides-rag: faithful retrieval-augmented generation by dual-path contrastive decoding (FIDES)."""
 
 from fides_rag.method.config import FidesConfig
-from fides_rag.decoder import AsyncTextStream, FidesDecoder, GenerationSettings, NonFiniteLogitsError, PromptPair, TextStream
-from fides_rag.generation.engine import DecodeEngine, QueueFullError
+from fides_rag.decoder import AsyncTextStream, FidesDecoder, GenerationSettings, NonFiniteLogitsError, PromptPair, QueueFullError, TextStream
 from fides_rag.generation.options import GenerationOptions, MethodOptions
 from fides_rag.method.lens import UnsupportedArchitectureError
 from fides_rag.models.loading import load_model, select_device
@@ -15,7 +14,6 @@ __version__ = "0.2.0"
 __all__ = [
     "AsyncTextStream",
     "ContrastRule",
-    "DecodeEngine",
     "Demonstration",
     "FidesConfig",
     "FidesDecoder",

@@ -11,27 +11,33 @@ output-head matmul, each rule's `combine`, a token chosen per request, and one d
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Any
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ContextManager
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from typing_extensions import Unpack  # typing.Unpack from Python 3.11 on
 
 from fides_rag.generation.choosing import NonFiniteLogitsError
-from fides_rag.generation.engine import DecodeEngine
+from fides_rag.generation.engine import DecodeEngine, QueueFullError
 from fides_rag.generation.options import MethodOptions
 from fides_rag.generation.prompting import PreparedExample, PromptPreparer, context_window
 from fides_rag.generation.requests import PromptPair, RequestBuilder
+from fides_rag.generation.scheduler import MIN_BATCHED_TOKENS, check_batched_tokens
 from fides_rag.generation.settings import GenerationSettings
 from fides_rag.generation.streaming import AsyncTextStream, TextStream
 from fides_rag.generation.tickets import RequestHandle
+from fides_rag.generation.views import DecoderLimits, DecoderStats
 from fides_rag.method.lens import ModelAnatomy
 from fides_rag.prompts.template import PromptTemplate
 from fides_rag.result import GenerationResult
 from fides_rag.rules import ContrastRule, get_method
 
-__all__ = ["AsyncTextStream", "FidesDecoder", "GenerationSettings", "NonFiniteLogitsError", "PreparedExample", "PromptPair", "TextStream"]
+__all__ = [
+    "MIN_BATCHED_TOKENS", "AsyncTextStream", "DecoderLimits", "DecoderStats", "FidesDecoder", "GenerationSettings", "NonFiniteLogitsError",
+    "PreparedExample", "PromptPair", "QueueFullError", "RequestHandle", "TextStream", "check_batched_tokens",
+]
 
 Prompt = str | PromptPair | PreparedExample
 
@@ -60,7 +66,10 @@ class FidesDecoder:
         **engine_settings: Any,
     ) -> None:
         """`config`: a convenience for `method=get_method(method, config=config)` (e.g. a FidesConfig).
-        `engine_settings`: max_requests, max_rows, max_tokens, max_queue, window_s (see `DecodeEngine.configure`)."""
+        `engine_settings`: max_requests, max_rows, max_tokens, max_queue, window_s, admission, max_num_batched_tokens (see
+        `configure`), prefix_caching, prefix_cache_bytes, and mode: "exact" (the CPU's default: a greedy request's tokens
+        do not depend on what else is in flight) or "fast" (the default elsewhere: one attention call per layer over
+        every row); read back from `limits.mode`."""
         if config is not None:
             if not isinstance(method, str):
                 raise ValueError("config= configures a method given by name; pass a configured rule object alone instead")
@@ -70,13 +79,13 @@ class FidesDecoder:
         if use_chat_template and not has_template:
             raise ValueError("use_chat_template=True but the tokenizer has no chat template")
         GenerationSettings(max_new_tokens=max_new_tokens)
-        self.engine = DecodeEngine(model, tokenizer, split_prefill=split_prefill, **engine_settings)
+        self._engine = DecodeEngine(model, tokenizer, split_prefill=split_prefill, **engine_settings)
         preparer = PromptPreparer(
             tokenizer, prompt_template or PromptTemplate(), has_template if use_chat_template is None else use_chat_template,
             context_window(model.config, tokenizer),
         )
         self.requests = RequestBuilder(
-            preparer, rule, max_new_tokens, self.engine.setup_heads, vocab_size=self.engine.vocab_size, eos_token_ids=lambda: self.engine.eos_token_ids
+            preparer, rule, max_new_tokens, self._engine.setup_heads, vocab_size=self._engine.vocab_size, eos_token_ids=lambda: self._engine.eos_token_ids
         )
         """The request builder every entry point on this decoder shares."""
 
@@ -97,15 +106,15 @@ class FidesDecoder:
 
     @property
     def model(self) -> PreTrainedModel:
-        return self.engine.model
+        return self._engine.model
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
-        return self.engine.tokenizer
+        return self._engine.tokenizer
 
     @property
     def anatomy(self) -> ModelAnatomy:
-        return self.engine.anatomy
+        return self._engine.anatomy
 
     @property
     def method(self) -> ContrastRule:
@@ -141,39 +150,27 @@ class FidesDecoder:
     @property
     def device(self) -> torch.device:
         """Where input ids go: the input embeddings' device (the CPU when they are offloaded)."""
-        return self.engine.input_device
+        return self._engine.input_device
 
     @property
     def eos_token_ids(self) -> set[int]:
-        return self.engine.eos_token_ids
+        return self._engine.eos_token_ids
 
     @eos_token_ids.setter
     def eos_token_ids(self, ids: set[int]) -> None:
-        self.engine.eos_token_ids = set(ids)
+        self._engine.eos_token_ids = set(ids)
 
     @property
-    def split_prefill(self) -> bool:
-        return self.engine.split_prefill
+    def limits(self) -> DecoderLimits:
+        """The engine's bounds as they are now (max_queue, max_requests, max_rows, max_tokens, max_num_batched_tokens,
+        window_s, admission, context_window, split_prefill, prefix_cache_bytes); `configure` changes the scheduler's."""
+        return self._engine.limits()
 
     @property
-    def queue_length(self) -> int:
-        """Requests waiting for the engine."""
-        return self.engine.queue_length
-
-    @property
-    def requests_in_flight(self) -> int:
-        """Requests decoding now."""
-        return self.engine.requests_in_flight
-
-    @property
-    def rows_in_flight(self) -> int:
-        """Batch rows (paths) decoding now."""
-        return self.engine.rows_in_flight
-
-    @property
-    def stats(self) -> Any:
-        """The engine's counters (EngineStats: requests, steps, peak queue, cancellations, ...)."""
-        return self.engine.stats
+    def stats(self) -> DecoderStats:
+        """The engine's counters as they are now: requests, steps, tokens, peak queue, cancellations, what is in flight
+        (queue_length, requests_in_flight, rows_in_flight) and the prefix cache's hits, misses and bytes."""
+        return self._engine.snapshot()
 
     def prepare(self, question: str, documents: Any, max_new_tokens: int, *, document_paths: bool = False) -> PreparedExample:
         """Render and tokenise both branches of one example as `generate` would (e.g. to count its prompt tokens);
@@ -183,9 +180,20 @@ class FidesDecoder:
     # -- decoding ---------------------------------------------------------------------------------
 
     def configure(self, **engine_settings: Any) -> None:
-        """Change the engine's settings (max_requests, max_rows, max_tokens, max_queue, window_s); every caller of
-        this decoder shares them."""
-        self.engine.configure(**engine_settings)
+        """Change the engine's settings (max_requests, max_rows, max_tokens, max_queue: None for no bound; window_s,
+        admission ('continuous' or 'static'), max_num_batched_tokens); every caller of this decoder shares them, and
+        `limits` reads them back."""
+        self._engine.configure(**engine_settings)
+
+    @contextlib.contextmanager
+    def around_steps(self, step_context: Callable[[], ContextManager]) -> Iterator[None]:
+        """While open, every engine step runs inside `step_context()` on the decoding thread (profilers, torch modes,
+        sync counters); the previous one is restored on leaving."""
+        previous, self._engine.step_context = self._engine.step_context, step_context
+        try:
+            yield
+        finally:
+            self._engine.step_context = previous
 
     def submit(self, question: Prompt, documents: Sequence[Any] | None = None, *, stream: bool = False, wait_here: bool = False,
                **options: Unpack[MethodOptions]) -> RequestHandle:
@@ -194,7 +202,7 @@ class FidesDecoder:
         `asyncio.wrap_future`), and with `stream=True` its deltas arrive on `stream()` / `astream()`. Bad input
         raises here, before anything decodes; concurrent requests decode together. `wait_here`: the caller will
         wait on `result()` and decodes on its own thread while no other thread does."""
-        return self.engine.submit([self.requests.build(question, documents, stream=stream, **options)], wait_here=wait_here)[0]
+        return self._engine.submit([self.requests.build(question, documents, stream=stream, **options)], wait_here=wait_here)[0]
 
     def generate(self, question: Prompt, documents: Sequence[Any] | None = None, **options: Unpack[MethodOptions]) -> Any:
         """Answer `question` with its `documents`, or a `PromptPair` (or a `PreparedExample` from `prepare`).
@@ -202,7 +210,7 @@ class FidesDecoder:
         options: method (or methods, for label -> result), max_new_tokens, stop, do_sample, temperature, top_p,
         top_k, seed, min_new_tokens, logits_processor, stopping_criteria (`MethodOptions`)."""
         request = self.requests.build(question, documents, **options)
-        return self.engine.submit([request], wait_here=True)[0].result()
+        return self._engine.submit([request], wait_here=True)[0].result()
 
     def generate_batch(
         self, questions: Sequence[Prompt], documents_per_question: Sequence[Any] | None = None, **options: Unpack[MethodOptions]
@@ -210,7 +218,7 @@ class FidesDecoder:
         """Answer several questions (or PromptPairs) together: one result each, or with `methods` label -> one result
         per question. Every request is built, and bad input refused, before any decodes."""
         requests = self.requests.build_all(questions, documents_per_question, **options)
-        handles = self.engine.submit(requests, wait_here=True)
+        handles = self._engine.submit(requests, wait_here=True)
         try:
             results = [h.result() for h in handles]
         finally:
@@ -224,18 +232,18 @@ class FidesDecoder:
         """Text deltas as they are decoded; their concatenation equals the final `result.text`. Any thread may
         read it; closing it cancels the request."""
         request = self.requests.build(question, documents, stream=True, **options)
-        return self.engine.submit([request])[0].stream()
+        return self._engine.submit([request])[0].stream()
 
     async def agenerate(self, question: Prompt, documents: Sequence[Any] | None = None, **options: Unpack[MethodOptions]) -> Any:
         """`generate` for asyncio: the event loop stays free, and cancelling the task cancels the request."""
         request = self.requests.build(question, documents, **options)
-        return await asyncio.wrap_future(self.engine.submit([request])[0].future)
+        return await asyncio.wrap_future(self._engine.submit([request])[0].future)
 
     def astream(self, question: Prompt, documents: Sequence[Any] | None = None, **options: Unpack[MethodOptions]) -> AsyncTextStream:
         """`stream` as an async iterator; cancelling the task that reads it cancels the request."""
         request = self.requests.build(question, documents, stream=True, **options)
-        return self.engine.submit([request])[0].astream()
+        return self._engine.submit([request])[0].astream()
 
     def decode_text(self, token_ids: list[int]) -> str:
         """Generated ids as text (special tokens dropped, spacing kept as generated)."""
-        return self.engine.decode_text(token_ids)
+        return self._engine.decode_text(token_ids)

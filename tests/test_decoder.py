@@ -188,7 +188,7 @@ def test_one_forward_per_step_with_all_paths(tiny_llama, tokenizer, method, path
     decode = [call for call in counter.calls if call[1] == 1]
     if split_prefill:
         assert {rows for rows, _ in prefill} == {1}  # each prompt row in its own forwards (cut at its anchors)
-        assert sum(tokens for _, tokens in prefill) <= decoder.engine.stats.prompt_tokens
+        assert sum(tokens for _, tokens in prefill) <= decoder.stats.prompt_tokens
     elif paths == 1:
         assert [rows for rows, _ in prefill] == [3]
     else:
@@ -451,7 +451,7 @@ def test_methods_prefill_once_and_prune_finished_rows(tiny_llama, tokenizer):
     decode = [rows for rows, width in counter.calls if width == 1]
     assert set(prefill) == {1}  # each prompt row in its own forwards
     prompts = [decoder.prepare(q, d, 6) for q, d in zip(QUESTIONS[:2], DOCUMENTS[:2])]
-    assert decoder.engine.stats.prompt_tokens == sum(len(p.context_ids) + len(p.no_context_ids) for p in prompts)  # once, for 3 methods
+    assert decoder.stats.prompt_tokens == sum(len(p.context_ids) + len(p.no_context_ids) for p in prompts)  # once, for 3 methods
     if decode:
         still_running = sum((len(r.token_ids) > 1) * (1 if m == "standard" else 2) for m, rs in results.items() for r in rs)
         assert decode[0] == still_running  # 2 + 4 + 4 rows when nobody finished at step 0

@@ -206,14 +206,14 @@ def test_no_heads_means_no_masked_rows(tiny_llama, tokenizer):
     for heads in (None, {}, {2: ()}):
         probe = HeadProbe(heads)
         counter = ForwardCounter(decoder.anatomy.backbone)
-        before = decoder.engine.stats.prompt_tokens
+        before = decoder.stats.prompt_tokens
         try:
             result = decoder.generate_batch(QUESTIONS, DOCUMENTS, method=probe, max_new_tokens=3)
         finally:
             counter.handle.remove()
         prefill, decode = counter.split()
         assert set(prefill) == {1} and decode == [3, 3]
-        assert decoder.engine.stats.prompt_tokens - before == contexts  # the context rows alone
+        assert decoder.stats.prompt_tokens - before == contexts  # the context rows alone
         assert all(masked is None for _, masked in probe.seen)
         standard = decoder.generate_batch(QUESTIONS, DOCUMENTS, method="standard", max_new_tokens=3)
         assert [r.token_ids for r in result] == [r.token_ids for r in standard]
@@ -239,7 +239,7 @@ def test_rows_per_forward(tiny_llama, tokenizer, split_prefill, monkeypatch):
     }
     for label, method in (("cad", "cad"), ("dvd", DvdRule()), ("heads", HeadProbe(HEADS))):
         counter = ForwardCounter(decoder.anatomy.backbone)
-        before = decoder.engine.stats.prompt_tokens
+        before = decoder.stats.prompt_tokens
         try:
             results = decoder.generate_batch(QUESTIONS, DOCUMENTS, method=method, max_new_tokens=4)
         finally:
@@ -247,7 +247,7 @@ def test_rows_per_forward(tiny_llama, tokenizer, split_prefill, monkeypatch):
         assert all(len(r.token_ids) == 4 for r in results)
         prefill, decode = counter.split()
         if split_prefill:  # each prompt row in its own forwards
-            assert set(prefill) == {1} and decoder.engine.stats.prompt_tokens - before == prompt_tokens[label]
+            assert set(prefill) == {1} and decoder.stats.prompt_tokens - before == prompt_tokens[label]
         else:
             assert prefill == [sum(expected[label])]
         assert decode == [sum(expected[label])] * 3
@@ -292,7 +292,7 @@ def test_lanes_with_every_path_and_pruning_equal_each_method_alone(tiny_models, 
     finally:
         counter.handle.remove()
     prefill, decode = counter.split()
-    assert set(prefill) == {1} and decoder.engine.stats.prompt_tokens == rows
+    assert set(prefill) == {1} and decoder.stats.prompt_tokens == rows
     lengths = [len(r.token_ids) for results in together.values() for r in results]
     assert len(set(lengths)) > 1 and min(lengths) < 8  # some rows finished early and were pruned
     assert len(set(decode)) > 1

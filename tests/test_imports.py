@@ -1,5 +1,6 @@
 """The package's import graph: data flows one way. No module under fides_rag/generation/ imports the facade
-(`fides_rag.decoder`), not even under TYPE_CHECKING, and no import circle exists between fides_rag modules."""
+(`fides_rag.decoder`), not even under TYPE_CHECKING, no import circle exists between fides_rag modules, and the
+facade is the one way into the engine: nothing else in the repository imports the engine's rooms."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ from pathlib import Path
 import fides_rag
 
 ROOT = Path(fides_rag.__file__).parent
+REPOSITORY = ROOT.parent
+ENGINE_ROOMS = {f"fides_rag.generation.{room}" for room in
+                ("engine", "scheduler", "in_flight", "running", "tickets", "prefilling", "prefix_cache", "step")}
+"""The engine and what only it drives; `fides_rag.decoder` is the one door to them."""
 
 
 def module_name(path: Path) -> str:
@@ -66,3 +71,24 @@ def test_no_import_circle():
     for node in sorted(edges):
         if node not in state:
             visit(node)
+
+
+def test_only_the_facade_and_generation_import_the_engine():
+    """Eval, benchmarks, the server, the integrations and the tests reach the engine through `FidesDecoder` (`submit`,
+    `configure`, `limits`, `stats`, `around_steps`); the generation room's own tests may open it."""
+    allowed = [ROOT / "generation", ROOT / "decoder.py", REPOSITORY / "tests" / "generation"]
+    sources = [p for folder in ("fides_rag", "benchmarks", "examples", "integrations", "tests") for p in (REPOSITORY / folder).rglob("*.py")]
+    assert len(sources) > 100
+    doors = {}
+    for path in sources:
+        if any(path == a or a in path.parents for a in allowed):
+            continue
+        rooms = {m for m in imports_of(path) if any(m == r or m.startswith(f"{r}.") for r in ENGINE_ROOMS)}
+        if rooms:
+            doors[str(path.relative_to(REPOSITORY))] = sorted(rooms)
+    assert doors == {}
+
+
+def test_the_engine_is_not_a_public_name(tiny_llama, tokenizer):
+    assert "DecodeEngine" not in fides_rag.__all__ and not hasattr(fides_rag, "DecodeEngine")
+    assert not hasattr(fides_rag.FidesDecoder(tiny_llama, tokenizer), "engine")

@@ -94,7 +94,7 @@ def test_real_split_prefill_equals_joint_past_the_sliding_window(decoder):
     assert len(decoder.prepare(CONFLICT_QUESTION, documents, 8).context_ids) > 600
     split = decoder.generate(CONFLICT_QUESTION, documents, method="fides", max_new_tokens=8)
     joint_decoder = FidesDecoder(decoder.model, decoder.tokenizer, split_prefill=False)
-    assert not joint_decoder.split_prefill
+    assert not joint_decoder.limits.split_prefill
     joint = joint_decoder.generate(CONFLICT_QUESTION, documents, method="fides", max_new_tokens=8)
     assert split.token_ids == joint.token_ids
     assert split.alphas == pytest.approx(joint.alphas, abs=1e-4)
@@ -110,26 +110,22 @@ def test_real_staggered_arrivals_equal_each_alone(decoder):
     documents = [[CONFLICT_DOCUMENT], ["Hamlet is a tragedy written by Charles Dickens."], ["Lyon is the capital of France."],
                  ["The Mona Lisa was painted by Pablo Picasso in 1903."]]
     plan = [("fides", 12, 1), ("cad", 6, 1), ("fides", 9, 3), ("cad", 12, 5)]
-    requests = [decoder.requests.build(q, d, method=m, max_new_tokens=n, stop=[]) for (q, d), (m, n, _) in zip(zip(questions, documents), plan)]
     alone = [decoder.generate(q, d, method=m, max_new_tokens=n, stop=[]) for (q, d), (m, n, _) in zip(zip(questions, documents), plan)]
-    engine, handles, steps = decoder.engine, {}, [0]
+    handles, steps = {}, [0]
 
     def arrivals():
         steps[0] += 1
         for i, (_, _, at) in enumerate(plan):
             if at == steps[0]:
-                handles[i] = engine.submit([requests[i]])[0]
+                handles[i] = decoder.submit(questions[i], documents[i], method=plan[i][0], max_new_tokens=plan[i][1], stop=[])
         return contextlib.nullcontext()
 
-    engine.step_context = arrivals
-    try:
-        long = engine.submit([decoder.requests.build(questions[0], documents[0], method="fides", max_new_tokens=14, stop=[])])[0]
+    with decoder.around_steps(arrivals):
+        long = decoder.submit(questions[0], documents[0], method="fides", max_new_tokens=14, stop=[])
         long.result()
         deadline = time.monotonic() + 120
         while (len(handles) < len(plan) or not all(h.done() for h in handles.values())) and time.monotonic() < deadline:
             time.sleep(0.01)
-    finally:
-        engine.step_context = None
     for i, want in enumerate(alone):
         got = handles[i].result()
         assert got.token_ids == want.token_ids and got.text == want.text

@@ -5,7 +5,9 @@ One job per file: `options` (one options type, the method check, `FidesFallbackE
 `planning` (one planner and one role map: where a conversation's context comes from, its two prompts), `tools`
 (tool_choice, the forced call's grammar, parsing, streamed calls), `structure` (JSON schema / pydantic / regex
 constraints, checked before decoding), `answering` (decode and stream through `FidesDecoder.submit`, stops and
-leftover cleaning, one `Answer`, a model object's `AnswerLog`), `metadata` (the FIDES record, finish reasons, usage),
+leftover cleaning, one `Answer`, a model object's `AnswerLog`), `factory` (the one way a front door makes its calls:
+tool calling, the planner with its tools, the `Call` and whether the template rendered the tools; batching set once),
+`metadata` (the FIDES record, finish reasons, usage),
 `fields` (the decoding fields every framework's model object inherits: method, budget, stops, sampling, batching),
 `retrievals` (which texts a framework's retriever returned are a call's context, from the run tree its callbacks
 report), `decoders` (the decoder behind a front door from a decoder, a model and tokenizer or a model id; its
@@ -13,25 +15,25 @@ default options checked; its identity for a cache key).
 
 Usage (a front door's whole job between its own types):
 
-    from fides_rag.calls import Call, CallOptions, ChatPrompts, ToolCalling, constraint_of
+    from fides_rag.calls import CallFactory, CallOptions, constraint_of
 
+    calls = CallFactory(decoder, max_batch_size=8, batch_window_s=0.005, no_context_path="emptied")  # once per model object
     opts = CallOptions.parse({"method": "fides", "max_new_tokens": 128}, call_kwargs)    # unknown keys: TypeError
     opts.constraint = constraint_of(json_schema=schema)          # response_format / with_structured_output
-    calling = ToolCalling.of_call(decoder.tokenizer, tools, tool_choice)     # None without tools
-    planner = ChatPrompts.for_decoder(decoder, no_context_path="emptied", tools=calling)
+    calling = calls.tools(tools, tool_choice)                     # None without tools
     turns = [(role_of(m.role), text) for m in messages]           # earlier calls: render_calls(text, calls)
-    plan = planner.conversation(turns, opts.max_new_tokens, documents=documents)   # same messages, same context
-    call = Call(decoder, plan, opts, calling=calling, native_tools=planner.renders_tools(calling),
-                structure=schema, extra={"model_name": name})     # strict: FidesFallbackError here
+    plan = calls.planner(calling).conversation(turns, opts.max_new_tokens, documents=documents)   # same messages, same context
+    call = calls.call(plan, opts, calling, structure=schema, extra={"model_name": name})   # strict: FidesFallbackError here
     answer = call.run()          # or await call.arun(); call.stream() / call.astream() yield str deltas, then the Answer
     answer.text, answer.tool_calls, answer.parsed, answer.finish_reason, answer.record, answer.notes, answer.usage
 
-A server streaming by hand: `handle = call.submit(stream=True)`, `shown = call.shown()`, `shown.feed(delta)` per
-delta, then `answer, last = shown.finish(handle_stream.result)`. Bad input raises `CallInputError` (a ValueError)
+A server that submits first (to refuse bad input before its response starts) streams the handle:
+`handle = call.submit(stream=True)`, then `call.astream(handle)`. Bad input raises `CallInputError` (a ValueError)
 whose `field` names what to fix (a tool's schema, tool_choice, a schema the grammar library cannot compile).
 """
 
 from fides_rag.calls.answering import Answer, AnswerLog, AnswerStream, Call, CallStream
+from fides_rag.calls.factory import CallFactory
 from fides_rag.calls.fields import DecodingFields
 from fides_rag.calls.metadata import FINISH_REASONS, record, usage
 from fides_rag.calls.options import CONSTRAINTS, FIDES_CONSTANTS, CallInputError, CallOptions, FidesFallbackError, fold_fides_constants, resolve_method
@@ -45,7 +47,7 @@ from fides_rag.calls.structure import (
 from fides_rag.calls.tools import ToolCall, ToolCallStream, ToolCalling, ToolSpec, calls_from_openai, new_call_id, render_calls, tool_choice_name
 
 __all__ = [
-    "CONSTRAINTS", "DOCUMENTS_INSTRUCTION", "FIDES_CONSTANTS", "FINISH_REASONS", "ROLES", "Answer", "AnswerLog", "AnswerStream", "Call", "CallInputError",
+    "CONSTRAINTS", "DOCUMENTS_INSTRUCTION", "FIDES_CONSTANTS", "FINISH_REASONS", "ROLES", "Answer", "AnswerLog", "AnswerStream", "Call", "CallFactory", "CallInputError",
     "CallOptions", "CallStream", "ChatPlan", "ChatPrompts", "ContextMessages", "DecodingFields", "STANDARD", "FidesFallbackError", "IncompleteAnswerError", "ToolCall",
     "ToolCallStream", "ToolCalling", "ToolSpec", "Turn", "calls_from_openai", "check_complete", "check_question", "closed_schema", "constraint_of", "context_in_system", "documents_beside", "filled_variable", "fold_fides_constants",
     "new_call_id", "parse_structure", "render_calls", "record", "refuse_other_grammar", "resolve_method", "role_of", "schema_of", "tool_choice_name", "turn_of", "usage", "with_structure",

@@ -18,7 +18,7 @@ from fides_rag.calls.options import CallOptions
 from fides_rag.calls.planning import ChatPlan
 from fides_rag.calls.structure import parse_structure, refuse_cutting_stops, refuse_other_grammar
 from fides_rag.calls.tools import ToolCall, ToolCallStream, ToolCalling
-from fides_rag.generation.tickets import RequestHandle
+from fides_rag.decoder import RequestHandle
 from fides_rag.prompts.template import PromptTemplate, TemplateLeftovers
 from fides_rag.result import GenerationResult
 
@@ -143,21 +143,17 @@ class Call:
         """What a streamed answer may show as it comes (template leftovers and possible calls held back)."""
         return CallStream(self)
 
-    def stream(self) -> Iterator[str | Answer]:
-        """Text deltas as they may be shown, then the Answer as the last item."""
+    def stream(self, handle: RequestHandle | None = None) -> Iterator[str | Answer]:
+        """Text deltas as they may be shown, then the Answer as the last item (`handle`: the call already submitted
+        with `submit(stream=True)`)."""
         shown = self.shown()
-        stream = self.submit(stream=True).stream()
+        stream = (handle or self.submit(stream=True)).stream()
         try:
             for delta in stream:
-                text = shown.feed(delta)
-                if text:
-                    yield text
+                yield from shown.visible(delta)
         finally:
             stream.close()
-        answer, last = shown.finish(stream.result)
-        if last:
-            yield last
-        yield answer
+        yield from shown.ending(stream.result)
 
     def deltas(self) -> Iterator[tuple[str, Answer | None]]:
         """`stream` as (delta, None) pairs, one delta held back so that the last pair carries the Answer: a front door
@@ -171,21 +167,18 @@ class Call:
                 yield held, None
             held = item
 
-    async def astream(self) -> AsyncIterator[str | Answer]:
+    async def astream(self, handle: RequestHandle | None = None) -> AsyncIterator[str | Answer]:
         """`stream` for asyncio; cancelling the task that reads it cancels the request."""
         shown = self.shown()
-        stream = self.submit(stream=True).astream()
+        stream = (handle or self.submit(stream=True)).astream()
         try:
             async for delta in stream:
-                text = shown.feed(delta)
-                if text:
-                    yield text
+                for item in shown.visible(delta):
+                    yield item
         finally:
             await stream.aclose()
-        answer, last = shown.finish(stream.result)
-        if last:
-            yield last
-        yield answer
+        for item in shown.ending(stream.result):
+            yield item
 
     # -- reading the answer -----------------------------------------------------------------------
 
@@ -223,6 +216,16 @@ class CallStream:
     def feed(self, delta: str) -> str:
         text = self._answer.feed(delta)
         return self._calls.feed(text) if self._calls is not None and text else text
+
+    def visible(self, delta: str) -> list[str]:
+        """What of `delta` can be shown now: [] or [text]."""
+        text = self.feed(delta)
+        return [text] if text else []
+
+    def ending(self, result: GenerationResult) -> list[str | Answer]:
+        """The last text to show (if any), then the Answer."""
+        answer, last = self.finish(result)
+        return [last, answer] if last else [answer]
 
     def finish(self, result: GenerationResult) -> tuple[Answer, str]:
         cleaned, last = self._answer.finish(result)

@@ -11,9 +11,8 @@ from typing import NoReturn
 
 from fides_rag.cli.model_options import add_model_arguments, load_options
 from fides_rag.method.config import FidesConfig
-from fides_rag.decoder import FidesDecoder
+from fides_rag.decoder import MIN_BATCHED_TOKENS, FidesDecoder
 from fides_rag.extras import MissingExtraError, check_extra
-from fides_rag.generation.scheduler import MIN_BATCHED_TOKENS
 from fides_rag.cli.models_command import add_models_parser, run_models_command
 from fides_rag.demo.cli import add_demo_parser, run_demo_command
 from fides_rag.report import step_table

@@ -177,7 +177,7 @@ class Bench:
         """Bytes of the KV cache after prefilling the path(s), laid out exactly as the decoder lays them out."""
         groups = [[context_ids]] + ([[no_context_ids]] if no_context_ids is not None else [])
         pad = self.decoder.tokenizer.pad_token_id or 0
-        return prompt_cache_bytes(self.decoder.anatomy, groups, pad, split=self.decoder.split_prefill)
+        return prompt_cache_bytes(self.decoder.anatomy, groups, pad, split=self.decoder.limits.split_prefill)
 
     def throughput(self, batch_sizes: Sequence[int] = (1, 4, 8, 16), n_examples: int = 24, new_tokens: int = 16) -> dict:
         """Examples per second of an evaluation run (real stops), per batch size, and four methods at once."""

@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fides_rag.decoder import FidesDecoder
+from fides_rag.decoder import FidesDecoder, check_batched_tokens
 from fides_rag.eval.datasets import QAExample
 from fides_rag.eval.serving import ServingBench
-from fides_rag.generation.scheduler import check_batched_tokens
 
 
 def budget_sweep(decoder: FidesDecoder, examples: Sequence[QAExample], *, budgets: Sequence[int], load: float = 1.0,
@@ -26,8 +25,7 @@ def budget_sweep(decoder: FidesDecoder, examples: Sequence[QAExample], *, budget
     budgets = [check_batched_tokens(b) for b in budgets]
     if not budgets:
         raise ValueError("budget_sweep needs at least one budget, e.g. budgets=(128, 256, 512)")
-    engine = decoder.engine
-    default = engine.scheduler.max_num_batched_tokens
+    default = decoder.limits.max_num_batched_tokens
     bench = ServingBench(decoder, examples, n_requests=n_requests, tokens=tokens)
     capacity = bench.capacity()
     log(f"sequential capacity {capacity:.3f} requests/s under a budget of {default} tokens")
@@ -36,14 +34,14 @@ def budget_sweep(decoder: FidesDecoder, examples: Sequence[QAExample], *, budget
     outputs = []
     try:
         for budget in budgets:
-            engine.configure(max_num_batched_tokens=budget)
+            decoder.configure(max_num_batched_tokens=budget)
             run = bench.run("continuous", load * capacity)
             outputs.append(run.pop("token_ids"))
             report["budgets"][str(budget)] = {k: run[k] for k in ("ttft_s", "latency_s", "examples_per_s", "tokens", "prefill")}
             log(f"budget {budget}: p95 latency {run['latency_s']['p95']:.2f} s, TTFT p50 {run['ttft_s']['p50']:.2f} s, "
                 f"{run['examples_per_s']:.3f} ex/s")
     finally:
-        engine.configure(max_num_batched_tokens=default)
+        decoder.configure(max_num_batched_tokens=default)
         bench.configure("continuous")
     report["identical_outputs"] = all(o == outputs[0] for o in outputs)
     report["best"] = int(min(report["budgets"], key=lambda b: report["budgets"][b]["latency_s"]["p95"]))

@@ -19,10 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from fides_rag.decoder import FidesDecoder
+from fides_rag.decoder import DecoderStats, FidesDecoder, RequestHandle
 from fides_rag.eval.datasets import QAExample
-from fides_rag.generation.engine import DecodeEngine
-from fides_rag.generation.requests import Request
 
 MODES = ("continuous", "static", "sequential")
 
@@ -46,9 +44,10 @@ class ServingBench:
         chosen = [examples[i % len(examples)] for i in range(n_requests)]
         self.prompts = [dataclasses.replace(decoder.prepare(e.question, list(e.contexts), n), stop=()) for e, n in zip(chosen, self.lengths)]
 
-    def request(self, i: int) -> Request:
+    def submit(self, i: int) -> RequestHandle:
+        """Queue request `i` (its prompt was rendered and tokenised when the bench was built)."""
         n = self.lengths[i]
-        return self.decoder.requests.build(self.prompts[i], method=self.method, max_new_tokens=n, min_new_tokens=n)
+        return self.decoder.submit(self.prompts[i], method=self.method, max_new_tokens=n, min_new_tokens=n)
 
     def capacity(self, probes: int = 4) -> float:
         """Requests per second decoded one at a time (the mix's mean length, on the first prompts): 1 / service time."""
@@ -63,29 +62,26 @@ class ServingBench:
     def configure(self, mode: str, max_requests: int | None = None) -> None:
         """Set the engine's admission for `mode` (continuous, the engine's default, restores it; `max_requests` caps
         how many decode at once there, None: no cap)."""
-        engine: DecodeEngine = self.decoder.engine
         if mode == "continuous":
-            engine.configure(admission="continuous", max_requests=max_requests, window_s=0.0)
+            self.decoder.configure(admission="continuous", max_requests=max_requests, window_s=0.0)
         elif mode == "static":
-            engine.configure(admission="static", max_requests=self.static_batch, window_s=0.01)
+            self.decoder.configure(admission="static", max_requests=self.static_batch, window_s=0.01)
         else:
-            engine.configure(admission="continuous", max_requests=1, window_s=0.0)
+            self.decoder.configure(admission="continuous", max_requests=1, window_s=0.0)
 
     def run(self, mode: str, rate: float, max_requests: int | None = None) -> dict[str, Any]:
         """Send every request at its Poisson arrival time (`rate` per second); latencies and throughput
         (`max_requests`: a cap on continuous batching, see `configure`)."""
         arrivals = np.cumsum(np.random.default_rng(self.seed + 1).exponential(1.0 / rate, size=len(self.lengths)))
-        requests = [self.request(i) for i in range(len(self.lengths))]  # built (tokenised) before the clock starts
         self.configure(mode, max_requests)
-        engine = self.decoder.engine
         handles = []
-        before = (engine.stats.prompt_tokens, engine.stats.prefill_tokens, engine.prefix_cache.stats.hits, engine.prefix_cache.stats.misses)
+        before = self.decoder.stats
         start = time.perf_counter()
-        for at, request in zip(arrivals, requests):
+        for i, at in enumerate(arrivals):
             delay = start + at - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
-            handles.append(engine.submit([request])[0])
+            handles.append(self.submit(i))
         results = [h.result() for h in handles]
         end = max(h.finished_at for h in handles)
         return {
@@ -94,18 +90,18 @@ class ServingBench:
             "latency_s": _percentiles([h.finished_at - h.submitted_at for h in handles]),
             "examples_per_s": len(handles) / (end - start),
             "tokens": [len(r.token_ids) for r in results],
-            "prefill": _prefill_counts(engine, before, len(handles)),
+            "prefill": _prefill_counts(before, self.decoder.stats, len(handles)),
             "token_ids": [r.token_ids for r in results],
         }
 
 
-def _prefill_counts(engine: DecodeEngine, before: tuple[int, int, int, int], requests: int) -> dict[str, float]:
-    """Prompt tokens (every path) and tokens computed per request since `before`, and the prefix cache's hits,
-    misses and bytes."""
-    prompt, computed = engine.stats.prompt_tokens - before[0], engine.stats.prefill_tokens - before[1]
+def _prefill_counts(before: DecoderStats, after: DecoderStats, requests: int) -> dict[str, float]:
+    """Prompt tokens (every path) and tokens computed per request from `before` to `after`, and the prefix cache's
+    hits, misses and bytes."""
+    prompt, computed = after.prompt_tokens - before.prompt_tokens, after.prefill_tokens - before.prefill_tokens
     return {"prompt_tokens_per_request": prompt / requests, "computed_tokens_per_request": computed / requests,
-            "prefix_hits": engine.prefix_cache.stats.hits - before[2], "prefix_misses": engine.prefix_cache.stats.misses - before[3],
-            "prefix_cache_bytes": engine.prefix_cache.bytes}
+            "prefix_hits": after.prefix_cache_hits - before.prefix_cache_hits,
+            "prefix_misses": after.prefix_cache_misses - before.prefix_cache_misses, "prefix_cache_bytes": after.prefix_cache_bytes}
 
 
 def serving(decoder: FidesDecoder, examples: Sequence[QAExample], *, loads: Sequence[float] = (0.5, 1.0, 2.0), n_requests: int = 64,
@@ -115,12 +111,12 @@ def serving(decoder: FidesDecoder, examples: Sequence[QAExample], *, loads: Sequ
 
     `max_num_batched_tokens` sets the engine's step budget for the whole section (None keeps the device default)."""
     if max_num_batched_tokens is not None:
-        decoder.engine.configure(max_num_batched_tokens=max_num_batched_tokens)
+        decoder.configure(max_num_batched_tokens=max_num_batched_tokens)
     bench = ServingBench(decoder, examples, n_requests=n_requests, tokens=tokens, static_batch=static_batch)
     capacity = bench.capacity()
     log(f"sequential capacity {capacity:.3f} requests/s ({n_requests} requests of {tokens[0]}-{tokens[1]} tokens)")
     report: dict[str, Any] = {"capacity_per_s": capacity, "requests": n_requests, "tokens": list(tokens), "static_batch": static_batch,
-                              "max_num_batched_tokens": decoder.engine.scheduler.max_num_batched_tokens, "loads": {}}
+                              "max_num_batched_tokens": decoder.limits.max_num_batched_tokens, "loads": {}}
     try:
         for load in loads:
             by_mode: dict[str, Any] = {}

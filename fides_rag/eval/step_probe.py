@@ -62,11 +62,11 @@ class StepProbe(StoppingCriteria):
             torch.cuda.synchronize()  # timed steps only: a counted step's syncs are what is being counted
         self.marks.append((time.perf_counter(), self.counter.totals.copy(), self._syncs()))
 
-    # -- fides-rag's engine: DecodeEngine.step_context -------------------------------------------
+    # -- fides-rag's engine: FidesDecoder.around_steps --------------------------------------------
 
     @contextlib.contextmanager
     def engine_step(self) -> Iterator[None]:
-        """Entered around every engine step (`engine.step_context = probe.engine_step`)."""
+        """Entered around every engine step (`with decoder.around_steps(probe.engine_step): ...`)."""
         step = len(self.marks)
         before = self.tokens() if self.tokens is not None else None
         with self._counting() if 1 <= step <= self.counted else contextlib.nullcontext():
@@ -130,14 +130,10 @@ def prepared_from_ids(tokenizer: Any, context_ids: Sequence[int], no_context_ids
 
 def measure_engine(decoder: Any, example: PreparedExample, method: Any, new_tokens: int, counted: int) -> dict[str, Any]:
     """One forced-length greedy decode of `example` by `decoder` (a FidesDecoder), measured step by step."""
-    engine = decoder.engine
-    probe = StepProbe(counted, decoder.device, tokens=lambda: engine.stats.tokens)
-    engine.step_context = probe.engine_step
-    try:
+    probe = StepProbe(counted, decoder.device, tokens=lambda: decoder.stats.tokens)
+    with decoder.around_steps(probe.engine_step):
         start = time.perf_counter()
         result = decoder.generate(example, method=method, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
-    finally:
-        engine.step_context = None
     return {**probe.report(start), "token_ids": list(result.token_ids)}
 
 

@@ -19,7 +19,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, ContextManager
 
 import torch
@@ -40,11 +40,11 @@ from fides_rag.generation.running import RunningBatch
 from fides_rag.generation.scheduler import DEFAULT_BATCHED_TOKENS, Admission, QueueFullError, Scheduler
 from fides_rag.generation.step_plan import ScheduledStep
 from fides_rag.generation.tickets import RequestHandle, Ticket
+from fides_rag.generation.views import DecoderLimits, DecoderStats
 from fides_rag.method.lens import ModelAnatomy
 from fides_rag.rules.base import ContrastRule
 
 __all__ = ["Admission", "DecodeEngine", "EngineStats", "QueueFullError", "collect_eos_ids", "model_lock"]
-_SCHEDULER_SETTINGS = ("max_requests", "max_rows", "max_tokens", "max_queue", "window_s", "admission", "max_num_batched_tokens")
 IDLE_EXIT_S = 2.0
 """The engine's thread ends after this long with nothing to do (a new request starts it again)."""
 EXIT_JOIN_S = 10.0
@@ -171,10 +171,25 @@ class DecodeEngine:
         with self._wake:
             self.scheduler.configure(**settings)
 
-    def __getattr__(self, name: str) -> Any:
-        if name in _SCHEDULER_SETTINGS:  # the scheduler's settings read through the engine
-            return getattr(self.__dict__["scheduler"], name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+    def limits(self) -> DecoderLimits:
+        """The scheduler's bounds, the context window and the prefix cache's size, as they are now."""
+        s = self.scheduler
+        return DecoderLimits(
+            max_requests=s.max_requests, max_rows=s.max_rows, max_tokens=s.max_tokens, max_queue=s.max_queue,
+            max_num_batched_tokens=s.max_num_batched_tokens, window_s=s.window_s, admission=s.admission,
+            context_window=self.context_window, split_prefill=self.split_prefill, prefix_cache_bytes=self.prefix_cache.max_bytes,
+            mode=self.mode,
+        )
+
+    def snapshot(self) -> DecoderStats:
+        """The counters, what is in flight and the prefix cache's counters, as they are now."""
+        cache = self.prefix_cache
+        return DecoderStats(
+            **asdict(self.stats), queue_length=self.queue_length, requests_in_flight=self.requests_in_flight,
+            rows_in_flight=self.rows_in_flight, prefix_cache_hits=cache.stats.hits, prefix_cache_misses=cache.stats.misses,
+            prefix_cache_hit_tokens=cache.stats.hit_tokens, prefix_cache_evictions=cache.stats.evictions,
+            prefix_cache_entries=len(cache), prefix_cache_bytes=cache.bytes,
+        )
 
     @property
     def vocab_size(self) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fides_rag.calls import CallInputError, ToolCalling, ToolSpec, constraint_of
+from fides_rag.calls import CallFactory, CallInputError, ToolCalling, ToolSpec, constraint_of
 from fides_rag.generation.schema_support import check_strict_schema, unenforced_keywords
 from fides_rag.serve.errors import bad_request
 from fides_rag.serve.protocol import ChatCompletionRequest, Sampling
@@ -88,7 +88,7 @@ def _response_format(body: ChatCompletionRequest, call: AgentCall) -> None:
         raise _named(err, param) from None
 
 
-def agent_call(decoder: Any, body: Sampling) -> AgentCall:
+def agent_call(calls: CallFactory, body: Sampling) -> AgentCall:
     """The agent fields of `body` (a completions body has logprobs only)."""
     call = AgentCall(logprobs=body.top_logprob_count())
     if not isinstance(body, ChatCompletionRequest):
@@ -97,7 +97,7 @@ def agent_call(decoder: Any, body: Sampling) -> AgentCall:
         raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
     choice = body.tool_choice if body.tool_choice is None or isinstance(body.tool_choice, str) else body.tool_choice.model_dump()
     try:
-        call.calling = ToolCalling.of_call(decoder.tokenizer, _tools(body), choice)
+        call.calling = calls.tools(_tools(body), choice)
     except CallInputError as err:
         raise _named(err, err.field) from None
     if call.calling is not None and body.parallel_tool_calls is False and call.calling.tool_choice == "auto":

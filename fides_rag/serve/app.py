@@ -37,14 +37,14 @@ def build_app(decoder: FidesDecoder, *, model_name: str, method: str = "fides", 
         decoder.configure(max_queue=max_queue)
     access = access or AccessPolicy(allowed_hosts=None)
     handling = RequestHandling(decoder, model_name, method, limits or RequestLimits())
-    engine, metrics = decoder, handling.metrics
+    metrics = handling.metrics
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
         handling.draining = True
         deadline = time.monotonic() + shutdown_timeout_s
-        while (engine.requests_in_flight or engine.queue_length) and time.monotonic() < deadline:
+        while ((stats := decoder.stats).requests_in_flight or stats.queue_length) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
 
     # No redirects: a path with a trailing slash is served as the path without it (`_route`), any other unknown path
@@ -87,8 +87,9 @@ def build_app(decoder: FidesDecoder, *, model_name: str, method: str = "fides", 
 
     @_route("GET", "/health")
     async def health() -> JSONResponse:
-        body = {"status": "draining" if handling.draining else "ok", "queue_length": engine.queue_length,
-                "requests_in_flight": engine.requests_in_flight}
+        stats = decoder.stats
+        body = {"status": "draining" if handling.draining else "ok", "queue_length": stats.queue_length,
+                "requests_in_flight": stats.requests_in_flight}
         return JSONResponse(body, status_code=503 if handling.draining else 200)
 
     @_route("GET", "/metrics")

@@ -4,6 +4,7 @@ stream (server-sent events), cancelling when the client goes away and counting e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -14,12 +15,10 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from fides_rag.calls import Answer, Call, ChatPlan
-from fides_rag.decoder import FidesDecoder
-from fides_rag.generation.engine import QueueFullError
+from fides_rag.calls import Answer, Call, CallFactory, ChatPlan, ChatPrompts
+from fides_rag.decoder import FidesDecoder, QueueFullError, RequestHandle
 from fides_rag.generation.grammar import BudgetBelowShortestAnswer, GrammarLimitExceeded
 from fides_rag.generation.prompting import ContextWindowExceeded
-from fides_rag.generation.tickets import RequestHandle
 from fides_rag.serve.agent_call import AgentCall, agent_call
 from fides_rag.serve.errors import APIError, bad_request, validation_error
 from fides_rag.serve.fides_headers import plan_headers, record_headers
@@ -32,7 +31,7 @@ from fides_rag.serve.responses import ChunkWriter, new_id
 
 logger = logging.getLogger("fides_rag.serve")
 DISCONNECT_POLL_S = 0.2
-Planner = Callable[[FidesDecoder, Any, int, Any], ChatPlan]
+Planner = Callable[[ChatPrompts, Any, int], ChatPlan]
 
 
 def _budget_below_shortest(body: Any, agent: AgentCall, err: BudgetBelowShortestAnswer) -> APIError:
@@ -89,6 +88,7 @@ class RequestHandling:
     def __init__(self, decoder: FidesDecoder, model_name: str, method: str, limits: RequestLimits) -> None:
         self.decoder, self.model_name, self.method, self.limits = decoder, model_name, method, limits
         self.metrics = ServerMetrics(decoder)
+        self.calls = CallFactory(decoder)
         self.draining = False
         self.admitting = 0
         """Requests between their admission check and the engine's queue (being parsed, planned, tokenised)."""
@@ -149,12 +149,12 @@ class RequestHandling:
         """Admit one request to planning, or refuse it (503 while draining, 429 past max_queue): the requests being
         planned count as waiting, with those in the engine's queue, so a flood is refused at once, before any of its
         requests is parsed, planned or tokenised. Runs on the event loop only (the count needs no lock)."""
-        engine = self.decoder.engine
         if self.draining:
             raise APIError(503, "the server is shutting down; retry on another replica", type="server_error", code="shutting_down")
-        waiting = engine.queue_length + self.admitting
-        if engine.max_queue is not None and waiting >= engine.max_queue:
-            raise _queue_full(f"{waiting} requests are waiting (queued, or being planned), the engine's max_queue is {engine.max_queue}; "
+        max_queue = self.decoder.limits.max_queue
+        waiting = self.decoder.stats.queue_length + self.admitting
+        if max_queue is not None and waiting >= max_queue:
+            raise _queue_full(f"{waiting} requests are waiting (queued, or being planned), the engine's max_queue is {max_queue}; "
                               "retry later")
         self.admitting += 1
 
@@ -164,9 +164,9 @@ class RequestHandling:
         body = self._validated(raw_body, model)
         self.limits.check_documents(self.decoder.tokenizer, body.documents or [], self.decoder.context_window,
                                     body.budget() or self.decoder.max_new_tokens)
-        agent = agent_call(self.decoder, body)
+        agent = agent_call(self.calls, body)
         try:
-            call = build_call(self.decoder, body, self.method, plan_of, agent)
+            call = build_call(self.calls, body, self.method, plan_of, agent)
             handle = call.submit(stream=body.stream)
         except QueueFullError as err:
             raise _queue_full(str(err)) from None
@@ -206,19 +206,16 @@ class RequestHandling:
         metrics.ttft.labels(endpoint).observe((first_token_at or end) - admitted.started)
 
     async def _events(self, endpoint: str, admitted: Admitted, writer: ChunkWriter, include_usage: bool) -> AsyncIterator[str]:
-        shown = admitted.call.shown()
-        stream = admitted.handle.astream()
         first = writer.start()
         if first:
             yield first
-        first_token_at = None
         try:
-            async for delta in stream:
-                first_token_at = first_token_at or time.perf_counter()
-                text = shown.feed(delta)
-                if text:
-                    yield writer.delta(text)
-            answer, last = shown.finish(stream.result)
+            async with contextlib.aclosing(admitted.call.astream(admitted.handle)) as items:
+                async for item in items:
+                    if isinstance(item, Answer):
+                        answer = item
+                    else:
+                        yield writer.delta(item)
             answer, logprobs = self._served(admitted, answer)
         except (asyncio.CancelledError, GeneratorExit):  # the client went away: its rows leave at the next step
             self.metrics.requests.labels(endpoint, "499").inc()
@@ -231,6 +228,6 @@ class RequestHandling:
             return
         finally:
             admitted.handle.cancel()  # no-op once finished
-        self._observe(endpoint, admitted, answer.result, first_token_at)
-        for event in writer.end(answer, last, include_usage, logprobs):
+        self._observe(endpoint, admitted, answer.result, admitted.handle.first_token_at)
+        for event in writer.end(answer, "", include_usage, logprobs):
             yield event

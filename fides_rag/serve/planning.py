@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fides_rag.calls import Call, CallInputError, CallOptions, ChatPlan, ChatPrompts, ToolCalling, check_question, turn_of
+from fides_rag.calls import Call, CallFactory, CallInputError, CallOptions, ChatPlan, ChatPrompts, check_question, turn_of
 from fides_rag.method.config import FidesConfig
 from fides_rag.decoder import FidesDecoder
 from fides_rag.serve.agent_call import AgentCall
@@ -16,14 +16,9 @@ FIELDS = {"json_schema": "response_format"}
 """The call layer's option names that are another field over HTTP."""
 
 
-def _planner(decoder: FidesDecoder, body: Sampling, *, chat: bool, tools: ToolCalling | None = None) -> ChatPrompts:
-    return ChatPrompts.for_decoder(decoder, chat=chat, no_context_path=body.no_context_path or "emptied", tools=tools)
-
-
-def chat_plan(decoder: FidesDecoder, body: ChatCompletionRequest, max_new: int, tools: ToolCalling | None = None) -> ChatPlan:
-    """The conversation's plan: documents from `documents`, the tool messages, or the system messages; `tools` in
-    front of both paths."""
-    prompts = _planner(decoder, body, chat=True, tools=tools)
+def chat_plan(prompts: ChatPrompts, body: ChatCompletionRequest, max_new: int) -> ChatPlan:
+    """The conversation's plan: documents from `documents`, the tool messages, or the system messages; the planner's
+    tools in front of both paths."""
     turns = [turn_of(m.role, m.text(), [c.model_dump() for c in m.tool_calls or []]) for m in body.messages]
     try:
         check_question(turns)
@@ -32,11 +27,10 @@ def chat_plan(decoder: FidesDecoder, body: ChatCompletionRequest, max_new: int, 
     return prompts.conversation(turns, max_new, documents=body.documents)
 
 
-def completion_plan(decoder: FidesDecoder, body: CompletionRequest, max_new: int, tools: None = None) -> ChatPlan:
+def completion_plan(prompts: ChatPrompts, body: CompletionRequest, max_new: int) -> ChatPlan:
     """The prompt as given: documents found in it are contrasted where they stand; otherwise fides-rag's template
     with the prompt as the question."""
     prompt = body.text()
-    prompts = _planner(decoder, body, chat=False)
     if body.documents is None:
         return prompts.plain([("user", prompt)], "no documents were given", prompt)
     return prompts.with_documents([("user", prompt)], body.documents, "documents", max_new, question=prompt)
@@ -57,16 +51,15 @@ def call_options(decoder: FidesDecoder, body: Sampling, default_method: str) -> 
     return CallOptions.parse(defaults, {k: v for k, v in call.items() if v is not None})
 
 
-def build_call(decoder: FidesDecoder, body: Any, default_method: str, plan_of: Any, agent: AgentCall) -> Call:
-    """The request's call with its agent fields (bad input: a 400 naming the field)."""
+def build_call(calls: CallFactory, body: Any, default_method: str, plan_of: Any, agent: AgentCall) -> Call:
+    """The request's call with its agent fields, its planner built once (bad input: a 400 naming the field)."""
     try:
-        options = call_options(decoder, body, default_method)
+        options = call_options(calls.decoder, body, default_method)
         options.stop = list(dict.fromkeys([*options.stop, *agent.stop]))
         options.constraint = dict(agent.constraint)
         if agent.logprobs is not None:
             options.sampling["logprobs"] = agent.logprobs
-        plan = plan_of(decoder, body, options.max_new_tokens, agent.calling)
-        native = _planner(decoder, body, chat=True).renders_tools(agent.calling)
-        return Call(decoder, plan, options, calling=agent.calling, native_tools=native)
+        planner = calls.planner(agent.calling, chat=isinstance(body, ChatCompletionRequest), no_context_path=body.no_context_path or "emptied")
+        return calls.call(plan_of(planner, body, options.max_new_tokens), options, agent.calling)
     except CallInputError as err:
         raise bad_request(" ".join(str(err).split()), FIELDS.get(err.field, err.field)) from None

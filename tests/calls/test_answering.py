@@ -76,12 +76,12 @@ def test_a_structured_call_whose_budget_cannot_hold_its_shortest_answer_is_refus
     plan = ChatPrompts.for_decoder(decoder, tools=calling).conversation([("user", "Find the tower.")], 3)
     options = CallOptions.parse({}, {"max_new_tokens": 3, **({} if forced else {"json_schema": ANSWER_SCHEMA})})
     call = Call(decoder, plan, options, calling=calling, structure=None if forced else True)
-    requests = decoder.engine.stats.requests
+    requests = decoder.stats.requests
     for run in (call.run, lambda: list(call.stream())):
         with pytest.raises(ValueError, match=r"max_new_tokens=3 is fewer than the (\d+) tokens .* raise max_new_tokens to at least \1") as err:
             run()
         assert err.value.field == "max_new_tokens" and err.value.needed > 3
-    assert decoder.engine.stats.requests == requests
+    assert decoder.stats.requests == requests
 
 
 def test_deltas_hold_one_back_so_the_last_carries_the_answer(decoder):

@@ -18,7 +18,7 @@ def examples():
 
 def test_every_budget_serves_the_whole_schedule_and_the_engine_gets_its_budget_back(tiny_llama, tokenizer, examples):
     decoder = FidesDecoder(tiny_llama, tokenizer)
-    default = decoder.engine.scheduler.max_num_batched_tokens
+    default = decoder.limits.max_num_batched_tokens
     report = budget_sweep(decoder, examples, budgets=(16, 64), load=2.0, n_requests=4, tokens=(2, 4))
     assert list(report["budgets"]) == ["16", "64"] and report["default"] == default
     assert isinstance(report["identical_outputs"], bool)
@@ -26,8 +26,8 @@ def test_every_budget_serves_the_whole_schedule_and_the_engine_gets_its_budget_b
     for d in report["budgets"].values():
         assert 0 < d["ttft_s"]["p50"] <= d["latency_s"]["p95"] and d["examples_per_s"] > 0
         assert d["prefill"]["prompt_tokens_per_request"] > 0 and all(2 <= n <= 4 for n in d["tokens"])
-    assert decoder.engine.scheduler.max_num_batched_tokens == default
-    assert decoder.engine.admission == "continuous" and decoder.engine.max_requests is None
+    assert decoder.limits.max_num_batched_tokens == default
+    assert decoder.limits.admission == "continuous" and decoder.limits.max_requests is None
     table = format_budget_sweep(report)
     assert "| 16" in table and "| 64" in table and "(lowest p95)" in table
 
@@ -37,7 +37,7 @@ def test_a_budget_below_the_smallest_chunk_or_none_is_refused_before_any_work(ti
     decoder = FidesDecoder(tiny_llama, tokenizer)
     with pytest.raises(ValueError, match="budget|batched_tokens"):
         budget_sweep(decoder, examples, budgets=budgets, n_requests=4, tokens=(2, 4))
-    assert decoder.engine.stats.prompt_tokens == 0
+    assert decoder.stats.prompt_tokens == 0
 
 
 @pytest.mark.parametrize("value", ["8,64", "abc", ","])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from fides_rag import FidesDecoder, PromptTemplate
@@ -19,13 +21,17 @@ def test_a_measured_engine_decode_counts_its_steps_and_gives_the_unmeasured_toke
     decoder = FidesDecoder(tiny_llama, tokenizer, prompt_template=PromptTemplate(stop=()))
     prepared = prepared_from_ids(tokenizer, *example)
     plain = decoder.generate(prepared, method=method, max_new_tokens=7, min_new_tokens=7)
-    measured = measure_engine(decoder, prepared, method, new_tokens=7, counted=3)
+    outer: list[int] = []
+    with decoder.around_steps(lambda: (outer.append(1), contextlib.nullcontext())[1]):
+        measured = measure_engine(decoder, prepared, method, new_tokens=7, counted=3)
+        assert outer == []  # the probe took the steps
+        decoder.generate(prepared, method=method, max_new_tokens=2)
+    assert outer  # and gave them back
     assert measured["token_ids"] == plain.token_ids
     assert measured["tokens"] == 7 and measured["counted_steps"] == 3 and measured["timed_steps"] == 3
     assert all(step["ops"] > 50 and step["traffic_bytes"]["total"] > 0 for step in measured["steps"])
     assert measured["decode_ms_per_token"] > 0 and measured["first_token_ms"] > 0
     assert measured["host_syncs_per_token"] is None  # counted on CUDA only
-    assert decoder.engine.step_context is None
 
 
 @pytest.mark.parametrize("inference_mode", [False, True])

@@ -4,9 +4,13 @@ gives its solo tokens and values whatever else is in flight."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
+import torch
 
 from fides_rag import FidesDecoder, PromptTemplate, available_methods, get_method
+from fides_rag.generation.prefix_cache import PrefixCache
 from fides_rag.testing import MULTI_DOCUMENT_QUESTIONS, MULTI_DOCUMENTS, SAMPLE_DOCUMENTS, SAMPLE_QUESTIONS
 
 QUESTIONS = [*MULTI_DOCUMENT_QUESTIONS, SAMPLE_QUESTIONS[1]]
@@ -33,10 +37,10 @@ def test_every_method_submitted_at_once_gives_its_solo_result_under_a_small_budg
     requests, alone = {}, {}
     for i, (name, options) in enumerate(RULES.items()):
         q, docs, budget = QUESTIONS[i % 4], DOCUMENTS[i % 4], (5, 11, 3, 8)[i % 4]
-        requests[name] = decoder.requests.build(q, docs, method=get_method(name, **options), max_new_tokens=budget)
+        requests[name] = (q, docs, dict(method=get_method(name, **options), max_new_tokens=budget))
         alone[name] = decoder.generate(q, docs, method=get_method(name, **options), max_new_tokens=budget)
-    assert decoder.engine.stats.prompt_tokens > 16 * len(RULES)
-    handles = decoder.engine.submit(list(requests.values()))
+    assert decoder.stats.prompt_tokens > 16 * len(RULES)
+    handles = [decoder.submit(q, docs, **options) for q, docs, options in requests.values()]
     for name, handle in zip(requests, handles):
         close(handle.result(), alone[name])
 
@@ -50,39 +54,40 @@ def test_prefix_cache_on_and_off_give_identical_tokens_and_values_for_every_meth
         q, docs = QUESTIONS[i % 4], DOCUMENTS[i % 4]
         same(on.generate(q, docs, method=get_method(name, **options), max_new_tokens=6),
              off.generate(q, docs, method=get_method(name, **options), max_new_tokens=6))
-    stats = on.engine.prefix_cache.stats
-    assert stats.hits > len(RULES) and on.engine.stats.prefill_tokens < off.engine.stats.prefill_tokens
-    assert on.engine.stats.prompt_tokens == off.engine.stats.prompt_tokens
-    assert off.engine.prefix_cache.stats.hits == 0 and len(off.engine.prefix_cache) == 0
+    cached, uncached = on.stats, off.stats
+    assert cached.prefix_cache_hits > len(RULES) and cached.prefill_tokens < uncached.prefill_tokens
+    assert cached.prompt_tokens == uncached.prompt_tokens
+    assert uncached.prefix_cache_hits == 0 and uncached.prefix_cache_entries == 0
 
 
 def test_the_prefix_cache_stays_within_its_bytes(tiny_llama, tokenizer):
     decoder = FidesDecoder(tiny_llama, tokenizer, prefix_cache_bytes=150_000)
     for q, docs in zip(QUESTIONS, DOCUMENTS):
         decoder.generate(q, docs, max_new_tokens=2)
-    cache = decoder.engine.prefix_cache
-    assert 0 < cache.bytes <= 150_000 and cache.stats.evictions > 0
+    stats = decoder.stats
+    assert 0 < stats.prefix_cache_bytes <= 150_000 and stats.prefix_cache_evictions > 0
 
 
 def test_a_prefix_cache_of_zero_bytes_is_off(tiny_llama, tokenizer):
     decoder = FidesDecoder(tiny_llama, tokenizer, prefix_cache_bytes=0)
     for q, docs in zip(QUESTIONS, DOCUMENTS):
         decoder.generate(q, docs, max_new_tokens=2)
-    assert len(decoder.engine.prefix_cache) == 0 and decoder.engine.prefix_cache.stats.hits == 0
-    assert decoder.engine.stats.prefill_tokens == decoder.engine.stats.prompt_tokens
+    stats = decoder.stats
+    assert stats.prefix_cache_entries == 0 and stats.prefix_cache_hits == 0 and decoder.limits.prefix_cache_bytes == 0
+    assert stats.prefill_tokens == stats.prompt_tokens
 
 
 def test_a_model_or_tokenizer_change_empties_the_prefix_cache(tiny_models, tokenizer, chat_tokenizer):
-    decoder = FidesDecoder(tiny_models["llama"], tokenizer)
-    decoder.generate(QUESTIONS[0], DOCUMENTS[0], max_new_tokens=2)
-    cache = decoder.engine.prefix_cache
-    assert len(cache) > 0
+    cache = PrefixCache()
+    layer = SimpleNamespace(keys=torch.zeros(1, 2, 3, 4), values=torch.zeros(1, 2, 3, 4))
+    cache.bind(tiny_models["llama"], tokenizer)
+    cache.store([1, 2, 3], (), [layer])
+    cache.bind(tiny_models["llama"], tokenizer)
+    assert len(cache) == 1 and cache.lookup([1, 2, 3, 4], [3], ())[0] == 3  # the same model and tokenizer keep it
     cache.bind(tiny_models["mistral"], tokenizer)
     assert len(cache) == 0 and cache.bytes == 0
-    cache.bind(tiny_models["llama"], tokenizer)
-    decoder.generate(QUESTIONS[0], DOCUMENTS[0], max_new_tokens=2)
-    assert len(cache) > 0
-    cache.bind(tiny_models["llama"], chat_tokenizer)
+    cache.store([1, 2, 3], (), [layer])
+    cache.bind(tiny_models["mistral"], chat_tokenizer)
     assert len(cache) == 0
 
 
@@ -92,7 +97,7 @@ def test_a_budget_below_one_chunk_is_refused_at_start(tiny_llama, tokenizer, bud
         FidesDecoder(tiny_llama, tokenizer, max_num_batched_tokens=budget)
     decoder = FidesDecoder(tiny_llama, tokenizer)
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
-        decoder.engine.configure(max_num_batched_tokens=budget)
+        decoder.configure(max_num_batched_tokens=budget)
 
 
 @pytest.mark.parametrize("size", [-1, 1.5, True])
@@ -108,4 +113,4 @@ def test_a_prompt_past_the_models_context_is_refused_before_it_is_queued(tiny_ll
     long = "Lyon is the capital of France. " * 400
     with pytest.raises(ValueError, match="context window"):
         decoder.generate(PromptPair(long, long), max_new_tokens=4)
-    assert decoder.engine.queue_length == 0 and decoder.engine.stats.requests == 0
+    assert decoder.stats.queue_length == 0 and decoder.stats.requests == 0

@@ -32,11 +32,13 @@ def test_every_method_under_chunking_and_prefix_caching_gives_its_solo_result(lo
         solo = off.generate(QUESTION, DOCUMENTS, method=method, max_new_tokens=4)
         cached = on.generate(QUESTION, DOCUMENTS, method=method, max_new_tokens=4)
         assert cached.token_ids == solo.token_ids and [s.values for s in cached.steps] == [s.values for s in solo.steps], name
-        requests.append(on.requests.build(QUESTION, DOCUMENTS, method=method, max_new_tokens=4))
+        requests.append(dict(method=method, max_new_tokens=4))
         alone.append(solo)
-    assert on.engine.prefix_cache.stats.hits > 0 and on.engine.stats.prefill_tokens < on.engine.stats.prompt_tokens
-    assert len(requests[0].example.context_ids) > 3 * 64  # prefilled over several chunks
-    for handle, solo in zip(on.engine.submit(requests), alone):
+    stats = on.stats
+    assert stats.prefix_cache_hits > 0 and stats.prefill_tokens < stats.prompt_tokens
+    assert len(on.prepare(QUESTION, DOCUMENTS, 4).context_ids) > 3 * 64  # prefilled over several chunks
+    handles = [on.submit(QUESTION, DOCUMENTS, **options) for options in requests]
+    for handle, solo in zip(handles, alone):
         result = handle.result()
         assert result.token_ids == solo.token_ids
         for x, y in zip(result.steps, solo.steps):

@@ -57,13 +57,13 @@ def test_an_always_true_grammar_changes_no_token(decoder, method):
 def test_different_grammars_share_a_batch_and_each_equals_alone(decoder):
     kinds = [dict(json_schema=ANSWER), dict(json_schema=TOOL), dict(regex=r"[A-Z][a-z]{2,8}"), dict(json_schema=Answer), {}]
     questions = [QUESTION, "Who chose Canberra?", "What jumps?", "Where is it?", "What is it?"]
-    together = [decoder.engine.submit([decoder.requests.build(q, DOCUMENTS, method="fides", max_new_tokens=60, **k)])[0] for q, k in zip(questions, kinds)]
+    together = [decoder.submit(q, DOCUMENTS, method="fides", max_new_tokens=60, **k) for q, k in zip(questions, kinds)]
     results = [h.result() for h in together]
     for q, k, got in zip(questions, kinds, results):
         assert got.token_ids == decoder.generate(q, DOCUMENTS, method="fides", max_new_tokens=60, **k).token_ids
     valid(results[0], ANSWER), valid(results[1], TOOL), valid(results[3], Answer.model_json_schema())
     assert results[2].finish_reason == "eos" and results[2].text[0].isupper() and results[2].text[1:].islower()
-    assert decoder.engine.stats.largest_batch >= 2
+    assert decoder.stats.largest_batch >= 2
 
 
 def test_bad_grammar_input_is_refused_before_decoding(decoder):

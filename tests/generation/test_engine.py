@@ -29,18 +29,16 @@ RULES.update({"fides+agree": {}, "adacad+agree": {}, "cad+nwcad": {}, "dola+agre
 
 
 class Arrivals:
-    """A step context that submits requests on the engine's thread when the engine reaches given steps, so that
-    they join a running decode at a chosen step boundary (deterministic staggering)."""
+    """A step context that submits requests (question, documents, options) on the engine's thread when the engine
+    reaches given steps, so that they join a running decode at a chosen step boundary (deterministic staggering)."""
 
-    def __init__(self, engine, schedule):
-        self.engine, self.schedule, self.handles, self.steps = engine, dict(schedule), {}, 0
+    def __init__(self, decoder, schedule):
+        self.decoder, self.schedule, self.handles, self.steps = decoder, dict(schedule), {}, 0
 
     def __call__(self):
-        import contextlib
-
         self.steps += 1
-        for key, request in self.schedule.pop(self.steps, []):
-            self.handles[key] = self.engine.submit([request])[0]
+        for key, (question, documents, options) in self.schedule.pop(self.steps, []):
+            self.handles[key] = self.decoder.submit(question, documents, **options)
         return contextlib.nullcontext()
 
 
@@ -66,128 +64,122 @@ def test_staggered_arrivals_equal_each_request_alone(tiny_models, tokenizer, fam
     for i, (name, options) in enumerate(RULES.items()):
         q, docs = QUESTIONS[i % 4], DOCUMENTS[i % 4]
         budget = (5, 11, 3, 8)[i % 4]
-        requests[name] = decoder.requests.build(q, docs, method=get_method(name, **options), max_new_tokens=budget)
+        requests[name] = (q, docs, dict(method=get_method(name, **options), max_new_tokens=budget))
         expected[name] = decoder.generate(q, docs, method=get_method(name, **options), max_new_tokens=budget)
     names = list(requests)
     steps = [1, 1, 3, 4, 9, 9, 12, 14, 15]
-    arrivals = Arrivals(decoder.engine, {})
+    arrivals = Arrivals(decoder, {})
     for name, step in zip(names, steps + [16] * len(names)):
         arrivals.schedule.setdefault(step, []).append((name, requests[name]))
-    decoder.engine.step_context = arrivals
-    first = decoder.engine.submit([decoder.requests.build(QUESTIONS[0], DOCUMENTS[0], method="fides", max_new_tokens=30)])[0]
-    first.result()
-    while len(arrivals.handles) < len(names) or not all(h.done() for h in arrivals.handles.values()):
-        time.sleep(0.01)  # the last arrivals may come after the first request ended: the engine goes on
-    decoder.engine.step_context = None
+    with decoder.around_steps(arrivals):
+        first = decoder.submit(QUESTIONS[0], DOCUMENTS[0], method="fides", max_new_tokens=30)
+        first.result()
+        while len(arrivals.handles) < len(names) or not all(h.done() for h in arrivals.handles.values()):
+            time.sleep(0.01)  # the last arrivals may come after the first request ended: the engine goes on
     for name in names:
         close(arrivals.handles[name].result(), expected[name])
-    assert decoder.engine.stats.largest_batch >= 4
+    assert decoder.stats.largest_batch >= 4
 
 
 def test_a_short_request_submitted_during_a_long_one_finishes_first_with_its_values(decoder):
-    engine = decoder.engine
-    long = decoder.requests.build(QUESTIONS[0], DOCUMENTS[0], method="fides", max_new_tokens=40)
-    short = decoder.requests.build(QUESTIONS[1], DOCUMENTS[1], method="fides", max_new_tokens=3)
+    short = (QUESTIONS[1], DOCUMENTS[1], dict(method="fides", max_new_tokens=3))
     decoder.eos_token_ids = set()
-    arrivals = Arrivals(engine, {2: [("short", short)]})
-    engine.step_context = arrivals
-    long_handle = engine.submit([long])[0]
-    while "short" not in arrivals.handles:
-        time.sleep(0.001)
-    short_result = arrivals.handles["short"].result()
-    assert not long_handle.done()  # handed back at its finish, not at the end of the batch
-    assert len(short_result.token_ids) == 3 and all(s.alpha is not None for s in short_result.steps)
-    long_result = long_handle.result()
-    engine.step_context = None
+    arrivals = Arrivals(decoder, {2: [("short", short)]})
+    with decoder.around_steps(arrivals):
+        long_handle = decoder.submit(QUESTIONS[0], DOCUMENTS[0], method="fides", max_new_tokens=40)
+        while "short" not in arrivals.handles:
+            time.sleep(0.001)
+        short_result = arrivals.handles["short"].result()
+        assert not long_handle.done()  # handed back at its finish, not at the end of the batch
+        assert len(short_result.token_ids) == 3 and all(s.alpha is not None for s in short_result.steps)
+        long_result = long_handle.result()
     assert arrivals.handles["short"].finished_at < long_handle.finished_at
     assert short_result.token_ids == decoder.generate(QUESTIONS[1], DOCUMENTS[1], method="fides", max_new_tokens=3).token_ids
     assert len(long_result.token_ids) == 40
 
 
 def test_a_cancelled_request_frees_its_rows_and_a_closed_stream_too(decoder):
-    engine = decoder.engine
     decoder.eos_token_ids = set()
     rows: list[int] = []
     hook = decoder.anatomy.backbone.register_forward_pre_hook(lambda m, a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True)
     try:
-        keep = engine.submit([decoder.requests.build(QUESTIONS[0], DOCUMENTS[0], method="cad", max_new_tokens=60)])[0]
-        doomed = engine.submit([decoder.requests.build(QUESTIONS[1], DOCUMENTS[1], method="fides", max_new_tokens=60)])[0]
+        keep = decoder.submit(QUESTIONS[0], DOCUMENTS[0], method="cad", max_new_tokens=60)
+        doomed = decoder.submit(QUESTIONS[1], DOCUMENTS[1], method="fides", max_new_tokens=60)
         stream = decoder.stream(QUESTIONS[2], DOCUMENTS[2], method="fides", max_new_tokens=60)
         next(stream)
-        while engine.rows_in_flight < 6:
+        while decoder.stats.rows_in_flight < 6:
             time.sleep(0.001)
         doomed.cancel()
         stream.close()
-        while engine.rows_in_flight > 2:
+        while decoder.stats.rows_in_flight > 2:
             time.sleep(0.001)
         assert keep.result().token_ids == decoder.generate(QUESTIONS[0], DOCUMENTS[0], method="cad", max_new_tokens=60).token_ids
     finally:
         hook.remove()
-    assert engine.stats.peak_rows == 6 and rows[-1] == 2  # three requests decoded together, then the cancelled ones' rows left
-    assert doomed.cancelled and engine.stats.cancelled >= 2
+    assert decoder.stats.peak_rows == 6 and rows[-1] == 2  # three requests decoded together, then the cancelled ones' rows left
+    assert doomed.cancelled and decoder.stats.cancelled >= 2
 
 
 def test_bounds_hold_and_the_queue_can_be_read(decoder):
-    engine = decoder.engine
-    engine.configure(max_rows=4, max_queue=3)
+    decoder.configure(max_rows=4, max_queue=3)
+    assert (decoder.limits.max_rows, decoder.limits.max_queue) == (4, 3)
     decoder.eos_token_ids = set()
     seen_rows: list[int] = []
     held = threading.Event()  # no step finishes until the queue has been checked: nothing leaves it meanwhile
-    engine.step_context = lambda: (held.wait(60), seen_rows.append(engine.rows_in_flight), contextlib.nullcontext())[-1]
+    extra = []
     try:
-        requests = [decoder.requests.build(q, d, method="fides", max_new_tokens=6) for q, d in zip(QUESTIONS, DOCUMENTS)]
-        handles = engine.submit(requests[:3])
-        assert engine.queue_length + engine.requests_in_flight == 3
-        with pytest.raises(QueueFullError, match="max_queue is 3"):
-            engine.submit(requests[3:] * 3)  # at least 1 of the 3 waits (at most 4 rows run): 1 + 3 > 3
-        held.set()
-        results = [h.result() for h in handles]
+        with decoder.around_steps(lambda: (held.wait(60), seen_rows.append(decoder.stats.rows_in_flight), contextlib.nullcontext())[-1]):
+            handles = [decoder.submit(q, d, method="fides", max_new_tokens=6) for q, d in zip(QUESTIONS[:3], DOCUMENTS[:3])]
+            stats = decoder.stats  # at most two of the three run (4 rows), and none has finished
+            assert 1 <= stats.queue_length <= 3 and stats.queue_length + stats.requests_in_flight <= 3 and stats.finished == 0
+            with pytest.raises(QueueFullError, match="max_queue is 3"):
+                for _ in range(3):  # at least 1 of the 3 waits (at most 4 rows run): 1 + 3 > 3
+                    extra.append(decoder.submit(QUESTIONS[3], DOCUMENTS[3], method="fides", max_new_tokens=6))
+            held.set()
+            results = [h.result() for h in handles]
+            for handle in extra:
+                handle.result()
         with pytest.raises(ValueError, match="needs 4 batch rows.*max_rows=2"):
-            engine.configure(max_rows=2)
-            engine.submit([decoder.requests.build(QUESTIONS[0], DOCUMENTS[0], methods=["cad", "fides"], max_new_tokens=2)])
+            decoder.configure(max_rows=2)
+            decoder.submit(QUESTIONS[0], DOCUMENTS[0], methods=["cad", "fides"], max_new_tokens=2)
     finally:
         held.set()
-        engine.step_context = None
-        engine.configure(max_rows=128, max_queue=None)
+        decoder.configure(max_rows=128, max_queue=None)
     assert max(seen_rows) <= 4  # two FIDES requests (two rows each) at most
     assert [r.token_ids for r in results] == [decoder.generate(q, d, method="fides", max_new_tokens=6).token_ids for q, d in zip(QUESTIONS, DOCUMENTS[:3])]
 
 
 def test_fifo_the_head_of_the_queue_is_never_passed(decoder):
-    engine = decoder.engine
-    engine.configure(max_rows=3)
+    decoder.configure(max_rows=3)
     decoder.eos_token_ids = set()
     order: list[str] = []
     try:
-        big = decoder.requests.build(QUESTIONS[0], DOCUMENTS[0], methods=["standard", "fides"], max_new_tokens=4)  # 3 rows
-        small = decoder.requests.build(QUESTIONS[1], DOCUMENTS[1], method="standard", max_new_tokens=4)  # 1 row
-        first = engine.submit([decoder.requests.build(QUESTIONS[2], DOCUMENTS[2], method="fides", max_new_tokens=8)])[0]
-        second, third = engine.submit([big, small])
+        first = decoder.submit(QUESTIONS[2], DOCUMENTS[2], method="fides", max_new_tokens=8)
+        second = decoder.submit(QUESTIONS[0], DOCUMENTS[0], methods=["standard", "fides"], max_new_tokens=4)  # 3 rows
+        third = decoder.submit(QUESTIONS[1], DOCUMENTS[1], method="standard", max_new_tokens=4)  # 1 row
         for name, handle in (("first", first), ("second", second), ("third", third)):
             handle.future.add_done_callback(lambda _, name=name: order.append(name))
         for handle in (first, second, third):
             handle.result()
     finally:
-        engine.configure(max_rows=128)
+        decoder.configure(max_rows=128)
     assert order.index("third") > order.index("first")  # the small request did not pass the big one waiting
     assert third.first_token_at >= second.first_token_at
 
 
 def test_static_admission_runs_a_batch_to_its_end(decoder):
-    engine = decoder.engine
-    engine.configure(admission="static")
+    decoder.configure(admission="static", window_s=0.2)  # the first two arrive within the window: one batch
     decoder.eos_token_ids = set()
     try:
-        arrivals = Arrivals(engine, {2: [("late", decoder.requests.build(QUESTIONS[1], DOCUMENTS[1], method="cad", max_new_tokens=2))]})
-        engine.step_context = arrivals
-        first, short = engine.submit([decoder.requests.build(q, d, method="cad", max_new_tokens=n) for q, d, n in
-                                      ((QUESTIONS[0], DOCUMENTS[0], 8), (QUESTIONS[2], DOCUMENTS[2], 2))])
-        first.result()
-        late = arrivals.handles["late"]
-        late.result()
+        arrivals = Arrivals(decoder, {2: [("late", (QUESTIONS[1], DOCUMENTS[1], dict(method="cad", max_new_tokens=2)))]})
+        with decoder.around_steps(arrivals):
+            first, short = (decoder.submit(q, d, method="cad", max_new_tokens=n) for q, d, n in
+                            ((QUESTIONS[0], DOCUMENTS[0], 8), (QUESTIONS[2], DOCUMENTS[2], 2)))
+            first.result()
+            late = arrivals.handles["late"]
+            late.result()
     finally:
-        engine.step_context = None
-        engine.configure(admission="continuous")
+        decoder.configure(admission="continuous", window_s=0.0)
     assert short.finished_at == pytest.approx(first.finished_at, abs=0.05)  # released with the whole batch
     assert late.first_token_at > first.finished_at  # admitted once the batch ended
 
@@ -195,16 +187,13 @@ def test_static_admission_runs_a_batch_to_its_end(decoder):
 def test_seeded_sampling_alone_equals_under_load(decoder):
     sampled = dict(method="fides", max_new_tokens=10, do_sample=True, temperature=1.3, top_p=0.9, top_k=40, seed=11)
     alone = decoder.generate(QUESTIONS[0], DOCUMENTS[0], **sampled)
-    engine = decoder.engine
-    arrivals = Arrivals(engine, {3: [("sampled", decoder.requests.build(QUESTIONS[0], DOCUMENTS[0], **sampled))]})
-    engine.step_context = arrivals
-    others = engine.submit([decoder.requests.build(q, d, method=m, max_new_tokens=14) for q, d, m in
-                            zip(QUESTIONS, DOCUMENTS, ("cad", "fides", "standard", "adacad"))])
-    [h.result() for h in others]
-    while "sampled" not in arrivals.handles:
-        time.sleep(0.001)
-    under_load = arrivals.handles["sampled"].result()
-    engine.step_context = None
+    arrivals = Arrivals(decoder, {3: [("sampled", (QUESTIONS[0], DOCUMENTS[0], sampled))]})
+    with decoder.around_steps(arrivals):
+        others = [decoder.submit(q, d, method=m, max_new_tokens=14) for q, d, m in zip(QUESTIONS, DOCUMENTS, ("cad", "fides", "standard", "adacad"))]
+        [h.result() for h in others]
+        while "sampled" not in arrivals.handles:
+            time.sleep(0.001)
+        under_load = arrivals.handles["sampled"].result()
     close(under_load, alone)
 
 
@@ -243,7 +232,7 @@ def test_cancelling_an_async_reader_cancels_its_request(decoder):
                 pass
 
         task = asyncio.create_task(read())
-        while decoder.engine.rows_in_flight == 0:
+        while decoder.stats.rows_in_flight == 0:
             await asyncio.sleep(0.001)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -251,9 +240,9 @@ def test_cancelling_an_async_reader_cancels_its_request(decoder):
 
     asyncio.run(main())
     deadline = time.monotonic() + 10
-    while decoder.engine.rows_in_flight and time.monotonic() < deadline:
+    while decoder.stats.rows_in_flight and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert decoder.engine.rows_in_flight == 0 and decoder.engine.stats.cancelled == 1
+    assert decoder.stats.rows_in_flight == 0 and decoder.stats.cancelled == 1
 
 
 class _Raise(StoppingCriteria):
@@ -262,18 +251,15 @@ class _Raise(StoppingCriteria):
 
 
 def test_one_requests_failure_fails_it_alone(decoder):
-    engine = decoder.engine
-
     class Broken(get_method("cad").__class__):
         name = "broken"
 
         def combine(self, step):
             return step.ctx_logits  # not a StepOutput
 
-    good = decoder.requests.build(QUESTIONS[0], DOCUMENTS[0], method="fides", max_new_tokens=6)
-    bad = decoder.requests.build(QUESTIONS[1], DOCUMENTS[1], method=Broken(), max_new_tokens=6)
-    also_bad = decoder.requests.build(QUESTIONS[2], DOCUMENTS[2], max_new_tokens=6, stopping_criteria=StoppingCriteriaList([_Raise()]))
-    handles = engine.submit([good, bad, also_bad])
+    handles = [decoder.submit(QUESTIONS[0], DOCUMENTS[0], method="fides", max_new_tokens=6),
+               decoder.submit(QUESTIONS[1], DOCUMENTS[1], method=Broken(), max_new_tokens=6),
+               decoder.submit(QUESTIONS[2], DOCUMENTS[2], max_new_tokens=6, stopping_criteria=StoppingCriteriaList([_Raise()]))]
     assert handles[0].result().token_ids == decoder.generate(QUESTIONS[0], DOCUMENTS[0], method="fides", max_new_tokens=6).token_ids
     with pytest.raises(TypeError, match="combine must return StepOutput"):
         handles[1].result()
@@ -300,9 +286,9 @@ def test_a_program_that_exits_with_requests_in_flight_exits_cleanly():
         decoder = FidesDecoder(build_tiny_model("llama", len(tokenizer)), tokenizer)
         handles = [decoder.submit("What is the capital?", ["Lyon is the capital."], max_new_tokens=600) for _ in range(3)]
         deadline = time.monotonic() + 60
-        while decoder.engine.requests_in_flight < 3 and time.monotonic() < deadline:
+        while decoder.stats.requests_in_flight < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
-        print("in flight:", decoder.engine.requests_in_flight)
+        print("in flight:", decoder.stats.requests_in_flight)
     """)
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -317,7 +303,7 @@ def test_two_decoders_on_one_model_decode_at_once_without_mixing_their_states(ti
     for decoder in (first, second):
         decoder.eos_token_ids = set()
     alone = [first.generate(q, d, method="fides", max_new_tokens=6) for q, d in zip(QUESTIONS, DOCUMENTS)]
-    handles = [d.engine.submit([d.requests.build(q, docs, method="fides", max_new_tokens=6)])[0]
+    handles = [d.submit(q, docs, method="fides", max_new_tokens=6)
                for q, docs in zip(QUESTIONS, DOCUMENTS) for d in (first, second)]
     results = [h.result(timeout=120) for h in handles]
     assert [r.token_ids for r in results] == [a.token_ids for a in alone for _ in range(2)]

@@ -96,7 +96,7 @@ def test_a_forced_tool_call_cut_by_the_budget_still_parses_as_a_valid_call(decod
 
 def test_batched_requests_each_close_as_alone(decoder, tokenizer):
     budgets = {name: shortest(tokenizer, s) + 3 for name, s in SCHEMAS.items()}
-    handles = [decoder.engine.submit([decoder.requests.build(QUESTION, DOCUMENTS, method="fides", json_schema=s, max_new_tokens=budgets[n])])[0]
+    handles = [decoder.submit(QUESTION, DOCUMENTS, method="fides", json_schema=s, max_new_tokens=budgets[n])
                for n, s in SCHEMAS.items()]
     for (name, schema), handle in zip(SCHEMAS.items(), handles):
         together = handle.result()
@@ -115,14 +115,14 @@ def test_an_answer_that_ends_on_its_own_is_untouched(decoder):
 @pytest.mark.parametrize("spec", [dict(json_schema=SCHEMAS["nested"]), dict(json_schema=TOOL.parameters), dict(regex=r"(yes|no), because [a-z]{3}\.")])
 def test_a_budget_below_the_shortest_answer_is_refused_before_decoding_naming_the_minimum(decoder, tokenizer, spec):
     needed = len(GrammarConstraint.compile(tokenizer, **spec).start().completion(200))
-    requests = decoder.engine.stats.requests
+    requests = decoder.stats.requests
     for budget in (1, needed - 1):
         with pytest.raises(BudgetBelowShortestAnswer, match=f"max_new_tokens={budget} is fewer than the {needed} tokens .* at least {needed}") as err:
             decoder.generate(QUESTION, DOCUMENTS, method="standard", max_new_tokens=budget, **spec)
         assert isinstance(err.value, ValueError) and err.value.field == "max_new_tokens" and err.value.needed == needed
         with pytest.raises(BudgetBelowShortestAnswer):
             decoder.submit(QUESTION, DOCUMENTS, max_new_tokens=budget, stream=True, **spec)
-    assert decoder.engine.stats.requests == requests  # nothing was queued
+    assert decoder.stats.requests == requests  # nothing was queued
     result = decoder.generate(QUESTION, DOCUMENTS, method="standard", max_new_tokens=needed, **spec)
     assert result.finish_reason != "length" and len(result.token_ids) <= needed  # the minimum itself holds a complete answer
 

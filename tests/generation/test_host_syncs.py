@@ -71,11 +71,8 @@ class BlockingCopyCounter(TorchFunctionMode):
 def test_the_engine_copies_to_the_device_without_blocking(tiny_llama, tokenizer, method, options):
     decoder = FidesDecoder(tiny_llama, tokenizer, prompt_template=PromptTemplate(stop=()))
     counter = BlockingCopyCounter()
-    decoder.engine.step_context = lambda: counter
-    try:
+    with decoder.around_steps(lambda: counter):
         decoder.generate("What is the capital?", ["Lyon is the capital of France."], method=method, max_new_tokens=6, **options)
-    finally:
-        decoder.engine.step_context = None
     assert not [line for line in counter.calls if "fides_rag" in line], counter.calls
 
 
@@ -87,12 +84,9 @@ def test_a_decode_makes_one_host_transfer_per_step(tiny_llama, tokenizer, method
     decoder.eos_token_ids = set()  # every generation runs its full length
     for new_tokens in (6, 12):
         counter = SyncCounter()
-        decoder.engine.step_context = lambda: counter  # torch modes are per thread: count on the engine's thread
-        try:
+        with decoder.around_steps(lambda: counter):  # torch modes are per thread: count on the engine's thread
             result = decoder.generate("What is the capital?", ["Lyon is the capital of France."], method=method, max_new_tokens=new_tokens,
                                       logprobs=logprobs, **sampling)
-        finally:
-            decoder.engine.step_context = None
         assert len(result.token_ids) == new_tokens
         total = sum(counter.calls.values())
         # N transfers of the chosen ids (with every recorded value and any logprobs packed beside them), and transformers' mask

@@ -78,8 +78,10 @@ def test_fast_mode_refuses_soft_capped_attention(tiny_models, tokenizer):
         FidesDecoder(tiny_models["gemma2"], tokenizer, mode="fast")
 
 
-def test_exact_mode_is_refused_on_an_accelerator_and_is_the_cpus_default(tiny_llama):
+def test_exact_mode_is_refused_on_an_accelerator_and_is_the_cpus_default(tiny_llama, tokenizer):
     with pytest.raises(ValueError, match="mode='exact' needs batch-invariant .* on cuda use mode='fast'"):
         resolve_mode("exact", torch.device("cuda"), tiny_llama.config)
     assert resolve_mode(None, torch.device("cpu"), tiny_llama.config) == "exact"
+    assert FidesDecoder(tiny_llama, tokenizer).limits.mode == "exact"
+    assert FidesDecoder(tiny_llama, tokenizer, mode="fast").limits.mode == "fast"
     assert resolve_mode(None, torch.device("cuda"), tiny_llama.config) == "fast"

@@ -48,4 +48,4 @@ def test_a_rule_reading_a_path_the_table_lacks_is_refused_naming_it(tiny_llama, 
     decoder = FidesDecoder(tiny_llama, tokenizer, method="standard")
     with pytest.raises(ValueError, match=f"method 'spare-probe' reads path '{SPARE}'.*paths are 'context'"):
         decoder.generate(SAMPLE_QUESTIONS[0], SAMPLE_DOCUMENTS[0], method=SpareProbe(), max_new_tokens=2)
-    assert decoder.requests_in_flight == 0
+    assert decoder.stats.requests_in_flight == 0

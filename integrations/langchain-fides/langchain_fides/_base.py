@@ -11,7 +11,8 @@ from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from fides_rag import FidesDecoder, GenerationResult
 from fides_rag.calls import (
-    DOCUMENTS_INSTRUCTION, Answer, AnswerLog, Call, CallOptions, ChatPlan, ChatPrompts, DecodingFields, FidesFallbackError, ToolCalling,
+    DOCUMENTS_INSTRUCTION, Answer, AnswerLog, Call, CallFactory, CallOptions, ChatPlan, ChatPrompts, DecodingFields, FidesFallbackError,
+    ToolCalling,
 )
 from fides_rag.calls.decoders import decoder_for, decoder_identity
 from fides_rag.calls.options import SAMPLING
@@ -48,6 +49,7 @@ class FidesParams(DecodingFields):
     """Wrap raw LangChain prompts in the tokenizer's chat template (None: when the tokenizer has one)."""
 
     _answers: AnswerLog = PrivateAttr(default_factory=lambda: AnswerLog(1))
+    _calls: CallFactory = PrivateAttr()
     _call_options: ClassVar[tuple[str, ...]] = CALL_OPTIONS
 
     @model_validator(mode="after")
@@ -59,6 +61,9 @@ class FidesParams(DecodingFields):
             # A shared decoder's budget (e.g. ChatFides(decoder=llm.decoder)) is the default, not 128.
             object.__setattr__(self, "max_new_tokens", self.decoder.max_new_tokens)
         self._options(None, {})  # bad defaults fail here, not at the first call
+        self._calls = CallFactory(self.decoder, max_batch_size=self.max_batch_size, batch_window_s=self.batch_window_s,
+                                  use_chat_template=self.apply_chat_template, no_context_path=self.no_context_path,
+                                  documents_instruction=getattr(self, "documents_instruction", DOCUMENTS_INSTRUCTION))
         return self
 
     @classmethod
@@ -105,13 +110,10 @@ class FidesParams(DecodingFields):
         return CallOptions.parse(defaults, call, allowed=self._call_options, who=type(self).__name__)
 
     def _planner(self, calling: ToolCalling | None = None) -> ChatPrompts:
-        return ChatPrompts.for_decoder(self._dec, use_chat_template=self.apply_chat_template, no_context_path=self.no_context_path,
-                                       documents_instruction=getattr(self, "documents_instruction", DOCUMENTS_INSTRUCTION), tools=calling)
+        return self._calls.planner(calling)
 
-    def _call(self, plan: ChatPlan, opts: CallOptions, calling: ToolCalling | None = None, **kwargs: Any) -> Call:
-        self._dec.configure(max_requests=self.max_batch_size, window_s=self.batch_window_s)
-        extra = {"model_name": self.model_id or type(self._dec.model).__name__}
-        return Call(self._dec, plan, opts, calling=calling, native_tools=self._planner().renders_tools(calling), extra=extra, **kwargs)
+    def _call(self, plan: ChatPlan, opts: CallOptions, calling: ToolCalling | None = None) -> Call:
+        return self._calls.call(plan, opts, calling, extra={"model_name": self.model_id or type(self._dec.model).__name__})
 
     def _run(self, call: Call) -> Answer:
         return self._answers.add(call.run())

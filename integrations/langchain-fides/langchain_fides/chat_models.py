@@ -128,7 +128,7 @@ class ChatFides(FidesParams, BaseChatModel):
 
     def _prepared(self, messages: list[BaseMessage], stop: list[str] | None, parent: UUID | None, kwargs: dict[str, Any]) -> Any:
         opts = self._options(stop, kwargs)
-        calling = ToolCalling.of_call(self._dec.tokenizer, kwargs.get("tools"), kwargs.get("tool_choice"))
+        calling = self._calls.tools(kwargs.get("tools"), kwargs.get("tool_choice"))
         return self._call(self._plan(messages, kwargs, parent, opts.max_new_tokens, calling), opts, calling)
 
     @staticmethod

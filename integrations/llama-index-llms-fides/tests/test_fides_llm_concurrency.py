@@ -52,3 +52,12 @@ def test_concurrent_query_engine_aqueries_equal_alone():
         return await asyncio.gather(*(engine.aquery(q) for engine, (q, _, _) in zip(engines, CALLS)))
 
     assert [str(r) for r in asyncio.run(together())] == alone
+
+
+def test_batching_is_set_when_the_llm_is_built_not_at_each_call():
+    decoder = fresh_decoder()
+    llm = FidesLLM(decoder=decoder, max_batch_size=3, batch_window_s=0.01)
+    assert (decoder.limits.max_requests, decoder.limits.window_s) == (3, 0.01)
+    decoder.configure(max_requests=5)
+    llm.complete("Who wrote it?", documents=["It was written by Ada."], max_new_tokens=2)
+    assert decoder.limits.max_requests == 5

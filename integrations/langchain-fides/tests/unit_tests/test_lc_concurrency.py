@@ -59,3 +59,12 @@ def test_chat_model_concurrent_calls_equal_alone():
         return await asyncio.gather(*(chat.ainvoke(c["input"], documents=c["documents"], method=c["method"]) for c in CALLS[:4]))
 
     assert [m.content for m in asyncio.run(together())] == alone
+
+
+def test_batching_is_set_when_the_model_is_built_not_at_each_call():
+    decoder = fresh_decoder()
+    chat = ChatFides(decoder=decoder, max_batch_size=3, batch_window_s=0.01)
+    assert (decoder.limits.max_requests, decoder.limits.window_s) == (3, 0.01)
+    decoder.configure(max_requests=5)
+    chat.invoke("Who wrote it?", documents=["It was written by Ada."], max_new_tokens=2)
+    assert decoder.limits.max_requests == 5

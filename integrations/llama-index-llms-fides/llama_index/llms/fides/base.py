@@ -33,7 +33,7 @@ from llama_index.core.prompts.base import BasePromptTemplate
 from llama_index.core.types import TokenAsyncGen, TokenGen
 
 from fides_rag import FidesConfig, FidesDecoder, GenerationResult
-from fides_rag.calls import AnswerLog, CallOptions, ChatPlan, DecodingFields, ToolCalling, fold_fides_constants
+from fides_rag.calls import AnswerLog, CallFactory, CallOptions, ChatPlan, DecodingFields, ToolCalling, fold_fides_constants
 from fides_rag.calls.options import split_template_args
 from fides_rag.calls.decoders import decoder_for
 from fides_rag.generation.streaming import iterate_in_thread
@@ -94,6 +94,7 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
     _decoder: FidesDecoder = PrivateAttr()
     _custom_formatting: bool = PrivateAttr(default=False)
     _history: AnswerLog = PrivateAttr()
+    _calls: CallFactory = PrivateAttr()
 
     def __init__(
         self,
@@ -116,6 +117,8 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
         self._history = AnswerLog(self.history_size)
         if self.use_chat_template and not self._has_chat_template:
             raise ValueError("use_chat_template=True but the tokenizer has no chat template")
+        self._calls = CallFactory(decoder, max_batch_size=self.max_batch_size, batch_window_s=self.batch_window_s,
+                                  use_chat_template=self.chat_template_active, no_context_path=self.no_context_path)
 
     @classmethod
     def from_model_id(

@@ -26,8 +26,7 @@ class PairDecoding:
         return CallOptions.parse(defaults, kwargs, allowed=CALL_OPTIONS, who="FidesLLM")
 
     def _call(self, plan: ChatPlan, options: CallOptions, calling: ToolCalling | None = None) -> Call:
-        self._decoder.configure(max_requests=self.max_batch_size, window_s=self.batch_window_s)
-        return Call(self._decoder, plan, options, calling=calling, native_tools=self._chat_prompts.renders_tools(calling))
+        return self._calls.call(plan, options, calling)
 
     def _raw(self, answer: Answer) -> dict[str, Any]:
         return {**answer.result.to_dict(), **{k: answer.record[k] for k in PAIR_EXTRAS if k in answer.record}}

@@ -30,7 +30,7 @@ class CallPairing:
     @property
     def _chat_prompts(self) -> ChatPrompts:
         """The core's planner with this LLM's chat-template use and no-context design."""
-        return ChatPrompts.for_decoder(self._decoder, use_chat_template=self.chat_template_active, no_context_path=self.no_context_path)
+        return self._calls.planner()
 
     def _messages_text(self, messages: Sequence[ChatMessage]) -> str:
         """The messages as one prompt: the chat template (the core's role map; tool results as user turns), else
@@ -82,17 +82,16 @@ class CallPairing:
         """The plan of a chat and its tools (None without tools). The context: documents= (one question: fides-rag's
         template; a longer chat: the first chat_context_templates entry's system message), the tool messages, or a
         system message rendered from a chat_context_templates entry."""
-        calling = ToolCalling.of_call(self._decoder.tokenizer, kwargs.get("tools"), kwargs.get("tool_choice"))
+        calling = self._calls.tools(kwargs.get("tools"), kwargs.get("tool_choice"))
         turns = [turn_of(m.role, m.content or "", message_calls(m)) for m in self._extend_messages(list(messages))]
         documents = None if kwargs.get("documents") is None else document_texts(kwargs["documents"])
         if calling is not None or any(r == "tool" for r, _ in turns):  # the core's chat with tools
-            plan = self._chat_prompts.with_tools(calling).conversation(turns, max_new_tokens, documents=documents, system_as_context=False)
+            plan = self._calls.planner(calling).conversation(turns, max_new_tokens, documents=documents, system_as_context=False)
         else:
             context = ContextMessages((self.chat_context_templates or [DEFAULT_CONTEXT_TEMPLATE])[0], self.chat_context_templates,
                                       CONTEXT_VARIABLES, self.context_separator)
-            planner = ChatPrompts.for_decoder(
-                self._decoder, use_chat_template=self.chat_template_active, no_context_path=self.no_context_path, context_messages=context,
-                render_text=lambda turns: self.messages_to_prompt([ChatMessage(role=r, content=c) for r, c in turns]),
+            planner = self._calls.planner(
+                context_messages=context, render_text=lambda turns: self.messages_to_prompt([ChatMessage(role=r, content=c) for r, c in turns]),
                 question_prompt=self._question_text)
             plan = planner.conversation(turns, max_new_tokens, documents=documents, template_first=True, template_question=turns[-1][1],
                                         system_as_context=False)

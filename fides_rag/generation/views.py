@@ -1,0 +1,72 @@
+"""Read-only views of the engine for the decoder's callers: its limits (the scheduler's bounds, the context window)
+and its counters (what it did, what is in flight, the prefix cache). Each is a snapshot taken when it is read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class DecoderLimits:
+    """The bounds the decoder's engine works within (`decoder.configure` changes the scheduler's)."""
+
+    max_requests: int | None
+    """Requests decoding at once (None: no bound)."""
+    max_rows: int | None
+    """Batch rows (paths) decoding at once."""
+    max_tokens: int | None
+    """KV positions held at once (prompt plus max_new_tokens of every row)."""
+    max_queue: int | None
+    """Waiting requests beyond which a submission raises QueueFullError."""
+    max_num_batched_tokens: int
+    """The tokens one step computes: its decodes, then prefill chunks."""
+    window_s: float
+    """How long an idle engine waits for more arrivals before its first step."""
+    admission: Literal["continuous", "static"]
+    context_window: int
+    """The model's context window in tokens (prompt plus new tokens)."""
+    split_prefill: bool
+    """Whether each prompt row is prefilled in its own forwards."""
+    prefix_cache_bytes: int
+    """The prefix cache's bound in bytes (0: off)."""
+    mode: Literal["exact", "fast"] = "exact"
+    """exact: a greedy request's tokens do not depend on what else is in flight; fast: one attention call per layer
+    over every row (see docs/engine.md)."""
+
+
+@dataclass(frozen=True)
+class DecoderStats:
+    """The engine's counters since the decoder was built, and what it holds now."""
+
+    requests: int
+    finished: int
+    cancelled: int
+    failed: int
+    steps: int
+    tokens: int
+    admissions: int
+    """Steps at which requests joined."""
+    largest_batch: int
+    """Most requests decoding in one step."""
+    peak_rows: int
+    peak_queue: int
+    prompt_tokens: int
+    """Prompt tokens of every row prefilled in chunks (each path's prompt counts)."""
+    prefill_tokens: int
+    """Of those, the tokens computed (the rest came from the prefix cache)."""
+    queue_length: int
+    """Requests waiting to be admitted."""
+    requests_in_flight: int
+    """Requests admitted: decoding, or having their prompts prefilled."""
+    rows_in_flight: int
+    """Batch rows (paths) decoding now."""
+    prefix_cache_hits: int
+    """Prompt rows whose prefill started from a cached prefix."""
+    prefix_cache_misses: int
+    prefix_cache_hit_tokens: int
+    """Prompt tokens taken from the cache instead of computed."""
+    prefix_cache_evictions: int
+    prefix_cache_entries: int
+    prefix_cache_bytes: int
+    """Bytes of KV states the prefix cache holds."""
