@@ -28,7 +28,7 @@ from fides_rag.generation.detokenize import IncrementalText
 from fides_rag.generation.in_flight import InFlight
 from fides_rag.generation.kv_cache import DecodeCache, mergeable
 from fides_rag.generation.layout import Unit
-from fides_rag.generation.prefix_cache import DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
+from fides_rag.generation.prefix_cache import DEFAULT_PREFIX_BLOCK_SIZE, DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
 from fides_rag.generation.prompting import ContextWindowExceeded, context_window
 from fides_rag.generation.ragged_attention import per_segment_attention
 from fides_rag.generation.requests import Heads, Request
@@ -121,6 +121,7 @@ class DecodeEngine:
         max_requests: int | None = None, max_rows: int | None = 128, max_tokens: int | None = None,
         max_queue: int | None = None, window_s: float = 0.0, admission: Admission = "continuous",
         max_num_batched_tokens: int | None = None, prefix_caching: bool = True, prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+        prefix_block_size: int = DEFAULT_PREFIX_BLOCK_SIZE,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -139,8 +140,9 @@ class DecodeEngine:
             max_num_batched_tokens = DEFAULT_BATCHED_TOKENS.get(self.input_device.type, DEFAULT_BATCHED_TOKENS["cpu"])
         self.scheduler = Scheduler(max_num_batched_tokens=max_num_batched_tokens, max_requests=max_requests, max_rows=max_rows,
                                    max_tokens=max_tokens, max_queue=max_queue, window_s=window_s, admission=admission)
-        self.prefix_cache = PrefixCache(prefix_cache_bytes if prefix_caching else 0)
-        """KV states of prompt prefixes, reused by later prompts that start with them (bounded in bytes, LRU)."""
+        self.prefix_cache = PrefixCache(prefix_cache_bytes if prefix_caching else 0, prefix_block_size)
+        """KV states of every full block of every prompt, reused by later prompts that start with them (bounded in
+        bytes, LRU; blocks of `prefix_block_size` tokens, on which prefill chunks are cut with the cache on or off)."""
         self.chunked = split_prefill and mergeable(DecodeCache(config=self.anatomy.config))
         """Whether prompts are prefilled in chunks (their rows are held ragged); else in one forward at admission."""
         self.context_window = context_window(model.config, tokenizer)

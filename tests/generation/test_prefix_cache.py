@@ -1,0 +1,75 @@
+"""The prefix cache by block: every full block of every prompt is cached and found by its chained hash, so a later
+request that shares a block-aligned prefix with an earlier one (the same instructions and documents, another
+question) reuses it, with the same tokens and values as with the cache off."""
+
+from __future__ import annotations
+
+import pytest
+
+from fides_rag import FidesDecoder, PromptTemplate
+from fides_rag.generation.prefilling import chunk_cuts
+from fides_rag.testing import MULTI_DOCUMENTS
+
+DOCUMENT = " ".join(d for docs in MULTI_DOCUMENTS for d in docs)
+FIRST, SECOND = "Where is the tower?", "Who built the bridge in the old town?"
+
+
+def same(a, b):
+    assert a.token_ids == b.token_ids and a.text == b.text and a.finish_reason == b.finish_reason
+    assert [s.values for s in a.steps] == [s.values for s in b.steps]
+
+
+def decoders(model, tokenizer, **options):
+    template = PromptTemplate(stop=())
+    return (FidesDecoder(model, tokenizer, prompt_template=template, max_num_batched_tokens=32, **options),
+            FidesDecoder(model, tokenizer, prompt_template=template, max_num_batched_tokens=32, prefix_caching=False, **options))
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+@pytest.mark.parametrize("method", ["standard", "fides"])
+def test_a_later_request_reuses_the_blocks_it_shares_with_an_earlier_one(tiny_models, tokenizer, family, method):
+    on, off = decoders(tiny_models[family], tokenizer)
+    same(on.generate(FIRST, DOCUMENT, method=method, max_new_tokens=6), off.generate(FIRST, DOCUMENT, method=method, max_new_tokens=6))
+    stats = on.engine.prefix_cache.stats
+    hits, hit_tokens = stats.hits, stats.hit_tokens
+    same(on.generate(SECOND, DOCUMENT, method=method, max_new_tokens=6), off.generate(SECOND, DOCUMENT, method=method, max_new_tokens=6))
+
+    first, second = (on.requests.build(q, DOCUMENT, method=method).example.context_ids for q in (FIRST, SECOND))
+    shared = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)
+    assert shared > 64
+    assert stats.hits > hits and stats.hit_tokens - hit_tokens >= shared - 32  # up to the last 32-token chunk cut
+    assert on.engine.stats.prefill_tokens < off.engine.stats.prefill_tokens
+    assert off.engine.prefix_cache.stats.hits == 0 and len(off.engine.prefix_cache) == 0
+
+
+def test_every_full_block_of_a_chunk_that_ends_on_a_block_is_stored(tiny_llama, tokenizer):
+    on, _ = decoders(tiny_llama, tokenizer, method="standard", prefix_block_size=8)
+    on.generate(FIRST, DOCUMENT, max_new_tokens=2)
+    length = len(on.requests.build(FIRST, DOCUMENT).example.context_ids)
+    cache = on.engine.prefix_cache
+    assert cache.block_size == 8 and len(cache) == cache.stats.stored_blocks == (length - 1) // 32 * 32 // 8
+
+
+def test_a_tight_bound_evicts_blocks_and_keeps_the_tokens(tiny_llama, tokenizer):
+    """Room for 64 tokens: the two paths of a FIDES request evict each other's blocks; a standard request then keeps
+    the first blocks of its prompt (a chain is evicted from its end) and the next one reuses them."""
+    on, off = decoders(tiny_llama, tokenizer, prefix_cache_bytes=40_000)
+    for question in (FIRST, SECOND):
+        same(on.generate(question, DOCUMENT, max_new_tokens=4), off.generate(question, DOCUMENT, max_new_tokens=4))
+    cache = on.engine.prefix_cache
+    assert 0 < cache.bytes <= 40_000 and cache.stats.evictions > 0
+    for question in (FIRST, SECOND):
+        same(on.generate(question, DOCUMENT, method="standard", max_new_tokens=4),
+             off.generate(question, DOCUMENT, method="standard", max_new_tokens=4))
+    assert cache.bytes <= 40_000 and cache.stats.hits > 0
+
+
+def test_chunk_cuts_fall_on_blocks():
+    assert chunk_cuts(100, 40, anchors=[21, 50, 7], block=16) == [16, 32, 48, 64, 96, 100]
+    assert chunk_cuts(100, 8, anchors=[], block=16) == [16, 32, 48, 64, 80, 96, 100]
+
+
+@pytest.mark.parametrize("size", [0, -16, 1.5, True, "16"])
+def test_a_bad_block_size_is_refused(tiny_llama, tokenizer, size):
+    with pytest.raises(ValueError, match="prefix_block_size must be an integer >= 1"):
+        FidesDecoder(tiny_llama, tokenizer, prefix_block_size=size)
