@@ -29,6 +29,7 @@ class ServerMetrics:
         core = getattr(engine, "engine", engine)  # a FidesDecoder's DecodeEngine: its prefix cache and prefill counts
         prefixes = core.prefix_cache
         Gauge("fides_prefix_cache_hits", "Prompt rows whose prefill started from a cached prefix", registry=r).set_function(lambda: prefixes.stats.hits)
+        Gauge("fides_prefix_cache_hit_tokens", "Prompt tokens taken from the prefix cache instead of computed", registry=r).set_function(lambda: prefixes.stats.hit_tokens)
         Gauge("fides_prefix_cache_misses", "Prompt rows that found no cached prefix", registry=r).set_function(lambda: prefixes.stats.misses)
         Gauge("fides_prefix_cache_bytes", "Bytes of KV states the prefix cache holds", registry=r).set_function(lambda: prefixes.bytes)
         Gauge("fides_prompt_tokens_prefilled", "Prompt tokens of every path, prefilled in chunks", registry=r).set_function(lambda: core.stats.prompt_tokens)
