@@ -45,8 +45,9 @@ class PrefixCacheStats:
 
 @dataclass
 class _Block:
-    full: list[tuple[torch.Tensor, torch.Tensor] | None]
-    """Per layer, the block's keys and values [1, kv_heads, block, d] (None for a sliding-window layer)."""
+    kv: torch.Tensor | list[torch.Tensor]
+    """The block's keys and values in every full-attention layer, in layer order (keys, values, keys, ...): one
+    tensor [2 * layers, 1, kv_heads, block, d] where the layers' shapes agree (one copy), else one tensor each."""
     at_cut: list[Any] | None
     """Where the block ends a prefill chunk: per layer, a shell to rebuild the cache from (a sliding-window layer
     with its states; a full layer without); else None."""
@@ -106,7 +107,7 @@ class PrefixCache:
     def lookup(self, tokens: Sequence[int], cuts: Sequence[int], head_key: tuple) -> tuple[int, list[Any] | None]:
         """The longest cached run of leading blocks that ends at a cut before the prompt's end: (its length, fresh
         cache layers holding its states), or (0, None). Sliding-window layers share the cached tensors, which are
-        never written in place."""
+        never written in place (nor are the full layers' views of their joined blocks)."""
         if not self.enabled:
             return 0, None
         hashes = self.block_hashes(tokens, cuts, head_key)
@@ -168,38 +169,41 @@ class PrefixCache:
                 self._blocks.move_to_end(key)
 
 
+def _sliding(layer: Any) -> bool:
+    return getattr(layer, "is_sliding", False)
+
+
 def _block(layers: Sequence[Any], start: int, size: int, at_cut: bool) -> _Block:
     """Positions [start, start + size) of each full layer (copies), and the shells at a chunk's end."""
-    full: list[tuple[torch.Tensor, torch.Tensor] | None] = []
-    shells: list[Any] | None = [] if at_cut else None
-    nbytes = 0
-    for layer in layers:
-        sliding = getattr(layer, "is_sliding", False)
-        if sliding:
-            full.append(None)
-        else:
-            k, v = layer.keys[..., start : start + size, :].clone(), layer.values[..., start : start + size, :].clone()
-            full.append((k, v))
-            nbytes += _nbytes(k, v)
-        if shells is not None:
+    parts = [t[..., start : start + size, :] for layer in layers if not _sliding(layer) for t in (layer.keys, layer.values)]
+    kv = torch.stack(parts) if parts and all(p.shape == parts[0].shape for p in parts) else [p.clone() for p in parts]
+    nbytes = _nbytes(*kv) if isinstance(kv, list) else _nbytes(kv)
+    shells = None
+    if at_cut:
+        shells = []
+        for layer in layers:
             shell = copy.copy(layer)
-            if sliding:
+            if _sliding(layer):
                 shell.keys, shell.values = layer.keys.clone(), layer.values.clone()  # sliding layers hold views
                 nbytes += _nbytes(shell.keys, shell.values)
             else:
                 shell.keys = shell.values = None
             shells.append(shell)
-    return _Block(full, shells, nbytes)
+    return _Block(kv, shells, nbytes)
 
 
 def _rebuilt(blocks: Sequence[_Block]) -> list[Any]:
     """Cache layers after `blocks` (the last one ends at a chunk cut)."""
-    layers = []
-    for index, shell in enumerate(blocks[-1].at_cut):
+    if isinstance(blocks[0].kv, torch.Tensor):
+        kv = torch.cat([b.kv for b in blocks], dim=-2)  # one copy; each layer's states are views of it
+    else:
+        kv = [torch.cat([b.kv[i] for b in blocks], dim=-2) for i in range(len(blocks[0].kv))]
+    layers, at = [], 0
+    for shell in blocks[-1].at_cut:
         layer = copy.copy(shell)
-        if not getattr(shell, "is_sliding", False):
-            layer.keys = torch.cat([b.full[index][0] for b in blocks], dim=-2)
-            layer.values = torch.cat([b.full[index][1] for b in blocks], dim=-2)
+        if not _sliding(shell):
+            layer.keys, layer.values = kv[at], kv[at + 1]
+            at += 2
         layers.append(layer)
     return layers
 

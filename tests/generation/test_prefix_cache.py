@@ -5,9 +5,12 @@ question) reuses it, with the same tokens and values as with the cache off."""
 from __future__ import annotations
 
 import pytest
+import torch
+from transformers.cache_utils import DynamicLayer
 
 from fides_rag import FidesDecoder, PromptTemplate
 from fides_rag.generation.prefilling import chunk_cuts
+from fides_rag.generation.prefix_cache import PrefixCache
 from fides_rag.testing import MULTI_DOCUMENTS
 
 DOCUMENT = " ".join(d for docs in MULTI_DOCUMENTS for d in docs)
@@ -62,6 +65,27 @@ def test_a_tight_bound_evicts_blocks_and_keeps_the_tokens(tiny_llama, tokenizer)
         same(on.generate(question, DOCUMENT, method="standard", max_new_tokens=4),
              off.generate(question, DOCUMENT, method="standard", max_new_tokens=4))
     assert cache.bytes <= 40_000 and cache.stats.hits > 0
+
+
+def _layer(heads: int, length: int) -> DynamicLayer:
+    layer = DynamicLayer()
+    layer.keys, layer.values = torch.randn(1, heads, length, 4), torch.randn(1, heads, length, 4)
+    return layer
+
+
+@pytest.mark.parametrize("heads", [(2, 2), (2, 3)])
+def test_a_stored_chunk_is_found_by_a_prompt_with_the_same_tokens_and_cuts_only(heads):
+    cache, tokens = PrefixCache(block_size=4), list(range(12))
+    layers = [_layer(h, 8) for h in heads]
+    cache.store(tokens, [8, 12], (), (0, 8), layers)
+    assert len(cache) == 2 and cache.bytes == sum(2 * h * 8 * 4 * 4 for h in heads)
+    length, found = cache.lookup([*tokens[:8], 99, 98], [8, 10], ())
+    assert length == 8
+    assert all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values) for a, b in zip(found, layers))
+    assert cache.lookup(tokens, [4, 8, 12], ()) == (0, None)  # cut elsewhere: other forwards, other states
+    assert cache.lookup(tokens, [8, 12], ((0, (1,)),)) == (0, None)  # other masked heads
+    assert cache.lookup(tokens[:8], [8], ()) == (0, None)  # the whole prompt is never taken
+    assert cache.stats.hits == 1 and cache.stats.hit_tokens == 8 and cache.stats.misses == 3
 
 
 def test_chunk_cuts_fall_on_blocks():
