@@ -31,7 +31,7 @@ from fides_rag.generation.kv_cache import DecodeCache, mergeable
 from fides_rag.generation.layout import Unit
 from fides_rag.generation.modes import Mode, resolve_mode
 from fides_rag.generation.pooled_batch import PooledBatch
-from fides_rag.generation.prefix_cache import DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
+from fides_rag.generation.prefix_cache import DEFAULT_PREFIX_BLOCK_SIZE, DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
 from fides_rag.generation.paths import masks_heads, paths_run
 from fides_rag.generation.prompting import context_window
 from fides_rag.generation.ragged_attention import per_segment_attention
@@ -127,6 +127,7 @@ class DecodeEngine:
         max_queue: int | None = None, window_s: float = 0.0, admission: Admission = "continuous",
         max_num_batched_tokens: int | None = None, prefix_caching: bool = True, prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
         mode: Mode | None = None,
+        prefix_block_size: int = DEFAULT_PREFIX_BLOCK_SIZE,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -145,8 +146,9 @@ class DecodeEngine:
             max_num_batched_tokens = DEFAULT_BATCHED_TOKENS.get(self.input_device.type, DEFAULT_BATCHED_TOKENS["cpu"])
         self.scheduler = Scheduler(max_num_batched_tokens=max_num_batched_tokens, max_requests=max_requests, max_rows=max_rows,
                                    max_tokens=max_tokens, max_queue=max_queue, window_s=window_s, admission=admission)
-        self.prefix_cache = PrefixCache(prefix_cache_bytes if prefix_caching else 0)
-        """KV states of prompt prefixes, reused by later prompts that start with them (bounded in bytes, LRU)."""
+        self.prefix_cache = PrefixCache(prefix_cache_bytes if prefix_caching else 0, prefix_block_size)
+        """KV states of every full block of every prompt, reused by later prompts that start with them (bounded in
+        bytes, LRU; blocks of `prefix_block_size` tokens, on which prefill chunks are cut with the cache on or off)."""
         self.chunked = split_prefill and mergeable(DecodeCache(config=self.anatomy.config))
         """Whether prompts are prefilled in chunks (their rows are held ragged); else in one forward at admission."""
         self.context_window = self.scheduler.context_window = context_window(model.config, tokenizer)
@@ -178,7 +180,7 @@ class DecodeEngine:
             max_requests=s.max_requests, max_rows=s.max_rows, max_tokens=s.max_tokens, max_queue=s.max_queue,
             max_num_batched_tokens=s.max_num_batched_tokens, window_s=s.window_s, admission=s.admission,
             context_window=self.context_window, split_prefill=self.split_prefill, prefix_cache_bytes=self.prefix_cache.max_bytes,
-            mode=self.mode,
+            prefix_block_size=self.prefix_cache.block_size, mode=self.mode,
         )
 
     def snapshot(self) -> DecoderStats:

@@ -133,7 +133,7 @@ class InFlight:
         units = [(u, example, u.head_set) for u in ticket.units]
         groups, _ = prefill_groups(units, 0)  # rows numbered from 0 until the request joins
         references = [*prefill_anchors(example), *example.template_prefixes]
-        rows = row_prefills(groups, chunk_tokens, references, self.head_sets)
+        rows = row_prefills(groups, chunk_tokens, references, self.head_sets, self.prefixes.block_size)
         self.stats.prompt_tokens += sum(len(r.ids) for r in rows)
         return TicketPrefill(ticket, groups, rows)
 

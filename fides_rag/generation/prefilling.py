@@ -3,9 +3,9 @@ many steps as the scheduler's token budget needs; when every row of the request 
 running decode.
 
 Where a prompt is cut depends on the prompt alone (its template's fixed prefix, what it shares with the request's
-other prompts, and multiples of the chunk size), never on what else is in flight or cached: a request is computed
-by the same forwards alone, under load, and with the prefix cache on or off, so its tokens and recorded values
-are the same in every case.
+other prompts, and multiples of the chunk size, each rounded down to a block of the prefix cache), never on what
+else is in flight or cached: a request is computed by the same forwards alone, under load, and with the prefix
+cache on or off, so its tokens and recorded values are the same in every case.
 """
 
 from __future__ import annotations
@@ -28,10 +28,12 @@ MIN_SHARED = 16
 """A shared prefix shorter than this is not worth a forward of its own: no cut (and no cache entry) there."""
 
 
-def chunk_cuts(length: int, chunk: int, anchors: Sequence[int]) -> list[int]:
-    """Where a prompt of `length` tokens is cut: at every anchor inside it and every multiple of `chunk`; the
-    last cut is `length`. Chunks are at most `chunk` tokens."""
-    cuts = {a for a in anchors if 0 < a < length} | set(range(chunk, length, chunk)) | {length}
+def chunk_cuts(length: int, chunk: int, anchors: Sequence[int], block: int = 1) -> list[int]:
+    """Where a prompt of `length` tokens is cut: at every anchor inside it and every multiple of `chunk`, each
+    rounded down to a multiple of `block`; the last cut is `length`. Chunks are at most max(chunk, block) tokens."""
+    stride = max(block, chunk // block * block)
+    aligned = {a // block * block for a in anchors if 0 < a < length}
+    cuts = {a for a in aligned if a > 0} | set(range(stride, length, stride)) | {length}
     return sorted(cuts)
 
 
@@ -43,8 +45,6 @@ class RowPrefill:
     head_set: int
     head_key: tuple
     cuts: list[int]
-    anchors: frozenset[int] = frozenset()
-    """The cuts where the prefix cache keeps the row's states (what other prompts may share)."""
     done: int = 0
     """Prompt tokens in `cache` (a cut)."""
     started: bool = False
@@ -66,7 +66,7 @@ class RowPrefill:
         states are computed)."""
         self.started = True
         self.cache = DecodeCache(config=anatomy.config, padded=False)
-        length, layers = prefixes.lookup(self.ids, sorted(self.anchors), self.head_key)
+        length, layers = prefixes.lookup(self.ids, self.cuts, self.head_key)
         if layers is not None:
             self.cache.layers = layers
             self.done = length
@@ -80,12 +80,11 @@ class RowPrefill:
         if masker is not None:
             masker.set_rows([self.head_set])
         hidden, self.cache = anatomy.run_backbone(ids, None, positions, self.cache)
+        prefixes.store(self.ids, self.cuts, self.head_key, (self.done, end), self.cache.layers)
         computed, self.done = end - self.done, end
         if self.finished:
             self.hidden = hidden[:, -1, :].clone()
             self.states = dict(capture.states)
-        elif end in self.anchors:
-            prefixes.store(self.ids[:end], self.head_key, list(self.cache.layers))
         return computed
 
 
@@ -132,15 +131,17 @@ class TicketPrefill:
         return out
 
 
-def row_prefills(groups: Sequence[GroupSpec], chunk: int, references: Sequence[Sequence[int]], heads: Sequence[Any]) -> list[RowPrefill]:
+def row_prefills(groups: Sequence[GroupSpec], chunk: int, references: Sequence[Sequence[int]], heads: Sequence[Any],
+                 block: int = 1) -> list[RowPrefill]:
     """One `RowPrefill` per sequence of `groups`, cut at its anchors, the length of what it shares with each of
     `references` (the example's context and no-context prompts, its template's fixed prefixes: properties of the
-    example, whatever methods decode it), and at every multiple of `chunk`. `heads[s]`: head set s (cache key)."""
+    example, whatever methods decode it), and at every multiple of `chunk`, on multiples of `block` (the prefix
+    cache's). `heads[s]`: head set s (cache key)."""
     rows = []
     for group in groups:
         for seq in group.sequences:
             anchors = [common_prefix(seq, reference) for reference in references]
             key = head_key(heads[group.head_set]) if group.head_set >= 0 else ()
-            inside = frozenset(a for a in anchors if MIN_SHARED <= a < len(seq))
-            rows.append(RowPrefill(list(seq), group.head_set, key, chunk_cuts(len(seq), chunk, inside), inside))
+            inside = [a for a in anchors if MIN_SHARED <= a < len(seq)]
+            rows.append(RowPrefill(list(seq), group.head_set, key, chunk_cuts(len(seq), chunk, inside, block)))
     return rows

@@ -30,6 +30,8 @@ class DecoderLimits:
     """Whether each prompt row is prefilled in its own forwards."""
     prefix_cache_bytes: int
     """The prefix cache's bound in bytes (0: off)."""
+    prefix_block_size: int = 16
+    """Tokens per block of the prefix cache."""
     mode: Literal["exact", "fast"] = "exact"
     """exact: a greedy request's tokens do not depend on what else is in flight; fast: one attention call per layer
     over every row (see docs/engine.md)."""

@@ -28,6 +28,7 @@ class ServerMetrics:
             ("fides_requests_in_flight", "Requests decoding", "requests_in_flight"),
             ("fides_rows_in_flight", "Rows (paths) decoding", "rows_in_flight"),
             ("fides_prefix_cache_hits", "Prompt rows whose prefill started from a cached prefix", "prefix_cache_hits"),
+            ("fides_prefix_cache_hit_tokens", "Prompt tokens taken from the prefix cache instead of computed", "prefix_cache_hit_tokens"),
             ("fides_prefix_cache_misses", "Prompt rows that found no cached prefix", "prefix_cache_misses"),
             ("fides_prefix_cache_bytes", "Bytes of KV states the prefix cache holds", "prefix_cache_bytes"),
             ("fides_prompt_tokens_prefilled", "Prompt tokens of every path, prefilled in chunks", "prompt_tokens"),
