@@ -78,15 +78,16 @@ def test_a_prefix_cache_of_zero_bytes_is_off(tiny_llama, tokenizer):
 
 
 def test_a_model_or_tokenizer_change_empties_the_prefix_cache(tiny_models, tokenizer, chat_tokenizer):
-    cache = PrefixCache()
-    layer = SimpleNamespace(keys=torch.zeros(1, 2, 3, 4), values=torch.zeros(1, 2, 3, 4))
+    cache = PrefixCache(block_size=4)
+    layer = SimpleNamespace(keys=torch.zeros(1, 2, 4, 4), values=torch.zeros(1, 2, 4, 4))
+    tokens, cuts = [1, 2, 3, 4, 5, 6], [4]
     cache.bind(tiny_models["llama"], tokenizer)
-    cache.store([1, 2, 3], (), [layer])
+    cache.store(tokens, cuts, (), (0, 4), [layer])
     cache.bind(tiny_models["llama"], tokenizer)
-    assert len(cache) == 1 and cache.lookup([1, 2, 3, 4], [3], ())[0] == 3  # the same model and tokenizer keep it
+    assert len(cache) == 1 and cache.lookup(tokens, cuts, ())[0] == 4  # the same model and tokenizer keep it
     cache.bind(tiny_models["mistral"], tokenizer)
     assert len(cache) == 0 and cache.bytes == 0
-    cache.store([1, 2, 3], (), [layer])
+    cache.store(tokens, cuts, (), (0, 4), [layer])
     cache.bind(tiny_models["mistral"], chat_tokenizer)
     assert len(cache) == 0
 
