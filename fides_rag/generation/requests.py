@@ -12,6 +12,7 @@ from typing import Any
 from fides_rag.generation.prompting import PreparedExample, PromptPreparer
 from fides_rag.generation.settings import GenerationSettings
 from fides_rag.generation.validation import check_document_paths, refuse_document_paths
+from fides_rag.prompts.answer_text import AnswerText
 from fides_rag.rules import ContrastRule, get_method, split_method
 from fides_rag.rules.base import MASKED_HEADS
 
@@ -96,6 +97,14 @@ class Request:
         if self.constraint is not None and self.constraint.kind != "any_text":
             return ()
         return tuple(self.example.stop) + tuple(self.settings.stop)
+
+    @property
+    def answer_text(self) -> AnswerText | None:
+        """What cuts the answer's text (template leftovers, markup, role lines); None for a structured answer, whose
+        grammar decides its text."""
+        if self.constraint is not None and self.constraint.kind != "any_text":
+            return None
+        return AnswerText(self.example.template)
 
     @property
     def tokens(self) -> int:
