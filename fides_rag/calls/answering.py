@@ -133,7 +133,7 @@ class Call:
         return again
 
     def shown(self) -> CallStream:
-        """What a streamed answer may show as it comes (template leftovers and possible calls held back)."""
+        """What a streamed answer may show as it comes (possible calls held back; the decoder's deltas are already cut)."""
         return CallStream(self)
 
     def stream(self) -> Iterator[str | Answer]:
