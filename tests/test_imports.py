@@ -92,3 +92,8 @@ def test_only_the_facade_and_generation_import_the_engine():
 def test_the_engine_is_not_a_public_name(tiny_llama, tokenizer):
     assert "DecodeEngine" not in fides_rag.__all__ and not hasattr(fides_rag, "DecodeEngine")
     assert not hasattr(fides_rag.FidesDecoder(tiny_llama, tokenizer), "engine")
+
+
+def test_the_package_top_level_holds_at_most_ten_modules():
+    top = sorted(p.name for p in Path(fides_rag.__file__).parent.glob("*.py"))
+    assert len(top) <= 10, top

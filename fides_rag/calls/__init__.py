@@ -4,10 +4,11 @@ OpenAI-compatible server). The front doors only convert messages in and answers 
 One job per file: `options` (one options type, the method check, `FidesFallbackError`, `CallInputError`),
 `planning` (one planner and one role map: where a conversation's context comes from, its two prompts), `tools`
 (tool_choice, the forced call's grammar, parsing, streamed calls), `structure` (JSON schema / pydantic / regex
-constraints, checked before decoding), `answering` (decode and stream through `FidesDecoder.submit`, stops and
-leftover cleaning, one `Answer`, a model object's `AnswerLog`), `factory` (the one way a front door makes its calls:
-tool calling, the planner with its tools, the `Call` and whether the template rendered the tools; batching set once),
-`metadata` (the FIDES record, finish reasons, usage),
+constraints, checked before decoding), `answering` (decode and stream through `FidesDecoder.submit`, stops, one
+`Answer`, a model object's `AnswerLog`), `factory` (the one way a front door makes its calls: tool calling, the planner
+with its tools, the `Call` and whether the template rendered the tools; batching set once), `unanswered` (an agent's
+turn that answered nothing: decoded again under the answer rules, else `UnansweredError`), `metadata` (the FIDES
+record, finish reasons, usage),
 `fields` (the decoding fields every framework's model object inherits: method, budget, stops, sampling, batching),
 `retrievals` (which texts a framework's retriever returned are a call's context, from the run tree its callbacks
 report), `decoders` (the decoder behind a front door from a decoder, a model and tokenizer or a model id; its
@@ -32,7 +33,7 @@ A server that submits first (to refuse bad input before its response starts) str
 whose `field` names what to fix (a tool's schema, tool_choice, a schema the grammar library cannot compile).
 """
 
-from fides_rag.calls.answering import Answer, AnswerLog, AnswerStream, Call, CallStream
+from fides_rag.calls.answering import Answer, AnswerLog, Call, CallStream
 from fides_rag.calls.factory import CallFactory
 from fides_rag.calls.fields import DecodingFields
 from fides_rag.calls.metadata import FINISH_REASONS, record, usage
@@ -45,11 +46,12 @@ from fides_rag.calls.structure import (
     IncompleteAnswerError, check_complete, closed_schema, constraint_of, parse_structure, refuse_other_grammar, schema_of, with_structure,
 )
 from fides_rag.calls.tools import ToolCall, ToolCallStream, ToolCalling, ToolSpec, calls_from_openai, new_call_id, render_calls, tool_choice_name
+from fides_rag.calls.unanswered import UnansweredError
 
 __all__ = [
-    "CONSTRAINTS", "DOCUMENTS_INSTRUCTION", "FIDES_CONSTANTS", "FINISH_REASONS", "ROLES", "Answer", "AnswerLog", "AnswerStream", "Call", "CallFactory", "CallInputError",
+    "CONSTRAINTS", "DOCUMENTS_INSTRUCTION", "FIDES_CONSTANTS", "FINISH_REASONS", "ROLES", "Answer", "AnswerLog", "Call", "CallFactory", "CallInputError",
     "CallOptions", "CallStream", "ChatPlan", "ChatPrompts", "ContextMessages", "DecodingFields", "STANDARD", "FidesFallbackError", "IncompleteAnswerError", "ToolCall",
-    "ToolCallStream", "ToolCalling", "ToolSpec", "Turn", "calls_from_openai", "check_complete", "check_question", "closed_schema", "constraint_of", "context_in_system", "documents_beside", "filled_variable", "fold_fides_constants",
+    "ToolCallStream", "ToolCalling", "ToolSpec", "Turn", "UnansweredError", "calls_from_openai", "check_complete", "check_question", "closed_schema", "constraint_of", "context_in_system", "documents_beside", "filled_variable", "fold_fides_constants",
     "new_call_id", "parse_structure", "render_calls", "record", "refuse_other_grammar", "resolve_method", "role_of", "schema_of", "tool_choice_name", "turn_of", "usage", "with_structure",
     "why_no_documents",
 ]

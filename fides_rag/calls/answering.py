@@ -1,11 +1,13 @@
 """One call from plan to answer: the decoder's keywords (the plan's method and stops, the options, a forced call's
 grammar), decoding through the facade (`FidesDecoder.submit`), and the answer read back once for every front door:
-template leftovers, markup and role-line continuations cut, tool calls parsed (held back while streaming), the
-structure parsed, the finish reason and the FIDES record."""
+tool calls parsed (held back while streaming), the structure parsed, an agent's turn that answered nothing decoded
+again under the answer rules (`unanswered`), the finish reason and the FIDES record. The decoder's results and
+streams are already cut of template leftovers, markup and role lines (`fides_rag.prompts.answer_text`)."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import threading
 from collections import deque
@@ -18,6 +20,7 @@ from fides_rag.calls.options import CallOptions
 from fides_rag.calls.planning import ChatPlan
 from fides_rag.calls.structure import parse_structure, refuse_cutting_stops, refuse_other_grammar
 from fides_rag.calls.tools import ToolCall, ToolCallStream, ToolCalling
+from fides_rag.calls.unanswered import answer_rules, is_agent_turn, unanswered_cause
 from fides_rag.decoder import RequestHandle
 from fides_rag.prompts.template import PromptTemplate, TemplateLeftovers
 from fides_rag.result import GenerationResult
@@ -40,6 +43,9 @@ class Answer:
     record: dict[str, Any]
     """The FIDES record (method, alphas, steps, prompts, notes, where the documents came from, fallback)."""
     result: GenerationResult
+    unanswered: str | None = None
+    """Why an agent's turn answered nothing after its second decoding (None: it answered); the integrations raise
+    `UnansweredError` with it, the server's record carries it as a note."""
 
     @property
     def notes(self) -> list[str]:
@@ -73,34 +79,6 @@ class AnswerLog:
             return list(self._entries)
 
 
-class AnswerStream:
-    """A streamed answer's deltas as a caller shows them: under fides-rag's template, text that may still turn out
-    to be a template leftover is held back, so the deltas concatenate to `ChatPlan.finish`'s text."""
-
-    def __init__(self, plan: ChatPlan, template: PromptTemplate) -> None:
-        self.plan, self.template = plan, template
-        self._leftovers = TemplateLeftovers(template) if plan.kind == "template" else None
-        self._raw = self._emitted = ""
-
-    def feed(self, delta: str) -> str:
-        """The part of `delta` (with what was held back) that can be shown now."""
-        if self._leftovers is None:
-            return delta
-        self._raw += delta
-        visible = self._leftovers.visible(self._raw)
-        if len(visible) > len(self._emitted) and visible.startswith(self._emitted):
-            shown, self._emitted = visible[len(self._emitted) :], visible
-            return shown
-        return ""
-
-    def finish(self, result: GenerationResult) -> tuple[GenerationResult, str]:
-        """The cleaned result and the last delta (what was held back and belongs to the answer)."""
-        result = self.plan.finish(result, self.template)
-        if self._leftovers is not None and result.text.startswith(self._emitted) and len(result.text) > len(self._emitted):
-            return result, result.text[len(self._emitted) :]
-        return result, ""
-
-
 class Call:
     """One planned call on a decoder: `run()` (or `arun`, `stream`, `astream`) decodes it and returns an `Answer`.
 
@@ -111,6 +89,8 @@ class Call:
                  native_tools: bool = False, structure: Any = None, extra: dict[str, Any] | None = None) -> None:
         self.decoder, self.plan, self.options, self.calling = decoder, plan, options, calling
         self.native_tools, self.structure, self.extra = native_tools, structure, dict(extra or {})
+        self.retried: str | None = None
+        """Why this call decodes again under the answer rules (the first decoding's cause), else None."""
         forced = calling.constraint() if calling is not None else None
         if forced is not None:
             refuse_other_grammar(options.constraint, "a forced tool_choice is decoded under its own grammar")
@@ -125,7 +105,8 @@ class Call:
         """The decoder's keywords: the plan's method where it forces one, the plan's stops, sampling, the grammar."""
         opts = self.options
         stop = self.plan.stop_strings(opts.stop, self.decoder.prompt_template, tools=self.calling is not None)
-        return dict(method=self.plan.method or opts.method, max_new_tokens=opts.max_new_tokens, stop=stop, **opts.sampling, **opts.constraint)
+        kwargs = dict(method=self.plan.method or opts.method, max_new_tokens=opts.max_new_tokens, stop=stop, **opts.sampling, **opts.constraint)
+        return answer_rules(self.decoder, kwargs) if self.retried is not None else kwargs
 
     def submit(self, *, stream: bool = False, wait_here: bool = False) -> RequestHandle:
         """Queue the call on the decoder's engine (bad input raises here, before anything decodes)."""
@@ -133,19 +114,41 @@ class Call:
         return self.decoder.submit(prompt, documents, stream=stream, wait_here=wait_here, **self.decode_kwargs())
 
     def run(self) -> Answer:
-        return self.finish(self.submit(wait_here=True).result())
+        answer = self.finish(self.submit(wait_here=True).result())
+        again = self.again(answer)
+        return again.run() if again is not None else answer
 
     async def arun(self) -> Answer:
         handle = self.submit()
-        return self.finish(await asyncio.wrap_future(handle.future))
+        answer = self.finish(await asyncio.wrap_future(handle.future))
+        again = self.again(answer)
+        return await again.arun() if again is not None else answer
+
+    def again(self, answer: Answer) -> Call | None:
+        """The same call under the answer rules, when `answer` is an agent's turn that answered nothing the first time."""
+        if answer.unanswered is None or self.retried is not None:
+            return None
+        again = copy.copy(self)
+        again.options = copy.copy(self.options)
+        again.retried = answer.unanswered
+        return again
 
     def shown(self) -> CallStream:
-        """What a streamed answer may show as it comes (template leftovers and possible calls held back)."""
+        """What a streamed answer may show as it comes (possible calls held back; the decoder's deltas are already cut)."""
         return CallStream(self)
 
     def stream(self, handle: RequestHandle | None = None) -> Iterator[str | Answer]:
         """Text deltas as they may be shown, then the Answer as the last item (`handle`: the call already submitted
-        with `submit(stream=True)`)."""
+        with `submit(stream=True)`; an agent's turn that answered nothing streams its second decoding under the answer
+        rules)."""
+        for item in self._stream_once(handle):
+            again = self.again(item) if isinstance(item, Answer) else None
+            if again is not None:
+                yield from again.stream()
+                return
+            yield item
+
+    def _stream_once(self, handle: RequestHandle | None) -> Iterator[str | Answer]:
         shown = self.shown()
         stream = (handle or self.submit(stream=True)).stream()
         try:
@@ -169,6 +172,15 @@ class Call:
 
     async def astream(self, handle: RequestHandle | None = None) -> AsyncIterator[str | Answer]:
         """`stream` for asyncio; cancelling the task that reads it cancels the request."""
+        async for item in self._astream_once(handle):
+            again = self.again(item) if isinstance(item, Answer) else None
+            if again is not None:
+                async for retried in again.astream():
+                    yield retried
+                return
+            yield item
+
+    async def _astream_once(self, handle: RequestHandle | None) -> AsyncIterator[str | Answer]:
         shown = self.shown()
         stream = (handle or self.submit(stream=True)).astream()
         try:
@@ -182,10 +194,8 @@ class Call:
 
     # -- reading the answer -----------------------------------------------------------------------
 
-    def finish(self, result: GenerationResult, *, cleaned: bool = False) -> Answer:
-        """The Answer of a decoded result (`cleaned`: template leftovers already removed, as a stream does)."""
-        if not cleaned:
-            result = self.plan.finish(result, self.decoder.prompt_template)
+    def finish(self, result: GenerationResult) -> Answer:
+        """The Answer of a decoded result."""
         content, calls = self.calling.parse(result.text) if self.calling is not None else (result.text, [])
         notes = []
         missing = self.calling.missing_call_note(calls, self.options.max_new_tokens) if self.calling is not None else None
@@ -199,9 +209,16 @@ class Call:
                 parsed = parse_structure(result.text, result.finish_reason, None if self.structure is True else self.structure)
             except ValueError as err:
                 error = err
+        if self.retried is not None:
+            notes.append(f"the first decoding answered nothing ({self.retried}): decoded again with the end of turn and "
+                         "markup barred from the first token")
+        unanswered = unanswered_cause(self, content, calls, result)
+        if unanswered is not None:
+            logger.log(logging.WARNING if self.retried is not None else logging.INFO, "the model answered nothing: %s", unanswered)
+            notes.append(f"the model answered nothing: {unanswered}")
         meta = record(self.plan, result, self.options.requested, calling=self.calling, native_tools=self.native_tools, notes=notes, **self.extra)
         finish = "tool_calls" if calls else FINISH_REASONS[result.finish_reason]
-        return Answer(content, list(calls), parsed, error, finish, meta, result)
+        return Answer(content, list(calls), parsed, error, finish, meta, result, unanswered)
 
 
 class CallStream:
@@ -210,12 +227,18 @@ class CallStream:
 
     def __init__(self, call: Call) -> None:
         self.call = call
-        self._answer = AnswerStream(call.plan, call.decoder.prompt_template)
         self._calls = ToolCallStream(call.calling) if call.calling is not None else None
+        self._agent = is_agent_turn(call)
+        self._text = self._emitted = ""
 
     def feed(self, delta: str) -> str:
-        text = self._answer.feed(delta)
-        return self._calls.feed(text) if self._calls is not None and text else text
+        if self._calls is not None:
+            delta = self._calls.feed(delta)
+        self._text += delta
+        if self._agent and self._text.lstrip().startswith(("{", "[")):
+            return ""  # a call written as the answer: not shown, the turn may be decoded again
+        new, self._emitted = self._text[len(self._emitted) :], self._text
+        return new
 
     def visible(self, delta: str) -> list[str]:
         """What of `delta` can be shown now: [] or [text]."""
@@ -228,9 +251,6 @@ class CallStream:
         return [last, answer] if last else [answer]
 
     def finish(self, result: GenerationResult) -> tuple[Answer, str]:
-        cleaned, last = self._answer.finish(result)
-        answer = self.call.finish(cleaned, cleaned=True)
-        if self._calls is None:
-            return answer, last
-        shown = self._calls.emitted.strip() if answer.tool_calls else self._calls.emitted
+        answer = self.call.finish(result)
+        shown = self._emitted.strip() if answer.tool_calls else self._emitted
         return answer, answer.text[len(shown) :] if answer.text.startswith(shown) else answer.text

@@ -20,7 +20,6 @@ An assistant turn's earlier calls are part of its text (`ToolCalling.render_call
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -28,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fides_rag.generation.requests import PromptPair
-from fides_rag.prompts.template import PromptTemplate, TemplateLeftovers, template_stops
+from fides_rag.prompts.template import PromptTemplate, template_stops
 from fides_rag.result import GenerationResult
 from fides_rag.prompts.raw import check_no_context_path, fit_documents, question_only_text, render_chat
 from fides_rag.calls.tools import ToolCalling, calls_from_openai, render_calls
@@ -192,13 +191,6 @@ class ChatPlan:
             extra += template_stops(template)
         stops = list(stop)
         return stops + [s for s in dict.fromkeys(extra) if s not in stops]
-
-    def finish(self, result: GenerationResult, template: PromptTemplate) -> GenerationResult:
-        """The answer without fides-rag's template leftovers (noted) when this plan used that template."""
-        if self.kind != "template":
-            return result
-        text, notes = TemplateLeftovers(template).clean(result.text, truncated=result.finish_reason == "length")
-        return dataclasses.replace(result, text=text, notes=[*result.notes, *notes]) if notes else result
 
     def metadata(self, result: GenerationResult) -> dict[str, Any]:
         """The result's metadata with what the plan knows: its notes first, where the documents came from, trimming."""

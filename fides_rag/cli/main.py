@@ -150,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--dataset", default="nq-swap", help="nq-swap, nq-swap-original, nq-swap-both, nq-open, popqa or jsonl")
     evaluate.add_argument("--data", help="dataset file (or pminervini/NQ-Swap); default: $FIDES_RAG_DATA or ../shared/data")
     evaluate.add_argument("--passages", help="PopQA passages file (default: beside --data)")
+    evaluate.add_argument("--mode", choices=["exact", "fast"],
+                          help="the engine's mode: exact (each answer as if decoded alone) or fast (default: exact on the CPU, fast elsewhere)")
     evaluate.add_argument("--methods", type=_methods, default=["standard", "cad", "adacad", "fides"],
                           help="comma-separated, or all (every registered method the dataset can run)")
     evaluate.add_argument("--limit", type=_integer_at_least(1), help="first N examples")
@@ -293,6 +295,8 @@ def _eval(args: argparse.Namespace) -> int:
     files = dataset_files(args.dataset, args.data, passages=args.passages)  # a resume must be made from the same content
     info = {"model": args.model, "dataset": args.dataset, "data": args.data, "data_files": [str(f) for f in files],
             "data_sha256": files_sha256(files) if files else f"hub:{args.data}", "config": config.to_dict()}
+    if args.mode is not None:
+        info["mode"] = args.mode
     if variants:
         info["fides_variants"] = variants
     if skipped:
@@ -304,7 +308,7 @@ def _eval(args: argparse.Namespace) -> int:
                          "each loading its own copy: drop --device-map (each process takes its own GPU) or run one process")
     make_run_folder(args.out)  # before the model loads: a bad --out, or another run's answers in it, fail at once
     check_resumable(args.out, methods, max_new_tokens=args.max_new_tokens, run_info=info, parallel=(rank, world))
-    decoder = FidesDecoder.from_pretrained(args.model, config=config, **{**options, "device": local_device(args.device)})
+    decoder = FidesDecoder.from_pretrained(args.model, config=config, mode=args.mode, **{**options, "device": local_device(args.device)})
     run_eval(decoder, examples, methods, args.out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
              run_info=info, progress=not args.no_progress, bootstrap_samples=args.bootstrap,
              bootstrap_by=args.bootstrap_by, parallel=(rank, world))

@@ -29,6 +29,7 @@ from fides_rag.generation.detokenize import IncrementalText
 from fides_rag.generation.in_flight import InFlight
 from fides_rag.generation.kv_cache import DecodeCache, mergeable
 from fides_rag.generation.layout import Unit
+from fides_rag.generation.captured_step import DEFAULT_BUCKETS, CapturedStep, check_buckets, check_compile
 from fides_rag.generation.modes import Mode, resolve_mode
 from fides_rag.generation.pooled_batch import PooledBatch
 from fides_rag.generation.prefix_cache import DEFAULT_PREFIX_BLOCK_SIZE, DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
@@ -126,7 +127,7 @@ class DecodeEngine:
         max_requests: int | None = None, max_rows: int | None = 128, max_tokens: int | None = None,
         max_queue: int | None = None, window_s: float = 0.0, admission: Admission = "continuous",
         max_num_batched_tokens: int | None = None, prefix_caching: bool = True, prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
-        mode: Mode | None = None,
+        mode: Mode | None = None, compile: bool | str = False, buckets: Sequence[int] = DEFAULT_BUCKETS, kv_pool_tokens: int | None = None,
         prefix_block_size: int = DEFAULT_PREFIX_BLOCK_SIZE,
     ) -> None:
         self.model = model
@@ -156,14 +157,35 @@ class DecodeEngine:
         """'exact': a greedy request's tokens do not depend on what else is in flight; 'fast': one attention call per
         layer over every row (see `modes.py`)."""
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        batch_type = PooledBatch if self.mode == "fast" else RunningBatch
+        if kv_pool_tokens is not None and (isinstance(kv_pool_tokens, bool) or not isinstance(kv_pool_tokens, int) or kv_pool_tokens < 1):
+            raise ValueError(f"kv_pool_tokens must be None or an integer >= 1 (the fast-mode KV pool's first size in positions), got {kv_pool_tokens!r}")
+        self.kv_pool_tokens = kv_pool_tokens
+        self.captured = self._captured_step(compile, buckets)
+        """The compiled decode step (`compile`), or None."""
         self._flight = InFlight(
-            self.anatomy, lambda: batch_type(self.anatomy, pad, self.input_device, split_prefill), self.stats,
+            self.anatomy, lambda: self._running_batch(pad, split_prefill), self.stats,
             self.decode_text, self._decode_token, self.prefix_cache, self.input_device,
         )
         self._wake = threading.Condition()
         self._driver: threading.Thread | None = None
         _ENGINES.add(self)
+
+    def _captured_step(self, compile: bool | str, buckets: Sequence[int]) -> CapturedStep | None:
+        backend, buckets = check_compile(compile), check_buckets(buckets)
+        if backend is None:
+            return None
+        if self.mode != "fast":
+            raise ValueError("compile needs mode='fast': exact mode attends each group of rows on its own, in shapes that change every step")
+        return CapturedStep(self.anatomy, backend, buckets, self.input_device)
+
+    def _running_batch(self, pad: int, split_prefill: bool) -> RunningBatch:
+        if self.mode == "exact":
+            return RunningBatch(self.anatomy, pad, self.input_device, split_prefill)
+        batch = PooledBatch(self.anatomy, pad, self.input_device, split_prefill)
+        batch.captured = self.captured
+        if self.kv_pool_tokens is not None:
+            batch.pool_positions = self.kv_pool_tokens
+        return batch
 
     # -- configuration ----------------------------------------------------------------------------
 

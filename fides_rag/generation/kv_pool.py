@@ -25,12 +25,14 @@ from fides_rag.generation.kv_cache import RaggedLayer
 BLOCK = 16
 """Positions per block."""
 MIN_BLOCKS = 64
+SCRATCH = 0
+"""The slot that padding rows of a captured step write and read (block 0 is never given to a row)."""
 
 
 class KVPool:
     """Keys and values of every layer, [1, kv_heads, S, d] each, and the slots' owners and positions."""
 
-    def __init__(self, windows: Sequence[int | None], like: torch.Tensor) -> None:
+    def __init__(self, windows: Sequence[int | None], like: torch.Tensor, min_positions: int = MIN_BLOCKS * BLOCK) -> None:
         self.windows = list(windows)
         """Per layer: its sliding window, or None for full attention."""
         self.kv_heads, self.head_dim = like.shape[1], like.shape[-1]
@@ -38,6 +40,7 @@ class KVPool:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.blocks = 0
+        self.min_blocks = max(2, math.ceil(min_positions / BLOCK))
         self.free: list[int] = []
         self.tables: list[list[int]] = []
         """Per row: its blocks, in position order."""
@@ -60,7 +63,7 @@ class KVPool:
         """Room for `needed` more blocks than are free (the pool doubles, at least)."""
         if len(self.free) >= needed:
             return
-        blocks = max(MIN_BLOCKS, 2 * self.blocks, self.blocks + needed - len(self.free))
+        blocks = max(self.min_blocks, 2 * self.blocks, self.blocks + needed - len(self.free))
         slots, old = blocks * BLOCK, self.blocks * BLOCK
         grown = []
         for tensor in (*self.keys, *self.values):
@@ -73,7 +76,7 @@ class KVPool:
         self.keys, self.values = grown[: len(self.windows)], grown[len(self.windows) :]
         self.slot_row = torch.cat([self.slot_row, self.slot_row.new_full((slots - old,), -1)])
         self.slot_pos = torch.cat([self.slot_pos, self.slot_pos.new_zeros((slots - old,))])
-        self.free += list(range(self.blocks, blocks))
+        self.free += list(range(max(1, self.blocks), blocks))  # block 0 holds the scratch slot
         self.blocks = blocks
 
     def _take(self, count: int) -> list[int]:
@@ -116,8 +119,9 @@ class KVPool:
         self.slot_row[slots_t] = torch.tensor(owners, dtype=torch.long).to(self.device, non_blocking=True)
         self.slot_pos[slots_t] = torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True)
 
-    def begin_step(self, positions: torch.Tensor, groups: int) -> None:
-        """Give every row the slot of its next position and build this step's masks. positions: [R, 1] on the device."""
+    def begin_step(self, positions: torch.Tensor, groups: int, padded_rows: int | None = None) -> None:
+        """Give every row the slot of its next position and build this step's masks. positions: [R, 1] on the device.
+        With `padded_rows` (a captured step's bucket), rows past R write and see the scratch slot only."""
         slots = []
         for row, length in enumerate(self.lengths):
             if length % BLOCK == 0:
@@ -125,19 +129,23 @@ class KVPool:
             slots.append(self.tables[row][length // BLOCK] * BLOCK + length % BLOCK)
             self.lengths[row] = length + 1
         rows = len(slots)
-        self.write_slots = torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True)
+        padding = (padded_rows or rows) - rows
+        real = torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True)
         row_ids = torch.arange(rows, device=self.device)
-        self.slot_row[self.write_slots] = row_ids
-        self.slot_pos[self.write_slots] = positions[:, 0]
-        query_rows = row_ids.repeat_interleave(groups)[:, None]  # [R * groups, 1]: the queries' rows, folded as attention folds them
-        own = self.slot_row[None, :] == query_rows  # [R * groups, S]
+        self.slot_row[real] = row_ids
+        self.slot_pos[real] = positions[:rows, 0]
+        self.write_slots = real if not padding else torch.cat([real, real.new_full((padding,), SCRATCH)])
+        query_rows = torch.arange(rows + padding, device=self.device).repeat_interleave(groups)[:, None]  # [Rb * groups, 1]
+        own = self.slot_row[None, :] == query_rows  # [Rb * groups, S]: each query's row, folded as attention folds them
+        if padding:
+            own[rows * groups :, SCRATCH] = True
         self.masks = {}
         for window in set(self.windows):
             if window is None:
                 self.masks[window] = own[None, None]
             else:
-                oldest = positions.repeat_interleave(groups, dim=0) - window  # [R * groups, 1]
-                self.masks[window] = (own & (self.slot_pos[None, :] > oldest))[None, None]
+                oldest = positions.repeat_interleave(groups, dim=0) - window  # [Rb * groups, 1]
+                self.masks[window] = (own & ((self.slot_pos[None, :] > oldest) | (query_rows >= rows)))[None, None]
 
     def attention_mask(self, layer_types: Sequence[str] | None) -> torch.Tensor | dict[str, torch.Tensor]:
         """This step's masks as a forward's attention mask: one [1, 1, R * groups, S] mask, or one per layer type."""

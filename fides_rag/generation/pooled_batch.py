@@ -8,9 +8,10 @@ from collections.abc import Sequence
 
 import torch
 
+from fides_rag.generation.captured_step import CapturedStep
 from fides_rag.generation.hooks import HeadMasker, LayerCapture
 from fides_rag.generation.kv_cache import Prefilled, RaggedLayer, mergeable
-from fides_rag.generation.kv_pool import KVPool, PooledCache
+from fides_rag.generation.kv_pool import BLOCK, MIN_BLOCKS, KVPool, PooledCache
 from fides_rag.generation.pooled_attention import pooled_attention
 from fides_rag.generation.running import RunningBatch, _states
 
@@ -19,33 +20,46 @@ class PooledBatch(RunningBatch):
     """`RunningBatch` over a `KVPool`: one attention call per layer for every row."""
 
     pool: KVPool | None = None
+    captured: CapturedStep | None = None
+    """The compiled decode step (`compile=True`), or None: eager."""
+    pool_positions: int = MIN_BLOCKS * BLOCK
+    """The pool's first size, in positions (it doubles when full)."""
 
     @property
     def extendable(self) -> bool:
         return True
 
     def forward(self, tokens: Sequence[int], capture: LayerCapture, masker: HeadMasker | None) -> None:
-        step_ids = torch.tensor(list(tokens), dtype=torch.long).to(self.input_device, non_blocking=True)[:, None]  # [R, 1]
+        rows = len(tokens)
+        bucket = self.captured.bucket(rows) if self.captured is not None else None
+        padding = (bucket or rows) - rows
+        step_ids = torch.tensor([*tokens, *[self.pad_id] * padding], dtype=torch.long).to(self.input_device, non_blocking=True)[:, None]
         self.positions = self.positions + 1  # [R, 1]
         self.layout.grow()
+        positions = self.positions if not padding else torch.cat([self.positions, self.positions.new_zeros((padding, 1))])  # [Rb, 1]
         config = self.anatomy.config
-        self.pool.begin_step(self.positions, config.num_attention_heads // (getattr(config, "num_key_value_heads", None) or config.num_attention_heads))
+        groups = config.num_attention_heads // (getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+        self.pool.begin_step(positions, groups, bucket)
         if masker is not None:
-            masker.set_rows(self.layout.row_head_sets)
+            masker.set_rows([*self.layout.row_head_sets, *[-1] * padding])
         mask = self.pool.attention_mask(getattr(config, "layer_types", None))
         with pooled_attention(self.anatomy.backbone):
-            hidden, self.cache = self.anatomy.run_backbone(step_ids, mask, self.positions, self.cache)
-        self.hidden = hidden[:, -1, :]  # [R, H]
-        self.states = dict(capture.states)
+            if bucket is not None:
+                hidden = self.captured(step_ids, mask, positions, self.cache)
+            else:
+                hidden, self.cache = self.anatomy.run_backbone(step_ids, mask, positions, self.cache)
+        self.hidden = hidden[:rows, -1, :]  # [R, H]
+        self.states = {layer: state[:rows] for layer, state in capture.states.items()}
 
     def append(self, state: Prefilled, states: dict[int, torch.Tensor], head_sets: Sequence[int], lengths: Sequence[int]) -> None:
         layers = state.cache.layers
         if not all(isinstance(layer, RaggedLayer) for layer in layers):
             raise TypeError("fast mode needs a model whose KV cache layers are dynamic or sliding-window ones")
         if self.empty:
-            windows = [getattr(layer.segments[0], "sliding_window", None) for layer in layers]
-            self.pool = KVPool(windows, layers[0].segments[0].keys)
-            self.cache = PooledCache(self.pool, self.anatomy.config)
+            if self.pool is None:  # kept while the batch empties and fills again: one size, one captured shape
+                windows = [getattr(layer.segments[0], "sliding_window", None) for layer in layers]
+                self.pool = KVPool(windows, layers[0].segments[0].keys, self.pool_positions)
+                self.cache = PooledCache(self.pool, self.anatomy.config)
             self.positions, self.hidden, self.states = state.positions, state.last_hidden, states
         else:
             self.positions = torch.cat([self.positions, state.positions.to(self.positions.device)])
@@ -59,11 +73,11 @@ class PooledBatch(RunningBatch):
     def keep(self, rows: list[int] | None) -> None:
         if rows is None:
             return
+        self.pool.keep(rows)
         if not rows:
-            self.cache = self.pool = self.positions = self.hidden = None
+            self.positions = self.hidden = None
             self.states = {}
             return
-        self.pool.keep(rows)
         self.positions = self.positions[torch.tensor(rows, dtype=torch.long).to(self.positions.device, non_blocking=True)]
 
 

@@ -45,6 +45,9 @@ class PreparedExample:
     template_prefixes: tuple[list[int], ...] = ()
     """The ids every prompt of this example's template starts with (context and no-context), where the prefill
     cuts its prompts so that other requests can reuse the states (the prefix cache)."""
+    template: PromptTemplate | None = None
+    """fides-rag's template the prompts were rendered with, whose leftovers are cut from the answer (None: prompts
+    given as they are)."""
 
 
 def context_window(model_config: Any, tokenizer: PreTrainedTokenizerBase) -> int:
@@ -162,10 +165,11 @@ class PromptPreparer:
             note = "no documents were given: decoded with 'standard' on the question alone"
             logger.warning(note)
             return PreparedExample(no_ctx_prompt, no_ctx_prompt, no_ctx_ids, no_ctx_ids, stop, False, [note],
-                                   template_prefixes=self.template_prefixes)
+                                   template_prefixes=self.template_prefixes, template=self.template)
 
         ctx_prompt, ctx_ids, trimmed = self.render_fitted(question, texts, max_new_tokens)
-        example = PreparedExample(ctx_prompt, no_ctx_prompt, ctx_ids, no_ctx_ids, stop, True, template_prefixes=self.template_prefixes)
+        example = PreparedExample(ctx_prompt, no_ctx_prompt, ctx_ids, no_ctx_ids, stop, True, template_prefixes=self.template_prefixes,
+                                  template=self.template)
         if trimmed is not None:
             self._note(example, f"documents trimmed from {trimmed[0]} to {trimmed[1]} tokens", max_new_tokens)
             example.documents_trimmed = True

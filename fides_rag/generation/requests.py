@@ -13,6 +13,7 @@ from fides_rag.generation.paths import Heads, prompt_ids
 from fides_rag.generation.prompting import PreparedExample, PromptPreparer
 from fides_rag.generation.settings import GenerationSettings
 from fides_rag.generation.validation import check_document_paths, refuse_document_paths
+from fides_rag.prompts.answer_text import AnswerText
 from fides_rag.rules import ContrastRule, get_method, split_method
 
 Methods = Sequence["str | ContrastRule"] | Mapping[str, "str | ContrastRule"]
@@ -95,6 +96,14 @@ class Request:
         if self.constraint is not None and self.constraint.kind != "any_text":
             return ()
         return tuple(self.example.stop) + tuple(self.settings.stop)
+
+    @property
+    def answer_text(self) -> AnswerText | None:
+        """What cuts the answer's text (template leftovers, markup, role lines); None for a structured answer, whose
+        grammar decides its text."""
+        if self.constraint is not None and self.constraint.kind != "any_text":
+            return None
+        return AnswerText(self.example.template)
 
     @property
     def tokens(self) -> int:

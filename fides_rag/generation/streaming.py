@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 from fides_rag.generation.stopping import first_stop_index, held_back_suffix
+from fides_rag.prompts.answer_text import AnswerText
 from fides_rag.result import GenerationResult
 
 logger = logging.getLogger(__name__)
@@ -78,15 +79,19 @@ class Channel(Generic[Item]):
 
 class DeltaTracker:
     """Turns the growing decoded text into safe deltas: nothing past a stop string, no partial stop string,
-    no trailing whitespace or half-decoded character, so the deltas concatenate to the final text."""
+    no trailing whitespace or half-decoded character, and nothing `answer_text` would cut (a leftover, markup or a role
+    line, held back until decided), so the deltas concatenate to the final text."""
 
-    def __init__(self, stops: tuple[str, ...]) -> None:
+    def __init__(self, stops: tuple[str, ...], answer_text: AnswerText | None = None) -> None:
         self.stops = stops
+        self.answer_text = answer_text
         self.emitted = ""
 
     def update(self, text: str) -> str:
         cut = first_stop_index(text, self.stops)
         text = text[:cut] if cut is not None else text[: len(text) - held_back_suffix(text, self.stops)]
+        if self.answer_text is not None:
+            text = self.answer_text.visible(text)
         safe = text.lstrip().rstrip("\ufffd").rstrip()
         if len(safe) > len(self.emitted) and safe.startswith(self.emitted):
             delta, self.emitted = safe[len(self.emitted) :], safe

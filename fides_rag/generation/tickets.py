@@ -64,7 +64,8 @@ class Ticket:
     def __init__(self, handle: RequestHandle, units: list[Unit]) -> None:
         self.handle = handle
         self.units = units
-        self._tracker = DeltaTracker(handle.request.text_stops) if handle.channel else None
+        self._answer_text = handle.request.answer_text
+        self._tracker = DeltaTracker(handle.request.text_stops, self._answer_text) if handle.channel else None
 
     @property
     def request(self) -> Request:
@@ -89,7 +90,8 @@ class Ticket:
         by_label: dict[str, GenerationResult] = {}
         for method, unit_index in zip(request.methods, request.unit_of):
             unit = self.units[unit_index]
-            by_label[method.label] = assemble(request.example, unit, method.effective, method.requested, request.text_stops, decode)
+            by_label[method.label] = assemble(request.example, unit, method.effective, method.requested, request.text_stops, decode,
+                                              self._answer_text)
         return next(iter(by_label.values())) if len(by_label) == 1 and not request.several else by_label
 
     def deliver(self, decode: Any) -> None:

@@ -31,6 +31,16 @@ def _positive(value: str) -> int:
     return number
 
 
+def _buckets(value: str) -> list[int]:
+    try:
+        buckets = [int(part) for part in value.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes comma-separated row counts such as 1,2,4,8,16, got {value!r}") from None
+    if any(b < 1 for b in buckets) or any(a >= b for a, b in zip(buckets, buckets[1:])):
+        raise argparse.ArgumentTypeError(f"must be strictly increasing positive row counts, got {value!r}")
+    return buckets
+
+
 def add_serve_parser(commands: Any, default_model: str) -> None:
     serve = commands.add_parser("serve", help="an OpenAI-compatible server (chat, completions, models, health, metrics) on the engine")
     serve.add_argument("--model", default=default_model, help="bundled alias, hub id, local folder or .gguf file")
@@ -46,6 +56,12 @@ def add_serve_parser(commands: Any, default_model: str) -> None:
                        help="tokens a step computes: its decodes, then prompt chunks of at most this (default 512 on CPU, 2048 on GPU)")
     serve.add_argument("--no-prefix-caching", action="store_true", help="compute every prompt in full (no reuse of shared prefixes' KV)")
     serve.add_argument("--prefix-cache-mb", type=int, default=512, help="bound of the prefix cache in MiB; 0 turns it off (default 512)")
+    serve.add_argument("--mode", choices=["exact", "fast"],
+                       help="exact: a greedy request's tokens do not depend on what else is in flight; fast: one attention call per "
+                            "layer over every row (default: exact on the CPU, fast elsewhere)")
+    serve.add_argument("--compile", action="store_true",
+                       help="capture the decode step with torch.compile, one graph per batch bucket (CUDA graphs on CUDA; needs fast mode)")
+    serve.add_argument("--buckets", type=_buckets, help="row counts the captured step is compiled at (default: 1,2,4,8, then every 16 to 256)")
     serve.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds the requests in flight get to finish on SIGTERM (default 30)")
     serve.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' on every route but /health (default: ${API_KEY_ENV}; unset: no key)")
     serve.add_argument("--allowed-hosts", nargs="+", metavar="HOST",
@@ -73,6 +89,7 @@ def run_serve_command(args: argparse.Namespace) -> int:
     engine = dict(prefix_caching=not args.no_prefix_caching, prefix_cache_bytes=args.prefix_cache_mb * 2**20)
     if args.max_num_batched_tokens is not None:
         engine["max_num_batched_tokens"] = args.max_num_batched_tokens
+    engine |= {"mode": args.mode, "compile": args.compile} | ({"buckets": args.buckets} if args.buckets else {})
     decoder = FidesDecoder.from_pretrained(args.model, config=config, max_new_tokens=args.max_new_tokens, **engine, **load_options(args))
     if args.max_batch_size is not None:
         decoder.configure(max_requests=args.max_batch_size)

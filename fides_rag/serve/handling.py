@@ -118,6 +118,11 @@ class RequestHandling:
                                      headers=plan_headers(admitted.call.plan, admitted.call.options.requested))
         try:
             result = await self._answer(raw, admitted)
+            answer = admitted.call.finish(result)
+            again = admitted.call.again(answer)
+            if again is not None:  # an agent's turn that answered nothing: decoded once more under the answer rules
+                result = await asyncio.wrap_future(again.submit().future)
+                answer = again.finish(result)
         except asyncio.CancelledError:
             self.metrics.requests.labels(endpoint, "499").inc()
             return Response(status_code=499)
@@ -125,7 +130,7 @@ class RequestHandling:
             logger.exception("request failed")
             self.metrics.requests.labels(endpoint, "500").inc()
             return APIError(500, str(err), type="server_error").response()
-        answer, logprobs = self._served(admitted, admitted.call.finish(result))
+        answer, logprobs = self._served(admitted, answer)
         self._observe(endpoint, admitted, result, admitted.handle.first_token_at)
         prefix = "chatcmpl" if admitted.chat else "cmpl"
         return JSONResponse(respond(new_id(prefix), self.model_name, answer, logprobs), headers=record_headers(answer.record))

@@ -12,7 +12,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 from fides_rag import FidesDecoder, GenerationResult
 from fides_rag.calls import (
     DOCUMENTS_INSTRUCTION, Answer, AnswerLog, Call, CallFactory, CallOptions, ChatPlan, ChatPrompts, DecodingFields, FidesFallbackError,
-    ToolCalling,
+    ToolCalling, UnansweredError,
 )
 from fides_rag.calls.decoders import decoder_for, decoder_identity
 from fides_rag.calls.options import SAMPLING
@@ -20,7 +20,7 @@ from fides_rag.generation.streaming import iterate_in_thread
 
 from langchain_fides._discovery import model_parent_var
 
-__all__ = ["FidesFallbackError", "FidesParams"]
+__all__ = ["FidesFallbackError", "FidesParams", "UnansweredError"]
 CALL_OPTIONS = ("documents", "fides_question", "max_tokens", "model")
 """What a call may pass beside the core's options (method, max_new_tokens, strict, sampling, grammar, ...)."""
 
@@ -116,7 +116,14 @@ class FidesParams(DecodingFields):
         return self._calls.call(plan, opts, calling, extra={"model_name": self.model_id or type(self._dec.model).__name__})
 
     def _run(self, call: Call) -> Answer:
-        return self._answers.add(call.run())
+        return self._answered(self._answers.add(call.run()))
+
+    @staticmethod
+    def _answered(answer: Answer) -> Answer:
+        """`answer`, or UnansweredError when an agent's turn answered nothing (with the cause; the record is kept)."""
+        if answer.unanswered is not None:
+            raise UnansweredError(answer.unanswered, answer)
+        return answer
 
     # -- LangChain's entry points: the same for both models, over `_results` (one call's result) and `_stream_items`
 

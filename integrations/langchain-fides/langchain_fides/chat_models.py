@@ -151,4 +151,5 @@ class ChatFides(FidesParams, BaseChatModel):
                 yield ChatGenerationChunk(message=AIMessageChunk(content=delta))
             else:  # the last chunk: the last delta, the calls, the record
                 answer.text = delta
-                yield ChatGenerationChunk(message=self._message(self._answers.add(answer), chunk=True), generation_info=answer.record)
+                self._answered(self._answers.add(answer))
+                yield ChatGenerationChunk(message=self._message(answer, chunk=True), generation_info=answer.record)

@@ -54,6 +54,33 @@ def test_function_agent_runs_fides_on_the_tool_messages(llm, search, streaming):
     assert output.response.role == MessageRole.ASSISTANT and "Rome" in output.response.content  # measured: the tool's evidence
 
 
+@pytest.fixture(scope="module")
+def docs_search(minilm_path):
+    """The search tool of docs/llamaindex.md's agent: an index over the quick start's two texts."""
+    from llama_index.core import Document, VectorStoreIndex
+    from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+
+    texts = ["The Eiffel Tower is a wrought-iron lattice tower in Rome, Italy.", "Mount Everest is located in the Alps in Switzerland."]
+    index = VectorStoreIndex.from_documents([Document(text=t) for t in texts], embed_model=HuggingFaceEmbedding(model_name=minilm_path, device="cpu"))
+    metadata = ToolMetadata(name="search_documents", description="Search the documents for facts about landmarks.", fn_schema=Query)
+    return RetrieverTool(index.as_retriever(similarity_top_k=1), metadata)
+
+
+@pytest.mark.parametrize("question", ["Who wrote Hamlet?", "Where is Mount Everest?"])
+def test_the_docs_agent_never_answers_nothing_silently(llm, docs_search, question):
+    """Measured before the answer rules: "Where is Mount Everest?" began its answering turn with <tool_response>
+    (where the answer stops) and the agent answered '' with finish_reason "stop"."""
+    agent = FunctionAgent(tools=[docs_search], llm=llm, initial_tool_choice="search_documents",
+                          system_prompt="Answer questions about landmarks in one short sentence, from the search results.")
+    try:
+        output = asyncio.run(_run(agent, question))
+    except Exception as err:  # UnansweredError, as the workflow reports it: the cause is named
+        assert "the model answered nothing: " in str(err)
+        return
+    print(f"[docs agent] {question!r} -> {output.response.content!r} notes={llm.history[-1]['info']['notes']}")
+    assert output.response.content.strip()
+
+
 async def _run(agent: FunctionAgent, question: str):
     return await agent.run(user_msg=question, max_iterations=4)
 

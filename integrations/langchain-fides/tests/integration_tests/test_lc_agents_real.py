@@ -88,3 +88,22 @@ def test_readme_agent_quick_start_runs_as_written():
     lines = done.stdout.splitlines()
     assert len(lines) == 4 and lines[0] == "Place(city='Rome', country='Italy')", lines  # what its comments say
     assert "Rome" in lines[1] and lines[2] == "tool_messages fides" and lines[3] == "True", lines
+
+
+def get_weather(city: str) -> str:
+    """The weather in a city."""
+    return f"It is sunny in {city}."
+
+
+@pytest.mark.parametrize("question", ["Where is the Eiffel Tower?", "Who wrote Hamlet?", "Where is Mount Everest?"])
+def test_an_agent_with_a_second_tool_never_answers_nothing_silently(chat, search, question):
+    """Measured before the answer rules: with a weather tool beside search, SmolLM2's answering turn began with
+    <tool_response> (where the answer stops) and the agent answered ''."""
+    agent = create_agent(chat, [search, get_weather], middleware=[retrieve_first])
+    try:
+        final = agent.invoke({"messages": [("user", question)]}, {"recursion_limit": 6})["messages"][-1]
+    except ValueError as err:  # UnansweredError: the framework's own error, naming the cause
+        assert "the model answered nothing: " in str(err)
+        return
+    print(f"[agent, two tools] {question!r} -> {final.content!r} notes={final.response_metadata['notes']}")
+    assert isinstance(final, AIMessage) and not final.tool_calls and final.content.strip()

@@ -8,7 +8,7 @@ from typing import Any
 
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse, CompletionResponse, MessageRole
 
-from fides_rag.calls import Answer, Call, CallOptions, ChatPlan, ToolCalling
+from fides_rag.calls import Answer, Call, CallOptions, ChatPlan, ToolCalling, UnansweredError
 
 from llama_index.llms.fides.options import CALL_OPTIONS, GENERATION_OPTIONS
 
@@ -32,7 +32,11 @@ class PairDecoding:
         return {**answer.result.to_dict(), **{k: answer.record[k] for k in PAIR_EXTRAS if k in answer.record}}
 
     def _respond(self, answer: Answer, chat: bool, text: str | None = None, delta: str | None = None) -> Any:
+        """The LlamaIndex response of `answer`, or UnansweredError when an agent's turn answered nothing (with the
+        cause; the record is kept in the history)."""
         info = self._history.add(answer).record
+        if answer.unanswered is not None:
+            raise UnansweredError(answer.unanswered, answer)
         if not chat:
             return CompletionResponse(text=answer.text if text is None else text, delta=delta, raw=self._raw(answer), additional_kwargs=info)
         extra = {"tool_calls": [c.openai() for c in answer.tool_calls]} if answer.tool_calls else {}

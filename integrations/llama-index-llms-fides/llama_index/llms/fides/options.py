@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fides_rag.calls import CONSTRAINTS, FidesFallbackError
+from fides_rag.calls import CONSTRAINTS, FidesFallbackError, UnansweredError
 from fides_rag.calls.options import SAMPLING
 
-__all__ = ["CALL_OPTIONS", "CONSTRAINTS", "FidesFallbackError", "GENERATION_OPTIONS"]
+__all__ = ["CALL_OPTIONS", "CONSTRAINTS", "FidesFallbackError", "GENERATION_OPTIONS", "UnansweredError"]
 
 GENERATION_OPTIONS: tuple[str, ...] = ("method", "max_new_tokens", "stop", *SAMPLING)
 """Per-call overrides accepted by complete/chat/predict and their stream/async forms."""

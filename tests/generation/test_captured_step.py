@@ -1,0 +1,68 @@
+"""The captured decode step (`compile=`): fast mode's one-token forward under torch.compile(fullgraph=True), padded to
+a batch bucket, gives eager's tokens, and requests of one bucket join and leave without a recompilation; bad options
+are refused when the decoder is built."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fides_rag import FidesDecoder, PromptTemplate, get_method
+
+QUESTIONS = ["What is the capital of France?", "Who chose Canberra?", "What jumps?", "Where is the Seine?", "Who was chosen?"]
+DOCUMENTS = [["Lyon is the capital of France."], ["Canberra was chosen."], ["The fox jumps."], ["Paris."], ["Nobody."]]
+BUDGETS = [3, 9, 5, 12, 7]  # rows leave at different steps while others decode
+METHODS = {"standard": "standard", "fides": "fides", "decore": get_method("decore", heads={1: [0], 3: [1, 2]})}
+
+
+def eager_and_captured(model, tokenizer, **options):
+    template = PromptTemplate(stop=())
+    return (FidesDecoder(model, tokenizer, prompt_template=template, mode="fast"),
+            FidesDecoder(model, tokenizer, prompt_template=template, mode="fast", compile="eager", kv_pool_tokens=4096, **options))
+
+
+@pytest.mark.parametrize(("family", "name"), [("llama", "standard"), ("llama", "fides"), ("llama", "decore"), ("gemma3_text", "fides")])
+def test_requests_of_one_bucket_join_and_leave_without_a_recompilation_and_get_eager_tokens(tiny_models, tokenizer, family, name):
+    eager, captured = eager_and_captured(tiny_models[family], tokenizer, buckets=[16])
+    method = METHODS[name]
+    captured.generate(QUESTIONS[0], DOCUMENTS[0], method=method, max_new_tokens=3)  # compiles the bucket once
+    alone = [eager.generate(q, d, method=method, max_new_tokens=n) for q, d, n in zip(QUESTIONS, DOCUMENTS, BUDGETS)]
+    with torch.compiler.set_stance("fail_on_recompile"):  # a graph break or a recompilation raises
+        handles = [captured.submit(q, d, method=method, max_new_tokens=n) for q, d, n in zip(QUESTIONS, DOCUMENTS, BUDGETS)]
+        results = [h.result() for h in handles]
+    for expected, got in zip(alone, results):
+        assert got.token_ids == expected.token_ids and got.finish_reason == expected.finish_reason
+        for x, y in zip(expected.steps, got.steps):
+            for key in x.values:
+                assert y.values[key] == pytest.approx(x.values[key], abs=1e-5)
+
+
+def test_a_step_past_the_largest_bucket_runs_eagerly_with_the_same_tokens(tiny_llama, tokenizer):
+    eager, captured = eager_and_captured(tiny_llama, tokenizer, buckets=[1])
+    expected = eager.generate(QUESTIONS[0], DOCUMENTS[0], method="fides", max_new_tokens=6)  # two rows: more than bucket 1
+    assert captured.generate(QUESTIONS[0], DOCUMENTS[0], method="fides", max_new_tokens=6).token_ids == expected.token_ids
+
+
+@pytest.mark.slow
+def test_the_inductor_captured_step_gives_eager_tokens(tiny_llama, tokenizer):
+    template = PromptTemplate(stop=())
+    eager = FidesDecoder(tiny_llama, tokenizer, prompt_template=template, mode="fast")
+    captured = FidesDecoder(tiny_llama, tokenizer, prompt_template=template, mode="fast", compile=True, buckets=[4], kv_pool_tokens=2048)
+    for question, documents in zip(QUESTIONS[:2], DOCUMENTS[:2]):
+        expected = eager.generate(question, documents, method="fides", max_new_tokens=5)
+        assert captured.generate(question, documents, method="fides", max_new_tokens=5).token_ids == expected.token_ids
+
+
+@pytest.mark.parametrize("buckets", [[], [4, 2], [0, 8], [1, 1], [2.0], "8", [True]])
+def test_buckets_that_are_not_increasing_positive_integers_are_refused(tiny_llama, tokenizer, buckets):
+    with pytest.raises(ValueError, match="buckets must be a non-empty sequence of strictly increasing positive integers"):
+        FidesDecoder(tiny_llama, tokenizer, mode="fast", compile="eager", buckets=buckets)
+
+
+def test_compile_needs_fast_mode_and_a_backend_name(tiny_llama, tokenizer):
+    with pytest.raises(ValueError, match="compile needs mode='fast'"):
+        FidesDecoder(tiny_llama, tokenizer, mode="exact", compile=True)
+    with pytest.raises(ValueError, match="compile must be True, False or the name of a torch.compile backend"):
+        FidesDecoder(tiny_llama, tokenizer, mode="fast", compile=3)
+    with pytest.raises(ValueError, match="kv_pool_tokens must be None or an integer >= 1"):
+        FidesDecoder(tiny_llama, tokenizer, mode="fast", kv_pool_tokens=0)

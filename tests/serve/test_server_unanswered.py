@@ -1,0 +1,44 @@
+"""Over HTTP, an agent's turn that answers nothing is decoded once more under the answer rules, and when it answers
+nothing again the response (200) carries the cause in its record and headers. In-process app, tiny model biased
+towards one token, with that token as a stop."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from fides_rag import FidesDecoder
+from fides_rag.serve.app import build_app
+from fides_rag.testing import build_tiny_model
+
+SEARCH = {"type": "function", "function": {"name": "search", "description": "Search the documents.", "parameters": {
+    "type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}
+MESSAGES = [{"role": "user", "content": "Where is the Eiffel Tower?"},
+            {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "search", "arguments": "{\"query\": \"tower\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "The Eiffel Tower is in Rome."}]
+
+
+@pytest.fixture(scope="module")
+def client(chat_tokenizer):
+    model = build_tiny_model("llama", len(chat_tokenizer))
+    z = chat_tokenizer("Z", add_special_tokens=False)["input_ids"][0]
+
+    def prefer_z(module, inputs, logits):
+        logits = logits.clone()
+        logits[..., z] += 1000.0
+        return logits
+
+    model.lm_head.register_forward_hook(prefer_z)
+    return TestClient(build_app(FidesDecoder(model, chat_tokenizer, max_new_tokens=6), model_name="tiny"))
+
+
+def test_an_agent_turn_that_answers_nothing_says_why(client):
+    response = client.post("/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "tools": [SEARCH],
+                                                         "tool_choice": "none", "stop": ["Z"], "max_tokens": 6})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    notes = body["fides"]["notes"]
+    assert body["choices"][0]["message"]["content"] == "" and body["fides"]["documents_source"] == "tool_messages"
+    assert notes[-2].startswith("the first decoding answered nothing (it began with 'Z'")
+    assert notes[-1] == "the model answered nothing: it began with 'Z', where the answer stops (a stop string), instead of answering"
+    assert "the model answered nothing" in response.headers["x-fides-notes"]
