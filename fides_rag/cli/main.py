@@ -136,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--warmup", type=int, default=3, help="untimed prompts first (default 3)")
     bench.add_argument("--new-tokens", type=int, default=64, help="tokens forced per timed decode in latency and raw (default 64)")
     bench.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, ...")
+    bench.add_argument("--mode", choices=["exact", "fast"], help="the engine's mode (default: exact on the CPU, fast elsewhere)")
     bench.add_argument("--serving-requests", type=_integer_at_least(2), default=64, help="requests per load in serving (default 64)")
     bench.add_argument("--serving-loads", default="0.5,1,2", help="loads of serving, as multiples of the sequential capacity (default 0.5,1,2)")
     bench.add_argument("--max-num-batched-tokens", type=_integer_at_least(1), default=None,
@@ -229,7 +230,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         run_bench(
             [m for m in args.models.split(",") if m], [s for s in args.sections.split(",") if s], data=args.data,
-            samples=args.samples, warmup=args.warmup, new_tokens=args.new_tokens, device=args.device, out=args.out,
+            samples=args.samples, warmup=args.warmup, new_tokens=args.new_tokens, device=args.device, out=args.out, mode=args.mode,
             serving={"n_requests": args.serving_requests, "loads": _loads(args.serving_loads),
                      "max_num_batched_tokens": args.max_num_batched_tokens},
             budget={"budgets": args.budgets, "load": args.budget_load, "n_requests": args.serving_requests},

@@ -232,16 +232,18 @@ def run_bench(
     out: str | Path | None = None,
     serving: dict[str, Any] | None = None,
     budget: dict[str, Any] | None = None,
+    mode: str | None = None,
     log=lambda message: print(message, flush=True),
 ) -> dict:
     """Run the chosen sections on each model; write JSON to `out` after every section (nothing is lost)."""
     from fides_rag.models.loading import load_model
 
     examples = load_nq_swap(data)
-    report: dict[str, Any] = {"machine": machine(), "protocol": {"samples": samples, "warmup": warmup, "new_tokens": new_tokens}, "models": {}}
+    report: dict[str, Any] = {"machine": machine(), "protocol": {"samples": samples, "warmup": warmup, "new_tokens": new_tokens, "mode": mode},
+                              "models": {}}
     for name in models:
         model, tokenizer = load_model(name, device=device)
-        bench = Bench(FidesDecoder(model, tokenizer, config=FidesConfig()), examples)
+        bench = Bench(FidesDecoder(model, tokenizer, config=FidesConfig(), mode=mode), examples)
         result: dict[str, Any] = {}
         report["models"][name] = result
         for section in sections:
