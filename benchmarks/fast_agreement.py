@@ -5,8 +5,8 @@ exact mode and once in fast mode (on the CPU, where both run). For each method i
 tokens are equal, where the first difference falls, and, for FIDES, the largest |alpha difference| over the steps
 where the tokens agree.
 
-    python benchmarks/fast_agreement.py --backbone smollm2-135m-instruct --rows 100 --out results/fast-agreement/smollm2.json
-    python benchmarks/fast_agreement.py --backbone gemma3-270m --rows 100 --out results/fast-agreement/gemma3.json
+    python benchmarks/fast_agreement.py --backbone smollm2-135m-instruct --rows 100 --out results/fast-agreement/smollm2-135m-instruct.json
+    python benchmarks/fast_agreement.py --backbone gemma3-270m --rows 100 --out results/fast-agreement/gemma3-270m.json
 """
 
 from __future__ import annotations
