@@ -70,7 +70,7 @@ def test_a_tight_bound_evicts_blocks_and_keeps_the_tokens(tiny_llama, tokenizer)
 
 def _layer(heads: int, length: int) -> DynamicLayer:
     layer = DynamicLayer()
-    layer.keys, layer.values = torch.randn(1, heads, length, 4), torch.randn(1, heads, length, 4)
+    layer.keys, layer.values = torch.randn(1, heads, length, 4, dtype=torch.float32), torch.randn(1, heads, length, 4, dtype=torch.float32)
     return layer
 
 

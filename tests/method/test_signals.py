@@ -9,7 +9,15 @@ import torch
 
 from fides_rag.method import signals
 
-torch.set_default_dtype(torch.float64)
+
+
+@pytest.fixture(autouse=True)
+def float64_by_default():
+    """These tests build their tensors in float64 (the references are float64); other modules keep float32."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(before)
 
 
 def softmax_list(row: list[float]) -> list[float]:
