@@ -11,17 +11,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fides_rag.method.config import FidesConfig
-from fides_rag.generation.settings import MAX_SEED, sampling_options
+from fides_rag.generation.request_options import CALL, REQUEST_OPTIONS, options_of
+from fides_rag.generation.settings import sampling_options
 from fides_rag.prompts.template import document_texts
 from fides_rag.rules import ContrastRule, accepts_option, get_method
 
 logger = logging.getLogger("fides_rag.calls")
 
-CONSTRAINTS = ("json_schema", "regex", "grammar")
+CONSTRAINTS = options_of(CALL, "constraint")
 """Grammar-constrained decoding options (at most one per call)."""
-SAMPLING = ("do_sample", "temperature", "top_p", "top_k", "seed")
-OPTIONS = frozenset({"method", "fides_config", "max_new_tokens", "stop", "strict", *SAMPLING, *CONSTRAINTS})
-"""What a call may set (each front door adds its own: documents, tools, ...)."""
+SAMPLING = options_of(CALL, "sampling")
+OPTIONS = frozenset(options_of(CALL))
+"""What a call may set (each front door adds its own: documents, tools, ...); declared in `REQUEST_OPTIONS`."""
 
 
 FIDES_CONSTANTS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(FidesConfig) if f.name != "source")
@@ -94,8 +95,15 @@ def resolve_method(method: str | ContrastRule, config: FidesConfig | None = None
 
 def positive_budget(value: Any) -> int:
     """`value` as a token budget (a positive integer), or a ValueError naming max_new_tokens."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise CallInputError(f"max_new_tokens must be a positive integer, got {value!r}", "max_new_tokens")
+    return _checked("max_new_tokens", value)
+
+
+def _checked(name: str, value: Any) -> Any:
+    """`value` of option `name`, or a CallInputError naming the option and what it must be."""
+    try:
+        REQUEST_OPTIONS[name].check(value)
+    except ValueError as err:
+        raise CallInputError(str(err), name) from None
     return value
 
 
@@ -124,7 +132,7 @@ class CallOptions:
         constraint = {k: call[k] for k in CONSTRAINTS if call.get(k) is not None}
         if len(constraint) > 1:
             raise CallInputError(f"give at most one of json_schema=, regex= and grammar=, got {', '.join(constraint)}", next(iter(constraint)))
-        asked = merged.get("method") or "fides"
+        asked = merged.get("method") or REQUEST_OPTIONS["method"].default
         method = asked
         try:
             method = resolve_method(method, merged.get("fides_config"), explicit_config=call.get("fides_config") is not None)
@@ -133,16 +141,15 @@ class CallOptions:
         except ValueError as err:
             raise CallInputError(str(err), "method") from None
         requested = asked if isinstance(asked, str) else asked.name
-        strict = merged.get("strict", False)
+        strict = merged.get("strict", REQUEST_OPTIONS["strict"].default)
         if not isinstance(strict, bool):
-            raise TypeError(f"strict must be True or False, got {strict!r}")
+            raise TypeError(REQUEST_OPTIONS["strict"].error(strict))
         stop = merged.get("stop") or []
         stops = [stop] if isinstance(stop, str) else [s for s in stop if isinstance(s, str) and s]
-        seed = merged.get("seed")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED):
-            raise CallInputError(f"seed must be None or an integer in [0, 2**63 - 1], got {seed!r}", "seed")  # greedy or not
-        sampling = sampling_options(*(merged.get(k, d) for k, d in zip(SAMPLING, (False, None, 1.0, 0, None))))
-        return cls(method, requested, positive_budget(merged.get("max_new_tokens", 128)), list(dict.fromkeys(stops)), sampling, constraint, strict)
+        _checked("seed", merged.get("seed"))  # greedy or not
+        sampling = sampling_options(*(merged.get(k, REQUEST_OPTIONS[k].default) for k in SAMPLING))
+        budget = positive_budget(merged.get("max_new_tokens", REQUEST_OPTIONS["max_new_tokens"].default))
+        return cls(method, requested, budget, list(dict.fromkeys(stops)), sampling, constraint, strict)
 
     def check_fallback(self, plan: Any) -> None:
         """Raise FidesFallbackError under strict mode, else log a warning, when `plan` cannot use the documents as asked

@@ -1,7 +1,8 @@
 """The keyword options of the public calls, as TypedDicts: one typed `**options` shared by the decoder's
 `submit`, `generate`, `generate_batch`, `stream`, `agenerate` and `astream`, so editors
-complete them and type checkers check them (PEP 692), and a new option is added in one place. Their meaning and
-validation: `GenerationSettings` (generation) and `RequestBuilder` (method, methods).
+complete them and type checkers check them (PEP 692). Each option is declared, with its default, meaning and check,
+in `REQUEST_OPTIONS` (`fides_rag.generation.request_options`); the tests hold these keys to it. Validation:
+`GenerationSettings` (generation) and `RequestBuilder` (method, methods).
 """
 
 from __future__ import annotations

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import sys
 import warnings
 from collections.abc import Mapping
@@ -20,18 +19,15 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from fides_rag.generation.logprobs import MAX_TOP_LOGPROBS
+from fides_rag.generation.request_options import MAX_SEED, MAX_TEMPERATURE, REQUEST_OPTIONS  # noqa: F401 (MAX_*: still importable here)
 
-MAX_SEED = 2**63 - 1
 GREEDY_BELOW_TEMPERATURE = 1e-5
 """A sampling temperature below this decodes greedily (vLLM's convention): the limit of sampling as the
 temperature goes to 0, which dividing the scores by it cannot reach without overflowing them."""
-MAX_TEMPERATURE = 1e30
-"""Above this, the temperature is not representable next to float32 scores (dividing by it gives NaN)."""
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _default(name: str) -> Any:
+    return REQUEST_OPTIONS[name].default
 
 
 def _is_number(value: Any) -> bool:
@@ -70,44 +66,30 @@ class _MinNewTokensOnScoresDevice(MinNewTokensLengthLogitsProcessor):
 
 @dataclass(frozen=True)
 class GenerationSettings:
-    """Per-call generation controls (validated)."""
+    """Per-call generation controls, validated; their defaults, meaning and error texts are the request options'
+    (`fides_rag.generation.request_options`)."""
 
-    max_new_tokens: int = 128
-    min_new_tokens: int = 0
-    """EOS is suppressed until this many tokens exist (transformers' semantics; used to force full length)."""
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
+    max_new_tokens: int = _default("max_new_tokens")
+    min_new_tokens: int = _default("min_new_tokens")
+    do_sample: bool = _default("do_sample")
+    temperature: float = _default("temperature")
+    top_p: float = _default("top_p")
+    top_k: int = _default("top_k")
+    seed: int | None = _default("seed")
     stop: tuple[str, ...] = ()
-    logits_processor: LogitsProcessorList | None = None
-    stopping_criteria: StoppingCriteriaList | None = None
-    json_schema: Any = None
-    """Constrain the answer to JSON valid under this schema (a dict, JSON text or a pydantic model class)."""
-    regex: str | None = None
-    """Constrain the answer to a match of this regular expression."""
-    grammar: Any = None
-    """Constrain the answer to this Lark or GBNF grammar (text), or a compiled `GrammarConstraint`."""
-    logprobs: int | None = None
-    """Record each token's log-probability under the distribution it was chosen from, with this many most likely
-    alternatives (0 to 20; None: record none)."""
+    logits_processor: LogitsProcessorList | None = _default("logits_processor")
+    stopping_criteria: StoppingCriteriaList | None = _default("stopping_criteria")
+    json_schema: Any = _default("json_schema")
+    regex: str | None = _default("regex")
+    grammar: Any = _default("grammar")
+    logprobs: int | None = _default("logprobs")
 
     def __post_init__(self) -> None:
-        if not _is_int(self.max_new_tokens) or self.max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
-        if not _is_int(self.min_new_tokens) or not 0 <= self.min_new_tokens <= self.max_new_tokens:
-            raise ValueError(f"min_new_tokens must be an integer in [0, max_new_tokens], got {self.min_new_tokens!r}")
-        if not isinstance(self.do_sample, bool):
-            raise ValueError(f"do_sample must be True or False, got {self.do_sample!r}")
-        if not _is_number(self.temperature) or not math.isfinite(self.temperature) or not 0 < self.temperature <= MAX_TEMPERATURE:
-            raise ValueError(f"temperature must be a number in (0, {MAX_TEMPERATURE:g}] (use do_sample=False for greedy), got {self.temperature!r}")
-        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
-        if not _is_int(self.top_k) or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
-        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
-            raise ValueError(f"seed must be None or an integer in [0, 2**63 - 1], got {self.seed!r}")
+        REQUEST_OPTIONS["max_new_tokens"].check(self.max_new_tokens)
+        if not isinstance(self.min_new_tokens, int) or isinstance(self.min_new_tokens, bool) or not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(REQUEST_OPTIONS["min_new_tokens"].error(self.min_new_tokens))
+        for name in ("do_sample", "temperature", "top_p", "top_k", "seed"):
+            REQUEST_OPTIONS[name].check(getattr(self, name))
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop strings must be non-empty strings, got {self.stop!r}")
         for name in ("temperature", "top_p"):  # an int (temperature=2) is valid; transformers' warpers take floats only
@@ -118,8 +100,7 @@ class GenerationSettings:
         constraints = [name for name in ("json_schema", "regex", "grammar") if getattr(self, name) is not None]
         if len(constraints) > 1:
             raise ValueError(f"give at most one of json_schema=, regex= and grammar=, got {', '.join(constraints)}")
-        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
-            raise ValueError(f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}] (alternatives per token), got {self.logprobs!r}")
+        REQUEST_OPTIONS["logprobs"].check(self.logprobs)
         if self.regex is not None and not isinstance(self.regex, str):
             raise ValueError(f"regex must be a string, got {type(self.regex).__name__}")
         if not self.do_sample and (self.temperature != 1.0 or self.top_p != 1.0 or self.top_k != 0 or self.seed is not None):

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from fides_rag.generation.logprobs import MAX_TOP_LOGPROBS
+from fides_rag.generation.request_options import option_field
 
 
 class _Strict(BaseModel):
@@ -79,7 +79,7 @@ class AgentFields(_Strict):
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    top_logprobs: int | None = option_field("logprobs")
 
     def top_logprob_count(self) -> int | None:
         """Alternatives per token to record (None: no logprobs asked)."""

@@ -1,5 +1,6 @@
 """The request bodies this server accepts: OpenAI's chat and completion fields that it honours (the agents' fields
-in `agent_fields`), plus FIDES's extras (`documents`, `method`, `fides_config`, `no_context_path`). Any other field
+in `agent_fields`), plus FIDES's extras (`documents`, `method`, `fides_config`, `no_context_path`). The request options'
+fields take their bounds and descriptions from `REQUEST_OPTIONS` (unset: None, the server's default). Any other field
 is refused, never ignored."""
 
 from __future__ import annotations
@@ -8,8 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
 
-from fides_rag.generation.logprobs import MAX_TOP_LOGPROBS
-from fides_rag.generation.settings import MAX_SEED
+from fides_rag.generation.request_options import option_field
 from fides_rag.serve.agent_fields import AgentFields, NoOpFields
 
 
@@ -56,21 +56,22 @@ class Sampling(NoOpFields, _Strict):
     """The fields every generation request shares."""
 
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
-    """Checked whatever the temperature (greedy decoding ignores it), in the range sampling takes."""
-    stop: str | list[str] | None = None
+    max_tokens: int | None = option_field("max_new_tokens", default=None)
+    temperature: float | None = option_field("temperature", default=None, gt=None, ge=0, le=2,
+                                             description="Sampling temperature, OpenAI's range: 0 decodes greedily.")
+    top_p: float | None = option_field("top_p", default=None)
+    seed: int | None = option_field("seed")
+    stop: str | list[str] | None = option_field("stop", description="Up to 4 stop strings; the answer is cut before the first one.")
     n: int = Field(default=1, ge=1, le=1, description="one choice per request")
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     # FIDES's extras (the openai client sends them with extra_body)
     documents: list[StrictStr] | None = None
-    method: str | None = None
-    fides_config: dict[str, Any] | None = None
-    no_context_path: Literal["emptied", "question"] | None = None
+    method: str | None = option_field("method", default=None, description="The decoding method (unset: the server's --method).")
+    fides_config: dict[str, Any] | None = option_field("fides_config", description="FIDES's constants as FidesConfig's "
+                                                       "fields (unset: the server's).")
+    no_context_path: Literal["emptied", "question"] | None = option_field("no_context_path", default=None)
 
     @field_validator("stop")
     @classmethod
@@ -86,7 +87,7 @@ class Sampling(NoOpFields, _Strict):
 
 class ChatCompletionRequest(AgentFields, Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = option_field("max_new_tokens", default=None)
 
     def budget(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -94,7 +95,7 @@ class ChatCompletionRequest(AgentFields, Sampling):
 
 class CompletionRequest(Sampling):
     prompt: str | list[str]
-    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    logprobs: int | None = option_field("logprobs")
 
     @field_validator("prompt")
     @classmethod

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from fides_rag.calls import CONSTRAINTS, FidesFallbackError, UnansweredError
 from fides_rag.calls.options import SAMPLING
+from fides_rag.generation.request_options import CALL, options_of
 
 __all__ = ["CALL_OPTIONS", "CONSTRAINTS", "FidesFallbackError", "GENERATION_OPTIONS", "UnansweredError"]
 
 GENERATION_OPTIONS: tuple[str, ...] = ("method", "max_new_tokens", "stop", *SAMPLING)
 """Per-call overrides accepted by complete/chat/predict and their stream/async forms."""
-CALL_OPTIONS: tuple[str, ...] = (*GENERATION_OPTIONS, *CONSTRAINTS, "strict", "documents", "no_context_prompt", "tools", "tool_choice")
+CALL_OPTIONS: tuple[str, ...] = (*options_of(CALL), "documents", "no_context_prompt", "tools", "tool_choice")
+"""Every keyword a call may pass: the request options of a call (`fides_rag.generation.request_options`) and LlamaIndex's own."""
