@@ -161,6 +161,7 @@ class DecodeEngine:
             raise ValueError(f"kv_pool_tokens must be None or an integer >= 1 (the fast-mode KV pool's first size in positions), got {kv_pool_tokens!r}")
         self.kv_pool_tokens = kv_pool_tokens
         self.captured = self._captured_step(compile, buckets)
+        self.scheduler.buckets = self.captured.buckets if self.captured is not None else None
         """The compiled decode step (`compile`), or None."""
         self._flight = InFlight(
             self.anatomy, lambda: self._running_batch(pad, split_prefill), self.stats,

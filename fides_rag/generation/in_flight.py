@@ -96,7 +96,7 @@ class InFlight:
         state_layers, layers = self.lanes.capture_layers([r.effective for j in self.prefilling for r in j.ticket.request.decoded])
         with LayerCapture(self.anatomy, layers) as capture, self._masking() as masker:
             if not batch.empty:
-                batch.forward(batch.layout.next_tokens(old_units), capture, masker)
+                batch.forward(batch.layout.next_tokens(old_units), capture, masker, plan.bucket)
             if whole:
                 units = [(u, t.request.example, u.head_set) for t in whole for u in t.units]
                 groups, head_sets = prefill_groups(units, batch.layout.num_rows)

@@ -29,9 +29,12 @@ class PooledBatch(RunningBatch):
     def extendable(self) -> bool:
         return True
 
-    def forward(self, tokens: Sequence[int], capture: LayerCapture, masker: HeadMasker | None) -> None:
+    def forward(self, tokens: Sequence[int], capture: LayerCapture, masker: HeadMasker | None, bucket: int | None = None) -> None:
         rows = len(tokens)
-        bucket = self.captured.bucket(rows) if self.captured is not None else None
+        if self.captured is None:
+            bucket = None
+        elif bucket not in self.captured.buckets or bucket < rows:  # the plan's bucket, unless rows changed since
+            bucket = self.captured.bucket(rows)
         padding = (bucket or rows) - rows
         step_ids = torch.tensor([*tokens, *[self.pad_id] * padding], dtype=torch.long).to(self.input_device, non_blocking=True)[:, None]
         self.positions = self.positions + 1  # [R, 1]

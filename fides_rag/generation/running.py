@@ -40,8 +40,8 @@ class RunningBatch:
         """Whether rows can join now (always when empty; else when the cache is ragged)."""
         return self.empty or extendable(self.cache)
 
-    def forward(self, tokens: Sequence[int], capture: LayerCapture, masker: HeadMasker | None) -> None:
-        """One decode forward of every row over its token."""
+    def forward(self, tokens: Sequence[int], capture: LayerCapture, masker: HeadMasker | None, bucket: int | None = None) -> None:
+        """One decode forward of every row over its token (`bucket`: the plan's row count, for a captured step)."""
         step_ids = torch.tensor(list(tokens), dtype=torch.long).to(self.input_device, non_blocking=True)[:, None]  # [R, 1]
         self._grow_mask()  # [R, W + 1]
         self.positions = self.positions[:, -1:] + 1  # [R, 1]

@@ -162,9 +162,12 @@ class Scheduler:
         """This step's budget for prefill chunks: what the decodes leave of max_num_batched_tokens."""
         return StepBudget(self.max_num_batched_tokens - decode_rows)
 
+    buckets: tuple[int, ...] | None = None
+    """The row counts a captured decode step runs at (`compile=`), or None."""
+
     def bucket(self, rows: int) -> int:
-        """The row count a decode of `rows` rows runs at (with no fixed batch sizes, `rows` itself)."""
-        return rows
+        """The row count a decode of `rows` rows runs at: the smallest captured bucket that holds them, else `rows`."""
+        return next((b for b in self.buckets or () if b >= rows), rows)
 
     def schedule(self, running: Running, *, chunked: bool, wait_for: Callable[[Callable[[], bool], float], Any],
                  on_cancelled: Callable[[Ticket], None]) -> ScheduledStep:

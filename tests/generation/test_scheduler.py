@@ -134,3 +134,10 @@ def test_a_request_past_the_context_window_is_refused_naming_what_to_shorten():
         scheduler.check_fits(request)
     request.settings.max_new_tokens = 10
     scheduler.check_fits(request)
+
+
+def test_the_plans_bucket_is_the_smallest_captured_size_that_holds_the_decodes():
+    scheduler = Scheduler(max_num_batched_tokens=64)
+    assert [scheduler.bucket(r) for r in (1, 3, 40)] == [1, 3, 40]  # no captured step: the rows themselves
+    scheduler.buckets = (1, 2, 4, 8, 16, 32)
+    assert [scheduler.bucket(r) for r in (1, 3, 9, 32, 40)] == [1, 4, 16, 32, 40]  # past the largest: eager, as is
