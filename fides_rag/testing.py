@@ -111,3 +111,17 @@ def reference_log_softmax(row: list[float]) -> list[float]:
     top = max(row)
     lse = top + math.log(sum(math.exp(v - top) for v in row))
     return [v - lse for v in row]
+
+
+def prefer_token(model, tokenizer, text: str) -> int:
+    """Bias `model`'s output head towards the one token of `text` (+1000 on its logit), so that it plays a model that
+    always writes it; returns the token's id."""
+    token = tokenizer(text, add_special_tokens=False)["input_ids"][0]
+
+    def prefer(_module, _inputs, logits):
+        logits = logits.clone()
+        logits[..., token] += 1000.0
+        return logits
+
+    model.lm_head.register_forward_hook(prefer)
+    return token

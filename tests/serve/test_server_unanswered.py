@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from fides_rag import FidesDecoder
 from fides_rag.serve.app import build_app
-from fides_rag.testing import build_tiny_model
+from fides_rag.testing import build_tiny_model, prefer_token
 
 SEARCH = {"type": "function", "function": {"name": "search", "description": "Search the documents.", "parameters": {
     "type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}
@@ -21,14 +21,7 @@ MESSAGES = [{"role": "user", "content": "Where is the Eiffel Tower?"},
 @pytest.fixture(scope="module")
 def client(chat_tokenizer):
     model = build_tiny_model("llama", len(chat_tokenizer))
-    z = chat_tokenizer("Z", add_special_tokens=False)["input_ids"][0]
-
-    def prefer_z(module, inputs, logits):
-        logits = logits.clone()
-        logits[..., z] += 1000.0
-        return logits
-
-    model.lm_head.register_forward_hook(prefer_z)
+    prefer_token(model, chat_tokenizer, "Z")
     return TestClient(build_app(FidesDecoder(model, chat_tokenizer, max_new_tokens=6), model_name="tiny"))
 
 

@@ -8,7 +8,7 @@ from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.tools import FunctionTool
 
 from fides_rag import FidesDecoder
-from fides_rag.testing import build_tiny_model, build_tokenizer
+from fides_rag.testing import build_tiny_model, build_tokenizer, prefer_token
 from llama_index.llms.fides import FidesLLM, UnansweredError
 
 
@@ -21,14 +21,7 @@ def search(query: str) -> str:
 def llm():
     tok = build_tokenizer(chat=True)
     model = build_tiny_model("llama", len(tok))
-    z = tok("Z", add_special_tokens=False)["input_ids"][0]
-
-    def prefer_z(module, inputs, logits):
-        logits = logits.clone()
-        logits[..., z] += 1000.0
-        return logits
-
-    model.lm_head.register_forward_hook(prefer_z)
+    prefer_token(model, tok, "Z")
     return FidesLLM.from_decoder(FidesDecoder(model, tok, max_new_tokens=6), stop=["Z"])
 
 

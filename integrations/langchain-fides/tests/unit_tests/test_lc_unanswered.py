@@ -8,7 +8,7 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 
 from fides_rag import FidesDecoder
-from fides_rag.testing import build_tiny_model, build_tokenizer
+from fides_rag.testing import build_tiny_model, build_tokenizer, prefer_token
 from langchain_fides import ChatFides, UnansweredError
 
 
@@ -22,14 +22,7 @@ def search(query: str) -> str:
 def chat():
     tok = build_tokenizer(chat=True)
     model = build_tiny_model("llama", len(tok))
-    z = tok("Z", add_special_tokens=False)["input_ids"][0]
-
-    def prefer_z(module, inputs, logits):
-        logits = logits.clone()
-        logits[..., z] += 1000.0
-        return logits
-
-    model.lm_head.register_forward_hook(prefer_z)
+    prefer_token(model, tok, "Z")
     return ChatFides(decoder=FidesDecoder(model, tok, max_new_tokens=6), stop=["Z"])
 
 
