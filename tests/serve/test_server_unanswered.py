@@ -4,6 +4,8 @@ towards one token, with that token as a stop."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -35,3 +37,16 @@ def test_an_agent_turn_that_answers_nothing_says_why(client):
     assert notes[-2].startswith("the first decoding answered nothing (it began with 'Z'")
     assert notes[-1] == "the model answered nothing: it began with 'Z', where the answer stops (a stop string), instead of answering"
     assert "the model answered nothing" in response.headers["x-fides-notes"]
+
+
+def test_a_streamed_agent_turn_that_answers_nothing_is_decoded_again_and_says_why(client):
+    body = {"model": "tiny", "messages": MESSAGES, "tools": [SEARCH], "tool_choice": "none", "stop": ["Z"], "max_tokens": 6,
+            "stream": True}
+    with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        chunks = [json.loads(line[len("data: "):]) for line in response.iter_lines() if line.startswith("data: {")]
+    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
+    notes = next(c["fides"]["notes"] for c in reversed(chunks) if c.get("fides"))
+    assert content == ""
+    assert notes[-2].startswith("the first decoding answered nothing (it began with 'Z'")
+    assert notes[-1].startswith("the model answered nothing: it began with 'Z'")
