@@ -32,7 +32,7 @@ def run_both(args: argparse.Namespace) -> None:
     several = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.processes),
                "-m", "fides_rag.cli.main", *eval_command(args, args.runs / "several")]
     for command, threads in ((one, args.threads), (several, max(1, args.threads // args.processes))):
-        print("$ OMP_NUM_THREADS=%d %s" % (threads, " ".join(command)), flush=True)
+        print(f"$ OMP_NUM_THREADS={threads} {' '.join(command)}", flush=True)
         subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": str(threads)}, check=True, stdout=subprocess.DEVNULL)
 
 

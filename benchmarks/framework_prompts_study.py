@@ -37,6 +37,7 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_core.prompts import PromptTemplate as LCPromptTemplate
 from llama_index.core import Document as LIDocument
 from llama_index.core import SummaryIndex
+from llama_index.llms.fides import FidesLLM as LIFidesLLM
 
 from fides_rag import FidesDecoder, GenerationResult, PromptPair
 from fides_rag.eval.datasets import QAExample, load_examples
@@ -45,7 +46,6 @@ from fides_rag.eval.significance import paired_bootstrap
 from fides_rag.eval.tables import markdown_table
 from langchain_fides import ChatFides
 from langchain_fides import FidesLLM as LCFidesLLM
-from llama_index.llms.fides import FidesLLM as LIFidesLLM
 
 METHODS = ("standard", "cad", "adacad", "fides")
 CONTRASTIVE = ("cad", "adacad", "fides")

@@ -429,8 +429,9 @@ def footprint(dist: str) -> dict:
 
 
 def measure(lib_name: str, model: str, args) -> dict:
-    from fides_rag.models.loading import resolve_model_source
     from transformers import AutoTokenizer
+
+    from fides_rag.models.loading import resolve_model_source
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_source(model))
     vocab, eos = len(tokenizer), tokenizer.eos_token_id

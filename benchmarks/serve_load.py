@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import quantiles
 from urllib.parse import urlparse
@@ -167,7 +167,7 @@ def start_server(args: argparse.Namespace) -> subprocess.Popen:
     command = [sys.executable, "-m", "fides_rag.cli.main", "serve", "--model", args.model, "--method", args.method,
                "--host", "127.0.0.1", "--port", str(args.port), *args.server_arg]
     print("$ " + " ".join(command), flush=True)
-    log = open(args.server_log, "w")
+    log = open(args.server_log, "w")  # noqa: SIM115 - the server writes it for its whole life
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + args.startup_timeout
     url = f"http://127.0.0.1:{args.port}"

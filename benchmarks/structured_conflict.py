@@ -30,12 +30,11 @@ from typing import Any
 import jsonschema
 
 from fides_rag import FidesDecoder
-from fides_rag.calls import ChatPrompts
+from fides_rag.calls import ChatPrompts, ToolCall, ToolCalling, ToolSpec
 from fides_rag.eval.datasets import QAExample, load_examples
 from fides_rag.eval.metrics import contains_answer
 from fides_rag.eval.significance import paired_bootstrap
 from fides_rag.eval.tables import markdown_table
-from fides_rag.calls import ToolCall, ToolCalling, ToolSpec
 
 METHODS = ("standard", "cad", "adacad", "fides")
 FORMS = ("plain", "structured", "agent")

@@ -22,7 +22,6 @@ from fides_rag.calls.structure import parse_structure, refuse_cutting_stops, ref
 from fides_rag.calls.tools import ToolCall, ToolCallStream, ToolCalling
 from fides_rag.calls.unanswered import answer_rules, is_agent_turn, unanswered_cause
 from fides_rag.decoder import RequestHandle
-from fides_rag.prompts.template import PromptTemplate, TemplateLeftovers
 from fides_rag.result import GenerationResult
 
 logger = logging.getLogger("fides_rag.calls")

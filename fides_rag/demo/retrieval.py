@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fides_rag.extras import require
 from fides_rag.demo.corpus import Corpus, Passage
+from fides_rag.extras import require
 
 logger = logging.getLogger(__name__)
 

@@ -23,11 +23,11 @@ from typing import Any
 from fides_rag.demo.corpus import Corpus, Passage, load_embedded_corpus, load_popqa_corpus
 from fides_rag.demo.metrics import contains_alias, is_correct, recall_at_k
 from fides_rag.demo.noise import inject_noise, noise_count
-from fides_rag.extras import require
 from fides_rag.eval.datasets import QAExample
-from fides_rag.eval.store import PredictionStore
 from fides_rag.eval.significance import paired_bootstrap
+from fides_rag.eval.store import PredictionStore
 from fides_rag.eval.tables import markdown_table, terminal_table
+from fides_rag.extras import require
 
 logger = logging.getLogger(__name__)
 
@@ -296,8 +296,9 @@ def tally(rows: Sequence[dict[str, Any]], methods: Sequence[str], levels: Sequen
 
 
 def _environment(decoder: Any) -> dict[str, str]:
-    import fides_rag
     import torch
+
+    import fides_rag
 
     return {"fides_rag": getattr(fides_rag, "__version__", "?"), "torch": torch.__version__,
             "python": platform.python_version(), "device": str(getattr(decoder, "device", "?"))}

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from fides_rag.extras import require
 from fides_rag.eval.harness import PREDICTIONS, read_predictions
 from fides_rag.eval.metrics import aggregate, normalize_answer
+from fides_rag.extras import require
 
 ANALYSIS_DIR = "analysis"
 CATEGORIES = ("answer", "function", "numeric/entity", "other")
@@ -28,12 +28,7 @@ SIGNALS = ("opposition", "shift", "noise")
 # A fixed English function-word list. Kept rather than sklearn's ENGLISH_STOP_WORDS: that list (318 words) also holds
 # content words ("fire", "bill", "system", "computer", "found", numbers like "two"), which would count as function tokens.
 STOP_WORDS = frozenset(
-    """a an the and or but nor so yet if then than that this these those there here of in on at by for with
-    about against between into through during before after above below to from up down out off over under
-    again further once is are was were be been being am have has had having do does did doing will would
-    shall should can could may might must i me my we our you your he him his she her it its they them their
-    what which who whom whose when where why how all any both each few more most other some such no not only
-    own same too very just also as s t""".split()
+    ["a", "an", "the", "and", "or", "but", "nor", "so", "yet", "if", "then", "than", "that", "this", "these", "those", "there", "here", "of", "in", "on", "at", "by", "for", "with", "about", "against", "between", "into", "through", "during", "before", "after", "above", "below", "to", "from", "up", "down", "out", "off", "over", "under", "again", "further", "once", "is", "are", "was", "were", "be", "been", "being", "am", "have", "has", "had", "having", "do", "does", "did", "doing", "will", "would", "shall", "should", "can", "could", "may", "might", "must", "i", "me", "my", "we", "our", "you", "your", "he", "him", "his", "she", "her", "it", "its", "they", "them", "their", "what", "which", "who", "whom", "whose", "when", "where", "why", "how", "all", "any", "both", "each", "few", "more", "most", "other", "some", "such", "no", "not", "only", "own", "same", "too", "very", "just", "also", "as", "s", "t"]
 )
 _HAS_DIGIT = re.compile(r"\d")
 
@@ -82,7 +77,7 @@ def _labels(records: Sequence[dict[str, Any]]) -> list[str]:
 
 def _alpha_labels(records: Sequence[dict[str, Any]]) -> list[str]:
     """Methods whose steps carry an alpha (the contrastive ones)."""
-    return [l for l in _labels(records) if any(s.get("alpha") is not None for r in records for s in r["outputs"].get(l, {}).get("steps", []))]
+    return [label for label in _labels(records) if any(s.get("alpha") is not None for r in records for s in r["outputs"].get(label, {}).get("steps", []))]
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -147,8 +142,8 @@ def token_selectivity(records: Sequence[dict[str, Any]], out_dir: Path | None = 
         labels = list(result["methods"])
         _grouped_bars(
             out_dir / "token_selectivity.png",
-            {cat: [result["methods"][l]["mean_alpha"][cat] or 0.0 for l in labels] for cat in CATEGORIES},
-            [f"{l}\nAUROC {_f(result['methods'][l]['auroc_answer_vs_rest'])}" for l in labels],
+            {cat: [result["methods"][label]["mean_alpha"][cat] or 0.0 for label in labels] for cat in CATEGORIES},
+            [f"{label}\nAUROC {_f(result['methods'][label]['auroc_answer_vs_rest'])}" for label in labels],
             ylabel="mean α",
             title="Token selectivity: mean α per token category",
             width=max(5, 1.6 * len(labels) + 3),
@@ -241,8 +236,8 @@ def non_conflict_control(records: Sequence[dict[str, Any]], out_dir: Path | None
         labels = list(methods)
         _grouped_bars(
             out_dir / "non_conflict_control.png",
-            {metric.upper(): [methods[l][metric] or 0.0 for l in labels] for metric in ("em", "f1", "accuracy")},
-            [f"{l}\nα {_f(methods[l]['mean_alpha'], 2)}" for l in labels],
+            {metric.upper(): [methods[label][metric] or 0.0 for label in labels] for metric in ("em", "f1", "accuracy")},
+            [f"{label}\nα {_f(methods[label]['mean_alpha'], 2)}" for label in labels],
             ylabel="%",
             title=f"Non-conflict control ({len(aligned)} examples)",
         )
@@ -317,7 +312,7 @@ def example_trace(records: Sequence[dict[str, Any]], out_dir: Path | None = None
     spans = []
     for s, a in zip(steps, alphas):
         rgba = cmap(norm(a))
-        color = "#%02x%02x%02x" % tuple(int(255 * c) for c in rgba[:3])
+        color = "#" + "".join(f"{int(255 * c):02x}" for c in rgba[:3])
         fg = "white" if norm(a) < 0.6 else "black"
         tip = ", ".join(f"{k} {s[k]:.4f}" for k in ("alpha", *SIGNALS) if s.get(k) is not None)
         spans.append(f'<span style="background:{color};color:{fg};padding:2px 1px" title="{html.escape(tip)}">{html.escape(s["token"])}</span>')

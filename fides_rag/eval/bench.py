@@ -194,13 +194,13 @@ class Bench:
         self.decoder.generate_batch(questions[:2], documents[:2], method="fides", max_new_tokens=4)  # warm-up
         for size in batch_sizes:
             out["fides_by_batch_size"][str(size)] = rate(
-                lambda: [self.decoder.generate_batch(questions[i : i + size], documents[i : i + size], method="fides", max_new_tokens=new_tokens) for i in range(0, len(examples), size)]
+                lambda: [self.decoder.generate_batch(questions[i : i + size], documents[i : i + size], method="fides", max_new_tokens=new_tokens) for i in range(0, len(examples), size)]  # noqa: B023 - called at once
             )
         size = 8
         singles = {}
         for method in ("standard", "cad", "adacad", "fides"):
             singles[method] = rate(
-                lambda: [self.decoder.generate_batch(questions[i : i + size], documents[i : i + size], method=method, max_new_tokens=new_tokens) for i in range(0, len(examples), size)]
+                lambda: [self.decoder.generate_batch(questions[i : i + size], documents[i : i + size], method=method, max_new_tokens=new_tokens) for i in range(0, len(examples), size)]  # noqa: B023 - called at once
             )
         out["single_method_batch8"] = singles
         out["four_methods_shared_prefill_batch8"] = rate(

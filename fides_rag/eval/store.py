@@ -127,7 +127,7 @@ class PredictionStore:
 
     def missing(self, examples: Sequence[QAExample], labels: Sequence[str]) -> dict[str, tuple[str, ...]]:
         """example id -> the method labels it still lacks (only examples that lack some)."""
-        todo = {e.id: tuple(l for l in labels if l not in self.kept_outputs(e)) for e in examples}
+        todo = {e.id: tuple(label for label in labels if label not in self.kept_outputs(e)) for e in examples}
         return {i: m for i, m in todo.items() if m}
 
     def decode(

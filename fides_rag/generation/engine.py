@@ -13,27 +13,27 @@ A greedy request gives the same tokens whatever else is in flight.
 from __future__ import annotations
 
 import atexit
-import collections
 import contextlib
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, ContextManager
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from fides_rag.generation.captured_step import DEFAULT_BUCKETS, CapturedStep, check_buckets, check_compile
 from fides_rag.generation.detokenize import IncrementalText
 from fides_rag.generation.in_flight import InFlight
 from fides_rag.generation.kv_cache import DecodeCache, mergeable
 from fides_rag.generation.layout import Unit
-from fides_rag.generation.captured_step import DEFAULT_BUCKETS, CapturedStep, check_buckets, check_compile
 from fides_rag.generation.modes import Mode, resolve_mode
+from fides_rag.generation.paths import masks_heads, paths_run
 from fides_rag.generation.pooled_batch import PooledBatch
 from fides_rag.generation.prefix_cache import DEFAULT_PREFIX_BLOCK_SIZE, DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
-from fides_rag.generation.paths import masks_heads, paths_run
 from fides_rag.generation.prompting import context_window
 from fides_rag.generation.ragged_attention import per_segment_attention
 from fides_rag.generation.requests import Heads, Request
@@ -140,7 +140,7 @@ class DecodeEngine:
         self.model_lock = model_lock(model)
         """Held for every step and for the rules' setup hooks (which may run the model); shared by every engine on
         this model, since the hooks that capture states and mask heads are installed on the model itself."""
-        self.step_context: Callable[[], ContextManager] | None = None
+        self.step_context: Callable[[], AbstractContextManager] | None = None
         """A context manager factory entered around every step on the engine's thread (profilers, torch modes)."""
         self.stats = EngineStats()
         if max_num_batched_tokens is None:

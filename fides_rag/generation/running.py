@@ -10,7 +10,17 @@ from typing import Any
 import torch
 
 from fides_rag.generation.hooks import HeadMasker, LayerCapture
-from fides_rag.generation.kv_cache import Prefilled, RowGroup, cached_length, extend, extendable, left_padded, pad_left, prefill, prune
+from fides_rag.generation.kv_cache import (
+    Prefilled,
+    RowGroup,
+    cached_length,
+    extend,
+    extendable,
+    left_padded,
+    pad_left,
+    prefill,
+    prune,
+)
 from fides_rag.generation.layout import GroupSpec, RowLayout
 from fides_rag.method.lens import ModelAnatomy
 

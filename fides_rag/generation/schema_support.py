@@ -184,10 +184,8 @@ def _finite(root: Any, node: Any, at: str, known: dict[str, bool], why: list[str
             if isinstance(name, str) and name in properties and not needs(properties[name], f"{at}/properties/{name}"):
                 return False
     kind = node.get("type")
-    if (kind == "array" or kind == ["array"]) and isinstance(node.get("minItems"), int) and node["minItems"] > 0:
-        if not needs(node.get("items"), f"{at}/items"):
-            return False
-    return True
+    nonempty_array = (kind == "array" or kind == ["array"]) and isinstance(node.get("minItems"), int) and node["minItems"] > 0
+    return not nonempty_array or needs(node.get("items"), f"{at}/items")
 
 
 def check_finite(schema: Any) -> None:

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
 from transformers import (
     LogitsProcessorList,
     MinNewTokensLengthLogitsProcessor,

@@ -15,8 +15,8 @@ from fides_rag.generation.choosing import NonFiniteLogitsError, choose, criteria
 from fides_rag.generation.gather import StepPlan
 from fides_rag.generation.hooks import stack_states
 from fides_rag.generation.lanes import Lane
-from fides_rag.generation.logprobs import column_count, lane_top_k, logprob_columns, read_logprobs
 from fides_rag.generation.layout import Unit
+from fides_rag.generation.logprobs import column_count, lane_top_k, logprob_columns, read_logprobs
 from fides_rag.generation.running import RunningBatch
 from fides_rag.generation.stopping import finish_reason
 from fides_rag.method.lens import ModelAnatomy

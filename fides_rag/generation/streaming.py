@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import contextvars
 import logging
 import threading
@@ -40,10 +41,8 @@ class Channel(Generic[Item]):
             waiter, self._waiter = self._waiter, None
         if waiter is not None:
             loop, future = waiter
-            try:
+            with contextlib.suppress(RuntimeError):  # the consumer's loop is closed: nobody is reading any more
                 loop.call_soon_threadsafe(lambda: future.done() or future.set_result(None))
-            except RuntimeError:  # the consumer's loop is closed: nobody is reading any more
-                pass
 
     def close(self, error: BaseException | None = None) -> None:
         with self._ready:

@@ -13,16 +13,17 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from fides_rag.models.cache import CACHE_ENV, cache_root  # noqa: F401  (public here too)
 from fides_rag.models.fetching import FETCHED_MODELS, fetched_path
 from fides_rag.models.memory import check_fits
-from fides_rag.models.cache import CACHE_ENV, cache_root  # noqa: F401  (public here too)
 
 logger = logging.getLogger(__name__)
 

@@ -6,8 +6,9 @@ between the paths' predictions comes from the evidence.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
+from typing import Any, Generic, TypeVar
 
 
 class ContextWindowExceeded(ValueError):

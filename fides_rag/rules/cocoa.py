@@ -39,9 +39,9 @@ from typing import Any
 
 import torch
 
+from fides_rag.method.signals import opposition
 from fides_rag.rules.base import ContrastRule, StepInputs, StepOutput
 from fides_rag.rules.registry import register_method
-from fides_rag.method.signals import opposition
 
 SHIPPED = {
     "alpha": 0.5,

@@ -48,15 +48,16 @@ Deviations, and why:
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from fides_rag.method.heads import DiscoverySettings, retrieval_heads
 from fides_rag.method.lens import ModelAnatomy
+from fides_rag.method.signals import contrast_logits
 from fides_rag.rules.base import CONTEXT, MASKED_HEADS, ContrastRule, StepInputs, StepOutput
 from fides_rag.rules.registry import register_method
-from fides_rag.method.signals import contrast_logits
 
 VARIANTS = ("entropy", "vanilla")
 REFERENCE_NUM_HEADS, REFERENCE_TOTAL_HEADS = 50, 1024  # the reference's num_retrieval_heads, of Llama-3-8B's 32 x 32

@@ -9,8 +9,8 @@ import pytest
 
 from fides_rag import FidesDecoder, PromptPair
 from fides_rag.calls import ChatPrompts
-from fides_rag.testing import CHAT_TEMPLATE, build_tokenizer
 from fides_rag.calls.tools import ToolCall, ToolCalling, ToolSpec
+from fides_rag.testing import CHAT_TEMPLATE, build_tokenizer
 
 SEARCH = ToolSpec("search", "Search the documents.", {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]})
 ADD = ToolSpec("add", "Add two integers.", {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]})

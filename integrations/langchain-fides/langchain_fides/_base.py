@@ -11,13 +11,22 @@ from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from fides_rag import FidesDecoder, GenerationResult
 from fides_rag.calls import (
-    DOCUMENTS_INSTRUCTION, Answer, AnswerLog, Call, CallFactory, CallOptions, ChatPlan, ChatPrompts, DecodingFields, FidesFallbackError,
-    ToolCalling, UnansweredError,
+    DOCUMENTS_INSTRUCTION,
+    Answer,
+    AnswerLog,
+    Call,
+    CallFactory,
+    CallOptions,
+    ChatPlan,
+    ChatPrompts,
+    DecodingFields,
+    FidesFallbackError,
+    ToolCalling,
+    UnansweredError,
 )
 from fides_rag.calls.decoders import decoder_for, decoder_identity
 from fides_rag.calls.options import SAMPLING
 from fides_rag.generation.streaming import iterate_in_thread
-
 from langchain_fides._discovery import model_parent_var
 
 __all__ = ["FidesFallbackError", "FidesParams", "UnansweredError"]

@@ -15,7 +15,6 @@ from langchain_core.runnables import Runnable
 
 from fides_rag.calls import DOCUMENTS_INSTRUCTION, Answer, ChatPlan, ToolCalling, tool_choice_name, turn_of
 from fides_rag.prompts.template import document_texts
-
 from langchain_fides._base import CALL_OPTIONS, FidesParams
 from langchain_fides._discovery import recorder
 from langchain_fides._tools import lc_tool_calls, openai_tools, structured_output

@@ -14,7 +14,6 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from fides_rag.calls import Answer, ChatPlan, documents_beside
 from fides_rag.calls.options import plain_options
 from fides_rag.prompts.template import document_texts
-
 from langchain_fides._base import FidesParams
 from langchain_fides._discovery import recorder
 from langchain_fides.prompts import FidesPromptValue

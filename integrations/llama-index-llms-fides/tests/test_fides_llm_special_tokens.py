@@ -8,9 +8,9 @@ import pytest
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.chat_engine.context import DEFAULT_CONTEXT_TEMPLATE
 from llama_index.core.prompts.default_prompt_selectors import DEFAULT_TEXT_QA_PROMPT_SEL
+from llama_index.llms.fides import FidesLLM
 
 from fides_rag import FidesDecoder, load_model
-from llama_index.llms.fides import FidesLLM
 
 QUESTION = "What is the capital of France?"
 CLEAN = "Lyon is the capital of France."

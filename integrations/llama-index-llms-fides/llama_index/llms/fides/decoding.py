@@ -7,10 +7,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse, CompletionResponse, MessageRole
+from llama_index.llms.fides.options import CALL_OPTIONS, GENERATION_OPTIONS
 
 from fides_rag.calls import Answer, Call, CallOptions, ChatPlan, ToolCalling, UnansweredError
-
-from llama_index.llms.fides.options import CALL_OPTIONS, GENERATION_OPTIONS
 
 PAIR_EXTRAS = ("documents_source", "num_documents", "tool_format", "tool_choice")
 """What the response's raw dict carries beside the result (an agent's final output carries only `raw`)."""

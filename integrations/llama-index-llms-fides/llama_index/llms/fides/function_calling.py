@@ -14,10 +14,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse, MessageRole
+from llama_index.llms.fides.tools import tool_selections
 
 from fides_rag.calls import ToolSpec, tool_choice_name
-
-from llama_index.llms.fides.tools import tool_selections
 
 
 class FunctionCalling:

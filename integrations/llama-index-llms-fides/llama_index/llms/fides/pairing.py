@@ -10,14 +10,14 @@ from typing import Any
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.chat_engine.context import DEFAULT_CONTEXT_TEMPLATE
 from llama_index.core.prompts.base import BasePromptTemplate
-
-from fides_rag.calls import ChatPlan, ChatPrompts, ContextMessages, ToolCalling, role_of, turn_of
-from fides_rag.prompts.template import document_texts
-from fides_rag.prompts.raw import render_chat
-
 from llama_index.llms.fides.context import CONTEXT_VARIABLES, find_context, prompt_type
 from llama_index.llms.fides.prompts import is_fides_rag_template
 from llama_index.llms.fides.tools import message_calls
+
+from fides_rag.calls import ChatPlan, ChatPrompts, ContextMessages, ToolCalling, role_of, turn_of
+from fides_rag.prompts.raw import render_chat
+from fides_rag.prompts.template import document_texts
+
 
 def _extra(prompt_type: str | None, variables: Sequence[str] = (), context: str | None = None) -> dict[str, Any]:
     """What a plan adds to the FIDES record: the prompt's type, its context variables and context."""

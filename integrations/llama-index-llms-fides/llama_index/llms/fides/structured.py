@@ -21,13 +21,12 @@ from llama_index.core.instrumentation.events.llm import LLMStructuredPredictEndE
 from llama_index.core.program.utils import process_streaming_objects
 from llama_index.core.prompts.base import BasePromptTemplate
 from llama_index.core.types import PydanticProgramMode
-
-from fides_rag.generation.streaming import iterate_in_thread
-from fides_rag.calls import parse_structure, with_structure
-from fides_rag.calls.options import split_template_args
-
 from llama_index.llms.fides.context import find_context
 from llama_index.llms.fides.options import CALL_OPTIONS
+
+from fides_rag.calls import parse_structure, with_structure
+from fides_rag.calls.options import split_template_args
+from fides_rag.generation.streaming import iterate_in_thread
 
 dispatcher = get_dispatcher(__name__)
 
