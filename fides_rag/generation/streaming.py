@@ -11,7 +11,7 @@ import contextlib
 import contextvars
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 from fides_rag.generation.stopping import first_stop_index, held_back_suffix
@@ -160,7 +160,7 @@ class AsyncTextStream(_Stream, AsyncIterator[str]):
         self._handle.cancel()
 
 
-async def iterate_in_thread(factory: Callable[[], Iterator[Item]]) -> AsyncIterator[Item]:
+async def iterate_in_thread(factory: Callable[[], Iterator[Item]]) -> AsyncGenerator[Item, None]:
     """Items of a blocking iterator for asyncio: `factory()` runs and is iterated on a worker thread (in a copy of
     the caller's contextvars, so tracing context follows), each item handed over through a `Channel`. An error in
     the worker is raised in the consumer; a consumer that stops early makes the worker stop and close the iterator.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
@@ -41,6 +41,12 @@ class FidesParams(DecodingFields):
     the retriever's query, or a chain input named question/input/query."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True, protected_namespaces=())
+
+    if TYPE_CHECKING:  # each model's own: one call's result, and its stream
+
+        def _results(self, input: Any, stop: list[str] | None, parent: Any, kwargs: dict[str, Any]) -> Any: ...
+
+        def _stream_items(self, input: Any, stop: list[str] | None, parent: Any, kwargs: dict[str, Any]) -> Iterator[Any]: ...
 
     decoder: FidesDecoder | None = Field(default=None, exclude=True)
     """A ready FidesDecoder (share one between several LangChain objects to load the model once)."""

@@ -5,7 +5,7 @@ mixin only says how LlamaIndex renders them (its formatting hooks, its chat mess
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.chat_engine.context import DEFAULT_CONTEXT_TEMPLATE
@@ -26,6 +26,20 @@ def _extra(prompt_type: str | None, variables: Sequence[str] = (), context: str 
 
 class CallPairing:
     """FidesLLM's pairing methods (a mixin: it reads the LLM's fields, decoder and LlamaIndex formatting hooks)."""
+
+    if TYPE_CHECKING:  # what FidesLLM and its LlamaIndex base give this mixin
+        _calls: Any
+        _decoder: Any
+        chat_template_active: Any
+        context_variables: Any
+        context_separator: Any
+        chat_context_templates: Any
+        messages_to_prompt: Any
+        completion_to_prompt: Any
+        _custom_formatting: Any
+        _extend_messages: Any
+        _get_messages: Any
+        _get_prompt: Any
 
     @property
     def _chat_prompts(self) -> ChatPrompts:
