@@ -98,7 +98,7 @@ class FidesDecoder:
         what does not fit to `offload_folder`) and wrap it; `kwargs` go to the decoder."""
         from fides_rag.models.loading import load_model
 
-        load_kwargs = {"offload_folder": offload_folder} if offload_folder is not None else {}
+        load_kwargs: dict[str, Any] = {"offload_folder": offload_folder} if offload_folder is not None else {}
         model, tokenizer = load_model(name_or_path, device=device, dtype=dtype, device_map=device_map, **load_kwargs)
         return cls(model, tokenizer, **kwargs)
 

@@ -36,7 +36,7 @@ def fold_fides_constants(kwargs: dict[str, Any], base: FidesConfig) -> None:
         return
     if kwargs.get("fides_config") is not None:
         raise TypeError(f"pass fides_config= or the FIDES constants {sorted(named)} by name, not both")
-    kwargs["fides_config"] = dataclasses.replace(base, **{k: tuple(v) if k == "weights" else v for k, v in named.items()})
+    kwargs["fides_config"] = dataclasses.replace(base, **{k: tuple(v) if k == "weights" else v for k, v in named.items()})  # type: ignore[arg-type]  # FidesConfig checks each
 
 
 def plain_options(kwargs: Mapping[str, Any]) -> dict[str, Any]:

@@ -295,7 +295,7 @@ class ChatPrompts:
         elif block:
             turns = [("system", block), *turns]
         if self.use_chat_template:
-            tools = self.tools.openai_tools() if native else None
+            tools = self.tools.openai_tools() if native else None  # type: ignore[union-attr]  # native: tools are bound
             return render_chat(self.tokenizer, [{"role": r, "content": c} for r, c in turns], tools=tools)
         if self.render_text is not None:
             return self.render_text(turns)
@@ -464,10 +464,10 @@ class ChatPrompts:
                 plan.notes.append(note)
             return plan
         if self.context_messages is not None:  # a system turn rendered from one of the framework's context templates
-            found = context_in_system(turns, self.context_messages.templates, self.context_messages.variables)
-            if found is None:
+            span = context_in_system(turns, self.context_messages.templates, self.context_messages.variables)
+            if span is None:
                 return ChatPlan.as_given(self.render(turns), self.context_messages.no_documents, untrusted=[question, *(c for _, c in turns)])
-            return self._in_context(turns, turns[found[0]][1][found[1] : found[2]], max_new_tokens, question)
+            return self._in_context(turns, turns[span[0]][1][span[1] : span[2]], max_new_tokens, question)
         systems = [i for i, (r, c) in enumerate(turns) if r == "system" and c.strip()]
         if retrieved is not None and not retrieved:  # an empty retrieval: a system turn holds only its instruction
             return self.plain(turns, why_no_documents(retrieved, where), question)

@@ -111,11 +111,11 @@ def token_category(token: str, context_answers: Sequence[str]) -> str:
 
 def auroc(scores: Sequence[float], positive: Sequence[bool]) -> float | None:
     """P(score of a positive > score of a negative), ties counting 1/2 (sklearn's roc_auc_score); None without both classes."""
-    positive = np.asarray(positive, bool)
-    if positive.all() or not positive.any():
+    labels = np.asarray(positive, bool)
+    if labels.all() or not labels.any():
         return None
     metrics = require("sklearn.metrics", "eval", purpose="the AUROC")
-    return float(metrics.roc_auc_score(positive, np.asarray(scores, float)))
+    return float(metrics.roc_auc_score(labels, np.asarray(scores, float)))
 
 
 def token_selectivity(records: Sequence[dict[str, Any]], out_dir: Path | None = None) -> dict[str, Any]:
@@ -174,8 +174,8 @@ def conflict_severity(records: Sequence[dict[str, Any]], out_dir: Path | None = 
     """
     conflict = [r for r in records if r.get("conflict")]
     metric, pool = ("cf", conflict) if conflict else ("em", list(records))
-    scored = [(first_step_jsd(r), r) for r in pool]
-    scored = sorted([(j, r) for j, r in scored if j is not None], key=lambda x: x[0])
+    with_jsd = [(first_step_jsd(r), r) for r in pool]
+    scored = sorted([(j, r) for j, r in with_jsd if j is not None], key=lambda x: x[0])
     labels = _labels(records)
     pd = require("pandas", "eval", purpose="the severity quartiles")
     # Equal-count buckets of the JSD ranks (ties broken by order), so equal JSDs cannot empty a bucket.
@@ -184,7 +184,7 @@ def conflict_severity(records: Sequence[dict[str, Any]], out_dir: Path | None = 
     rows = []
     for k, group in enumerate(groups):
         members = [scored[i] for i in group]
-        row = {"bucket": k + 1, "n": len(members), "jsd_min": members[0][0], "jsd_max": members[-1][0],
+        row: dict[str, Any] = {"bucket": k + 1, "n": len(members), "jsd_min": members[0][0], "jsd_max": members[-1][0],
                "jsd_mean": float(np.mean([j for j, _ in members])), "score": {}}
         for label in labels:
             values = [r["outputs"][label]["scores"][metric] for _, r in members if label in r["outputs"]]
@@ -266,7 +266,7 @@ def example_trace(records: Sequence[dict[str, Any]], out_dir: Path | None = None
         matches = [r for r in records if r["id"] == example_id]
         if not matches:
             raise ValueError(f"no example with id {example_id!r} in the run")
-        record = matches[0]
+        record: dict[str, Any] | None = matches[0]
     else:
         record = _pick_trace(records, method)
     if record is None:

@@ -38,7 +38,7 @@ class StepClock(StoppingCriteria):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
         self.times.append(time.perf_counter())
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]  # transformers' BoolTensor
 
 
 @dataclass
@@ -96,7 +96,7 @@ class Bench:
         clock = StepClock()
         start = time.perf_counter()
         with torch.inference_mode():
-            out = model.generate(
+            out = model.generate(  # type: ignore[operator]  # a PreTrainedModel
                 **ids, negative_prompt_ids=negative["input_ids"], negative_prompt_attention_mask=negative["attention_mask"],
                 guidance_scale=guidance_scale, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                 stopping_criteria=StoppingCriteriaList([clock]), pad_token_id=tok.pad_token_id or 0,

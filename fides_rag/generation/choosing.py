@@ -57,7 +57,7 @@ def choose(scores: torch.Tensor, lane: Lane, errors: dict[int, BaseException]) -
             rows.append(row)
         scores = torch.cat(rows)
     if lane.warpers:
-        scores = lane.warpers(None, scores)  # row by row: temperature, top-k, top-p read no history
+        scores = lane.warpers(None, scores)  # type: ignore[arg-type]  # row by row: temperature, top-k, top-p read no history
     has_nan = torch.isnan(scores).any(dim=-1)
     if not lane.do_sample:
         return scores.argmax(dim=-1), has_nan, scores

@@ -225,15 +225,15 @@ class DecodeEngine:
     @property
     def input_device(self) -> torch.device:
         """Where input ids go: the input embeddings' device (the CPU when they are offloaded)."""
-        weight = self.model.get_input_embeddings().weight
+        weight = next(self.model.get_input_embeddings().parameters())
         return torch.device("cpu") if weight.device.type == "meta" else weight.device
 
     def decode_text(self, token_ids: list[int]) -> str:
         """Generated ids as text (special tokens dropped, spacing kept as generated)."""
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)  # type: ignore[return-value]  # one sequence: a str
 
     def _decode_token(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids)
+        return self.tokenizer.decode(token_ids)  # type: ignore[return-value]  # one sequence: a str
 
     def setup_heads(self, rules: Sequence[ContrastRule]) -> list[Heads | None]:
         """Run each rule's setup hook (under the model lock, as it may run the model): its masked attention heads
@@ -326,7 +326,7 @@ class DecodeEngine:
         units = []
         for index, run in enumerate(request.decoded):
             kinds = paths_run(run.effective, run.heads)
-            head_set = self._head_set(run.heads) if any(kind.per_head_set for kind in kinds) else -1
+            head_set = self._head_set(run.heads) if any(kind.per_head_set for kind in kinds) else -1  # type: ignore[arg-type]  # such kinds mask heads
             units.append(Unit(
                 ticket=None, index=index, rows={kind.name: [] for kind in kinds}, prompt_ids=list(example.context_ids),
                 stop=request.text_stops, max_new_tokens=settings.max_new_tokens, text=IncrementalText(self.decode_text),

@@ -231,5 +231,5 @@ class PooledCache(DynamicCache):
         self.pool = pool
         self.layers = [PooledLayer(pool, i) for i in range(len(pool.windows))]
 
-    def batch_select_indices(self, indices: Sequence[int]) -> None:
+    def batch_select_indices(self, indices: Sequence[int]) -> None:  # type: ignore[override]  # host indices
         self.pool.keep(list(indices))

@@ -111,7 +111,7 @@ class PromptPreparer:
         """Where the question and the document block sit in the rendered `text`: rendered again with placeholders
         (so a document equal to the template's own markup is not mistaken for it), else found verbatim."""
         values = {"\ue000question\ue000": question, "\ue000documents\ue000": document_block}
-        marked = self.template.render(self.tokenizer, *(mark if v is not None else None for mark, v in values.items()), self.use_chat_template)
+        marked = self.template.render(self.tokenizer, "\ue000question\ue000", None if document_block is None else "\ue000documents\ue000", self.use_chat_template)
         rebuilt, spans = "", []
         for part in re.split("(\ue000(?:question|documents)\ue000)", marked):
             if part in values:

@@ -96,7 +96,7 @@ def _schemas(node: Any, at: str = "") -> list[tuple[str, Any]]:
         here, item = stack.pop()
         if isinstance(item, Mapping):
             found.append((here, item))
-            stack.extend((f"{here}/{str(k).replace('~', '~0').replace('/', '~1')}", v) for k, v in reversed(item.items()) if k not in _VALUES)
+            stack.extend((f"{here}/{str(k).replace('~', '~0').replace('/', '~1')}", v) for k, v in reversed(list(item.items())) if k not in _VALUES)
         elif isinstance(item, list):
             stack.extend((f"{here}/{i}", v) for i, v in reversed(list(enumerate(item))))
     return found
@@ -179,7 +179,8 @@ def _finite(root: Any, node: Any, at: str, known: dict[str, bool], why: list[str
     if isinstance(branches, list) and not all(needs(b, f"{at}/allOf/{i}") for i, b in enumerate(branches)):
         return False
     if _is_object(node):
-        properties = node.get("properties") if isinstance(node.get("properties"), Mapping) else {}
+        declared = node.get("properties")
+        properties: Mapping[str, Any] = declared if isinstance(declared, Mapping) else {}
         for name in node.get("required") or []:
             if isinstance(name, str) and name in properties and not needs(properties[name], f"{at}/properties/{name}"):
                 return False

@@ -41,8 +41,13 @@ class Channel(Generic[Item]):
             waiter, self._waiter = self._waiter, None
         if waiter is not None:
             loop, future = waiter
+
+            def wake() -> None:
+                if not future.done():
+                    future.set_result(None)
+
             with contextlib.suppress(RuntimeError):  # the consumer's loop is closed: nobody is reading any more
-                loop.call_soon_threadsafe(lambda: future.done() or future.set_result(None))
+                loop.call_soon_threadsafe(wake)
 
     def close(self, error: BaseException | None = None) -> None:
         with self._ready:

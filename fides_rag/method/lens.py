@@ -56,7 +56,7 @@ class ModelAnatomy:
         return len(self.layers)
 
     def run_backbone(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor, cache: Any
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | dict[str, torch.Tensor] | None, position_ids: torch.Tensor, cache: Any
     ) -> tuple[torch.Tensor, Any]:
         """One cached forward of the backbone: (last hidden states [R, T, H], the updated cache).
 
@@ -138,7 +138,7 @@ class ModelAnatomy:
         backbone = getattr(model, "model", None)
         layers = getattr(backbone, "layers", None)
         norm = getattr(backbone, "norm", None)
-        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None  # type: ignore[operator]  # checked by hasattr
         if backbone is None or layers is None or norm is None or head is None:
             raise UnsupportedArchitectureError(
                 f"{type(model).__name__} ({model_type}) does not have the expected model.model.layers, "
@@ -175,6 +175,7 @@ class ModelAnatomy:
         )
         if not plain:
             return head(normed_hidden)
+        assert isinstance(head, nn.Linear)  # plain: exactly an nn.Linear
         rows = normed_hidden.shape[0]
         if rows == 3:  # MKL's narrow sgemm runs 4 columns faster than 3 (gemma3's head: 60 -> 54 ms): add a zero row
             normed_hidden = torch.cat([normed_hidden, normed_hidden.new_zeros(1, normed_hidden.shape[1])])

@@ -223,6 +223,6 @@ def load_model(
         source, dtype=dtype, trust_remote_code=trust_remote_code, **from_pretrained_kwargs
     )
     if device_map is None:
-        model.to(target)
+        model.to(target)  # type: ignore[arg-type]  # transformers types to()'s argument wrongly
     model.eval()
     return model, tokenizer

@@ -65,7 +65,7 @@ def dola_candidate_layers(num_layers: int, layers: str | Sequence[int] = "high")
         raise ValueError(f"dola: needs a model with at least 2 layers (a premature block below the final one), got {final}")
     if isinstance(layers, str):
         if layers == "high":
-            picked = range(final // 2, final, 2) if final <= 40 else range(final - 20, final, 2)
+            picked: Sequence[int] = range(final // 2, final, 2) if final <= 40 else range(final - 20, final, 2)
         elif layers == "low":
             start = 2 if final > 2 else 1  # transformers' tied-embedding start: skips the embedding output
             if start == final // 2:

@@ -90,7 +90,7 @@ def _response_format(body: ChatCompletionRequest, call: AgentCall) -> None:
 
 def agent_call(calls: CallFactory, body: Sampling) -> AgentCall:
     """The agent fields of `body` (a completions body has logprobs only)."""
-    call = AgentCall(logprobs=body.top_logprob_count())
+    call = AgentCall(logprobs=body.top_logprob_count())  # type: ignore[attr-defined]  # each request class has it
     if not isinstance(body, ChatCompletionRequest):
         return call
     if body.top_logprobs and not body.logprobs:

@@ -44,7 +44,7 @@ def call_options(decoder: FidesDecoder, body: Sampling, default_method: str) -> 
             config = FidesConfig.from_dict(body.fides_config)
         except (TypeError, ValueError) as err:
             raise bad_request(f"invalid fides_config: {err}", "fides_config") from None
-    call = {"method": body.method, "fides_config": config, "max_new_tokens": body.budget(), "stop": body.stops(),
+    call = {"method": body.method, "fides_config": config, "max_new_tokens": body.budget(), "stop": body.stops(),  # type: ignore[attr-defined]  # each request class has it
             "do_sample": body.temperature is not None and body.temperature > 0, "temperature": body.temperature,
             "top_p": 1.0 if body.top_p is None else body.top_p, "seed": body.seed}
     defaults = {"method": default_method, "max_new_tokens": decoder.max_new_tokens}
