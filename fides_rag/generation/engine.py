@@ -18,8 +18,8 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
 from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
