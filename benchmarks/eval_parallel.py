@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         r = report[name]
         print(f"| {r['processes']} | {threads} | {r['examples']} | {r['seconds']:.1f} | {r['examples_per_second']:.3f} |")
     speedup = report["several"]["examples_per_second"] / report["one"]["examples_per_second"]
-    print(f"\n{report['several']['processes']} processes / 1 process: {speedup:.2f}x; same metrics: {report['same_metrics']}")
+    print(f"\n{report['several']['processes']} processes / 1 process: {speedup:.2f}x; same metrics: " f"{report['same_metrics']}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")

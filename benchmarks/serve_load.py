@@ -200,7 +200,7 @@ def markdown(rows: list[dict]) -> str:
     def f(value) -> str:
         return "–" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
-    lines = ["| clients | requests | errors | req/s | tokens/s | TTFT p50 / p95 (s) | latency p50 / p95 (s) | equal to sequential |",
+    lines = ["| clients | requests | errors | req/s | tokens/s | TTFT p50 / p95 (s) | latency p50 / p95 (s) | equal to " "sequential |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         equal = f"{r['equal_to_sequential']}/{r['requests']}" if "equal_to_sequential" in r else "–"
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(rows))
     print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
     if timed_out is not None:
-        print(f"serve_load: the {'sequential pass' if timed_out == 1 and not args.no_sequential else f'{timed_out}-client level'} "
+        print("serve_load: the " f"{'sequential pass' if timed_out == 1 and not args.no_sequential else f'{timed_out}-client level'} "
               f"did not finish within --timeout {args.timeout:g} s; the levels before it are written above. "
               "Rerun with a larger --timeout (or fewer --requests).", file=sys.stderr)
         return 1

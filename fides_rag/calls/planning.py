@@ -458,7 +458,7 @@ class ChatPrompts:
             plan = self.pair(turns, list(found), "retriever", max_new_tokens, question=question)
             missing = len({t for t in retrieved or [] if t.strip()} - set(found))
             if missing:
-                note = (f"{missing} of the {missing + len(found)} documents retrieved in this run were not found verbatim in "
+                note = (f"{missing} of the {missing + len(found)} documents retrieved in this run were not found " "verbatim in "
                         f"{where} (rewritten by a formatter?); their text, if any, stays in both paths")
                 logger.warning(note)
                 plan.notes.append(note)
@@ -475,7 +475,7 @@ class ChatPrompts:
             plan = self.pair(turns, [turns[i][1] for i in systems], "system_message", max_new_tokens, drop_in_no_context=systems, question=question)
             if retrieved:
                 return plan.fall_back(why_no_documents(retrieved, where), "took the whole system message(s) as the context instead (system_message_as_context=True)")
-            note = "no documents were given, attached or retrieved: the system message(s) were taken as the context (system_message_as_context=True)"
+            note = "no documents were given, attached or retrieved: the system message(s) were taken as the " "context (system_message_as_context=True)"
             logger.info(note)
             plan.notes.insert(0, note)
             return plan

@@ -26,7 +26,8 @@ ANALYSIS_DIR = "analysis"
 CATEGORIES = ("answer", "function", "numeric/entity", "other")
 SIGNALS = ("opposition", "shift", "noise")
 # A fixed English function-word list. Kept rather than sklearn's ENGLISH_STOP_WORDS: that list (318 words) also holds
-# content words ("fire", "bill", "system", "computer", "found", numbers like "two"), which would count as function tokens.
+# content words ("fire", "bill", "system", "computer", "found", numbers like "two"), which would count as function
+# tokens.
 STOP_WORDS = frozenset(
     ["a", "an", "the", "and", "or", "but", "nor", "so", "yet", "if", "then", "than", "that", "this", "these", "those", "there", "here", "of", "in", "on", "at", "by", "for", "with", "about", "against", "between", "into", "through", "during", "before", "after", "above", "below", "to", "from", "up", "down", "out", "off", "over", "under", "again", "further", "once", "is", "are", "was", "were", "be", "been", "being", "am", "have", "has", "had", "having", "do", "does", "did", "doing", "will", "would", "shall", "should", "can", "could", "may", "might", "must", "i", "me", "my", "we", "our", "you", "your", "he", "him", "his", "she", "her", "it", "its", "they", "them", "their", "what", "which", "who", "whom", "whose", "when", "where", "why", "how", "all", "any", "both", "each", "few", "more", "most", "other", "some", "such", "no", "not", "only", "own", "same", "too", "very", "just", "also", "as", "s", "t"]
 )
@@ -110,7 +111,8 @@ def token_category(token: str, context_answers: Sequence[str]) -> str:
 
 
 def auroc(scores: Sequence[float], positive: Sequence[bool]) -> float | None:
-    """P(score of a positive > score of a negative), ties counting 1/2 (sklearn's roc_auc_score); None without both classes."""
+    """P(score of a positive > score of a negative), ties counting 1/2 (sklearn's roc_auc_score); None without both
+    classes."""
     labels = np.asarray(positive, bool)
     if labels.all() or not labels.any():
         return None
@@ -315,7 +317,7 @@ def example_trace(records: Sequence[dict[str, Any]], out_dir: Path | None = None
         color = "#" + "".join(f"{int(255 * c):02x}" for c in rgba[:3])
         fg = "white" if norm(a) < 0.6 else "black"
         tip = ", ".join(f"{k} {s[k]:.4f}" for k in ("alpha", *SIGNALS) if s.get(k) is not None)
-        spans.append(f'<span style="background:{color};color:{fg};padding:2px 1px" title="{html.escape(tip)}">{html.escape(s["token"])}</span>')
+        spans.append(f'<span style="background:{color};color:{fg};padding:2px 1px" ' f'title="{html.escape(tip)}">{html.escape(s["token"])}</span>')
     rows = "".join(
         "<tr>" + f"<td>{html.escape(s['token'])}</td>" + "".join(f"<td>{_f(s.get(k), 4)}</td>" for k in ("alpha", *SIGNALS)) + "</tr>"
         for s in steps
@@ -323,9 +325,9 @@ def example_trace(records: Sequence[dict[str, Any]], out_dir: Path | None = None
     page = (
         f"<!doctype html><meta charset='utf-8'><title>trace {html.escape(record['id'])}</title>"
         f"<body style='font-family:sans-serif'><h3>{html.escape(record['question'])}</h3>"
-        f"<p>context answers: {html.escape(', '.join(record['context_answers']))}; memory answers: {html.escape(', '.join(record['memory_answers']) or '–')}</p>"
+        f"<p>context answers: {html.escape(', '.join(record['context_answers']))}; memory answers: " f"{html.escape(', '.join(record['memory_answers']) or '–')}</p>"
         f"<p style='font-family:monospace;font-size:18px'>{''.join(spans)}</p>"
-        f"<table border=1 cellspacing=0 cellpadding=3><tr><th>token</th><th>α</th><th>opposition</th><th>shift</th><th>noise</th></tr>{rows}</table></body>"
+        "<table border=1 cellspacing=0 " f"cellpadding=3><tr><th>token</th><th>α</th><th>opposition</th><th>shift</th><th>noise</th></tr>{rows}</table></body>"
     )
     (out_dir / "trace.html").write_text(page, encoding="utf-8")
     return result

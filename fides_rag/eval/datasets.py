@@ -213,7 +213,7 @@ def _nq_swap_rows(source: str | Path) -> tuple[Path | str, Iterator[tuple[int, d
                 f"({type(err).__name__}); pass an existing parquet/jsonl path"
             ) from None
         return str(source), ((i + 1, row) for i, row in enumerate(data))
-    raise FileNotFoundError(f"NQ-Swap file not found at {source}; pass a parquet/jsonl path, the hub id {NQ_SWAP_HUB_ID!r}, or set ${DATA_ENV}")
+    raise FileNotFoundError(f"NQ-Swap file not found at {source}; pass a parquet/jsonl path, the hub id {NQ_SWAP_HUB_ID!r}, or set " f"${DATA_ENV}")
 
 
 def load_nq_swap(
@@ -254,7 +254,8 @@ def load_nq_swap(
 
 
 def load_nq_open(path: str | Path | None = None, limit: int | None = None) -> list[QAExample]:
-    """NQ-open oracle (non-conflict control): the `ctxs` marked `isgold` are the passages, `answers` the context answers.
+    """NQ-open oracle (non-conflict control): the `ctxs` marked `isgold` are the passages, `answers` the context
+    answers.
 
     Passages are "title: text" when a title is present. No memory answers (no conflict). id nq-open-<line-1>.
     """

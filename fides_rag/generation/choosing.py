@@ -52,7 +52,7 @@ def choose(scores: torch.Tensor, lane: Lane, errors: dict[int, BaseException]) -
         for i, u in enumerate(units):
             row = scores[i : i + 1]
             if u.processors is not None:
-                row = _own(u, errors, i, lambda: u.processors(history(u, scores.device), scores[i : i + 1]))  # noqa: B023 - called at once
+                row = _own(u, errors, i, lambda u=u, i=i: u.processors(history(u, scores.device), scores[i : i + 1]))
                 row = scores[i : i + 1] if row is None else row
             rows.append(row)
         scores = torch.cat(rows)
@@ -76,7 +76,7 @@ def criteria_hits(units: Sequence[Unit], chosen: torch.Tensor, scores: torch.Ten
     for i, unit in enumerate(units):
         verdict = None
         if unit.criteria is not None:
-            verdict = _own(unit, errors, i, lambda: unit.criteria(history(unit, chosen.device, chosen[i]), scores[i : i + 1]))  # noqa: B023 - called at once
+            verdict = _own(unit, errors, i, lambda unit=unit, i=i: unit.criteria(history(unit, chosen.device, chosen[i]), scores[i : i + 1]))
         if verdict is None:
             hits.append(torch.zeros(1, dtype=torch.bool, device=chosen.device))
         else:

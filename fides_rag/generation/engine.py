@@ -158,7 +158,7 @@ class DecodeEngine:
         layer over every row (see `modes.py`)."""
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         if kv_pool_tokens is not None and (isinstance(kv_pool_tokens, bool) or not isinstance(kv_pool_tokens, int) or kv_pool_tokens < 1):
-            raise ValueError(f"kv_pool_tokens must be None or an integer >= 1 (the fast-mode KV pool's first size in positions), got {kv_pool_tokens!r}")
+            raise ValueError("kv_pool_tokens must be None or an integer >= 1 (the fast-mode KV pool's first size in " f"positions), got {kv_pool_tokens!r}")
         self.kv_pool_tokens = kv_pool_tokens
         self.captured = self._captured_step(compile, buckets)
         self.scheduler.buckets = self.captured.buckets if self.captured is not None else None
@@ -176,7 +176,7 @@ class DecodeEngine:
         if backend is None:
             return None
         if self.mode != "fast":
-            raise ValueError("compile needs mode='fast': exact mode attends each group of rows on its own, in shapes that change every step")
+            raise ValueError("compile needs mode='fast': exact mode attends each group of rows on its own, in shapes that " "change every step")
         return CapturedStep(self.anatomy, backend, buckets, self.input_device)
 
     def _running_batch(self, pad: int, split_prefill: bool) -> RunningBatch:

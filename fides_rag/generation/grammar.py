@@ -60,7 +60,7 @@ class GrammarLimitExceeded(ValueError):
     start before anything decodes: every answer would run into it. `field`: the grammar's keyword (json_schema, ...)."""
 
     def __init__(self, kind: str, reason: str) -> None:
-        super().__init__(f"the {kind.replace('_', ' ')} is past a limit of the grammar library: {reason}; simplify it (fewer optional "
+        super().__init__(f"the {kind.replace('_', ' ')} is past a limit of the grammar library: {reason}; simplify it (fewer " "optional "
                          "properties in one object, shorter repetitions, less nesting)")
         self.field, self.reason = kind, reason
 
@@ -73,7 +73,7 @@ class BudgetBelowShortestAnswer(ValueError):
 
     def __init__(self, kind: str, budget: int, needed: int) -> None:
         super().__init__(f"max_new_tokens={budget} is fewer than the {needed} tokens the shortest complete answer of the "
-                         f"{kind.replace('_', ' ')} needs, so the answer could only be cut: raise max_new_tokens to at least {needed}")
+                         f"{kind.replace('_', ' ')} needs, so the answer could only be cut: raise max_new_tokens to at least " f"{needed}")
         self.kind, self.budget, self.needed = kind, budget, needed
 
 

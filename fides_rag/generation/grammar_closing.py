@@ -114,7 +114,8 @@ def _signature(matcher: Any, table: TokenBytes) -> tuple:
     """What tells a state apart: its mask and forced bytes, and those of the states a fixed probe reaches from it
     for PROBE steps, since two states can admit the same tokens now and differ later (an array's first item and
     its second, a string key and a string value). The probe takes the forced bytes, else the first admitted byte
-    (closers and the rarest first) that changes the mask: it leaves loops (a letter in a string) and follows the structure."""
+    (closers and the rarest first) that changes the mask: it leaves loops (a letter in a string) and follows the
+    structure."""
     key: list[Any] = []
     taken = 0
     for _ in range(PROBE):

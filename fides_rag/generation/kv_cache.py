@@ -368,7 +368,8 @@ def prune(cache: Any, attention_mask: torch.Tensor, positions: torch.Tensor, kee
 def prompt_cache_bytes(anatomy: ModelAnatomy, groups: Sequence[Sequence[list[int]]], pad_id: int, split: bool = True) -> int:
     """Bytes of the KV cache a decode holds right after prefilling these row groups (e.g. [[ctx_ids]] for
     standard, [[ctx_ids], [no_ctx_ids]] for FIDES), laid out exactly as the decoder lays them out."""
-    device: Any = anatomy.layers[0].self_attn.o_proj.weight.device if hasattr(anatomy.layers[0], "self_attn") else torch.device("cpu")  # type: ignore[union-attr]
+    block: Any = anatomy.layers[0]  # a transformer block: its attributes depend on the family
+    device = block.self_attn.o_proj.weight.device if hasattr(block, "self_attn") else torch.device("cpu")
     rows = [RowGroup(*left_padded(list(g), pad_id, device if device.type != "meta" else torch.device("cpu"))) for g in groups]
     with torch.inference_mode(), LayerCapture(anatomy, ()) as capture:
         state = prefill(anatomy, rows, capture, None, split)

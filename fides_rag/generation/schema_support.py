@@ -214,7 +214,7 @@ def check_finite(schema: Any) -> None:
         chain.append(step)
         here = _resolve(schema, step)
     loop = chain[chain.index(chain[-1]):]
-    raise ValueError(f"no finite JSON value matches the schema: it requires itself without end ({' -> '.join('#' + p for p in loop)}, "
+    raise ValueError("no finite JSON value matches the schema: it requires itself without end " f"({' -> '.join('#' + p for p in loop)}, "
                      "reached from the root); make a property on this path optional, or give it a branch that ends")
 
 

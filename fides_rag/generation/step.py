@@ -116,7 +116,7 @@ def _lane_state(units: Sequence[Unit], size: int, like: torch.Tensor) -> torch.T
 def _keep_state(rule_name: str, decided: StepOutput, units: Sequence[Unit]) -> None:
     state = decided.state
     if not isinstance(state, torch.Tensor) or state.dim() != 2 or state.shape[0] != len(units):
-        raise ValueError(f"the contrast rule {rule_name!r} keeps state but returned state={state!r} from combine; expected [{len(units)}, state_size]")
+        raise ValueError(f"the contrast rule {rule_name!r} keeps state but returned state={state!r} from combine; expected " f"[{len(units)}, state_size]")
     for unit, row in zip(units, state.detach().unbind(0)):
         unit.rule_state = row
 

@@ -156,7 +156,7 @@ class FidesConfig:
         except IsADirectoryError:
             raise ValueError(f"FidesConfig file {path} is a directory; pass a JSON file (e.g. one written by fides-rag calibrate)") from None
         except UnicodeDecodeError:
-            raise ValueError(f"FidesConfig file {path} is not a text file; pass a JSON file (e.g. one written by fides-rag calibrate)") from None
+            raise ValueError(f"FidesConfig file {path} is not a text file; pass a JSON file (e.g. one written by fides-rag " "calibrate)") from None
         except json.JSONDecodeError as err:
             raise ValueError(f"FidesConfig file {path} is not valid JSON: {err}") from None
         except OSError as err:

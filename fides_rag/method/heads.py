@@ -302,7 +302,7 @@ def discover_retrieval_heads(model: Any, tokenizer: Any, settings: DiscoverySett
     max_positions = getattr(model.config, "max_position_embeddings", None)
     if isinstance(max_positions, int) and width > max_positions:
         raise ValueError(
-            f"retrieval-head discovery: samples are {width} tokens but the model takes {max_positions}; lower context_length"
+            f"retrieval-head discovery: samples are {width} tokens but the model takes {max_positions}; lower " "context_length"
         )
     n = settings.needle_length
     device = next(model.parameters()).device

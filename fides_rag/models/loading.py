@@ -180,7 +180,7 @@ def _unknown_model(name: str, err: OSError) -> OSError:
     """The error for a hub id that could not be loaded: what the name could have been, and why the hub did not help."""
     from huggingface_hub import constants
 
-    tried = (f"{name!r} is not a bundled alias ({', '.join(BUNDLED_MODELS)}), a fetched model ({', '.join(FETCHED_MODELS)}), "
+    tried = (f"{name!r} is not a bundled alias ({', '.join(BUNDLED_MODELS)}), a fetched model " f"({', '.join(FETCHED_MODELS)}), "
              f"a local folder or a .gguf file")
     if constants.HF_HUB_OFFLINE:
         return OSError(f"unknown model: {tried}, and no hub model of that id is in the local Hugging Face cache "

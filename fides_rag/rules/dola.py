@@ -125,7 +125,7 @@ class DolaRule(ContrastRule):
                 raise ValueError(f"dola: layers must be 'high', 'low' or a non-empty list of block indices, got {layers!r}")
             if any(isinstance(i, bool) or not isinstance(i, int) or i < 1 for i in layers):
                 raise ValueError(
-                    f"dola: layers must be 1-based block indices >= 1 (the embedding output cannot be lensed), got {layers!r}"
+                    "dola: layers must be 1-based block indices >= 1 (the embedding output cannot be lensed), got " f"{layers!r}"
                 )
             if len(set(layers)) != len(layers):
                 raise ValueError(f"dola: layers repeats a block index: {layers!r}")

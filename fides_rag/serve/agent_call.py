@@ -48,7 +48,7 @@ def _tools(body: ChatCompletionRequest) -> list[ToolSpec]:
     for i, tool in enumerate(body.tools or []):
         name = tool.function.name
         if name in first:
-            raise bad_request(f"tools.{i}.function.name: the name {name!r} is taken by tools.{first[name]}; tool names must be unique "
+            raise bad_request(f"tools.{i}.function.name: the name {name!r} is taken by tools.{first[name]}; tool names must be " "unique "
                               "within a request", f"tools.{i}.function.name", "invalid_value")
         first[name] = i
         if tool.function.strict:

@@ -10,7 +10,7 @@ from fides_rag.method.config import FidesConfig
 from fides_rag.decoder import FidesDecoder
 from fides_rag.serve.agent_call import AgentCall
 from fides_rag.serve.errors import bad_request
-from fides_rag.serve.protocol import ChatCompletionRequest, CompletionRequest, Sampling
+from fides_rag.serve.protocol import ChatCompletionRequest, CompletionRequest
 
 FIELDS = {"json_schema": "response_format"}
 """The call layer's option names that are another field over HTTP."""
@@ -36,7 +36,7 @@ def completion_plan(prompts: ChatPrompts, body: CompletionRequest, max_new: int)
     return prompts.with_documents([("user", prompt)], body.documents, "documents", max_new, question=prompt)
 
 
-def call_options(decoder: FidesDecoder, body: Sampling, default_method: str) -> CallOptions:
+def call_options(decoder: FidesDecoder, body: ChatCompletionRequest | CompletionRequest, default_method: str) -> CallOptions:
     """The call's options: the server's method unless the body names one, greedy unless a temperature above 0."""
     config = None
     if body.fides_config is not None:
@@ -44,7 +44,7 @@ def call_options(decoder: FidesDecoder, body: Sampling, default_method: str) -> 
             config = FidesConfig.from_dict(body.fides_config)
         except (TypeError, ValueError) as err:
             raise bad_request(f"invalid fides_config: {err}", "fides_config") from None
-    call = {"method": body.method, "fides_config": config, "max_new_tokens": body.budget(), "stop": body.stops(),  # type: ignore[attr-defined]  # each request class has it
+    call = {"method": body.method, "fides_config": config, "max_new_tokens": body.budget(), "stop": body.stops(),
             "do_sample": body.temperature is not None and body.temperature > 0, "temperature": body.temperature,
             "top_p": 1.0 if body.top_p is None else body.top_p, "seed": body.seed}
     defaults = {"method": default_method, "max_new_tokens": decoder.max_new_tokens}

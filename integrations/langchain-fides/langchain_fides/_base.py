@@ -55,7 +55,8 @@ class FidesParams(DecodingFields):
     tokenizer: Any = Field(default=None, exclude=True)
     """The tokenizer of `model`."""
     model_id: str | None = None
-    """Bundled alias (gemma3-270m, smollm2-135m-instruct), hub id or local path; loaded when no decoder/model is given."""
+    """Bundled alias (gemma3-270m, smollm2-135m-instruct), hub id or local path; loaded when no decoder/model is
+    given."""
     max_tokens: int | None = None
     """LangChain's standard name for max_new_tokens; wins when set."""
     temperature: float | None = None

@@ -83,7 +83,7 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
     temperature: float = Field(default=1.0, gt=0, description="Sampling temperature (only with do_sample=True).")
     use_chat_template: bool | None = Field(
         default=None,
-        description="Render prompts with the tokenizer's chat template (None: when it has one and no messages_to_prompt "
+        description="Render prompts with the tokenizer's chat template (None: when it has one and no " "messages_to_prompt "
         "was given). It also makes is_chat_model true, so LlamaIndex picks its chat prompts.",
     )
     context_variables: list[str] = Field(

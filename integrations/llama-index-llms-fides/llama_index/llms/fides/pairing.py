@@ -115,7 +115,7 @@ class CallPairing:
 
     def _pair_for_complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> ChatPlan:
         if kwargs.get("tools") or kwargs.get("tool_choice") is not None:
-            raise TypeError("complete does not take tools= or tool_choice=; use chat_with_tools(tools, ...) or chat(messages, tools=[...])")
+            raise TypeError("complete does not take tools= or tool_choice=; use chat_with_tools(tools, ...) or chat(messages, " "tools=[...])")
         documents, no_ctx = kwargs.get("documents"), kwargs.get("no_context_prompt")
         if no_ctx is not None:
             if documents is not None:

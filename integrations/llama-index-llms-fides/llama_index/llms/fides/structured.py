@@ -82,7 +82,8 @@ class StructuredPrediction:
     ) -> BaseModel:
         """An `output_cls` object, decoded under its JSON schema (llm_kwargs: per-call options, documents=)."""
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
-            return super().structured_predict(output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args)  # type: ignore[misc]  # from FidesLLM's LlamaIndex base
+            base: Any = super()  # FidesLLM's LlamaIndex LLM, which a mixin cannot name
+            return base.structured_predict(output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args)
         dispatcher.event(LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt, template_args=prompt_args))
         one, _ = self._structured_calls(output_cls, prompt, llm_kwargs, prompt_args)
         text, info = self._text_and_info(one())
@@ -95,7 +96,8 @@ class StructuredPrediction:
         self, output_cls: type[BaseModel], prompt: BasePromptTemplate, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any
     ) -> BaseModel:
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
-            return await super().astructured_predict(output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args)  # type: ignore[misc]  # from FidesLLM's LlamaIndex base
+            base: Any = super()  # FidesLLM's LlamaIndex LLM, which a mixin cannot name
+            return await base.astructured_predict(output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args)
         return await asyncio.to_thread(self.structured_predict, output_cls, prompt, llm_kwargs, **prompt_args)
 
     def _structured_stream_call(
@@ -103,7 +105,8 @@ class StructuredPrediction:
     ) -> Generator[Any, None, None]:
         """Partial objects as the answer grows (LlamaIndex's flexible models), the validated object last."""
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
-            return super()._structured_stream_call(output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args)  # type: ignore[misc]  # from FidesLLM's LlamaIndex base
+            base: Any = super()  # FidesLLM's LlamaIndex LLM, which a mixin cannot name
+            return base._structured_stream_call(output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args)
         _, stream = self._structured_calls(output_cls, prompt, llm_kwargs, prompt_args)
 
         def gen() -> Generator[Any, None, None]:
@@ -123,5 +126,6 @@ class StructuredPrediction:
         self, output_cls: type[BaseModel], prompt: BasePromptTemplate, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any
     ) -> AsyncGenerator[Any, None]:
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
-            return await super()._structured_astream_call(output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args)  # type: ignore[misc]  # from FidesLLM's LlamaIndex base
+            base: Any = super()  # FidesLLM's LlamaIndex LLM, which a mixin cannot name
+            return await base._structured_astream_call(output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args)
         return iterate_in_thread(lambda: self._structured_stream_call(output_cls, prompt, llm_kwargs, **prompt_args))
