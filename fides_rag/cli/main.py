@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="latency, time split, context growth and throughput, side by side")
     bench.add_argument("--models", default="gemma3-270m,smollm2-135m-instruct", help="comma-separated models")
-    bench.add_argument("--sections", default="latency,split,context,throughput", help="comma-separated: latency, raw (raw prompts, short no-context prompt), split, context, throughput, " "serving (64 FIDES requests of 8-64 tokens, Poisson arrivals at 0.5x, 1x, 2x the sequential capacity: continuous vs static batching vs sequential), budget (continuous serving of --serving-requests at --budget-load under each of --budgets)")
+    bench.add_argument("--sections", default="latency,split,context,throughput", help="comma-separated: latency, raw (raw prompts, short no-context prompt), split, context, throughput, " "serving (64 FIDES requests of 8-64 tokens, Poisson arrivals at 0.5x, 1x, 2x the sequential capacity: " "continuous vs static batching vs sequential), budget (continuous serving of --serving-requests at " "--budget-load under each of --budgets)")
     bench.add_argument("--data", help="NQ-Swap parquet/jsonl (default: $FIDES_RAG_DATA or ../shared/data)")
     bench.add_argument("--samples", type=int, default=20, help="prompts timed per method in latency and raw (default 20)")
     bench.add_argument("--warmup", type=int, default=3, help="untimed prompts first (default 3)")
