@@ -1,5 +1,6 @@
 # Task runner. `make demo` runs the main job (the noisy-retrieval demo) on the built-in default model;
-# `make test` runs every test suite (the core's includes the strict docs build); `make docs` builds the site into site/.
+# `make test` runs the lint (ruff check, ruff format --check, mypy) and then every test suite (the core's includes the
+# strict docs build); `make docs` builds the site into site/.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -8,7 +9,7 @@ STAMP := $(VENV)/.fides-rag-installed
 INTEGRATIONS := integrations/langchain-fides integrations/llama-index-llms-fides
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup demo quickstart test test-fast docs clean
+.PHONY: setup demo quickstart lint format test test-fast docs clean
 
 setup: $(STAMP)
 
@@ -27,9 +28,19 @@ demo: setup
 quickstart: setup
 	$(PY) examples/quickstart.py
 
+# Lint, format and types; the settings are pyproject.toml's [tool.ruff] and [tool.mypy] (mypy's cache: .mypy_cache/).
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+format: setup
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
 # Each package's suite runs on its own, with its own pytest settings (partner-package convention).
 PYTEST_ARGS ?=
-test: setup
+test: setup lint
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 	for pkg in $(INTEGRATIONS); do (cd $$pkg && $(CURDIR)/$(PY) -m pytest tests $(PYTEST_ARGS)) || exit 1; done
 
@@ -40,4 +51,4 @@ docs: setup
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) .pytest_cache site
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

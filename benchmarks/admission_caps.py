@@ -5,7 +5,8 @@ many requests decode at once, and in static batches of up to 8, on one arrival s
 On one CPU thread a decode step of many rows costs more than a step of few, so a long request pays for every newcomer
 decoding beside it; a cap bounds that, at the cost of newcomers waiting for a place.
 
-    OMP_NUM_THREADS=1 taskset -c 0 python benchmarks/admission_caps.py --out results/admission-caps/smollm2-135m-instruct.json
+    OMP_NUM_THREADS=1 taskset -c 0 python benchmarks/admission_caps.py \\
+        --out results/admission-caps/smollm2-135m-instruct.json
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def markdown(data: dict[str, Any]) -> str:
     for name, run in data["runs"].items():
         label = {"none": "continuous, no cap", "static": f"static batches of up to {data['static_batch']}"}.get(name, f"continuous, at most {name}")
         t, lat = run["ttft_s"], run["latency_s"]
-        lines.append(f"| {label} | {t['p50']:.2f} | {t['p95']:.2f} | {lat['p50']:.2f} | {lat['p95']:.2f} | {lat['p95'] / static_p95:.2f}x |")
+        lines.append(f"| {label} | {t['p50']:.2f} | {t['p95']:.2f} | {lat['p50']:.2f} | {lat['p95']:.2f} | " f"{lat['p95'] / static_p95:.2f}x |")
     return "\n".join(lines)
 
 

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         for bench in benches.values():  # the flag says whether the prompts already carry the chat template's tokens
             bench.templated = shape == "template" and benches["new"].decoder.use_chat_template
         warmup, *measured = examples
-        for side, bench in benches.items():
+        for bench in benches.values():
             for method in methods:
                 bench.time_ours(method, *prompt_pair(warmup, shape), 3)
         for i, example in enumerate(measured):

@@ -32,7 +32,7 @@ def run_both(args: argparse.Namespace) -> None:
     several = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.processes),
                "-m", "fides_rag.cli.main", *eval_command(args, args.runs / "several")]
     for command, threads in ((one, args.threads), (several, max(1, args.threads // args.processes))):
-        print("$ OMP_NUM_THREADS=%d %s" % (threads, " ".join(command)), flush=True)
+        print(f"$ OMP_NUM_THREADS={threads} {' '.join(command)}", flush=True)
         subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": str(threads)}, check=True, stdout=subprocess.DEVNULL)
 
 
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         r = report[name]
         print(f"| {r['processes']} | {threads} | {r['examples']} | {r['seconds']:.1f} | {r['examples_per_second']:.3f} |")
     speedup = report["several"]["examples_per_second"] / report["one"]["examples_per_second"]
-    print(f"\n{report['several']['processes']} processes / 1 process: {speedup:.2f}x; same metrics: {report['same_metrics']}")
+    print(f"\n{report['several']['processes']} processes / 1 process: {speedup:.2f}x; same metrics: " f"{report['same_metrics']}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")

@@ -5,7 +5,8 @@ exact mode and once in fast mode (on the CPU, where both run). For each method i
 tokens are equal, where the first difference falls, and, for FIDES, the largest |alpha difference| over the steps
 where the tokens agree.
 
-    python benchmarks/fast_agreement.py --backbone smollm2-135m-instruct --rows 100 --out results/fast-agreement/smollm2-135m-instruct.json
+    python benchmarks/fast_agreement.py --backbone smollm2-135m-instruct --rows 100 \\
+        --out results/fast-agreement/smollm2-135m-instruct.json
     python benchmarks/fast_agreement.py --backbone gemma3-270m --rows 100 --out results/fast-agreement/gemma3-270m.json
 """
 
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
         d = report["methods"][method]
-        print(f"{method}: {d['equal']}/{d['rows']} answers equal, max |alpha gap| {d['max_alpha_gap_where_tokens_agree']:.2e}", flush=True)
+        print(f"{method}: {d['equal']}/{d['rows']} answers equal, max |alpha gap| " f"{d['max_alpha_gap_where_tokens_agree']:.2e}", flush=True)
     return report
 
 

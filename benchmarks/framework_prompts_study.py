@@ -3,18 +3,19 @@
 NQ-Swap conflict rows (the passage supports a substituted answer) go through
 - LlamaIndex's default `text_qa` prompt: a query engine over the row's passage (`SummaryIndex`, `compact` mode);
 - LangChain's RAG prompt (the hub's rlm/rag-prompt, LangChain's RAG tutorial) in `create_stuff_documents_chain`;
-- LangChain v1's tutorial chat form (a system prompt holding the context, the question as the human turn) in `ChatFides`,
+- LangChain v1's tutorial chat form (a system prompt holding the context, the question as the human turn) in
+  `ChatFides`,
   the documents attached to the human message;
 - fides-rag's own 2-shot template (`FidesDecoder.generate_batch` with `methods=`), as the reference.
 
 Each framework form runs with both `no_context_path` designs: 'emptied' (the prompt with the context removed) and
 'question' (the neutral "Answer the following question:" and the question, in the chat form). The prompt pairs come
 from the real framework objects, which keep each call's two prompts; `standard`'s answers are those objects' own.
-CAD, AdaCAD and FIDES then decode the captured pairs over one shared prefill (`generate_batch` with `methods=`), the same
+CAD, AdaCAD and FIDES then decode the captured pairs over one shared prefill (`generate_batch`, `methods=`), the same
 decode the objects run one call at a time; the first `--verify` rows of every form and design are also decoded end
 to end through the objects with FIDES, and the script stops if any answer differs.
 
-    python benchmarks/framework_prompts_study.py --model smollm2-135m-instruct --limit 200 --out results/framework-prompts
+    python benchmarks/framework_prompts_study.py --model smollm2-135m-instruct --out results/framework-prompts
 
 Writes <out>/<model>.json (every answer, and FIDES's mean α per row) and <out>/<model>.md (the tables), and
 prints the tables.
@@ -37,6 +38,7 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_core.prompts import PromptTemplate as LCPromptTemplate
 from llama_index.core import Document as LIDocument
 from llama_index.core import SummaryIndex
+from llama_index.llms.fides import FidesLLM as LIFidesLLM
 
 from fides_rag import FidesDecoder, GenerationResult, PromptPair
 from fides_rag.eval.datasets import QAExample, load_examples
@@ -45,7 +47,6 @@ from fides_rag.eval.significance import paired_bootstrap
 from fides_rag.eval.tables import markdown_table
 from langchain_fides import ChatFides
 from langchain_fides import FidesLLM as LCFidesLLM
-from llama_index.llms.fides import FidesLLM as LIFidesLLM
 
 METHODS = ("standard", "cad", "adacad", "fides")
 CONTRASTIVE = ("cad", "adacad", "fides")
@@ -200,11 +201,11 @@ def tables(model: str, n: int, summaries: dict[str, dict[str, Any]], designs: di
             c = s[f"fides_vs_{other}"]["context"]
             tests.append([label, f"fides − {other}", f"{c['diff']:+.1f}", f"[{c['ci_low']:+.1f}, {c['ci_high']:+.1f}]", f"{c['p_value']:.3f}"])
     return (f"`{model}`, {n} NQ-Swap conflict rows. Cells: context answer contained / memory answer contained, in %; "
-            "FIDES α: its per-token evidence weight, averaged per answer, then over the rows ('-': not recorded by this run).\n\n"
+            "FIDES α: its per-token evidence weight, averaged per answer, then over the rows ('-': not recorded by " "this run).\n\n"
             + markdown_table(["prompt / no-context path", *METHODS, "FIDES α"], rows)
-            + "\n\nPaired bootstrap on the context-answer contained rate (B = 1000, two-sided 95% CI; p from a paired permutation test):\n\n"
+            + "\n\nPaired bootstrap on the context-answer contained rate (B = 1000, two-sided 95% CI; p from a paired " "permutation test):\n\n"
             + markdown_table(["prompt / no-context path", "comparison", "diff", "95% CI", "p"], tests) + "\n"
-            + ("" if not designs else "\nNo-context designs compared, same rows and method: context-answer contained rate, emptied − question:\n\n"
+            + ("" if not designs else "\nNo-context designs compared, same rows and method: context-answer contained rate, emptied − " "question:\n\n"
                + markdown_table(["prompt / method", "diff", "95% CI", "p"],
                                 [[k, f"{c['diff']:+.1f}", f"[{c['ci_low']:+.1f}, {c['ci_high']:+.1f}]", f"{c['p_value']:.3f}"] for k, c in designs.items()])
                + "\n"))

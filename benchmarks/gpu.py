@@ -300,18 +300,18 @@ def tables(report: dict[str, Any]) -> str:
     lines = [f"{report['config']} ({report['dtype']}, random weights) on {report['device']}, torch {report['torch']}.", ""]
     sections = report["sections"]
     for mode, exact in sections.get("exactness", {}).get("modes", {}).items():
-        lines += [f"{mode} mode: greedy tokens alone and among all {exact['requests'] * len(exact['methods'])} requests in flight "
+        lines += [f"{mode} mode: greedy tokens alone and among all {exact['requests'] * len(exact['methods'])} requests " "in flight "
                   f"({exact['new_tokens']} tokens each):", "", "| method | requests equal | first differing token |", "|---|---|---|"]
         for method, d in exact["methods"].items():
             where = ", ".join(str(i) for i in d["first_differing_token"] if i is not None) or "-"
             lines.append(f"| {method} | {d['equal']}/{exact['requests']} | {where} |")
         lines.append("")
     for mode, lat in sections.get("latency", {}).get("modes", {}).items():
-        lines += [f"{mode} mode: per-token latency, batch 1, {lat['context_tokens']}-token context prompt, {lat['new_tokens']} tokens:", "",
+        lines += [f"{mode} mode: per-token latency, batch 1, {lat['context_tokens']}-token context prompt, " f"{lat['new_tokens']} tokens:", "",
                   "| method | decode ms/token | first token ms | host syncs/token | aten ops/token |", "|---|---|---|---|---|"]
         for method, d in lat["methods"].items():
             syncs = "-" if d["host_syncs_per_token"] is None else f"{d['host_syncs_per_token']:.1f}"
-            lines.append(f"| {method} | {d['decode_ms_per_token']:.2f} | {d['first_token_ms']:.1f} | {syncs} | {d['ops_per_token']:,.0f} |")
+            lines.append(f"| {method} | {d['decode_ms_per_token']:.2f} | {d['first_token_ms']:.1f} | {syncs} | " f"{d['ops_per_token']:,.0f} |")
         lines += ["", "Ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in lat["ratios"].items()), ""]
     for mode, batch in sections.get("batch", {}).get("modes", {}).items():
         sizes = list(batch["fides"])
@@ -346,7 +346,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="auto", help="auto (CUDA when present), cuda, cpu (default: %(default)s)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     parser.add_argument("--modes", type=lambda s: s.split(","), default=None,
-                        help="engine modes of the exactness, latency and batch sections (default: exact,fast on the CPU, fast elsewhere)")
+                        help="engine modes of the exactness, latency and batch sections (default: exact,fast on the CPU, fast " "elsewhere)")
     parser.add_argument("--peers", type=lambda s: s.split(","), default=None,
                         help=f"peer lanes of the latency section (default: {PEER},{STATIC_PEER} on CUDA, {PEER} elsewhere)")
     parser.add_argument("--call", type=int, choices=sorted(CALLS), default=None,

@@ -99,7 +99,7 @@ def valid_documents(schema: dict, n: int, seed: int) -> list[tuple[str, str]]:
     return docs
 
 
-# ---------------------------------------------------------------- token bytes (for outlines-core and for decoding walks)
+# ------------------------------------------------------------- token bytes (for outlines-core and for decoding walks)
 
 def _byte_decoder() -> dict[str, int]:
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
@@ -429,8 +429,9 @@ def footprint(dist: str) -> dict:
 
 
 def measure(lib_name: str, model: str, args) -> dict:
-    from fides_rag.models.loading import resolve_model_source
     from transformers import AutoTokenizer
+
+    from fides_rag.models.loading import resolve_model_source
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_source(model))
     vocab, eos = len(tokenizer), tokenizer.eos_token_id
@@ -505,7 +506,7 @@ def summary(rows: list[dict]) -> None:
         s = r["schemas"]
         print(f"{r['library']:14s} {r['model']:22s} prep {r['tokenizer_prepare_s']:5.2f}s "
               + " ".join(f"{n}: cold {v['compile_cold_s']:.3f}s fill {v['valid_documents']['fill_us_mean']:.0f}us "
-                         f"acc {v['valid_documents']['accept_us_mean']:.0f}us refused {v['valid_documents']['refused_documents']} "
+                         f"acc {v['valid_documents']['accept_us_mean']:.0f}us refused " f"{v['valid_documents']['refused_documents']} "
                          f"valid {v['random_walks']['valid']}/{v['random_walks']['finished']}" for n, v in s.items())
               + f" batch8 {r['batch_of_8']['fill_ms_mean'] + r['batch_of_8']['accept_ms_mean']:.2f}ms")
 

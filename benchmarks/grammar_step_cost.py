@@ -24,8 +24,9 @@ from fides_rag.generation.grammar_masks import allocate_bitmask, apply_bitmask
 
 
 def measure(model: str, rows: int, passes: int, seed: int) -> dict:
-    from fides_rag.models.loading import resolve_model_source
     from transformers import AutoTokenizer
+
+    from fides_rag.models.loading import resolve_model_source
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_source(model))
     vocab, eos = len(tokenizer), tokenizer.eos_token_id

@@ -99,7 +99,7 @@ def measure(args: argparse.Namespace) -> None:
                 step.pop("op_calls")
             runs[method] = {
                 "context_tokens": len(context_ids), "no_context_tokens": len(no_context_ids), "load_average_1min": os.getloadavg()[0],
-                "weights": "real" if real else f"random, {args.model}'s configuration with max_position_embeddings={twin.config.max_position_embeddings}",
+                "weights": "real" if real else f"random, {args.model}'s configuration with " f"max_position_embeddings={twin.config.max_position_embeddings}",
                 **result,
             }
             report["machine"] = machine()
@@ -146,7 +146,7 @@ def tables(report: dict[str, Any], after: dict[str, Any] | None = None) -> str:
     later = after["runs"] if after else None
     arrow = " (before → after)" if after else ""
     return "\n".join([
-        f"MB written by copy, cat and pad kernels per decoded token{arrow} (median decode step; max step in brackets):", "",
+        f"MB written by copy, cat and pad kernels per decoded token{arrow} (median decode step; max step in " "brackets):", "",
         *_table(runs, later, traffic_methods, _traffic), "",
         f"Decode ms per token on this machine{arrow} (mean of the timed steps):", "", *_table(runs, later, traffic_methods, _decode_ms), "",
         f"aten ops per decode step{arrow} (median):", "", *_table(runs, later, methods, _ops),

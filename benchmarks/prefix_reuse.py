@@ -104,8 +104,8 @@ def table(path: Path) -> str:
     rows = ["| method | prompt tokens (context / no-context) | first request TTFT | second request TTFT | second / first | "
             "tokens reused by the second | tokens equal with the cache off |", "|---|---|---|---|---|---|---|"]
     for method, r in data["methods"].items():
-        rows.append(f"| {method} | {r['context_prompt_tokens']:,} / {r['no_context_prompt_tokens']:,} | {r['first_ttft_s'] * 1000:,.0f} ms | "
-                    f"{r['second_ttft_s'] * 1000:,.0f} ms | {r['ratio']:.2f} | {r['second_hit_tokens']:,} ({r['second_hits']} path{'s' * (r['second_hits'] != 1)}) | "
+        rows.append(f"| {method} | {r['context_prompt_tokens']:,} / {r['no_context_prompt_tokens']:,} | " f"{r['first_ttft_s'] * 1000:,.0f} ms | "
+                    f"{r['second_ttft_s'] * 1000:,.0f} ms | {r['ratio']:.2f} | {r['second_hit_tokens']:,} " f"({r['second_hits']} path{'s' * (r['second_hits'] != 1)}) | "
                     f"{'yes' if r['tokens_equal_with_cache_off'] else 'NO'} ({r['checked_tokens']}) |")
     return "\n".join(rows)
 

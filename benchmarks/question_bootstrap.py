@@ -51,13 +51,13 @@ def _fides_minus(significance: list[dict[str, Any]], other: str, metric: str) ->
 
 
 def table(report: list[dict[str, Any]]) -> str:
-    lines = ["| backbone | slice | rows (questions) | FIDES − | diff | 95% CI over rows | 95% CI over questions | width ratio |",
+    lines = ["| backbone | slice | rows (questions) | FIDES − | diff | 95% CI over rows | 95% CI over questions | width " "ratio |",
              "|---|---|---|---|---|---|---|---|"]
     for entry in report:
         for other, c in entry["comparisons"].items():
             row, question = c["row"], c["question"]
             ratio = (question["ci_high"] - question["ci_low"]) / (row["ci_high"] - row["ci_low"]) if row["ci_high"] > row["ci_low"] else float("nan")
-            lines.append(f"| {entry['backbone']} | {entry['slice']} ({entry['metric'].upper()}) | {entry['rows']} ({entry['questions']}) | "
+            lines.append(f"| {entry['backbone']} | {entry['slice']} ({entry['metric'].upper()}) | {entry['rows']} " f"({entry['questions']}) | "
                          f"{other} | {c['diff']:+.1f} | [{row['ci_low']:+.1f}, {row['ci_high']:+.1f}] | "
                          f"[{question['ci_low']:+.1f}, {question['ci_high']:+.1f}] | {ratio:.2f}x |")
     return "\n".join(lines)

@@ -5,7 +5,7 @@ Reads `results/eval/<run>/results.json` (written by `fides-rag eval`) for the co
 and the no-conflict rows (`--dataset nq-swap-original`) of each backbone, and prints markdown:
 
     python benchmarks/scale_trend.py            # the headline table (README): CF and no-conflict EM, FIDES gated or not
-    python benchmarks/scale_trend.py --gates    # each method against standard and AdaCAD with CIs, and its contrasted share (docs)
+    python benchmarks/scale_trend.py --gates    # each method against standard and AdaCAD with CIs, its contrasted share
     python benchmarks/scale_trend.py --full     # CF, Acc and MemR of every method, and the no-conflict slice (docs)
     python benchmarks/scale_trend.py --targets  # the do-no-harm targets, met or not, with the figures
 

@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import quantiles
 from urllib.parse import urlparse
@@ -167,7 +167,7 @@ def start_server(args: argparse.Namespace) -> subprocess.Popen:
     command = [sys.executable, "-m", "fides_rag.cli.main", "serve", "--model", args.model, "--method", args.method,
                "--host", "127.0.0.1", "--port", str(args.port), *args.server_arg]
     print("$ " + " ".join(command), flush=True)
-    log = open(args.server_log, "w")
+    log = open(args.server_log, "w")  # noqa: SIM115 - the server writes it for its whole life
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + args.startup_timeout
     url = f"http://127.0.0.1:{args.port}"
@@ -200,7 +200,7 @@ def markdown(rows: list[dict]) -> str:
     def f(value) -> str:
         return "–" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
-    lines = ["| clients | requests | errors | req/s | tokens/s | TTFT p50 / p95 (s) | latency p50 / p95 (s) | equal to sequential |",
+    lines = ["| clients | requests | errors | req/s | tokens/s | TTFT p50 / p95 (s) | latency p50 / p95 (s) | equal to " "sequential |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         equal = f"{r['equal_to_sequential']}/{r['requests']}" if "equal_to_sequential" in r else "–"
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(rows))
     print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
     if timed_out is not None:
-        print(f"serve_load: the {'sequential pass' if timed_out == 1 and not args.no_sequential else f'{timed_out}-client level'} "
+        print("serve_load: the " f"{'sequential pass' if timed_out == 1 and not args.no_sequential else f'{timed_out}-client level'} "
               f"did not finish within --timeout {args.timeout:g} s; the levels before it are written above. "
               "Rerun with a larger --timeout (or fewer --requests).", file=sys.stderr)
         return 1

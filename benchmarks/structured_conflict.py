@@ -30,12 +30,11 @@ from typing import Any
 import jsonschema
 
 from fides_rag import FidesDecoder
-from fides_rag.calls import ChatPrompts
+from fides_rag.calls import ChatPrompts, ToolCall, ToolCalling, ToolSpec
 from fides_rag.eval.datasets import QAExample, load_examples
 from fides_rag.eval.metrics import contains_answer
 from fides_rag.eval.significance import paired_bootstrap
 from fides_rag.eval.tables import markdown_table
-from fides_rag.calls import ToolCall, ToolCalling, ToolSpec
 
 METHODS = ("standard", "cad", "adacad", "fides")
 FORMS = ("plain", "structured", "agent")
@@ -179,10 +178,10 @@ def markdown(model: str, summary: dict[str, Any], methods: Sequence[str], comman
     tests = [[c["what"], c["form"], f"{c['diff']:+.1f}", f"[{c['ci_low']:+.1f}, {c['ci_high']:+.1f}]", f"{c['p_value']:.3f}"]
              for c in summary.get("comparisons", []) if c["diff"] is not None]
     return (f"Model `{model}`, {summary['rows']} NQ-Swap conflict rows, greedy. Agent form: schema-valid forced tool calls "
-            f"{summary['tool_call_valid']:.1f}% (documents source {', '.join(summary['documents_source'])}). Unfinished: invalid output cut "
+            f"{summary['tool_call_valid']:.1f}% (documents source {', '.join(summary['documents_source'])}). " "Unfinished: invalid output cut "
             f"by the token budget before its closing brace.\n\n"
-            f"{markdown_table(head, rows)}\n\nContext contained, paired bootstrap (1000 resamples, two-sided 95% CI; p from a "
-            f"paired permutation test), in points:\n\n{markdown_table(['comparison', 'form', 'diff', '95% CI', 'p'], tests)}\n\n"
+            f"{markdown_table(head, rows)}\n\nContext contained, paired bootstrap (1000 resamples, two-sided 95% CI; p " "from a "
+            "paired permutation test), in " f"points:\n\n{markdown_table(['comparison', 'form', 'diff', '95% CI', 'p'], tests)}\n\n"
             f"Command: `{command}`\n")
 
 
@@ -217,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     records = load_done(path, settings)[: args.rows]
     done = {r["id"] for r in records}
     todo = [e for e in rows if e.id not in done]
-    command = (f"python benchmarks/structured_conflict.py --model {args.model} --rows {args.rows} --methods {','.join(methods)} "
+    command = (f"python benchmarks/structured_conflict.py --model {args.model} --rows {args.rows} --methods " f"{','.join(methods)} "
                f"--batch-size {args.batch_size} --out {args.out}")
     from tqdm.auto import tqdm
 

@@ -1,13 +1,31 @@
 """fides-rag: faithful retrieval-augmented generation by dual-path contrastive decoding (FIDES)."""
 
-from fides_rag.method.config import FidesConfig
-from fides_rag.decoder import AsyncTextStream, FidesDecoder, GenerationSettings, NonFiniteLogitsError, PromptPair, QueueFullError, TextStream
+from fides_rag.decoder import (
+    AsyncTextStream,
+    FidesDecoder,
+    GenerationSettings,
+    NonFiniteLogitsError,
+    PromptPair,
+    QueueFullError,
+    TextStream,
+)
 from fides_rag.generation.options import GenerationOptions, MethodOptions
+from fides_rag.method.config import FidesConfig
 from fides_rag.method.lens import UnsupportedArchitectureError
 from fides_rag.models.loading import load_model, select_device
 from fides_rag.prompts.template import Demonstration, PromptTemplate
 from fides_rag.result import GenerationResult, StepRecord
-from fides_rag.rules import ContrastRule, Gate, GatedRule, available_gates, available_methods, get_gate, get_method, register_gate, register_method
+from fides_rag.rules import (
+    ContrastRule,
+    Gate,
+    GatedRule,
+    available_gates,
+    available_methods,
+    get_gate,
+    get_method,
+    register_gate,
+    register_method,
+)
 
 __version__ = "0.2.0"
 

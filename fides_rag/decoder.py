@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, ContextManager
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -31,7 +32,6 @@ from fides_rag.generation.tickets import RequestHandle
 from fides_rag.generation.views import DecoderLimits, DecoderStats
 from fides_rag.method.lens import ModelAnatomy
 from fides_rag.prompts.template import PromptTemplate
-from fides_rag.result import GenerationResult
 from fides_rag.rules import ContrastRule, get_method
 
 __all__ = [
@@ -98,7 +98,7 @@ class FidesDecoder:
         what does not fit to `offload_folder`) and wrap it; `kwargs` go to the decoder."""
         from fides_rag.models.loading import load_model
 
-        load_kwargs = {"offload_folder": offload_folder} if offload_folder is not None else {}
+        load_kwargs: dict[str, Any] = {"offload_folder": offload_folder} if offload_folder is not None else {}
         model, tokenizer = load_model(name_or_path, device=device, dtype=dtype, device_map=device_map, **load_kwargs)
         return cls(model, tokenizer, **kwargs)
 
@@ -186,7 +186,7 @@ class FidesDecoder:
         self._engine.configure(**engine_settings)
 
     @contextlib.contextmanager
-    def around_steps(self, step_context: Callable[[], ContextManager]) -> Iterator[None]:
+    def around_steps(self, step_context: Callable[[], AbstractContextManager]) -> Iterator[None]:
         """While open, every engine step runs inside `step_context()` on the decoding thread (profilers, torch modes,
         sync counters); the previous one is restored on leaving."""
         previous, self._engine.step_context = self._engine.step_context, step_context

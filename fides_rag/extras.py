@@ -54,5 +54,6 @@ def check_extra(extra: str, *, command: str = "") -> None:
     if missing:
         what = f"`fides-rag {command}`" if command else f"the {extra} tools"
         raise MissingExtraError(
-            f"{what} needs {', '.join(missing)}, which are not installed. Install them with: pip install \"fides-rag[{extra}]\""
+            f"{what} needs {', '.join(missing)}, which are not installed. "
+            f"Install them with: pip install \"fides-rag[{extra}]\""
         )

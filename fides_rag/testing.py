@@ -4,10 +4,22 @@ configs so nothing is downloaded."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
-from transformers import Gemma2Config, Gemma3TextConfig, GemmaConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+from transformers import (
+    AutoModelForCausalLM,
+    Gemma2Config,
+    Gemma3TextConfig,
+    GemmaConfig,
+    LlamaConfig,
+    MistralConfig,
+    PretrainedConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 from fides_rag.prompts.template import DEFAULT_DEMONSTRATIONS
 
@@ -45,8 +57,8 @@ def build_tokenizer(chat: bool = False) -> PreTrainedTokenizerFast:
     return fast
 
 
-def tiny_config(family: str, vocab_size: int, **overrides):
-    common = dict(
+def tiny_config(family: str, vocab_size: int, **overrides: Any) -> PretrainedConfig:
+    common: dict[str, Any] = dict(
         vocab_size=vocab_size,
         hidden_size=32,
         intermediate_size=64,

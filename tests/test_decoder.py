@@ -13,7 +13,6 @@ from transformers import LogitsProcessorList, MaxLengthCriteria, RepetitionPenal
 
 from fides_rag import FidesConfig, FidesDecoder, NonFiniteLogitsError, PromptPair, PromptTemplate, get_method
 from fides_rag.method.lens import ModelAnatomy
-
 from fides_rag.testing import build_tiny_model
 
 QUESTIONS = [
@@ -54,7 +53,10 @@ def test_standard_matches_transformers_generate(tiny_models, tokenizer, family):
         assert all(s.alpha is None and s.opposition is None and s.shift is None and s.noise is None for s in result.steps)
 
 
-def naive_reference(model, ctx_ids, no_ctx_ids, method, steps, eos_ids, config=FidesConfig()):
+DEFAULT_CONFIG = FidesConfig()
+
+
+def naive_reference(model, ctx_ids, no_ctx_ids, method, steps, eos_ids, config=DEFAULT_CONFIG):
     """Recompute both full sequences at every step, one path at a time, no cache; signals in float64."""
     num_layers = model.config.num_hidden_layers
     softcap = getattr(model.config, "final_logit_softcapping", None)

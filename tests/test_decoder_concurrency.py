@@ -7,10 +7,8 @@ import asyncio
 import threading
 
 import pytest
-import torch
 
 from fides_rag import FidesDecoder, PromptPair, PromptTemplate
-from fides_rag.testing import MULTI_DOCUMENT_QUESTIONS, MULTI_DOCUMENTS
 
 REQUESTS = [
     dict(question="What is the capital of France?", documents=["Lyon is the capital of France."], method="fides", max_new_tokens=6),

@@ -59,7 +59,7 @@ def test_bf16_standard_equals_generate_and_signals_are_float32(tokenizer):
     decoder.generate_batch([example], method=probe, max_new_tokens=3)
     assert probe.dtypes == {torch.float32}
     fides = decoder.generate_batch([example], method="fides", max_new_tokens=4)[0]
-    assert all(isinstance(s.alpha, float) and 0.1 <= s.alpha for s in fides.steps)
+    assert all(isinstance(s.alpha, float) and s.alpha >= 0.1 for s in fides.steps)
 
 
 @pytest.mark.parametrize("method", ["fides", "dvd", "heads"])

@@ -256,7 +256,8 @@ def test_rows_per_forward(tiny_llama, tokenizer, split_prefill, monkeypatch):
 
 @pytest.mark.parametrize("family", ["llama", "gemma2", "gemma3_text"])
 def test_split_prefill_equals_joint_prefill(tiny_models, tokenizer, family):
-    """Three to five row groups merged into one cache (gemma2/gemma3: sliding-window layers shorter than the prompts)."""
+    """Three to five row groups merged into one cache (gemma2/gemma3: sliding-window layers shorter than the
+    prompts)."""
     split = FidesDecoder(tiny_models[family], tokenizer, split_prefill=True)
     joint = FidesDecoder(tiny_models[family], tokenizer, split_prefill=False)
     methods = {"dvd": DvdRule(), "heads": HeadProbe(HEADS), "other-heads": HeadProbe({2: (3,)}), "cad": "cad"}

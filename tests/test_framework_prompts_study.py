@@ -31,12 +31,12 @@ def test_the_study_runs_and_writes_its_tables(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     record = json.loads((tmp_path / "out" / "model.json").read_text())
     labels = ["fides-rag template"] + [f"{f} / {d}" for f in ("llamaindex-text_qa", "langchain-stuff", "langchain-v1-chat") for d in ("emptied", "question")]
-    assert list(record["summaries"]) == labels and all(len(record["answers"][l]["fides"]) == 2 for l in labels)
+    assert list(record["summaries"]) == labels and all(len(record["answers"][label]["fides"]) == 2 for label in labels)
     pairs = record["first_prompt_pairs"]
     assert "Answer the following question:" in pairs["langchain-stuff / question"][0][1]
     assert "Answer the following question:" not in pairs["langchain-stuff / emptied"][0][1]
-    assert all(0.0 <= record["summaries"][l]["fides_mean_alpha"] for l in labels)  # FIDES's α is recorded for every form
-    assert all(len(record["fides_alphas"][l]) == 2 for l in labels)
+    assert all(record["summaries"][label]["fides_mean_alpha"] >= 0.0 for label in labels)  # FIDES's α is recorded for every form
+    assert all(len(record["fides_alphas"][label]) == 2 for label in labels)
     table = (tmp_path / "out" / "model.md").read_text()
     assert "| prompt / no-context path" in table and "FIDES α" in table
 

@@ -8,9 +8,8 @@ import pytest
 import torch
 
 from fides_rag import ContrastRule, FidesDecoder, register_method
-from fides_rag.rules import StepInputs, StepOutput
+from fides_rag.rules import StepInputs, StepOutput, registry
 from fides_rag.rules.base import CONTEXT, NO_CONTEXT
-from fides_rag.rules import registry
 
 
 class HalfContrast(ContrastRule):

@@ -1,5 +1,6 @@
 """The lean core: a wheel built with `python -m build` installs into a fresh venv (torch first) without the extras,
-`fides-rag --help` and `import fides_rag` work there, and a command that needs an extra names it instead of a traceback."""
+`fides-rag --help` and `import fides_rag` work there, and a command that needs an extra names it instead of a
+traceback."""
 
 from __future__ import annotations
 

@@ -27,7 +27,8 @@ HELP_COLUMNS = "100"
 RUN_ELSEWHERE = {
     "quickstart_decoder.py": "test_decoder_quick_start_runs_and_prints_what_it_says (below)",
     "quickstart_batching.py": "test_batching_quick_start_runs_and_answers_every_question (below)",
-    "quickstart_langchain.py": "integrations/langchain-fides/tests/integration_tests/test_lc_quickstart_and_leftovers.py",
+    "quickstart_langchain.py": "integrations/langchain-fides/tests/integration_tests/"
+    "test_lc_quickstart_and_leftovers.py",
     "quickstart_llamaindex.py": "integrations/llama-index-llms-fides/tests/test_fides_llm_quickstart_slow.py",
     "quickstart_agent.py": "integrations/langchain-fides/tests/integration_tests/test_lc_agents_real.py",
     "serve_openai.py": "tests/serve/test_server_real.py (against a running server)",
@@ -37,7 +38,8 @@ RUN_ELSEWHERE = {
     "agents_http_langchain.py": "tests/serve/test_server_real.py (against a running server)",
     "agents_http_llamaindex.py": "tests/serve/test_server_real.py (against a running server)",
 }
-"""Quoted examples that a dedicated test runs (with checks of what they print); the others run in test_docs_example_runs."""
+"""Quoted examples that a dedicated test runs (with checks of what they print); the others run in
+test_docs_example_runs."""
 
 
 def python_blocks(page: Path) -> list[str]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from fides_rag.testing import build_tokenizer
 from fides_rag.calls import ToolCalling
+from fides_rag.testing import build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -1,4 +1,5 @@
-"""fides-rag's template leftovers in answers ("Document [2]: ..."): the stops, and the cleaning every front door gets from the core."""
+"""fides-rag's template leftovers in answers ("Document [2]: ..."): the stops, and the cleaning every front door gets
+from the core."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import copy
 import logging
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,6 @@ from fides_rag.calls.structure import parse_structure, refuse_cutting_stops, ref
 from fides_rag.calls.tools import ToolCall, ToolCallStream, ToolCalling
 from fides_rag.calls.unanswered import answer_rules, is_agent_turn, unanswered_cause
 from fides_rag.decoder import RequestHandle
-from fides_rag.prompts.template import PromptTemplate, TemplateLeftovers
 from fides_rag.result import GenerationResult
 
 logger = logging.getLogger("fides_rag.calls")
@@ -156,7 +155,7 @@ class Call:
                 yield from shown.visible(delta)
         finally:
             stream.close()
-        yield from shown.ending(stream.result)
+        yield from shown.ending(stream.result)  # type: ignore[arg-type]  # set once the stream ended
 
     def deltas(self) -> Iterator[tuple[str, Answer | None]]:
         """`stream` as (delta, None) pairs, one delta held back so that the last pair carries the Answer: a front door
@@ -170,7 +169,7 @@ class Call:
                 yield held, None
             held = item
 
-    async def astream(self, handle: RequestHandle | None = None) -> AsyncIterator[str | Answer]:
+    async def astream(self, handle: RequestHandle | None = None) -> AsyncGenerator[str | Answer, None]:
         """`stream` for asyncio; cancelling the task that reads it cancels the request."""
         async for item in self._astream_once(handle):
             again = self.again(item) if isinstance(item, Answer) else None
@@ -189,7 +188,7 @@ class Call:
                     yield item
         finally:
             await stream.aclose()
-        for item in shown.ending(stream.result):
+        for item in shown.ending(stream.result):  # type: ignore[arg-type,assignment]  # set once the stream ended
             yield item
 
     # -- reading the answer -----------------------------------------------------------------------

@@ -4,6 +4,7 @@ knows (its notes first, where the documents came from, trimming) and what the ca
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from fides_rag.result import GenerationResult
@@ -13,7 +14,7 @@ FINISH_REASONS = {"eos": "stop", "stop": "stop", "criteria": "stop", "length": "
 
 
 def record(plan: Any, result: GenerationResult, requested: str, *, calling: Any = None, native_tools: bool = False,
-           notes: list[str] = (), **extra: Any) -> dict[str, Any]:
+           notes: Sequence[str] = (), **extra: Any) -> dict[str, Any]:
     """The record: `plan.metadata(result)` with the method asked for, the fallback (None: the documents were used as
     asked), the tools' format and choice when tools were bound, the call's own `notes` last, and `extra`."""
     meta = {**plan.metadata(result), "requested_method": requested, "fallback": plan.fallback, **extra}

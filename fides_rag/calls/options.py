@@ -36,7 +36,8 @@ def fold_fides_constants(kwargs: dict[str, Any], base: FidesConfig) -> None:
         return
     if kwargs.get("fides_config") is not None:
         raise TypeError(f"pass fides_config= or the FIDES constants {sorted(named)} by name, not both")
-    kwargs["fides_config"] = dataclasses.replace(base, **{k: tuple(v) if k == "weights" else v for k, v in named.items()})
+    changes: dict[str, Any] = {k: tuple(v) if k == "weights" else v for k, v in named.items()}  # FidesConfig checks each
+    kwargs["fides_config"] = dataclasses.replace(base, **changes)
 
 
 def plain_options(kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -158,8 +159,8 @@ class CallOptions:
             return
         if self.strict:
             raise FidesFallbackError(
-                f"strict=True: {plan.fallback}, so method {self.requested!r} has nothing to contrast as asked. Pass the "
-                f"documents (documents=, a retriever, a context variable) with their texts as they appear in the prompt, or "
+                f"strict=True: {plan.fallback}, so method {self.requested!r} has nothing to contrast as asked. " "Pass the "
+                "documents (documents=, a retriever, a context variable) with their texts as they appear in the " "prompt, or "
                 f"set strict=False to accept the fallback (it is then logged and recorded in the notes)"
             )
         logger.warning(plan.notes[0])

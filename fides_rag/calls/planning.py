@@ -295,7 +295,7 @@ class ChatPrompts:
         elif block:
             turns = [("system", block), *turns]
         if self.use_chat_template:
-            tools = self.tools.openai_tools() if native else None
+            tools = self.tools.openai_tools() if native else None  # type: ignore[union-attr]  # native: tools are bound
             return render_chat(self.tokenizer, [{"role": r, "content": c} for r, c in turns], tools=tools)
         if self.render_text is not None:
             return self.render_text(turns)
@@ -458,16 +458,16 @@ class ChatPrompts:
             plan = self.pair(turns, list(found), "retriever", max_new_tokens, question=question)
             missing = len({t for t in retrieved or [] if t.strip()} - set(found))
             if missing:
-                note = (f"{missing} of the {missing + len(found)} documents retrieved in this run were not found verbatim in "
+                note = (f"{missing} of the {missing + len(found)} documents retrieved in this run were not found " "verbatim in "
                         f"{where} (rewritten by a formatter?); their text, if any, stays in both paths")
                 logger.warning(note)
                 plan.notes.append(note)
             return plan
         if self.context_messages is not None:  # a system turn rendered from one of the framework's context templates
-            found = context_in_system(turns, self.context_messages.templates, self.context_messages.variables)
-            if found is None:
+            span = context_in_system(turns, self.context_messages.templates, self.context_messages.variables)
+            if span is None:
                 return ChatPlan.as_given(self.render(turns), self.context_messages.no_documents, untrusted=[question, *(c for _, c in turns)])
-            return self._in_context(turns, turns[found[0]][1][found[1] : found[2]], max_new_tokens, question)
+            return self._in_context(turns, turns[span[0]][1][span[1] : span[2]], max_new_tokens, question)
         systems = [i for i, (r, c) in enumerate(turns) if r == "system" and c.strip()]
         if retrieved is not None and not retrieved:  # an empty retrieval: a system turn holds only its instruction
             return self.plain(turns, why_no_documents(retrieved, where), question)
@@ -475,7 +475,7 @@ class ChatPrompts:
             plan = self.pair(turns, [turns[i][1] for i in systems], "system_message", max_new_tokens, drop_in_no_context=systems, question=question)
             if retrieved:
                 return plan.fall_back(why_no_documents(retrieved, where), "took the whole system message(s) as the context instead (system_message_as_context=True)")
-            note = "no documents were given, attached or retrieved: the system message(s) were taken as the context (system_message_as_context=True)"
+            note = "no documents were given, attached or retrieved: the system message(s) were taken as the " "context (system_message_as_context=True)"
             logger.info(note)
             plan.notes.insert(0, note)
             return plan

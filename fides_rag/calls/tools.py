@@ -47,7 +47,7 @@ class ToolSpec:
         if not isinstance(self.name, str) or not self.name.strip():
             raise CallInputError(f"a tool needs a non-empty name, got {self.name!r}", "tools.function.name")
         if not TOOL_NAME.fullmatch(self.name):
-            raise CallInputError(f"tool name {self.name!r} must match ^[a-zA-Z0-9_-]{{1,64}}$ (letters, digits, '_' and '-', at most 64), "
+            raise CallInputError(f"tool name {self.name!r} must match ^[a-zA-Z0-9_-]{{1,64}}$ (letters, digits, '_' and '-', at " "most 64), "
                                  "as OpenAI's tool names do", "tools.function.name")
         if not isinstance(self.parameters, Mapping) or self.parameters.get("type", "object") != "object":
             raise CallInputError(f"tool {self.name!r}: parameters must be a JSON schema of an object, got {self.parameters!r}",
@@ -63,7 +63,7 @@ class ToolSpec:
         """A ToolSpec from OpenAI's shape ({"type": "function", "function": {...}}) or its inner function dict."""
         function = tool.get("function", tool) if tool.get("type", "function") == "function" else None
         if not isinstance(function, Mapping) or "name" not in function:
-            raise ValueError(f"not an OpenAI function tool (need {{'type': 'function', 'function': {{'name': ...}}}}): {dict(tool)!r}")
+            raise ValueError(f"not an OpenAI function tool (need {{'type': 'function', 'function': {{'name': ...}}}}): " f"{dict(tool)!r}")
         parameters = function.get("parameters") or {"type": "object", "properties": {}}
         return cls(function["name"], function.get("description") or "", dict(parameters))
 
@@ -134,7 +134,7 @@ def tool_choice_name(tool_choice: Any, names: Sequence[str], *, required: bool =
         if not name and tool_choice.get("type") in CHOICES:
             return tool_choice_name(tool_choice["type"], names, required=required)
         if not isinstance(name, str):
-            raise CallInputError(f"tool_choice dict must name a function ({{'type': 'function', 'function': {{'name': ...}}}}), got {dict(tool_choice)!r}", "tool_choice")
+            raise CallInputError(f"tool_choice dict must name a function ({{'type': 'function', 'function': {{'name': ...}}}}), got " f"{dict(tool_choice)!r}", "tool_choice")
         if name not in names or name in CHOICES:  # a function's name, never a mode: {"name": "none"} forces no "none" mode
             why = (f"which would read as tool_choice={name!r}; rename the tool" if name in names else
                    f"which is not a bound tool's name ({', '.join(names) or 'no tools'})")

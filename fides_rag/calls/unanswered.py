@@ -82,7 +82,7 @@ class BarredFirstToken(LogitsProcessor):
             return scores
         if self.token_ids.device != scores.device:
             self.token_ids = self.token_ids.to(scores.device)
-        scores = scores.clone()
+        scores = scores.clone()  # type: ignore[assignment]  # transformers types scores as FloatTensor
         scores[:, self.token_ids[self.token_ids < scores.shape[-1]]] = -float("inf")
         return scores
 

@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="latency, time split, context growth and throughput, side by side")
     bench.add_argument("--models", default="gemma3-270m,smollm2-135m-instruct", help="comma-separated models")
-    bench.add_argument("--sections", default="latency,split,context,throughput", help="comma-separated: latency, raw (raw prompts, short no-context prompt), split, context, throughput, serving (64 FIDES requests of 8-64 tokens, Poisson arrivals at 0.5x, 1x, 2x the sequential capacity: continuous vs static batching vs sequential), budget (continuous serving of --serving-requests at --budget-load under each of --budgets)")
+    bench.add_argument("--sections", default="latency,split,context,throughput", help="comma-separated: latency, raw (raw prompts, short no-context prompt), split, context, throughput, " "serving (64 FIDES requests of 8-64 tokens, Poisson arrivals at 0.5x, 1x, 2x the sequential capacity: " "continuous vs static batching vs sequential), budget (continuous serving of --serving-requests at " "--budget-load under each of --budgets)")
     bench.add_argument("--data", help="NQ-Swap parquet/jsonl (default: $FIDES_RAG_DATA or ../shared/data)")
     bench.add_argument("--samples", type=int, default=20, help="prompts timed per method in latency and raw (default 20)")
     bench.add_argument("--warmup", type=int, default=3, help="untimed prompts first (default 3)")
@@ -152,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--data", help="dataset file (or pminervini/NQ-Swap); default: $FIDES_RAG_DATA or ../shared/data")
     evaluate.add_argument("--passages", help="PopQA passages file (default: beside --data)")
     evaluate.add_argument("--mode", choices=["exact", "fast"],
-                          help="the engine's mode: exact (each answer as if decoded alone) or fast (default: exact on the CPU, fast elsewhere)")
+                          help="the engine's mode: exact (each answer as if decoded alone) or fast (default: exact on the CPU, fast " "elsewhere)")
     evaluate.add_argument("--methods", type=_methods, default=["standard", "cad", "adacad", "fides"],
                           help="comma-separated, or all (every registered method the dataset can run)")
     evaluate.add_argument("--limit", type=_integer_at_least(1), help="first N examples")
@@ -242,7 +242,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             return (_eval if args.command == "eval" else _calibrate)(args)
         except KeyboardInterrupt:
             if args.command == "eval":
-                print(f"\nfides-rag eval: interrupted; the answers so far are in {args.out}; rerun the same command to resume",
+                print(f"\nfides-rag eval: interrupted; the answers so far are in {args.out}; rerun the same command " "to resume",
                       file=sys.stderr)
                 return 130
             raise
@@ -335,7 +335,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     if len(examples) < 2:
         raise ValueError(f"calibration needs at least 2 prompts; only {len(examples)} remain after --offset {args.offset}")
     if len(examples) < args.n:
-        print(f"note: only {len(examples)} examples after --offset {args.offset}; calibrating on {len(examples)}, not {args.n}", file=sys.stderr)
+        print(f"note: only {len(examples)} examples after --offset {args.offset}; calibrating on {len(examples)}, " f"not {args.n}", file=sys.stderr)
     pairs = [(e.question, list(e.contexts)) for e in examples]  # answers are never read
     decoder = FidesDecoder.from_pretrained(args.model, **load_options(args))
     source = {

@@ -36,5 +36,5 @@ def run_models_command(args: argparse.Namespace) -> int:
     except FetchError as err:
         print(f"fides-rag models fetch: error: {err}", file=sys.stderr)
         return 2
-    print(f"{args.name}: {path} (size, SHA-256 and header checked); use it as --model {args.name} or load_model({args.name!r})")
+    print(f"{args.name}: {path} (size, SHA-256 and header checked); use it as --model {args.name} or " f"load_model({args.name!r})")
     return 0

@@ -6,7 +6,14 @@ on-disk embedding cache), `noise` (seeded noise injection), `metrics` (alias acc
 `run` (the experiment, table, plot and JSON), `cli` (the `demo` sub-command).
 """
 
-from fides_rag.demo.corpus import Corpus, Passage, corpus_question, load_embedded_corpus, load_popqa_corpus, split_passage
+from fides_rag.demo.corpus import (
+    Corpus,
+    Passage,
+    corpus_question,
+    load_embedded_corpus,
+    load_popqa_corpus,
+    split_passage,
+)
 from fides_rag.demo.metrics import contains_alias, is_correct, normalize_answer, recall_at_k
 from fides_rag.demo.noise import inject_noise, noise_count
 

@@ -58,7 +58,7 @@ def add_demo_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
             "Retrieve the top-k passages per question (all-MiniLM-L6-v2 + FAISS), replace 0%, 20% and 50% of them "
             "with random passages that hold no gold alias, answer with standard RAG, CAD, AdaCAD and FIDES, and "
             "report accuracy, each method's drop, recall@k, a plot and a JSON record. Without --data/--corpus it "
-            f"uses the corpus shipped with the package; --data, --corpus popqa or ${DATA_ENV} switch to PopQA long-tail."
+            f"uses the corpus shipped with the package; --data, --corpus popqa or ${DATA_ENV} switch to PopQA " "long-tail."
         ),
     )
     demo.add_argument("--corpus", choices=["demo", "popqa"], default=None,

@@ -95,7 +95,7 @@ def split_passage(text: str, max_words: int = 60) -> list[str]:
 
 def load_embedded_corpus() -> Corpus:
     """The hand-written demo corpus shipped inside the package (fides_rag/demo/data/demo_corpus.json)."""
-    raw = json.loads(resources.files("fides_rag.demo").joinpath("data", EMBEDDED_CORPUS).read_text(encoding="utf-8"))
+    raw = json.loads(resources.files("fides_rag.demo").joinpath("data").joinpath(EMBEDDED_CORPUS).read_text(encoding="utf-8"))
     questions = [
         corpus_question(q["id"], q["question"], tuple(q["answers"]), q.get("kind", ""), tuple(q.get("memory_answers", ())),
                         tuple(q.get("answer_passages", ())))

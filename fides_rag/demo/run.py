@@ -3,7 +3,8 @@ every method over one shared prefill per batch, and score alias accuracy.
 
 `run_demo(DemoSettings(...))` returns the report (a JSON-ready dict) and writes `results.json` and
 `accuracy.png` into the run folder (`settings.out_folder()`); `format_table(report)` renders the terminal table.
-Answers are appended to `predictions.jsonl` batch by batch (the eval's store, `fides_rag.eval.store`), so rerunning an interrupted run with the same
+Answers are appended to `predictions.jsonl` batch by batch (the eval's store, `fides_rag.eval.store`), so rerunning an
+interrupted run with the same
 --out decodes only what is missing (and a run with an extra method decodes only that method).
 """
 
@@ -23,11 +24,11 @@ from typing import Any
 from fides_rag.demo.corpus import Corpus, Passage, load_embedded_corpus, load_popqa_corpus
 from fides_rag.demo.metrics import contains_alias, is_correct, recall_at_k
 from fides_rag.demo.noise import inject_noise, noise_count
-from fides_rag.extras import require
 from fides_rag.eval.datasets import QAExample
-from fides_rag.eval.store import PredictionStore
 from fides_rag.eval.significance import paired_bootstrap
+from fides_rag.eval.store import PredictionStore
 from fides_rag.eval.tables import markdown_table, terminal_table
+from fides_rag.extras import require
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ def run_demo(
     started = time.perf_counter()
     corpus = load_corpus(settings)
     questions = select_questions(corpus, settings.effective_limit(), settings.seed)
-    log(f"corpus {corpus.name} ({corpus.source}): {len(corpus.passages)} passages; {len(questions)} of {len(corpus.questions)} questions")
+    log(f"corpus {corpus.name} ({corpus.source}): {len(corpus.passages)} passages; {len(questions)} of " f"{len(corpus.questions)} questions")
     t0 = time.perf_counter()
     retriever, hits, retrieved = _retrieve(settings, corpus, questions, retriever, progress, log)
     recall = recall_at_k([[p.text for p in row] for row in retrieved], [q.context_answers for q in questions])
@@ -184,7 +185,7 @@ def run_demo(
         "questions": len(questions),
         "recall_at_k": 100.0 * recall,
         **tally(table, settings.methods, [level_label(s) for s in settings.noise]),
-        "metric": "accuracy = a gold alias, SQuAD-normalised, occurs as whole tokens in the normalised answer (percent)",
+        "metric": "accuracy = a gold alias, SQuAD-normalised, occurs as whole tokens in the normalised answer " "(percent)",
         "timing_s": {"total": round(time.perf_counter() - started, 1), "retrieval": round(retrieval_s, 1), **timing},
         "decoded_now": todo,
         "decoded_before": len(items) - todo,
@@ -267,7 +268,8 @@ def _score(settings: DemoSettings, questions: Sequence[QAExample], hits: list, r
 
 
 def tally(rows: Sequence[dict[str, Any]], methods: Sequence[str], levels: Sequence[str]) -> dict[str, Any]:
-    """Accuracy (%) per method and level, overall, on prompts holding a gold passage and per kind; the drop; the bootstrap."""
+    """Accuracy (%) per method and level, overall, on prompts holding a gold passage and per kind; the drop; the
+    bootstrap."""
     pd = require("pandas", "eval", purpose="the demo's tallies")
     frame = pd.DataFrame(list(rows))
 
@@ -296,8 +298,9 @@ def tally(rows: Sequence[dict[str, Any]], methods: Sequence[str], levels: Sequen
 
 
 def _environment(decoder: Any) -> dict[str, str]:
-    import fides_rag
     import torch
+
+    import fides_rag
 
     return {"fides_rag": getattr(fides_rag, "__version__", "?"), "torch": torch.__version__,
             "python": platform.python_version(), "device": str(getattr(decoder, "device", "?"))}
@@ -385,7 +388,7 @@ def results_markdown(report: dict[str, Any]) -> str:
                                                           for m in report["methods"]]))
     sig = report.get("significance")
     if sig and sig["versus"]:
-        lines += ["", f"Paired bootstrap over questions (B = {sig['samples']}, two-sided 95% CI; p from a paired permutation test), "
+        lines += ["", f"Paired bootstrap over questions (B = {sig['samples']}, two-sided 95% CI; p from a paired permutation " "test), "
                       f"{sig['reference']} minus the other method, in points:", ""]
         sig_rows = [[other] + [_ci(pair["accuracy"][lv], markdown=True) for lv in levels] + [_ci(pair["drop"], markdown=True)]
                     for other, pair in sig["versus"].items()]

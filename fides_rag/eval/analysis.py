@@ -18,22 +18,18 @@ from typing import Any
 
 import numpy as np
 
-from fides_rag.extras import require
 from fides_rag.eval.harness import PREDICTIONS, read_predictions
 from fides_rag.eval.metrics import aggregate, normalize_answer
+from fides_rag.extras import require
 
 ANALYSIS_DIR = "analysis"
 CATEGORIES = ("answer", "function", "numeric/entity", "other")
 SIGNALS = ("opposition", "shift", "noise")
 # A fixed English function-word list. Kept rather than sklearn's ENGLISH_STOP_WORDS: that list (318 words) also holds
-# content words ("fire", "bill", "system", "computer", "found", numbers like "two"), which would count as function tokens.
+# content words ("fire", "bill", "system", "computer", "found", numbers like "two"), which would count as function
+# tokens.
 STOP_WORDS = frozenset(
-    """a an the and or but nor so yet if then than that this these those there here of in on at by for with
-    about against between into through during before after above below to from up down out off over under
-    again further once is are was were be been being am have has had having do does did doing will would
-    shall should can could may might must i me my we our you your he him his she her it its they them their
-    what which who whom whose when where why how all any both each few more most other some such no not only
-    own same too very just also as s t""".split()
+    ["a", "an", "the", "and", "or", "but", "nor", "so", "yet", "if", "then", "than", "that", "this", "these", "those", "there", "here", "of", "in", "on", "at", "by", "for", "with", "about", "against", "between", "into", "through", "during", "before", "after", "above", "below", "to", "from", "up", "down", "out", "off", "over", "under", "again", "further", "once", "is", "are", "was", "were", "be", "been", "being", "am", "have", "has", "had", "having", "do", "does", "did", "doing", "will", "would", "shall", "should", "can", "could", "may", "might", "must", "i", "me", "my", "we", "our", "you", "your", "he", "him", "his", "she", "her", "it", "its", "they", "them", "their", "what", "which", "who", "whom", "whose", "when", "where", "why", "how", "all", "any", "both", "each", "few", "more", "most", "other", "some", "such", "no", "not", "only", "own", "same", "too", "very", "just", "also", "as", "s", "t"]
 )
 _HAS_DIGIT = re.compile(r"\d")
 
@@ -82,7 +78,7 @@ def _labels(records: Sequence[dict[str, Any]]) -> list[str]:
 
 def _alpha_labels(records: Sequence[dict[str, Any]]) -> list[str]:
     """Methods whose steps carry an alpha (the contrastive ones)."""
-    return [l for l in _labels(records) if any(s.get("alpha") is not None for r in records for s in r["outputs"].get(l, {}).get("steps", []))]
+    return [label for label in _labels(records) if any(s.get("alpha") is not None for r in records for s in r["outputs"].get(label, {}).get("steps", []))]
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -115,12 +111,13 @@ def token_category(token: str, context_answers: Sequence[str]) -> str:
 
 
 def auroc(scores: Sequence[float], positive: Sequence[bool]) -> float | None:
-    """P(score of a positive > score of a negative), ties counting 1/2 (sklearn's roc_auc_score); None without both classes."""
-    positive = np.asarray(positive, bool)
-    if positive.all() or not positive.any():
+    """P(score of a positive > score of a negative), ties counting 1/2 (sklearn's roc_auc_score); None without both
+    classes."""
+    labels = np.asarray(positive, bool)
+    if labels.all() or not labels.any():
         return None
     metrics = require("sklearn.metrics", "eval", purpose="the AUROC")
-    return float(metrics.roc_auc_score(positive, np.asarray(scores, float)))
+    return float(metrics.roc_auc_score(labels, np.asarray(scores, float)))
 
 
 def token_selectivity(records: Sequence[dict[str, Any]], out_dir: Path | None = None) -> dict[str, Any]:
@@ -147,8 +144,8 @@ def token_selectivity(records: Sequence[dict[str, Any]], out_dir: Path | None = 
         labels = list(result["methods"])
         _grouped_bars(
             out_dir / "token_selectivity.png",
-            {cat: [result["methods"][l]["mean_alpha"][cat] or 0.0 for l in labels] for cat in CATEGORIES},
-            [f"{l}\nAUROC {_f(result['methods'][l]['auroc_answer_vs_rest'])}" for l in labels],
+            {cat: [result["methods"][label]["mean_alpha"][cat] or 0.0 for label in labels] for cat in CATEGORIES},
+            [f"{label}\nAUROC {_f(result['methods'][label]['auroc_answer_vs_rest'])}" for label in labels],
             ylabel="mean α",
             title="Token selectivity: mean α per token category",
             width=max(5, 1.6 * len(labels) + 3),
@@ -179,8 +176,8 @@ def conflict_severity(records: Sequence[dict[str, Any]], out_dir: Path | None = 
     """
     conflict = [r for r in records if r.get("conflict")]
     metric, pool = ("cf", conflict) if conflict else ("em", list(records))
-    scored = [(first_step_jsd(r), r) for r in pool]
-    scored = sorted([(j, r) for j, r in scored if j is not None], key=lambda x: x[0])
+    with_jsd = [(first_step_jsd(r), r) for r in pool]
+    scored = sorted([(j, r) for j, r in with_jsd if j is not None], key=lambda x: x[0])
     labels = _labels(records)
     pd = require("pandas", "eval", purpose="the severity quartiles")
     # Equal-count buckets of the JSD ranks (ties broken by order), so equal JSDs cannot empty a bucket.
@@ -189,7 +186,7 @@ def conflict_severity(records: Sequence[dict[str, Any]], out_dir: Path | None = 
     rows = []
     for k, group in enumerate(groups):
         members = [scored[i] for i in group]
-        row = {"bucket": k + 1, "n": len(members), "jsd_min": members[0][0], "jsd_max": members[-1][0],
+        row: dict[str, Any] = {"bucket": k + 1, "n": len(members), "jsd_min": members[0][0], "jsd_max": members[-1][0],
                "jsd_mean": float(np.mean([j for j, _ in members])), "score": {}}
         for label in labels:
             values = [r["outputs"][label]["scores"][metric] for _, r in members if label in r["outputs"]]
@@ -241,8 +238,8 @@ def non_conflict_control(records: Sequence[dict[str, Any]], out_dir: Path | None
         labels = list(methods)
         _grouped_bars(
             out_dir / "non_conflict_control.png",
-            {metric.upper(): [methods[l][metric] or 0.0 for l in labels] for metric in ("em", "f1", "accuracy")},
-            [f"{l}\nα {_f(methods[l]['mean_alpha'], 2)}" for l in labels],
+            {metric.upper(): [methods[label][metric] or 0.0 for label in labels] for metric in ("em", "f1", "accuracy")},
+            [f"{label}\nα {_f(methods[label]['mean_alpha'], 2)}" for label in labels],
             ylabel="%",
             title=f"Non-conflict control ({len(aligned)} examples)",
         )
@@ -271,7 +268,7 @@ def example_trace(records: Sequence[dict[str, Any]], out_dir: Path | None = None
         matches = [r for r in records if r["id"] == example_id]
         if not matches:
             raise ValueError(f"no example with id {example_id!r} in the run")
-        record = matches[0]
+        record: dict[str, Any] | None = matches[0]
     else:
         record = _pick_trace(records, method)
     if record is None:
@@ -317,10 +314,10 @@ def example_trace(records: Sequence[dict[str, Any]], out_dir: Path | None = None
     spans = []
     for s, a in zip(steps, alphas):
         rgba = cmap(norm(a))
-        color = "#%02x%02x%02x" % tuple(int(255 * c) for c in rgba[:3])
+        color = "#" + "".join(f"{int(255 * c):02x}" for c in rgba[:3])
         fg = "white" if norm(a) < 0.6 else "black"
         tip = ", ".join(f"{k} {s[k]:.4f}" for k in ("alpha", *SIGNALS) if s.get(k) is not None)
-        spans.append(f'<span style="background:{color};color:{fg};padding:2px 1px" title="{html.escape(tip)}">{html.escape(s["token"])}</span>')
+        spans.append(f'<span style="background:{color};color:{fg};padding:2px 1px" ' f'title="{html.escape(tip)}">{html.escape(s["token"])}</span>')
     rows = "".join(
         "<tr>" + f"<td>{html.escape(s['token'])}</td>" + "".join(f"<td>{_f(s.get(k), 4)}</td>" for k in ("alpha", *SIGNALS)) + "</tr>"
         for s in steps
@@ -328,9 +325,9 @@ def example_trace(records: Sequence[dict[str, Any]], out_dir: Path | None = None
     page = (
         f"<!doctype html><meta charset='utf-8'><title>trace {html.escape(record['id'])}</title>"
         f"<body style='font-family:sans-serif'><h3>{html.escape(record['question'])}</h3>"
-        f"<p>context answers: {html.escape(', '.join(record['context_answers']))}; memory answers: {html.escape(', '.join(record['memory_answers']) or '–')}</p>"
+        f"<p>context answers: {html.escape(', '.join(record['context_answers']))}; memory answers: " f"{html.escape(', '.join(record['memory_answers']) or '–')}</p>"
         f"<p style='font-family:monospace;font-size:18px'>{''.join(spans)}</p>"
-        f"<table border=1 cellspacing=0 cellpadding=3><tr><th>token</th><th>α</th><th>opposition</th><th>shift</th><th>noise</th></tr>{rows}</table></body>"
+        "<table border=1 cellspacing=0 " f"cellpadding=3><tr><th>token</th><th>α</th><th>opposition</th><th>shift</th><th>noise</th></tr>{rows}</table></body>"
     )
     (out_dir / "trace.html").write_text(page, encoding="utf-8")
     return result

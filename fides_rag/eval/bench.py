@@ -38,7 +38,7 @@ class StepClock(StoppingCriteria):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
         self.times.append(time.perf_counter())
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]  # transformers' BoolTensor
 
 
 @dataclass
@@ -96,7 +96,7 @@ class Bench:
         clock = StepClock()
         start = time.perf_counter()
         with torch.inference_mode():
-            out = model.generate(
+            out = model.generate(  # type: ignore[operator]  # a PreTrainedModel
                 **ids, negative_prompt_ids=negative["input_ids"], negative_prompt_attention_mask=negative["attention_mask"],
                 guidance_scale=guidance_scale, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                 stopping_criteria=StoppingCriteriaList([clock]), pad_token_id=tok.pad_token_id or 0,
@@ -194,13 +194,13 @@ class Bench:
         self.decoder.generate_batch(questions[:2], documents[:2], method="fides", max_new_tokens=4)  # warm-up
         for size in batch_sizes:
             out["fides_by_batch_size"][str(size)] = rate(
-                lambda: [self.decoder.generate_batch(questions[i : i + size], documents[i : i + size], method="fides", max_new_tokens=new_tokens) for i in range(0, len(examples), size)]
+                lambda size=size: [self.decoder.generate_batch(questions[i : i + size], documents[i : i + size], method="fides", max_new_tokens=new_tokens) for i in range(0, len(examples), size)]
             )
         size = 8
         singles = {}
         for method in ("standard", "cad", "adacad", "fides"):
             singles[method] = rate(
-                lambda: [self.decoder.generate_batch(questions[i : i + size], documents[i : i + size], method=method, max_new_tokens=new_tokens) for i in range(0, len(examples), size)]
+                lambda method=method: [self.decoder.generate_batch(questions[i : i + size], documents[i : i + size], method=method, max_new_tokens=new_tokens) for i in range(0, len(examples), size)]
             )
         out["single_method_batch8"] = singles
         out["four_methods_shared_prefill_batch8"] = rate(
@@ -269,7 +269,7 @@ def run_bench(
             elif section == "throughput":
                 result["throughput"] = bench.throughput()
             else:
-                raise ValueError(f"unknown bench section {section!r}; choose from latency, raw, split, context, throughput, serving, budget")
+                raise ValueError(f"unknown bench section {section!r}; choose from latency, raw, split, context, throughput, " "serving, budget")
             report["machine"] = machine()
             if out:
                 Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -299,7 +299,7 @@ def format_section(model: str, section: str, data: dict) -> str:
         if section == "latency":
             lines.append("")
             lines.append(
-                f"Decode ratios: FIDES/standard {_ratio(med['fides'], med['standard'])}, FIDES/CAD {_ratio(med['fides'], med['cad'])}, "
+                f"Decode ratios: FIDES/standard {_ratio(med['fides'], med['standard'])}, FIDES/CAD " f"{_ratio(med['fides'], med['cad'])}, "
                 f"CAD/peer {_ratio(med['cad'], med[PEER])}, peer/standard {_ratio(med[PEER], med['standard'])}. "
                 f"End-to-end (prefill included): FIDES/standard {_ratio(tot['fides'], tot['standard'])}, "
                 f"FIDES/CAD {_ratio(tot['fides'], tot['cad'])}, CAD/peer {_ratio(tot['cad'], tot[PEER])}."
@@ -314,7 +314,7 @@ def format_section(model: str, section: str, data: dict) -> str:
         else:
             lines.append("")
             lines.append(
-                f"FIDES step over CAD: {med['fides'] - med['cad']:+.2f} ms; of which Noise (lens) ≈ {med['fides'] - med['fides-no-noise']:+.2f} ms, "
+                f"FIDES step over CAD: {med['fides'] - med['cad']:+.2f} ms; of which Noise (lens) ≈ " f"{med['fides'] - med['fides-no-noise']:+.2f} ms, "
                 f"Shift (layer reads) ≈ {med['fides'] - med['fides-no-shift']:+.2f} ms."
             )
     elif section == "serving":
@@ -333,8 +333,8 @@ def format_section(model: str, section: str, data: dict) -> str:
             s, f = d["standard"], d["fides"]
             need = s["kv_cache_bytes"] + d["no_context_alone_kv_cache_bytes"]
             lines.append(
-                f"| {d['prompt_tokens']} ({d['no_context_tokens']}) | {s['first_token_ms']:.0f} | {f['first_token_ms']:.0f} | "
-                f"{s['decode_ms_per_token']:.1f} | {f['decode_ms_per_token']:.1f} | {s['kv_cache_bytes']:,} | {f['kv_cache_bytes']:,} | "
+                f"| {d['prompt_tokens']} ({d['no_context_tokens']}) | {s['first_token_ms']:.0f} | " f"{f['first_token_ms']:.0f} | "
+                f"{s['decode_ms_per_token']:.1f} | {f['decode_ms_per_token']:.1f} | {s['kv_cache_bytes']:,} | " f"{f['kv_cache_bytes']:,} | "
                 f"{f['kv_cache_bytes'] / need:.3f} |"
             )
     elif section == "throughput":
@@ -348,7 +348,7 @@ def format_section(model: str, section: str, data: dict) -> str:
         lines.append(
             f"Batch 8 / batch 1: {by.get('8', 0) / by['1']:.2f}x. Four methods with shared prefill: {four:.2f} ex/s; "
             + ", ".join(f"{m} alone {v:.2f} ex/s" for m, v in single.items())
-            + f". Four-method cost = {single['fides'] / four:.2f}x FIDES alone, {single['standard'] / four:.2f}x standard alone, "
+            + f". Four-method cost = {single['fides'] / four:.2f}x FIDES alone, {single['standard'] / four:.2f}x " "standard alone, "
             f"running the four separately takes {sum(1 / v for v in single.values()) * four:.2f}x as long."
         )
     return "\n".join(lines)

@@ -52,7 +52,7 @@ def format_budget_sweep(data: dict[str, Any]) -> str:
     """A markdown table of a sweep."""
     lines = [
         f"{data['requests']} FIDES requests of {data['tokens'][0]}-{data['tokens'][1]} new tokens, Poisson arrivals at "
-        f"{data['load']}x the sequential capacity ({data['capacity_per_s']:.3f} requests/s under {data['default']} tokens), "
+        f"{data['load']}x the sequential capacity ({data['capacity_per_s']:.3f} requests/s under {data['default']} " "tokens), "
         f"continuous batching; same tokens under every budget: {data['identical_outputs']}.",
         "",
         "| max_num_batched_tokens | TTFT p50 s | TTFT p95 s | latency p50 s | latency p95 s | examples/s |",

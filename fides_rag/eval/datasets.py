@@ -115,7 +115,7 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
             yield number, record
 
 
-def _text(record: dict[str, Any], name: str, path: Path, line: int) -> str:
+def _text(record: dict[str, Any], name: str, path: Path | str, line: int) -> str:
     if name not in record or record[name] is None:
         raise DatasetError(path, line, name, "missing")
     value = record[name]
@@ -140,7 +140,7 @@ def _listed(text: str) -> list[str] | None:
     raise ValueError("a list written as text that cannot be read as a list of strings; store the answers as a list of strings")
 
 
-def _strings(record: dict[str, Any], name: str, path: Path, line: int, *, required: bool = True) -> tuple[str, ...]:
+def _strings(record: dict[str, Any], name: str, path: Path | str, line: int, *, required: bool = True) -> tuple[str, ...]:
     """A list of non-empty strings (a numpy array, a single string, or a list written as text are accepted too)."""
     if name not in record or record[name] is None:
         if required:
@@ -213,7 +213,7 @@ def _nq_swap_rows(source: str | Path) -> tuple[Path | str, Iterator[tuple[int, d
                 f"({type(err).__name__}); pass an existing parquet/jsonl path"
             ) from None
         return str(source), ((i + 1, row) for i, row in enumerate(data))
-    raise FileNotFoundError(f"NQ-Swap file not found at {source}; pass a parquet/jsonl path, the hub id {NQ_SWAP_HUB_ID!r}, or set ${DATA_ENV}")
+    raise FileNotFoundError(f"NQ-Swap file not found at {source}; pass a parquet/jsonl path, the hub id {NQ_SWAP_HUB_ID!r}, or set " f"${DATA_ENV}")
 
 
 def load_nq_swap(
@@ -254,7 +254,8 @@ def load_nq_swap(
 
 
 def load_nq_open(path: str | Path | None = None, limit: int | None = None) -> list[QAExample]:
-    """NQ-open oracle (non-conflict control): the `ctxs` marked `isgold` are the passages, `answers` the context answers.
+    """NQ-open oracle (non-conflict control): the `ctxs` marked `isgold` are the passages, `answers` the context
+    answers.
 
     Passages are "title: text" when a title is present. No memory answers (no conflict). id nq-open-<line-1>.
     """
@@ -330,7 +331,7 @@ def load_qa_jsonl(path: str | Path, limit: int | None = None) -> list[QAExample]
     repeated ids are an error (resuming a run relies on them).
     """
     path = _require_file(Path(path), "QA jsonl")
-    examples, seen = [], {}
+    examples, seen = [], dict[str, int]()
     for line, record in _take(iter_jsonl(path), limit):
         question = _text(record, "question", path, line)
         contexts = _strings(record, "contexts", path, line)

@@ -139,7 +139,7 @@ def run_eval(
     bar, total = _progress_bars(out, len(examples), todo, len(examples_all), shards, rank) if progress else (None, None)
 
     def on_batch(n: int) -> None:
-        bar.update(n)
+        bar.update(n)  # type: ignore[union-attr]  # on_batch runs only with progress bars
         if total is not None:
             total.poll()
 

@@ -1,4 +1,5 @@
-"""Data-parallel eval under `torchrun` or `accelerate launch`: this process's rank, its shard, gathering and a barrier."""
+"""Data-parallel eval under `torchrun` or `accelerate launch`: this process's rank, its shard, gathering and a
+barrier."""
 
 from __future__ import annotations
 

@@ -71,7 +71,7 @@ class StepProbe(StoppingCriteria):
         before = self.tokens() if self.tokens is not None else None
         with self._counting() if 1 <= step <= self.counted else contextlib.nullcontext():
             yield
-            if before is None or self.tokens() > before:
+            if before is None or self.tokens() > before:  # type: ignore[misc]  # tokens is set when before is
                 self._mark()
 
     # -- transformers' generate: a stopping criterion called once per token --------------------------
@@ -84,7 +84,7 @@ class StepProbe(StoppingCriteria):
         if step == 0 and self.counted > 0:
             self._modes = contextlib.ExitStack()
             self._modes.enter_context(self._counting())
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]  # transformers' BoolTensor
 
     def close(self) -> None:
         """Leave the counting modes entered by `__call__` (at the last counted step, or if generation ended first)."""
@@ -97,7 +97,7 @@ class StepProbe(StoppingCriteria):
     def report(self, start: float) -> dict[str, Any]:
         """First-token time, per-step counts of the counted steps, and the mean time of the timed steps."""
         times = [t for t, _, _ in self.marks]
-        steps = []
+        steps: list[dict[str, Any]] = []
         counted = self.marks[: self.counted + 1]
         for (_, before, syncs_before), (_, after, syncs_after) in zip(counted, counted[1:]):
             step = after - before

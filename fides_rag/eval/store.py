@@ -21,7 +21,8 @@ from fides_rag.eval.records import example_record, read_predictions
 PREDICTIONS = "predictions.jsonl"
 RUN_INFO = "run.json"
 METHOD_OPTIONS = "method_options"
-"""run.json key: method label -> {"method": rule name, "options": its options}, for every label with answers in the folder."""
+"""run.json key: method label -> {"method": rule name, "options": its options}, for every label with answers in the
+folder."""
 
 
 def files_sha256(paths: Sequence[str | Path]) -> str:
@@ -43,7 +44,7 @@ def make_run_folder(path: str | Path) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise ValueError(f"cannot create the run folder {path} ({err.strerror or err}); pass an --out folder in a place you can write") from None
+        raise ValueError(f"cannot create the run folder {path} ({err.strerror or err}); pass an --out folder in a place you can " "write") from None
     return path
 
 
@@ -127,7 +128,7 @@ class PredictionStore:
 
     def missing(self, examples: Sequence[QAExample], labels: Sequence[str]) -> dict[str, tuple[str, ...]]:
         """example id -> the method labels it still lacks (only examples that lack some)."""
-        todo = {e.id: tuple(l for l in labels if l not in self.kept_outputs(e)) for e in examples}
+        todo = {e.id: tuple(label for label in labels if label not in self.kept_outputs(e)) for e in examples}
         return {i: m for i, m in todo.items() if m}
 
     def decode(
@@ -142,7 +143,8 @@ class PredictionStore:
         on_batch: Callable[[int], None] | None = None,
     ) -> int:
         """Decode every missing (example, method) pair, one shared prefill per batch, grouped by the methods missing and
-        sorted by `prompt_length` to limit padding; merge with the kept outputs and append. Returns the examples decoded."""
+        sorted by `prompt_length` to limit padding; merge with the kept outputs and append. Returns the examples
+        decoded."""
         missing = self.missing(examples, list(methods))
         todo = [e for e in examples if e.id in missing]
         todo.sort(key=lambda e: (missing[e.id] != tuple(methods), prompt_length(e)))

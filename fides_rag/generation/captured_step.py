@@ -25,7 +25,7 @@ def check_buckets(buckets: Any) -> tuple[int, ...]:
     values = tuple(buckets) if isinstance(buckets, (list, tuple)) else None
     if (not values or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in values)
             or any(a >= b for a, b in zip(values, values[1:]))):
-        raise ValueError(f"buckets must be a non-empty sequence of strictly increasing positive integers (row counts), got {buckets!r}")
+        raise ValueError("buckets must be a non-empty sequence of strictly increasing positive integers (row counts), got " f"{buckets!r}")
     return values
 
 
@@ -37,7 +37,7 @@ def check_compile(compile: Any) -> str | None:
         return "inductor"
     if isinstance(compile, str) and compile:
         return compile
-    raise ValueError(f"compile must be True, False or the name of a torch.compile backend (e.g. 'inductor', 'eager'), got {compile!r}")
+    raise ValueError("compile must be True, False or the name of a torch.compile backend (e.g. 'inductor', 'eager'), got " f"{compile!r}")
 
 
 class CapturedStep:

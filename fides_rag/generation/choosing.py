@@ -52,12 +52,12 @@ def choose(scores: torch.Tensor, lane: Lane, errors: dict[int, BaseException]) -
         for i, u in enumerate(units):
             row = scores[i : i + 1]
             if u.processors is not None:
-                row = _own(u, errors, i, lambda: u.processors(history(u, scores.device), scores[i : i + 1]))
+                row = _own(u, errors, i, lambda u=u, i=i: u.processors(history(u, scores.device), scores[i : i + 1]))
                 row = scores[i : i + 1] if row is None else row
             rows.append(row)
         scores = torch.cat(rows)
     if lane.warpers:
-        scores = lane.warpers(None, scores)  # row by row: temperature, top-k, top-p read no history
+        scores = lane.warpers(None, scores)  # type: ignore[arg-type]  # row by row: temperature, top-k, top-p read no history
     has_nan = torch.isnan(scores).any(dim=-1)
     if not lane.do_sample:
         return scores.argmax(dim=-1), has_nan, scores
@@ -76,7 +76,7 @@ def criteria_hits(units: Sequence[Unit], chosen: torch.Tensor, scores: torch.Ten
     for i, unit in enumerate(units):
         verdict = None
         if unit.criteria is not None:
-            verdict = _own(unit, errors, i, lambda: unit.criteria(history(unit, chosen.device, chosen[i]), scores[i : i + 1]))
+            verdict = _own(unit, errors, i, lambda unit=unit, i=i: unit.criteria(history(unit, chosen.device, chosen[i]), scores[i : i + 1]))
         if verdict is None:
             hits.append(torch.zeros(1, dtype=torch.bool, device=chosen.device))
         else:

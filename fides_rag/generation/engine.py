@@ -13,27 +13,27 @@ A greedy request gives the same tokens whatever else is in flight.
 from __future__ import annotations
 
 import atexit
-import collections
 import contextlib
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
-from typing import Any, ContextManager
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from fides_rag.generation.captured_step import DEFAULT_BUCKETS, CapturedStep, check_buckets, check_compile
 from fides_rag.generation.detokenize import IncrementalText
 from fides_rag.generation.in_flight import InFlight
 from fides_rag.generation.kv_cache import DecodeCache, mergeable
 from fides_rag.generation.layout import Unit
-from fides_rag.generation.captured_step import DEFAULT_BUCKETS, CapturedStep, check_buckets, check_compile
 from fides_rag.generation.modes import Mode, resolve_mode
+from fides_rag.generation.paths import masks_heads, paths_run
 from fides_rag.generation.pooled_batch import PooledBatch
 from fides_rag.generation.prefix_cache import DEFAULT_PREFIX_BLOCK_SIZE, DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
-from fides_rag.generation.paths import masks_heads, paths_run
 from fides_rag.generation.prompting import context_window
 from fides_rag.generation.ragged_attention import per_segment_attention
 from fides_rag.generation.requests import Heads, Request
@@ -140,7 +140,7 @@ class DecodeEngine:
         self.model_lock = model_lock(model)
         """Held for every step and for the rules' setup hooks (which may run the model); shared by every engine on
         this model, since the hooks that capture states and mask heads are installed on the model itself."""
-        self.step_context: Callable[[], ContextManager] | None = None
+        self.step_context: Callable[[], AbstractContextManager] | None = None
         """A context manager factory entered around every step on the engine's thread (profilers, torch modes)."""
         self.stats = EngineStats()
         if max_num_batched_tokens is None:
@@ -158,7 +158,7 @@ class DecodeEngine:
         layer over every row (see `modes.py`)."""
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         if kv_pool_tokens is not None and (isinstance(kv_pool_tokens, bool) or not isinstance(kv_pool_tokens, int) or kv_pool_tokens < 1):
-            raise ValueError(f"kv_pool_tokens must be None or an integer >= 1 (the fast-mode KV pool's first size in positions), got {kv_pool_tokens!r}")
+            raise ValueError("kv_pool_tokens must be None or an integer >= 1 (the fast-mode KV pool's first size in " f"positions), got {kv_pool_tokens!r}")
         self.kv_pool_tokens = kv_pool_tokens
         self.captured = self._captured_step(compile, buckets)
         self.scheduler.buckets = self.captured.buckets if self.captured is not None else None
@@ -176,7 +176,7 @@ class DecodeEngine:
         if backend is None:
             return None
         if self.mode != "fast":
-            raise ValueError("compile needs mode='fast': exact mode attends each group of rows on its own, in shapes that change every step")
+            raise ValueError("compile needs mode='fast': exact mode attends each group of rows on its own, in shapes that " "change every step")
         return CapturedStep(self.anatomy, backend, buckets, self.input_device)
 
     def _running_batch(self, pad: int, split_prefill: bool) -> RunningBatch:
@@ -225,15 +225,15 @@ class DecodeEngine:
     @property
     def input_device(self) -> torch.device:
         """Where input ids go: the input embeddings' device (the CPU when they are offloaded)."""
-        weight = self.model.get_input_embeddings().weight
+        weight = next(self.model.get_input_embeddings().parameters())
         return torch.device("cpu") if weight.device.type == "meta" else weight.device
 
     def decode_text(self, token_ids: list[int]) -> str:
         """Generated ids as text (special tokens dropped, spacing kept as generated)."""
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)  # type: ignore[return-value]  # one sequence: a str
 
     def _decode_token(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids)
+        return self.tokenizer.decode(token_ids)  # type: ignore[return-value]  # one sequence: a str
 
     def setup_heads(self, rules: Sequence[ContrastRule]) -> list[Heads | None]:
         """Run each rule's setup hook (under the model lock, as it may run the model): its masked attention heads
@@ -326,7 +326,7 @@ class DecodeEngine:
         units = []
         for index, run in enumerate(request.decoded):
             kinds = paths_run(run.effective, run.heads)
-            head_set = self._head_set(run.heads) if any(kind.per_head_set for kind in kinds) else -1
+            head_set = self._head_set(run.heads) if any(kind.per_head_set for kind in kinds) else -1  # type: ignore[arg-type]  # such kinds mask heads
             units.append(Unit(
                 ticket=None, index=index, rows={kind.name: [] for kind in kinds}, prompt_ids=list(example.context_ids),
                 stop=request.text_stops, max_new_tokens=settings.max_new_tokens, text=IncrementalText(self.decode_text),

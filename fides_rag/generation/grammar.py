@@ -60,7 +60,7 @@ class GrammarLimitExceeded(ValueError):
     start before anything decodes: every answer would run into it. `field`: the grammar's keyword (json_schema, ...)."""
 
     def __init__(self, kind: str, reason: str) -> None:
-        super().__init__(f"the {kind.replace('_', ' ')} is past a limit of the grammar library: {reason}; simplify it (fewer optional "
+        super().__init__(f"the {kind.replace('_', ' ')} is past a limit of the grammar library: {reason}; simplify it (fewer " "optional "
                          "properties in one object, shorter repetitions, less nesting)")
         self.field, self.reason = kind, reason
 
@@ -73,7 +73,7 @@ class BudgetBelowShortestAnswer(ValueError):
 
     def __init__(self, kind: str, budget: int, needed: int) -> None:
         super().__init__(f"max_new_tokens={budget} is fewer than the {needed} tokens the shortest complete answer of the "
-                         f"{kind.replace('_', ' ')} needs, so the answer could only be cut: raise max_new_tokens to at least {needed}")
+                         f"{kind.replace('_', ' ')} needs, so the answer could only be cut: raise max_new_tokens to at least " f"{needed}")
         self.kind, self.budget, self.needed = kind, budget, needed
 
 
@@ -226,8 +226,8 @@ class GrammarConstraint:
                 raise ValueError(f"invalid grammar: {err}") from None
         failed, messages = llg.LLMatcher.validate_grammar_with_warnings(text, entry.tokenizer)
         template = None if failed else llg.LLMatcher(entry.tokenizer, text, log_level=0)
-        if failed or template.is_error():
-            reason = (messages[0] if failed else template.get_error()).strip()
+        if template is None or template.is_error():
+            reason = (messages[0] if template is None else template.get_error()).strip()
             raise ValueError(f"invalid {kind.replace('_', ' ')}: {reason}{_where(source, reason) if kind == 'json_schema' else ''}")
         constraint = cls(kind, source, vocab_size, eos, template, entry)
         with _LOCK:
@@ -431,7 +431,7 @@ def fill_bitmask(states: Sequence[GrammarState | None], bitmask: torch.Tensor) -
         if state is None or state._matcher is None:
             continue
         vocab = state.constraint.vocab_size
-        if bitmask.shape[1] != bitmask_width(vocab):
+        if bitmask.shape[1] != bitmask_width(vocab):  # type: ignore[arg-type]  # set once compiled
             raise ValueError(f"row {row}: the grammar was compiled for {vocab} logits columns, not "
                              f"{bitmask.shape[1] * 32} (pass vocab_size= the logits width to GrammarConstraint.compile)")
         if state._terminated:

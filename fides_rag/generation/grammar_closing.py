@@ -65,7 +65,7 @@ class TokenBytes:
         for text, token in self.by_bytes.items():
             first[token] = text[0]
         self.first_byte = first
-        self.candidates: dict[bytes, list[int]] = {}
+        self.candidates: dict[bytes, tuple[list[int], list[int]]] = {}
         """mask -> its candidate bytes (masks recur: every state inside a string has the same one)."""
 
 
@@ -114,7 +114,8 @@ def _signature(matcher: Any, table: TokenBytes) -> tuple:
     """What tells a state apart: its mask and forced bytes, and those of the states a fixed probe reaches from it
     for PROBE steps, since two states can admit the same tokens now and differ later (an array's first item and
     its second, a string key and a string value). The probe takes the forced bytes, else the first admitted byte
-    (closers and the rarest first) that changes the mask: it leaves loops (a letter in a string) and follows the structure."""
+    (closers and the rarest first) that changes the mask: it leaves loops (a letter in a string) and follows the
+    structure."""
     key: list[Any] = []
     taken = 0
     for _ in range(PROBE):
@@ -178,7 +179,7 @@ def _search(matcher: Any, table: TokenBytes, max_bytes: int) -> bytes | None:
     for _ in range(max_bytes):
         following: list[bytes] = []
         for path in frontier:
-            tokens = [table.byte_token[b] for b in path]
+            tokens: list[int] = [table.byte_token[b] for b in path]  # type: ignore[misc]  # admitted bytes: a token each
             if not _replay(matcher, tokens):
                 matcher.rollback(len(tokens))
                 continue
@@ -200,7 +201,7 @@ def _search(matcher: Any, table: TokenBytes, max_bytes: int) -> bytes | None:
                     matcher.rollback(len(tokens))
                     return path + step
                 if key not in seen:
-                    seen.add(key)
+                    seen.add(key)  # type: ignore[arg-type]  # None only when accepting (returned above)
                     following.append(path + step)
             matcher.rollback(len(tokens))
             if expansions > MAX_EXPANSIONS:
@@ -306,7 +307,7 @@ def _pumping_search(matcher: Any, table: TokenBytes, max_bytes: int) -> bytes | 
 
     while queue and expansions <= MAX_EXPANSIONS:
         _, _, node = heapq.heappop(queue)
-        tokens = [table.byte_token[b] for b in node.path]
+        tokens: list[int] = [table.byte_token[b] for b in node.path]  # type: ignore[misc]  # admitted bytes: a token each
         if not _replay(matcher, tokens):
             matcher.rollback(len(tokens))
             continue
@@ -380,7 +381,7 @@ def shortest_completion(matcher: Any, table: TokenBytes, max_tokens: int) -> lis
         return None
     tokens = as_tokens(matcher, table, text)
     if tokens is None:  # the byte path itself is always accepted
-        tokens = [table.byte_token[b] for b in text]
+        tokens = [table.byte_token[b] for b in text]  # type: ignore[misc]  # admitted bytes: a token each
     return tokens
 
 

@@ -37,4 +37,4 @@ class GrammarLogitsProcessor(LogitsProcessor):
                 if not state.is_terminated():  # rows past EOS get padding appended
                     state.accept(token)
         self._length = length
-        return mask_logits_rows(self.states, scores)
+        return mask_logits_rows(self.states, scores)  # type: ignore[return-value]  # transformers types it FloatTensor

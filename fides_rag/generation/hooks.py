@@ -35,7 +35,7 @@ class LayerCapture:
         return hook
 
     def __enter__(self) -> LayerCapture:
-        self._handles = [self.anatomy.layers[l - 1].register_forward_hook(self._hook(l)) for l in self.layers]
+        self._handles = [self.anatomy.layers[layer - 1].register_forward_hook(self._hook(layer)) for layer in self.layers]
         return self
 
     def __exit__(self, *_exc: Any) -> None:
@@ -47,7 +47,7 @@ class LayerCapture:
 
 def stack_states(states: Mapping[int, torch.Tensor], layers: Sequence[int], device: torch.device) -> torch.Tensor:
     """Captured states of `layers` (layer -> [R, H]), on one device, in float32.  -> [len(layers), R, H]"""
-    return torch.stack([states[l].to(device) for l in layers]).float()
+    return torch.stack([states[layer].to(device) for layer in layers]).float()
 
 
 def _table_device(weight: torch.Tensor) -> torch.device:
@@ -103,7 +103,7 @@ class HeadMasker:
         return hook
 
     def __enter__(self) -> HeadMasker:
-        self._handles = [self._projections[l - 1].register_forward_pre_hook(self._hook(l)) for l in self._tables]
+        self._handles = [self._projections[layer - 1].register_forward_pre_hook(self._hook(layer)) for layer in self._tables]
         return self
 
     def __exit__(self, *_exc: Any) -> None:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from typing import Any, ContextManager
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 
@@ -151,7 +152,7 @@ class InFlight:
         self.prefilling = [job for job in self.prefilling if not job.finished]
         return [job.ticket for job in done]
 
-    def _masking(self) -> ContextManager[HeadMasker | None]:
+    def _masking(self) -> AbstractContextManager[HeadMasker | None]:
         """The head masker over every set of heads registered so far (rebuilt when a new set arrives)."""
         if not self.head_sets:
             return contextlib.nullcontext()

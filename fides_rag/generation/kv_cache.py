@@ -116,12 +116,12 @@ class RaggedLayer(CacheLayerMixin):
         raise RuntimeError("a RaggedLayer is built from prefilled segments")
 
     @property
-    def keys(self) -> torch.Tensor:
+    def keys(self) -> torch.Tensor:  # type: ignore[override]  # a padded copy: read-only
         """[R, kv_heads, T, d], padded (a copy; for inspection, not used by the attention)."""
         return _stack([seg.keys for seg in self.segments])
 
     @property
-    def values(self) -> torch.Tensor:
+    def values(self) -> torch.Tensor:  # type: ignore[override]  # a padded copy: read-only
         return _stack([seg.values for seg in self.segments])
 
     def _rows(self) -> list[int]:
@@ -195,7 +195,8 @@ class GrowableLayer(DynamicLayer):
     SPARE_MIN = 16
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        self._keys = self._values = None
+        self._keys: torch.Tensor | None = None
+        self._values: torch.Tensor | None = None
         self._length = 0
         super().__init__()
         self.keys, self.values = keys, values
@@ -203,7 +204,7 @@ class GrowableLayer(DynamicLayer):
         self.is_initialized = True
 
     @property
-    def keys(self) -> torch.Tensor | None:  # type: ignore[override]
+    def keys(self) -> torch.Tensor | None:
         return None if self._keys is None else self._keys[..., : self._length, :]
 
     @keys.setter
@@ -212,7 +213,7 @@ class GrowableLayer(DynamicLayer):
         self._length = 0 if tensor is None else tensor.shape[-2]
 
     @property
-    def values(self) -> torch.Tensor | None:  # type: ignore[override]
+    def values(self) -> torch.Tensor | None:
         return None if self._values is None else self._values[..., : self._length, :]
 
     @values.setter
@@ -314,7 +315,7 @@ def extendable(cache: Any) -> bool:
 def extend(cache: DecodeCache, other: DecodeCache) -> None:
     """Append the rows of `other` (a prefill's ragged cache) after those of `cache`, each segment at its own length."""
     for layer, new in zip(cache.layers, other.layers):
-        layer.segments = _merge_equal_lengths([*layer.segments, *new.segments])
+        layer.segments = _merge_equal_lengths([*layer.segments, *new.segments])  # type: ignore[union-attr]  # ragged layers (extendable)
 
 
 def cached_length(cache: Any) -> int:
@@ -367,7 +368,8 @@ def prune(cache: Any, attention_mask: torch.Tensor, positions: torch.Tensor, kee
 def prompt_cache_bytes(anatomy: ModelAnatomy, groups: Sequence[Sequence[list[int]]], pad_id: int, split: bool = True) -> int:
     """Bytes of the KV cache a decode holds right after prefilling these row groups (e.g. [[ctx_ids]] for
     standard, [[ctx_ids], [no_ctx_ids]] for FIDES), laid out exactly as the decoder lays them out."""
-    device = anatomy.layers[0].self_attn.o_proj.weight.device if hasattr(anatomy.layers[0], "self_attn") else torch.device("cpu")
+    block: Any = anatomy.layers[0]  # a transformer block: its attributes depend on the family
+    device = block.self_attn.o_proj.weight.device if hasattr(block, "self_attn") else torch.device("cpu")
     rows = [RowGroup(*left_padded(list(g), pad_id, device if device.type != "meta" else torch.device("cpu"))) for g in groups]
     with torch.inference_mode(), LayerCapture(anatomy, ()) as capture:
         state = prefill(anatomy, rows, capture, None, split)

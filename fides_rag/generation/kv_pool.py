@@ -185,7 +185,7 @@ class KVPool:
         self.tables, self.lengths = tables, lengths
         remap_t = torch.tensor(remap, dtype=torch.long).to(self.device, non_blocking=True)
         self.slot_row = remap_t[self.slot_row]  # index -1 reads the last entry: -1
-        for old, new, table in copies:
+        for old, new, _table in copies:
             length = self.lengths[new]
             source = [old_tables[old][p // BLOCK] * BLOCK + p % BLOCK for p in range(length)]
             target = self._slots(new, range(length))
@@ -231,5 +231,5 @@ class PooledCache(DynamicCache):
         self.pool = pool
         self.layers = [PooledLayer(pool, i) for i in range(len(pool.windows))]
 
-    def batch_select_indices(self, indices: Sequence[int]) -> None:
+    def batch_select_indices(self, indices: Sequence[int]) -> None:  # type: ignore[override]  # host indices
         self.pool.keep(list(indices))

@@ -82,7 +82,7 @@ class Lanes:
         """(layers whose per-layer states some rule reads, every layer to capture: those and the lens layers, of the
         lanes' rules and of the `coming` rules of requests still being prefilled)."""
         every = tuple(range(1, self.num_layers + 1))
-        state_layers = every if any(l.needs_layer_states for l in self._lanes.values()) else ()
+        state_layers = every if any(lane.needs_layer_states for lane in self._lanes.values()) else ()
         lens = {layer for lane in self._lanes.values() for layer in lane.lens_layers}
         for rule in coming:
             lens |= set(every if rule.layer_state_paths else ()) | set(rule.lens_layers(self.num_layers))

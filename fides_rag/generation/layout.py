@@ -3,7 +3,8 @@ method), rows appended when requests join, and compaction when units finish.
 
 Rows join in groups, one per path of the newcomers that some method needs, in the path table's order
 (`paths.PATH_KINDS`): their context prompts, their no-context prompts, one prompt per document, and one copy of
-the context prompts per distinct set of masked heads. A request's methods share these rows at prefill; from its first step on each unit owns
+the context prompts per distinct set of masked heads. A request's methods share these rows at prefill; from its first
+step on each unit owns
 its rows (copies where several shared one), and a finished unit's rows leave the batch. Rows keep their order,
 so each prefill group stays one run of rows (one segment of the ragged cache).
 """

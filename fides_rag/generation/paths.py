@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+
 from fides_rag.generation.prompting import PreparedExample
 from fides_rag.rules.base import CONTEXT, DOCUMENTS, MASKED_HEADS, NO_CONTEXT, ContrastRule
 

@@ -87,7 +87,7 @@ class PlainTextEncoder:
             backend = getattr(self.tokenizer, "backend_tokenizer", None)
             if backend is None:
                 raise ValueError(
-                    f"the question or a document holds special-token text, which {type(self.tokenizer).__name__} (not a "
+                    f"the question or a document holds special-token text, which {type(self.tokenizer).__name__} " "(not a "
                     f"fast tokenizer) cannot tokenise as plain text; remove that text or use a fast tokenizer"
                 )
             from tokenizers import Tokenizer

@@ -23,7 +23,6 @@ from fides_rag.generation.prefix_cache import PrefixCache, head_key
 from fides_rag.generation.prompting import common_prefix
 from fides_rag.method.lens import ModelAnatomy
 
-
 MIN_SHARED = 16
 """A shared prefix shorter than this is not worth a forward of its own: no cut (and no cache entry) there."""
 

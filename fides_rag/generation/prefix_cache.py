@@ -194,12 +194,13 @@ def _block(layers: Sequence[Any], start: int, size: int, at_cut: bool) -> _Block
 
 def _rebuilt(blocks: Sequence[_Block]) -> list[Any]:
     """Cache layers after `blocks` (the last one ends at a chunk cut)."""
+    kv: torch.Tensor | list[torch.Tensor]
     if isinstance(blocks[0].kv, torch.Tensor):
-        kv = torch.cat([b.kv for b in blocks], dim=-2)  # one copy; each layer's states are views of it
+        kv = torch.cat([b.kv for b in blocks], dim=-2)  # type: ignore[misc]  # one copy; each layer's states are views of it
     else:
         kv = [torch.cat([b.kv[i] for b in blocks], dim=-2) for i in range(len(blocks[0].kv))]
     layers, at = [], 0
-    for shell in blocks[-1].at_cut:
+    for shell in blocks[-1].at_cut:  # type: ignore[union-attr]  # the last block ends at a cut
         layer = copy.copy(shell)
         if not _sliding(shell):
             layer.keys, layer.values = kv[at], kv[at + 1]

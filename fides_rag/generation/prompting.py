@@ -111,7 +111,7 @@ class PromptPreparer:
         """Where the question and the document block sit in the rendered `text`: rendered again with placeholders
         (so a document equal to the template's own markup is not mistaken for it), else found verbatim."""
         values = {"\ue000question\ue000": question, "\ue000documents\ue000": document_block}
-        marked = self.template.render(self.tokenizer, *(mark if v is not None else None for mark, v in values.items()), self.use_chat_template)
+        marked = self.template.render(self.tokenizer, "\ue000question\ue000", None if document_block is None else "\ue000documents\ue000", self.use_chat_template)
         rebuilt, spans = "", []
         for part in re.split("(\ue000(?:question|documents)\ue000)", marked):
             if part in values:
@@ -135,7 +135,7 @@ class PromptPreparer:
         return prompt, ids, (fitted.tokens_before, fitted.tokens_after) if fitted.trimmed else None
 
     def _note(self, example: PreparedExample, what: str, max_new_tokens: int) -> None:
-        note = f"{what} so that the prompt plus max_new_tokens={max_new_tokens} fits the context window of {self.context_window}"
+        note = f"{what} so that the prompt plus max_new_tokens={max_new_tokens} fits the context window of " f"{self.context_window}"
         logger.warning(note)
         example.notes.append(note)
 
@@ -192,7 +192,8 @@ class PromptPreparer:
 
         Pass add_special_tokens=False for text that already holds them, e.g. from `apply_chat_template`.
         `untrusted`: texts that occur verbatim in the prompts (the documents, the question), tokenised as plain text
-        wherever they occur (a text found nowhere changes nothing); the rest (e.g. a chat template's markup) as given."""
+        wherever they occur (a text found nowhere changes nothing); the rest (e.g. a chat template's markup) as
+        given."""
         for name, prompt in (("context_prompt", context_prompt), ("no_context_prompt", no_context_prompt)):
             if not isinstance(prompt, str) or not prompt.strip():
                 raise ValueError(f"{name} must be a non-empty string, got {prompt!r}")

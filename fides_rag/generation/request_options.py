@@ -120,8 +120,8 @@ REQUEST_OPTIONS: dict[str, RequestOption] = {o.name: o for o in (
             "to contrast, or to guessing the context); also per call: strict=True.", CALL, FIELDS,
             accepts=lambda v: isinstance(v, bool), requirement="be True or False"),
     _option("no_context_path", "emptied", "How the no-context path is built from a framework's prompt: 'emptied' (the "
-            "same prompt with the retrieved text removed) or 'question' (the neutral 'Answer the following question:' and "
-            "the question alone, in the model's chat form). fides-rag's own template (documents= with a bare question) is "
+            "same prompt with the retrieved text removed) or 'question' (the neutral 'Answer the following " "question:' and "
+            "the question alone, in the model's chat form). fides-rag's own template (documents= with a bare " "question) is "
             "not affected.", FIELDS, SERVER),
 )}
 """Every request option, in the order `GenerationSettings` checks them."""

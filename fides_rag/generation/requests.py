@@ -33,7 +33,8 @@ class PromptPair:
     """Whether the tokenizer adds its special tokens (BOS); False for text that already holds them."""
     untrusted: tuple[str, ...] = ()
     """Texts inside the prompts (the documents, the question) to tokenise as plain text: special-token text in them
-    (a retrieved page holding "<|im_end|>") never becomes a control token; the rest (a chat template's markup) as given."""
+    (a retrieved page holding "<|im_end|>") never becomes a control token; the rest (a chat template's markup) as
+    given."""
 
 
 Prompt = "str | PromptPair | PreparedExample"
@@ -117,7 +118,8 @@ class Request:
 
 
 def special_token_id(tokenizer: Any, text: str) -> int | None:
-    """The id of `text` where it is one special token of `tokenizer` (an end-of-turn token such as <|im_end|>), else None."""
+    """The id of `text` where it is one special token of `tokenizer` (an end-of-turn token such as <|im_end|>), else
+    None."""
     ids = tokenizer.encode(text, add_special_tokens=False)  # special-token text becomes its one id
     special = set(getattr(tokenizer, "all_special_ids", ())) | {i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if t.special}
     return int(ids[0]) if len(ids) == 1 and ids[0] != tokenizer.unk_token_id and ids[0] in special else None

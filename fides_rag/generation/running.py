@@ -10,7 +10,17 @@ from typing import Any
 import torch
 
 from fides_rag.generation.hooks import HeadMasker, LayerCapture
-from fides_rag.generation.kv_cache import Prefilled, RowGroup, cached_length, extend, extendable, left_padded, pad_left, prefill, prune
+from fides_rag.generation.kv_cache import (
+    Prefilled,
+    RowGroup,
+    cached_length,
+    extend,
+    extendable,
+    left_padded,
+    pad_left,
+    prefill,
+    prune,
+)
 from fides_rag.generation.layout import GroupSpec, RowLayout
 from fides_rag.method.lens import ModelAnatomy
 
@@ -76,7 +86,8 @@ class RunningBatch:
         self.append(state, dict(capture.states), head_sets, lengths)
 
     def append(self, state: Prefilled, states: dict[int, torch.Tensor], head_sets: Sequence[int], lengths: Sequence[int]) -> None:
-        """Append prefilled rows (their cache, mask, last positions and states, layer -> [n, H]) after the current ones."""
+        """Append prefilled rows (their cache, mask, last positions and states, layer -> [n, H]) after the current
+        ones."""
         if self.empty:
             self.cache, self.positions, self.hidden = state.cache, state.positions, state.last_hidden
             self.mask = state.attention_mask.bool()
@@ -105,6 +116,7 @@ class RunningBatch:
 
 
 def _states(states: dict[int, torch.Tensor], layer: int, like: torch.Tensor, rows: int) -> torch.Tensor:
-    """[rows, H] captured states of `layer`; zeros where these rows' forward captured none (no rule of theirs reads it)."""
+    """[rows, H] captured states of `layer`; zeros where these rows' forward captured none (no rule of theirs reads
+    it)."""
     found = states.get(layer)
     return found if found is not None else like.new_zeros((rows, like.shape[-1]))

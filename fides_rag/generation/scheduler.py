@@ -40,7 +40,7 @@ def check_batched_tokens(value: Any) -> int:
     """`max_num_batched_tokens` checked: an integer >= MIN_BATCHED_TOKENS."""
     if isinstance(value, bool) or not isinstance(value, int) or value < MIN_BATCHED_TOKENS:
         raise ValueError(
-            f"max_num_batched_tokens must be an integer >= {MIN_BATCHED_TOKENS} (the smallest prefill chunk), got {value!r}"
+            f"max_num_batched_tokens must be an integer >= {MIN_BATCHED_TOKENS} (the smallest prefill chunk), got " f"{value!r}"
         )
     return value
 

@@ -96,7 +96,7 @@ def _schemas(node: Any, at: str = "") -> list[tuple[str, Any]]:
         here, item = stack.pop()
         if isinstance(item, Mapping):
             found.append((here, item))
-            stack.extend((f"{here}/{str(k).replace('~', '~0').replace('/', '~1')}", v) for k, v in reversed(item.items()) if k not in _VALUES)
+            stack.extend((f"{here}/{str(k).replace('~', '~0').replace('/', '~1')}", v) for k, v in reversed(list(item.items())) if k not in _VALUES)
         elif isinstance(item, list):
             stack.extend((f"{here}/{i}", v) for i, v in reversed(list(enumerate(item))))
     return found
@@ -179,15 +179,14 @@ def _finite(root: Any, node: Any, at: str, known: dict[str, bool], why: list[str
     if isinstance(branches, list) and not all(needs(b, f"{at}/allOf/{i}") for i, b in enumerate(branches)):
         return False
     if _is_object(node):
-        properties = node.get("properties") if isinstance(node.get("properties"), Mapping) else {}
+        declared = node.get("properties")
+        properties: Mapping[str, Any] = declared if isinstance(declared, Mapping) else {}
         for name in node.get("required") or []:
             if isinstance(name, str) and name in properties and not needs(properties[name], f"{at}/properties/{name}"):
                 return False
     kind = node.get("type")
-    if (kind == "array" or kind == ["array"]) and isinstance(node.get("minItems"), int) and node["minItems"] > 0:
-        if not needs(node.get("items"), f"{at}/items"):
-            return False
-    return True
+    nonempty_array = (kind == "array" or kind == ["array"]) and isinstance(node.get("minItems"), int) and node["minItems"] > 0
+    return not nonempty_array or needs(node.get("items"), f"{at}/items")
 
 
 def check_finite(schema: Any) -> None:
@@ -215,7 +214,7 @@ def check_finite(schema: Any) -> None:
         chain.append(step)
         here = _resolve(schema, step)
     loop = chain[chain.index(chain[-1]):]
-    raise ValueError(f"no finite JSON value matches the schema: it requires itself without end ({' -> '.join('#' + p for p in loop)}, "
+    raise ValueError("no finite JSON value matches the schema: it requires itself without end " f"({' -> '.join('#' + p for p in loop)}, "
                      "reached from the root); make a property on this path optional, or give it a branch that ends")
 
 

@@ -6,10 +6,10 @@ import sys
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 import torch
-
 from transformers import (
     LogitsProcessorList,
     MinNewTokensLengthLogitsProcessor,
@@ -48,7 +48,8 @@ def sampling_options(
 def _stacklevel_outside_package() -> int:
     """The `warnings.warn` stacklevel, for the function calling this one, of the first frame outside fides_rag:
     a warning then points at the user's line however deep the public call went."""
-    frame, level = sys._getframe(1), 1
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "fides_rag":
         frame, level = frame.f_back, level + 1
     return level

@@ -15,8 +15,8 @@ from fides_rag.generation.choosing import NonFiniteLogitsError, choose, criteria
 from fides_rag.generation.gather import StepPlan
 from fides_rag.generation.hooks import stack_states
 from fides_rag.generation.lanes import Lane
-from fides_rag.generation.logprobs import column_count, lane_top_k, logprob_columns, read_logprobs
 from fides_rag.generation.layout import Unit
+from fides_rag.generation.logprobs import column_count, lane_top_k, logprob_columns, read_logprobs
 from fides_rag.generation.running import RunningBatch
 from fides_rag.generation.stopping import finish_reason
 from fides_rag.method.lens import ModelAnatomy
@@ -116,7 +116,7 @@ def _lane_state(units: Sequence[Unit], size: int, like: torch.Tensor) -> torch.T
 def _keep_state(rule_name: str, decided: StepOutput, units: Sequence[Unit]) -> None:
     state = decided.state
     if not isinstance(state, torch.Tensor) or state.dim() != 2 or state.shape[0] != len(units):
-        raise ValueError(f"the contrast rule {rule_name!r} keeps state but returned state={state!r} from combine; expected [{len(units)}, state_size]")
+        raise ValueError(f"the contrast rule {rule_name!r} keeps state but returned state={state!r} from combine; expected " f"[{len(units)}, state_size]")
     for unit, row in zip(units, state.detach().unbind(0)):
         unit.rule_state = row
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import contextvars
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 from fides_rag.generation.stopping import first_stop_index, held_back_suffix
@@ -40,10 +41,13 @@ class Channel(Generic[Item]):
             waiter, self._waiter = self._waiter, None
         if waiter is not None:
             loop, future = waiter
-            try:
-                loop.call_soon_threadsafe(lambda: future.done() or future.set_result(None))
-            except RuntimeError:  # the consumer's loop is closed: nobody is reading any more
-                pass
+
+            def wake() -> None:
+                if not future.done():
+                    future.set_result(None)
+
+            with contextlib.suppress(RuntimeError):  # the consumer's loop is closed: nobody is reading any more
+                loop.call_soon_threadsafe(wake)
 
     def close(self, error: BaseException | None = None) -> None:
         with self._ready:
@@ -161,7 +165,7 @@ class AsyncTextStream(_Stream, AsyncIterator[str]):
         self._handle.cancel()
 
 
-async def iterate_in_thread(factory: Callable[[], Iterator[Item]]) -> AsyncIterator[Item]:
+async def iterate_in_thread(factory: Callable[[], Iterator[Item]]) -> AsyncGenerator[Item, None]:
     """Items of a blocking iterator for asyncio: `factory()` runs and is iterated on a worker thread (in a copy of
     the caller's contextvars, so tracing context follows), each item handed over through a `Channel`. An error in
     the worker is raised in the consumer; a consumer that stops early makes the worker stop and close the iterator.

@@ -1,1 +1,2 @@
-"""The method: FIDES's signals and constants, the logit lens over a model's anatomy, retrieval heads and label-free calibration."""
+"""The method: FIDES's signals and constants, the logit lens over a model's anatomy, retrieval heads and label-free
+calibration."""

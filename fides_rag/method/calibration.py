@@ -74,7 +74,7 @@ class RawSignalsRule(FidesRule):
         decided = super().combine(step)
         mid = noise_layer(step.num_layers, self.config.noise_layer_ratio)
         raw = {
-            "shift": layer_mean_unit_distance(step.ctx_layer_states, step.no_ctx_layer_states),
+            "shift": layer_mean_unit_distance(step.ctx_layer_states, step.no_ctx_layer_states),  # type: ignore[arg-type]  # declared paths
             "noise": kl_divergence(step.lens_logits[mid], step.ctx_logits),
         }
         return replace(decided, records={**decided.records, **raw})

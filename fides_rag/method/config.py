@@ -112,7 +112,7 @@ class FidesConfig:
         kept = [w if name in signals else 0.0 for name, w in zip(SIGNAL_NAMES, self.weights)]
         if renormalize and sum(kept) > 0:
             kept = [w / sum(kept) for w in kept]
-        return replace(self, weights=tuple(kept))
+        return replace(self, weights=tuple(kept))  # type: ignore[arg-type]  # one weight per signal
 
     def without(self, signal: str, renormalize: bool = True) -> FidesConfig:
         """Drop one signal (the source's leave-one-out ablation)."""
@@ -156,7 +156,7 @@ class FidesConfig:
         except IsADirectoryError:
             raise ValueError(f"FidesConfig file {path} is a directory; pass a JSON file (e.g. one written by fides-rag calibrate)") from None
         except UnicodeDecodeError:
-            raise ValueError(f"FidesConfig file {path} is not a text file; pass a JSON file (e.g. one written by fides-rag calibrate)") from None
+            raise ValueError(f"FidesConfig file {path} is not a text file; pass a JSON file (e.g. one written by fides-rag " "calibrate)") from None
         except json.JSONDecodeError as err:
             raise ValueError(f"FidesConfig file {path} is not valid JSON: {err}") from None
         except OSError as err:

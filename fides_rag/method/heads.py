@@ -61,10 +61,11 @@ import re
 import tempfile
 import time
 import weakref
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -301,7 +302,7 @@ def discover_retrieval_heads(model: Any, tokenizer: Any, settings: DiscoverySett
     max_positions = getattr(model.config, "max_position_embeddings", None)
     if isinstance(max_positions, int) and width > max_positions:
         raise ValueError(
-            f"retrieval-head discovery: samples are {width} tokens but the model takes {max_positions}; lower context_length"
+            f"retrieval-head discovery: samples are {width} tokens but the model takes {max_positions}; lower " "context_length"
         )
     n = settings.needle_length
     device = next(model.parameters()).device
@@ -392,7 +393,7 @@ def _read_cache(path: Path, key: str, num_layers: int, num_heads: int) -> HeadRa
         if data.get("schema") != SCHEMA or data.get("key") != key:
             raise ValueError("written for another model or settings")
         ranking = HeadRanking.from_json(data)
-        if sorted(ranking.heads) != [(l, h) for l in range(1, num_layers + 1) for h in range(num_heads)]:
+        if sorted(ranking.heads) != [(layer, h) for layer in range(1, num_layers + 1) for h in range(num_heads)]:
             raise ValueError("does not list every head of the model exactly once")
         return ranking
     except (ValueError, KeyError, TypeError) as err:

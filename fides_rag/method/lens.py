@@ -56,11 +56,12 @@ class ModelAnatomy:
         return len(self.layers)
 
     def run_backbone(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor, cache: Any
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | dict[str, torch.Tensor] | None, position_ids: torch.Tensor, cache: Any
     ) -> tuple[torch.Tensor, Any]:
         """One cached forward of the backbone: (last hidden states [R, T, H], the updated cache).
 
-        transformers 5.24 renamed the forward's `past_key_values` to `cache`; either name is passed as the model takes it.
+        transformers 5.24 renamed the forward's `past_key_values` to `cache`; either name is passed as the model takes
+        it.
         """
         kwargs = {_cache_keyword(self.backbone): cache}
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kwargs)
@@ -77,7 +78,8 @@ class ModelAnatomy:
 
     @property
     def head_dim(self) -> int:
-        """Width of one head's output, the slice [h*head_dim:(h+1)*head_dim] of the attention output projection's input."""
+        """Width of one head's output, the slice [h*head_dim:(h+1)*head_dim] of the attention output projection's
+        input."""
         dim = getattr(self.config, "head_dim", None) or getattr(self.config, "hidden_size", 0) // self.num_heads
         if not isinstance(dim, int) or dim <= 0:
             raise UnsupportedArchitectureError(f"{self.model_type}: cannot tell the attention head width from the config")
@@ -92,7 +94,7 @@ class ModelAnatomy:
             proj = getattr(getattr(layer, "self_attn", None), "o_proj", None)
             if not isinstance(proj, nn.Linear) or proj.in_features != width:
                 raise UnsupportedArchitectureError(
-                    f"{self.model_type}: block {index} has no self_attn.o_proj linear layer over num_heads x head_dim = "
+                    f"{self.model_type}: block {index} has no self_attn.o_proj linear layer over num_heads x " "head_dim = "
                     f"{self.num_heads} x {self.head_dim} inputs, so attention heads cannot be masked on this model"
                 )
             projections.append(proj)
@@ -131,14 +133,14 @@ class ModelAnatomy:
         model_type = getattr(config, "model_type", None)
         if model_type not in SUPPORTED_FAMILIES:
             raise UnsupportedArchitectureError(
-                f"unsupported architecture {model_type!r} ({type(model).__name__}): fides-rag has a verified logit lens "
-                f"only for {sorted(SUPPORTED_FAMILIES)}. Add the family to fides_rag/method/lens.py with a test that the lens "
+                f"unsupported architecture {model_type!r} ({type(model).__name__}): fides-rag has a verified logit " "lens "
+                f"only for {sorted(SUPPORTED_FAMILIES)}. Add the family to fides_rag/method/lens.py with a test " "that the lens "
                 f"at the last layer reproduces the model's logits."
             )
         backbone = getattr(model, "model", None)
         layers = getattr(backbone, "layers", None)
         norm = getattr(backbone, "norm", None)
-        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None  # type: ignore[operator]  # checked by hasattr
         if backbone is None or layers is None or norm is None or head is None:
             raise UnsupportedArchitectureError(
                 f"{type(model).__name__} ({model_type}) does not have the expected model.model.layers, "
@@ -175,6 +177,7 @@ class ModelAnatomy:
         )
         if not plain:
             return head(normed_hidden)
+        assert isinstance(head, nn.Linear)  # plain: exactly an nn.Linear
         rows = normed_hidden.shape[0]
         if rows == 3:  # MKL's narrow sgemm runs 4 columns faster than 3 (gemma3's head: 60 -> 54 ms): add a zero row
             normed_hidden = torch.cat([normed_hidden, normed_hidden.new_zeros(1, normed_hidden.shape[1])])

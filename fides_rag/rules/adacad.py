@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
+from fides_rag.method.signals import contrast_logits, opposition
 from fides_rag.rules.base import ContrastRule, StepInputs, StepOutput
 from fides_rag.rules.registry import register_method
-from fides_rag.method.signals import contrast_logits, opposition
 
 
 @register_method("adacad")

@@ -6,9 +6,9 @@ import math
 
 import torch
 
+from fides_rag.method.signals import contrast_logits, opposition
 from fides_rag.rules.base import ContrastRule, StepInputs, StepOutput
 from fides_rag.rules.registry import register_method
-from fides_rag.method.signals import contrast_logits, opposition
 
 
 @register_method("cad")

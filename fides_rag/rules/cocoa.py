@@ -39,9 +39,9 @@ from typing import Any
 
 import torch
 
+from fides_rag.method.signals import opposition
 from fides_rag.rules.base import ContrastRule, StepInputs, StepOutput
 from fides_rag.rules.registry import register_method
-from fides_rag.method.signals import opposition
 
 SHIPPED = {
     "alpha": 0.5,
@@ -120,7 +120,7 @@ class CocoaRule(ContrastRule):
         if self.alpha == "adaptive":
             alpha = cocoa_global_alpha(p_ctx, p_no, delta_h, self.gamma)  # [B, 1]
         else:
-            alpha = torch.full_like(delta_h, self.alpha)
+            alpha = torch.full_like(delta_h, float(self.alpha))
         delta = log_ctx - log_no  # [B, V]
         mixed = alpha * log_ctx + (1 - alpha) * log_no + self.gamma * delta  # [B, V]
         if self.kappa_h2 > 0:  # entropy-gap booster (commented out in the shipped code)

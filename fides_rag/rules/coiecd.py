@@ -36,9 +36,9 @@ from typing import Any
 
 import torch
 
+from fides_rag.method.signals import opposition
 from fides_rag.rules.base import ContrastRule, StepInputs, StepOutput
 from fides_rag.rules.registry import register_method
-from fides_rag.method.signals import opposition
 
 
 def coiecd_cad_mask(ctx_log_probs: torch.Tensor, no_ctx_log_probs: torch.Tensor, threshold_ratio: float = 4.0) -> torch.Tensor:

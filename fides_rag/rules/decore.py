@@ -48,15 +48,16 @@ Deviations, and why:
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from fides_rag.method.heads import DiscoverySettings, retrieval_heads
 from fides_rag.method.lens import ModelAnatomy
+from fides_rag.method.signals import contrast_logits
 from fides_rag.rules.base import CONTEXT, MASKED_HEADS, ContrastRule, StepInputs, StepOutput
 from fides_rag.rules.registry import register_method
-from fides_rag.method.signals import contrast_logits
 
 VARIANTS = ("entropy", "vanilla")
 REFERENCE_NUM_HEADS, REFERENCE_TOTAL_HEADS = 50, 1024  # the reference's num_retrieval_heads, of Llama-3-8B's 32 x 32
@@ -103,7 +104,8 @@ def _normalise_heads(heads: Any) -> dict[int, tuple[int, ...]]:
 class DecoreRule(ContrastRule):
     """z = (1 + a)·z_base − a·z_masked (retrieval heads masked), a = entropy of p_base (or fixed: "vanilla").
 
-    >>> rule = DecoreRule()                                   # DeCoRe_entropy, the reference's share of discovered heads
+    >>> rule = DecoreRule()                                   # DeCoRe_entropy, the reference's share of discovered
+    heads
     >>> rule = DecoreRule(heads={12: [0, 3], 15: [5]})        # explicit heads (1-based layers)
     >>> rule = DecoreRule(variant="vanilla", alpha=0.5, num_heads=20)
     """
@@ -130,7 +132,7 @@ class DecoreRule(ContrastRule):
         else:
             if alpha_cap is not None or scale_alpha:
                 raise ValueError(
-                    "decore: alpha_cap and scale_alpha shape the entropy variant's alpha; variant='vanilla' uses a fixed alpha"
+                    "decore: alpha_cap and scale_alpha shape the entropy variant's alpha; variant='vanilla' uses a " "fixed alpha"
                 )
             alpha = DEFAULT_VANILLA_ALPHA if alpha is None else alpha
             if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha < 0:

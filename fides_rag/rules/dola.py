@@ -46,7 +46,8 @@ Deviations, and why:
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -64,7 +65,7 @@ def dola_candidate_layers(num_layers: int, layers: str | Sequence[int] = "high")
         raise ValueError(f"dola: needs a model with at least 2 layers (a premature block below the final one), got {final}")
     if isinstance(layers, str):
         if layers == "high":
-            picked = range(final // 2, final, 2) if final <= 40 else range(final - 20, final, 2)
+            picked: Sequence[int] = range(final // 2, final, 2) if final <= 40 else range(final - 20, final, 2)
         elif layers == "low":
             start = 2 if final > 2 else 1  # transformers' tied-embedding start: skips the embedding output
             if start == final // 2:
@@ -124,7 +125,7 @@ class DolaRule(ContrastRule):
                 raise ValueError(f"dola: layers must be 'high', 'low' or a non-empty list of block indices, got {layers!r}")
             if any(isinstance(i, bool) or not isinstance(i, int) or i < 1 for i in layers):
                 raise ValueError(
-                    f"dola: layers must be 1-based block indices >= 1 (the embedding output cannot be lensed), got {layers!r}"
+                    "dola: layers must be 1-based block indices >= 1 (the embedding output cannot be lensed), got " f"{layers!r}"
                 )
             if len(set(layers)) != len(layers):
                 raise ValueError(f"dola: layers repeats a block index: {layers!r}")

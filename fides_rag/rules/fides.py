@@ -8,8 +8,6 @@ from typing import Any
 import torch
 
 from fides_rag.method.config import FidesConfig
-from fides_rag.rules.base import CONTEXT, NO_CONTEXT, ContrastRule, StepInputs, StepOutput
-from fides_rag.rules.registry import register_method
 from fides_rag.method.signals import (
     adaptive_alpha,
     contrast_logits,
@@ -18,6 +16,8 @@ from fides_rag.method.signals import (
     logit_lens_noise,
     opposition,
 )
+from fides_rag.rules.base import CONTEXT, NO_CONTEXT, ContrastRule, StepInputs, StepOutput
+from fides_rag.rules.registry import register_method
 
 
 def noise_layer(num_layers: int, ratio: float) -> int:

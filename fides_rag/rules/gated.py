@@ -25,17 +25,17 @@ class GatedRule(ContrastRule):
             raise ValueError(f"method {rule.name!r} already has a gate; a method takes at most one: rule+gate")
         self.rule, self.gate = rule, gate
 
-    @property  # type: ignore[override]
-    def name(self) -> str:  # noqa: D102
+    @property
+    def name(self) -> str:  # type: ignore[override]  # noqa: D102 - derived from the rule and the gate
         return f"{self.rule.name}+{self.gate.name}"
 
-    @property  # type: ignore[override]
-    def paths(self) -> tuple[str, ...]:
+    @property
+    def paths(self) -> tuple[str, ...]:  # type: ignore[override]  # derived from the rule and the gate
         """The rule's paths, and the no-context path the gate reads."""
         return self.rule.paths if NO_CONTEXT in self.rule.paths else (*self.rule.paths, NO_CONTEXT)
 
-    @property  # type: ignore[override]
-    def state_size(self) -> int:
+    @property
+    def state_size(self) -> int:  # type: ignore[override]  # derived from the rule and the gate
         return self.rule.state_size + self.gate.state_size
 
     @property

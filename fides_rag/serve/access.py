@@ -41,7 +41,7 @@ class AccessPolicy:
         """The policy of a server bound to `host`: without `allowed_hosts`, the loopback names when bound to loopback,
         else any host (name them, or put a proxy that checks them in front)."""
         if allowed_hosts is None:
-            hosts = LOOPBACK_HOSTS if is_loopback(host) else None
+            hosts: tuple[str, ...] | None = LOOPBACK_HOSTS if is_loopback(host) else None
         else:
             hosts = None if "*" in allowed_hosts else tuple(h.lower() for h in allowed_hosts)
         return cls(api_key or None, hosts, tuple(cors_origins))

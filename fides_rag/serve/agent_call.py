@@ -48,7 +48,7 @@ def _tools(body: ChatCompletionRequest) -> list[ToolSpec]:
     for i, tool in enumerate(body.tools or []):
         name = tool.function.name
         if name in first:
-            raise bad_request(f"tools.{i}.function.name: the name {name!r} is taken by tools.{first[name]}; tool names must be unique "
+            raise bad_request(f"tools.{i}.function.name: the name {name!r} is taken by tools.{first[name]}; tool names must be " "unique "
                               "within a request", f"tools.{i}.function.name", "invalid_value")
         first[name] = i
         if tool.function.strict:
@@ -90,7 +90,7 @@ def _response_format(body: ChatCompletionRequest, call: AgentCall) -> None:
 
 def agent_call(calls: CallFactory, body: Sampling) -> AgentCall:
     """The agent fields of `body` (a completions body has logprobs only)."""
-    call = AgentCall(logprobs=body.top_logprob_count())
+    call = AgentCall(logprobs=body.top_logprob_count())  # type: ignore[attr-defined]  # each request class has it
     if not isinstance(body, ChatCompletionRequest):
         return call
     if body.top_logprobs and not body.logprobs:

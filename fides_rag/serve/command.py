@@ -50,17 +50,17 @@ def add_serve_parser(commands: Any, default_model: str) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     serve.add_argument("--max-new-tokens", type=_positive, default=128, help="tokens of a request that sets no max_tokens (default 128)")
-    serve.add_argument("--max-queue", type=_positive, help="requests waiting for the engine (queued or being planned) beyond which a request gets 429 (default: no bound)")
+    serve.add_argument("--max-queue", type=_positive, help="requests waiting for the engine (queued or being planned) beyond which a request gets 429 (default: " "no bound)")
     serve.add_argument("--max-batch-size", type=_positive, help="requests decoding at once (default: no bound)")
     serve.add_argument("--max-num-batched-tokens", type=_positive,
-                       help="tokens a step computes: its decodes, then prompt chunks of at most this (default 512 on CPU, 2048 on GPU)")
+                       help="tokens a step computes: its decodes, then prompt chunks of at most this (default 512 on CPU, 2048 on " "GPU)")
     serve.add_argument("--no-prefix-caching", action="store_true", help="compute every prompt in full (no reuse of shared prefixes' KV)")
     serve.add_argument("--prefix-cache-mb", type=int, default=512, help="bound of the prefix cache in MiB; 0 turns it off (default 512)")
     serve.add_argument("--mode", choices=["exact", "fast"],
                        help="exact: a greedy request's tokens do not depend on what else is in flight; fast: one attention call per "
                             "layer over every row (default: exact on the CPU, fast elsewhere)")
     serve.add_argument("--compile", action="store_true",
-                       help="capture the decode step with torch.compile, one graph per batch bucket (CUDA graphs on CUDA; needs fast mode)")
+                       help="capture the decode step with torch.compile, one graph per batch bucket (CUDA graphs on CUDA; needs " "fast mode)")
     serve.add_argument("--buckets", type=_buckets, help="row counts the captured step is compiled at (default: 1,2,4,8, then every 16 to 256)")
     serve.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds the requests in flight get to finish on SIGTERM (default 30)")
     serve.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' on every route but /health (default: ${API_KEY_ENV}; unset: no key)")
@@ -72,7 +72,7 @@ def add_serve_parser(commands: Any, default_model: str) -> None:
                        help=f"largest request body; larger gets 413 (default {DEFAULT_MAX_REQUEST_BYTES})")
     serve.add_argument("--max-document-tokens", type=_positive, help="most tokens a request's documents may hold together; more gets 400 (default: the context window)")
     serve.add_argument("--trim-documents", action="store_true",
-                       help="trim documents that do not fit the context window, recorded as documents_trimmed (default: refuse with 400)")
+                       help="trim documents that do not fit the context window, recorded as documents_trimmed (default: refuse " "with 400)")
     add_model_arguments(serve)
 
 

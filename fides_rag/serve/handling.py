@@ -142,13 +142,13 @@ class RequestHandling:
         if admitted.agent.logprobs is None:
             return answer, None
         steps, decode = answer_steps(answer.result.steps, self.decoder.eos_token_ids), self.decoder.tokenizer.decode
-        return answer, chat_logprobs(steps, decode) if admitted.chat else completion_logprobs(steps, decode)
+        return answer, chat_logprobs(steps, decode) if admitted.chat else completion_logprobs(steps, decode)  # type: ignore[arg-type]  # one id list: a str
 
     def _validated(self, body: bytes, model: type[Sampling]) -> Any:
         try:
             return model.model_validate(self.limits.parse(body), strict=True)
         except ValidationError as err:
-            raise validation_error(list(err.errors()), supported_fields(model)) from None
+            raise validation_error(list(err.errors()), supported_fields(model)) from None  # type: ignore[arg-type]  # ErrorDetails are dicts
 
     def _take_place(self) -> None:
         """Admit one request to planning, or refuse it (503 while draining, 429 past max_queue): the requests being

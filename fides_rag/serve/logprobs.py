@@ -13,7 +13,7 @@ from fides_rag.result import StepRecord
 Decode = Callable[[list[int]], str]
 
 
-def _entry(token: str, logprob: float) -> dict[str, Any]:
+def _entry(token: str, logprob: float | None) -> dict[str, Any]:
     return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
 
 

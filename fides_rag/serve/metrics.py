@@ -35,7 +35,7 @@ class ServerMetrics:
             ("fides_prompt_tokens_computed", "Of those, tokens computed (the rest came from the prefix cache)", "prefill_tokens"),
         )
         for name, description, field in gauges:
-            Gauge(name, description, registry=r).set_function(lambda field=field: getattr(decoder.stats, field))
+            Gauge(name, description, registry=r).set_function(lambda field=field: getattr(decoder.stats, field))  # type: ignore[misc]  # field bound by default
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

@@ -10,7 +10,7 @@ from fides_rag.method.config import FidesConfig
 from fides_rag.decoder import FidesDecoder
 from fides_rag.serve.agent_call import AgentCall
 from fides_rag.serve.errors import bad_request
-from fides_rag.serve.protocol import ChatCompletionRequest, CompletionRequest, Sampling
+from fides_rag.serve.protocol import ChatCompletionRequest, CompletionRequest
 
 FIELDS = {"json_schema": "response_format"}
 """The call layer's option names that are another field over HTTP."""
@@ -36,7 +36,7 @@ def completion_plan(prompts: ChatPrompts, body: CompletionRequest, max_new: int)
     return prompts.with_documents([("user", prompt)], body.documents, "documents", max_new, question=prompt)
 
 
-def call_options(decoder: FidesDecoder, body: Sampling, default_method: str) -> CallOptions:
+def call_options(decoder: FidesDecoder, body: ChatCompletionRequest | CompletionRequest, default_method: str) -> CallOptions:
     """The call's options: the server's method unless the body names one, greedy unless a temperature above 0."""
     config = None
     if body.fides_config is not None:

@@ -82,7 +82,7 @@ class Sampling(NoOpFields, _Strict):
         return [s for s in stops if s]
 
     def stops(self) -> list[str]:
-        return list(self.stop or [])  # type: ignore[arg-type]
+        return list(self.stop or [])
 
 
 class ChatCompletionRequest(AgentFields, Sampling):

@@ -82,7 +82,7 @@ def app_builder(args: dict[str, str]):
         raise ValueError(f"unknown serve run arguments {sorted(unknown)}; known: {sorted(known)}")
     if "model" not in args:
         raise ValueError("serve run needs model=NAME (a bundled alias, a local path or a hub id)")
-    load = {k: args[k] for k in ("device_map", "dtype", "device") if k in args}
+    load: dict[str, Any] = {k: args[k] for k in ("device_map", "dtype", "device") if k in args}
     return deployment(
         args["model"], method=args.get("method", "fides"), load_options=load,
         num_replicas=int(args["num_replicas"]) if "num_replicas" in args else None,

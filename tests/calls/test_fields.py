@@ -46,7 +46,7 @@ def test_fides_config_is_kept_as_the_same_object_and_a_dict_is_refused():
 
 
 def test_the_core_fields_import_no_framework():
-    code = "import sys, fides_rag.calls.fields; print(sorted({m.split('.')[0] for m in sys.modules} & {'langchain', 'langchain_core', 'llama_index'}))"
+    code = "import sys, fides_rag.calls.fields; print(sorted({m.split('.')[0] for m in sys.modules} & " "{'langchain', 'langchain_core', 'llama_index'}))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
 
 

@@ -6,7 +6,17 @@ from __future__ import annotations
 import pytest
 
 from fides_rag import FidesDecoder, PromptPair
-from fides_rag.calls import ChatPlan, ChatPrompts, ContextMessages, ToolCall, check_question, context_in_system, documents_beside, filled_variable, turn_of
+from fides_rag.calls import (
+    ChatPlan,
+    ChatPrompts,
+    ContextMessages,
+    ToolCall,
+    check_question,
+    context_in_system,
+    documents_beside,
+    filled_variable,
+    turn_of,
+)
 
 DOC = "The Eiffel Tower is in Rome."
 

@@ -7,7 +7,14 @@ import time
 import pytest
 from pydantic import BaseModel
 
-from fides_rag.calls import CallInputError, IncompleteAnswerError, constraint_of, parse_structure, refuse_other_grammar, with_structure
+from fides_rag.calls import (
+    CallInputError,
+    IncompleteAnswerError,
+    constraint_of,
+    parse_structure,
+    refuse_other_grammar,
+    with_structure,
+)
 
 pytest.importorskip("llguidance")
 

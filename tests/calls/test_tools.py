@@ -9,13 +9,14 @@ import pytest
 
 from fides_rag import FidesDecoder, PromptPair
 from fides_rag.calls import ChatPrompts
-from fides_rag.testing import CHAT_TEMPLATE, build_tokenizer
 from fides_rag.calls.tools import ToolCall, ToolCalling, ToolSpec
+from fides_rag.testing import CHAT_TEMPLATE, build_tokenizer
 
 SEARCH = ToolSpec("search", "Search the documents.", {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]})
 ADD = ToolSpec("add", "Add two integers.", {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]})
 TOOLS_TEMPLATE = (
-    "{% if tools %}<|tools|>\n{% for t in tools %}{{ t['function']['name'] }}: {{ t['function']['description'] }}\n{% endfor %}<|end|>\n{% endif %}"
+    "{% if tools %}<|tools|>\n{% for t in tools %}"
+    "{{ t['function']['name'] }}: {{ t['function']['description'] }}\n{% endfor %}<|end|>\n{% endif %}"
     + CHAT_TEMPLATE
 )
 
@@ -82,7 +83,10 @@ def test_closed_schema_refuses_keys_nobody_asked_for():
 
 def test_parse_reads_blocks_and_bare_json_and_never_raises(chat_tokenizer):
     calling = ToolCalling(chat_tokenizer, [SEARCH, ADD])
-    text = 'Let me see.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n<tool_call>{"name": "search", "arguments": "{\\"query\\": \\"x\\"}", "id": "c1"}</tool_call>'
+    text = (
+        'Let me see.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n'
+        '<tool_call>{"name": "search", "arguments": "{\\"query\\": \\"x\\"}", "id": "c1"}</tool_call>'
+    )
     content, calls = calling.parse(text)
     assert content == "Let me see." and [(c.name, c.arguments) for c in calls] == [("add", {"a": 1, "b": 2}), ("search", {"query": "x"})]
     assert calls[1].id == "c1" and calls[0].id.startswith("call_")

@@ -69,7 +69,10 @@ def test_a_tool_call_written_as_the_answer_is_not_an_answer(biased):
     call = _call(decoder, tool_choice="none")
     result = call.run().result
     cause = unanswered_cause(call, '{"name": "weather", "arguments": {"city": "Rome"}}', [], result)
-    assert cause == """it wrote a tool call as its answer ('{"name": "weather", "arguments": {"city": "Rome"}}') where tool_choice='none' allows no call"""
+    assert cause == (
+        """it wrote a tool call as its answer ('{"name": "weather", "arguments": {"city": "Rome"}}') where """
+        "tool_choice='none' allows no call"
+    )
     assert unanswered_cause(call, "Rome", [], result) is None
 
 

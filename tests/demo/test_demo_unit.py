@@ -206,7 +206,7 @@ def _write_popqa(folder):
     ]
     (folder / "popqa_longtail.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     (folder / "popqa_longtail_passages.txt").write_text(
-        "#Ann Lee was a politician. She lived in Leeds.\n#Bo Ek is a painter. He lives in Oslo. Ann Lee was a politician.\n"
+        "#Ann Lee was a politician. She lived in Leeds.\n#Bo Ek is a painter. He lives in Oslo. Ann Lee was a " "politician.\n"
     )
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fides_rag import FidesDecoder
 import fides_rag.cli.main as cli
+from fides_rag import FidesDecoder
 from fides_rag.eval.budget_sweep import budget_sweep, format_budget_sweep
 from fides_rag.eval.datasets import QAExample
 

@@ -3,7 +3,6 @@ import re
 
 import pytest
 
-from fides_rag.method.config import FidesConfig
 from fides_rag.decoder import FidesDecoder
 from fides_rag.eval.datasets import QAExample
 from fides_rag.eval.harness import (
@@ -18,6 +17,7 @@ from fides_rag.eval.harness import (
     runnable_methods,
     summarize,
 )
+from fides_rag.method.config import FidesConfig
 
 EXAMPLES = [
     QAExample(f"What is the capital number {i}?", (("Lyon is the capital of France. " * (1 + i % 3)).strip(),), ("Lyon",), ("Paris",), f"ex-{i}")

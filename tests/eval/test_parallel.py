@@ -63,7 +63,7 @@ def _assert_same_as_one_process(two: Path, one: Path) -> None:
     first = json.loads((one / "results.json").read_text())
     second = json.loads((two / "results.json").read_text())
     assert _comparable(second) == _comparable(first) and second["run"]["processes"] == 2
-    single = {json.loads(l)["id"]: json.loads(l)["outputs"] for l in (one / "predictions.jsonl").read_text().splitlines()}
+    single = {json.loads(line)["id"]: json.loads(line)["outputs"] for line in (one / "predictions.jsonl").read_text().splitlines()}
     _assert_equal_to_1e5({i: r["outputs"] for i, r in _records(two).items()}, single)
 
 

@@ -284,7 +284,8 @@ def test_a_program_that_exits_with_requests_in_flight_exits_cleanly():
         from fides_rag.testing import build_tiny_model, build_tokenizer
         tokenizer = build_tokenizer()
         decoder = FidesDecoder(build_tiny_model("llama", len(tokenizer)), tokenizer)
-        handles = [decoder.submit("What is the capital?", ["Lyon is the capital."], max_new_tokens=600) for _ in range(3)]
+        question, documents = "What is the capital?", ["Lyon is the capital."]
+        handles = [decoder.submit(question, documents, max_new_tokens=600) for _ in range(3)]
         deadline = time.monotonic() + 60
         while decoder.stats.requests_in_flight < 3 and time.monotonic() < deadline:
             time.sleep(0.01)

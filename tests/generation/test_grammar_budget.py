@@ -1,6 +1,7 @@
 """Structured output under a token budget: the decoder forces the grammar's shortest completion in the last tokens,
 so a random-weight model (which writes garbage and never closes on its own) still returns JSON that validates,
-under every method, streamed or not, complete (finish_reason "eos" or "stop", never "length") with `closed_early` set."""
+under every method, streamed or not, complete (finish_reason "eos" or "stop", never "length") with `closed_early`
+set."""
 
 from __future__ import annotations
 

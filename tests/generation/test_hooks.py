@@ -38,9 +38,8 @@ def test_no_full_sequence_state_survives_the_prefill(tiny_llama, split):
 def test_hooks_remove_themselves_when_the_forward_fails(tiny_llama):
     anatomy = ModelAnatomy.of(tiny_llama)
     before = [len(block._forward_hooks) for block in anatomy.layers]
-    with pytest.raises(RuntimeError, match="boom"):
-        with LayerCapture(anatomy, (1, 2)), HeadMasker(anatomy, [{1: (0,)}]):
-            assert len(anatomy.layers[0]._forward_hooks) == before[0] + 1
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), LayerCapture(anatomy, (1, 2)), HeadMasker(anatomy, [{1: (0,)}]):
+        assert len(anatomy.layers[0]._forward_hooks) == before[0] + 1
+        raise RuntimeError("boom")
     assert [len(block._forward_hooks) for block in anatomy.layers] == before
     assert not any(proj._forward_pre_hooks for proj in anatomy.attention_output_projections())

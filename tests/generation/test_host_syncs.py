@@ -53,9 +53,13 @@ class BlockingCopyCounter(TorchFunctionMode):
                 self.host_built[id(out)] = weakref.ref(out)
             elif name in ("tensor", "as_tensor"):
                 self._count()
-        elif name == "to" and self._host_built(args[0]) and not kwargs.get("non_blocking", False):
-            if any(isinstance(a, (torch.device, str)) for a in [*args[1:], kwargs.get("device")]):
-                self._count()
+        elif (
+            name == "to"
+            and self._host_built(args[0])
+            and not kwargs.get("non_blocking", False)
+            and any(isinstance(a, (torch.device, str)) for a in [*args[1:], kwargs.get("device")])
+        ):
+            self._count()
         return out
 
     def _host_built(self, tensor: object) -> bool:
@@ -84,13 +88,13 @@ def test_a_decode_makes_one_host_transfer_per_step(tiny_llama, tokenizer, method
     decoder.eos_token_ids = set()  # every generation runs its full length
     for new_tokens in (6, 12):
         counter = SyncCounter()
-        with decoder.around_steps(lambda: counter):  # torch modes are per thread: count on the engine's thread
+        with decoder.around_steps(lambda counter=counter: counter):  # torch modes are per thread: count on the engine's thread
             result = decoder.generate("What is the capital?", ["Lyon is the capital of France."], method=method, max_new_tokens=new_tokens,
                                       logprobs=logprobs, **sampling)
         assert len(result.token_ids) == new_tokens
         total = sum(counter.calls.values())
-        # N transfers of the chosen ids (with every recorded value and any logprobs packed beside them), and transformers' mask
-        # check in each prefill forward (one per path with split prefill).
+        # N transfers of the chosen ids (with every recorded value and any logprobs packed beside them), and
+        # transformers' mask check in each prefill forward (one per path with split prefill).
         assert counter.calls["tolist"] == new_tokens, counter.calls
         assert total <= new_tokens + 2, counter.calls
     if method == "fides":

@@ -44,7 +44,7 @@ def test_the_generation_settings_take_every_decoder_option_with_its_default():
 
 
 def test_a_framework_call_takes_exactly_its_request_options_with_their_defaults():
-    assert OPTIONS == set(options_of("call"))
+    assert set(options_of("call")) == OPTIONS
     parsed = CallOptions.parse({}, {})
     assert parsed.requested == REQUEST_OPTIONS["method"].default
     assert parsed.max_new_tokens == REQUEST_OPTIONS["max_new_tokens"].default

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
-
 import asyncio
+
+import pytest
 
 from fides_rag import FidesDecoder
 

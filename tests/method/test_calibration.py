@@ -22,8 +22,8 @@ from fides_rag.method.calibration import (
     signal_statistics,
     write_report,
 )
-from fides_rag.rules.fides import FidesRule
 from fides_rag.method.signals import hidden_state_shift, layer_mean_unit_distance
+from fides_rag.rules.fides import FidesRule
 
 QUESTIONS = ["What is the capital of France?", "Who chose Canberra?", "What jumps?", "Where is Paris?"]
 DOCUMENTS = [
@@ -159,8 +159,8 @@ def test_layer_mean_unit_distance_matches_hand_computation():
     want = []
     for b in range(2):
         total = 0.0
-        for l in range(3):
-            a, c = ctx[l, b].tolist(), no_ctx[l, b].tolist()
+        for layer in range(3):
+            a, c = ctx[layer, b].tolist(), no_ctx[layer, b].tolist()
             na, nc = math.sqrt(sum(x * x for x in a)), math.sqrt(sum(x * x for x in c))
             total += math.sqrt(sum((x / na - y / nc) ** 2 for x, y in zip(a, c)))
         want.append(total / 3)

@@ -81,7 +81,7 @@ def test_numpy_numbers_are_accepted_and_stored_as_floats():
     ({"weights": (1e300, 0.0, 0.0)}, "weights"),
 ])
 def test_strengths_whose_products_with_logits_overflow_are_refused(kwargs, field):
-    with pytest.raises(ValueError, match=rf"FidesConfig\.{field}: .*past the largest contrast strength 1e\+30: its products with logits overflow float32"):
+    with pytest.raises(ValueError, match=rf"FidesConfig\.{field}: .*past the largest contrast strength 1e\+30: its products with logits " r"overflow float32"):
         FidesConfig(**kwargs)
 
 

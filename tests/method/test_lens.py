@@ -8,7 +8,6 @@ from transformers import AutoModelForCausalLM, GPT2Config
 
 from fides_rag import UnsupportedArchitectureError
 from fides_rag.method.lens import SUPPORTED_FAMILIES, ModelAnatomy
-
 from fides_rag.testing import FAMILIES
 
 

@@ -10,7 +10,6 @@ import torch
 from fides_rag.method import signals
 
 
-
 @pytest.fixture(autouse=True)
 def float64_by_default():
     """These tests build their tensors in float64 (the references are float64); other modules keep float32."""

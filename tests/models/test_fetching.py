@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fides_rag.models import fetching
 from fides_rag.cli.main import main
-from fides_rag.models.fetching import FETCHED_MODELS, FetchError, FetchedModel, assemble, fetch, fetched_path
+from fides_rag.models import fetching
+from fides_rag.models.fetching import FETCHED_MODELS, FetchedModel, FetchError, assemble, fetch, fetched_path
 
 PARTS = 3
 REAL_FETCH_ENV = "FIDES_RAG_FETCH_TESTS"

@@ -10,7 +10,13 @@ import torch
 from fides_rag import FidesDecoder, get_method
 from fides_rag.rules import StepInputs
 from fides_rag.rules.cocoa import CocoaRule
-from fides_rag.testing import SAMPLE_DOCUMENTS, SAMPLE_QUESTIONS, build_tiny_model, build_tokenizer, reference_log_softmax
+from fides_rag.testing import (
+    SAMPLE_DOCUMENTS,
+    SAMPLE_QUESTIONS,
+    build_tiny_model,
+    build_tokenizer,
+    reference_log_softmax,
+)
 
 QUESTIONS, DOCUMENTS = SAMPLE_QUESTIONS, SAMPLE_DOCUMENTS
 log_softmax = reference_log_softmax
@@ -24,7 +30,7 @@ def reference_row(ctx, no, alpha=0.5, gamma=1.0, kappa_h2=0.0, lambda_pm=100.0, 
                   eps_max=0.2, lambda2=0.1, kappa_min=1e-4):
     lc, lp = log_softmax(ctx), log_softmax(no)
     pc, pp = [math.exp(v) for v in lc], [math.exp(v) for v in lp]
-    dh = -sum(p * l for p, l in zip(pp, lp)) + sum(p * l for p, l in zip(pc, lc))
+    dh = -sum(p * logp for p, logp in zip(pp, lp)) + sum(p * logp for p, logp in zip(pc, lc))
     if alpha == "adaptive":
         d2 = 1 - sum(q / p for q, p in zip(pp, pc))
         d2n = min(1.0, max(0.0, d2 / (1 + d2)))

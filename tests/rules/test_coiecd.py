@@ -10,7 +10,13 @@ import torch
 from fides_rag import FidesDecoder, get_method
 from fides_rag.rules import StepInputs
 from fides_rag.rules.coiecd import CoiecdRule
-from fides_rag.testing import SAMPLE_DOCUMENTS, SAMPLE_QUESTIONS, build_tiny_model, build_tokenizer, reference_log_softmax
+from fides_rag.testing import (
+    SAMPLE_DOCUMENTS,
+    SAMPLE_QUESTIONS,
+    build_tiny_model,
+    build_tokenizer,
+    reference_log_softmax,
+)
 
 QUESTIONS, DOCUMENTS = SAMPLE_QUESTIONS, SAMPLE_DOCUMENTS
 log_softmax = reference_log_softmax

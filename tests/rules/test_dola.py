@@ -10,7 +10,13 @@ import torch
 from fides_rag import FidesDecoder, get_method
 from fides_rag.rules import StepInputs
 from fides_rag.rules.dola import DolaRule, dola_candidate_layers
-from fides_rag.testing import SAMPLE_DOCUMENTS, SAMPLE_QUESTIONS, build_tiny_model, build_tokenizer, reference_log_softmax
+from fides_rag.testing import (
+    SAMPLE_DOCUMENTS,
+    SAMPLE_QUESTIONS,
+    build_tiny_model,
+    build_tokenizer,
+    reference_log_softmax,
+)
 
 QUESTIONS = SAMPLE_QUESTIONS
 DOCUMENTS = [*SAMPLE_DOCUMENTS[:2], None]
@@ -40,7 +46,7 @@ def make_step(layers, batch=4, vocab=13, seed=0):
     return StepInputs.from_tensors(
         ctx_logits=torch.randn(batch, vocab, generator=gen, dtype=torch.float64) * 3,
         no_ctx_logits=None,
-        lens_logits={l: torch.randn(batch, vocab, generator=gen, dtype=torch.float64) * 3 for l in layers},
+        lens_logits={layer: torch.randn(batch, vocab, generator=gen, dtype=torch.float64) * 3 for layer in layers},
         num_layers=8,
     )
 
@@ -54,7 +60,7 @@ def test_dola_matches_hand_loop(relative_top, keep):
     chosen_layers = set()
     for b in range(4):
         layer, js, want = reference_step(
-            step.ctx_logits[b].tolist(), {l: step.lens_logits[l][b].tolist() for l in (1, 3, 5)}, relative_top, keep
+            step.ctx_logits[b].tolist(), {layer: step.lens_logits[layer][b].tolist() for layer in (1, 3, 5)}, relative_top, keep
         )
         chosen_layers.add(layer)
         got = out.logits[b].tolist()
@@ -94,7 +100,7 @@ def test_dola_buckets_follow_transformers():
     for num_layers in range(2, 90):
         for bucket in ("low", "high"):
             layers = dola_candidate_layers(num_layers, bucket)
-            assert layers and all(1 <= l < num_layers for l in layers)
+            assert layers and all(1 <= layer < num_layers for layer in layers)
     with pytest.raises(ValueError, match="at least 2 layers"):
         dola_candidate_layers(1, "high")
     with pytest.raises(ValueError, match="layers \\[6\\] are not premature"):

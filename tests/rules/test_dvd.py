@@ -10,7 +10,13 @@ import torch
 from fides_rag import FidesDecoder, PromptTemplate, get_method
 from fides_rag.rules import StepInputs
 from fides_rag.rules.dvd import DvdRule, nucleus_log_probs
-from fides_rag.testing import MULTI_DOCUMENT_QUESTIONS, MULTI_DOCUMENTS, build_tiny_model, build_tokenizer, reference_log_softmax
+from fides_rag.testing import (
+    MULTI_DOCUMENT_QUESTIONS,
+    MULTI_DOCUMENTS,
+    build_tiny_model,
+    build_tokenizer,
+    reference_log_softmax,
+)
 
 INF = math.inf
 QUESTIONS, DOCUMENTS = MULTI_DOCUMENT_QUESTIONS, MULTI_DOCUMENTS

@@ -73,7 +73,8 @@ VALID: dict[str, list[Any]] = {
     "presence_penalty": [0], "logit_bias": [{}], "parallel_tool_calls": [True, False], "documents": [[], ["Rome.", "Paris."]],
     "max_completion_tokens": [1, 2], "tool_choice": ["none", "auto"], "response_format": [{"type": "text"}, {"type": "json_object"}],
 }
-"""Values each field takes in a valid body: a benign mutation keeps the body valid (mostly), so answers get checked too."""
+"""Values each field takes in a valid body: a benign mutation keeps the body valid (mostly), so answers get checked
+too."""
 NESTED = ["tools.0.function.parameters", "tools.0.function.name", "tools.0.function.strict", "tools.0.type", "tools.1", "tools.0.function",
           "tool_choice.function.name", "tool_choice.type", "response_format.type", "response_format.json_schema",
           "response_format.json_schema.schema", "response_format.json_schema.strict", "response_format.json_schema.name",
@@ -319,7 +320,8 @@ def _time(match: re.Match, at: int) -> bool:
 
 
 def _date_time(value: object) -> bool:
-    """RFC 3339's date-time, year 0000 and leap seconds included (jsonschema checks it only with an optional package)."""
+    """RFC 3339's date-time, year 0000 and leap seconds included (jsonschema checks it only with an optional
+    package)."""
     match = DATE_TIME.fullmatch(value) if isinstance(value, str) else None
     if match is None:
         return not isinstance(value, str)

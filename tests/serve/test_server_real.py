@@ -88,6 +88,7 @@ def _call_turns(call_id: str, arguments: str) -> list[dict]:
 def test_greedy_tool_turns_over_http_equal_in_process_chat_fides(smollm2_server):
     """A forced call, then the answer on the tool's result: the same call and the same answer as ChatFides."""
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
     from langchain_fides import ChatFides
 
     chat = ChatFides.from_model_id(MODEL, method="fides", max_new_tokens=40)

@@ -5,19 +5,28 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from fides_rag import FidesDecoder, GenerationResult
 from fides_rag.calls import (
-    DOCUMENTS_INSTRUCTION, Answer, AnswerLog, Call, CallFactory, CallOptions, ChatPlan, ChatPrompts, DecodingFields, FidesFallbackError,
-    ToolCalling, UnansweredError,
+    DOCUMENTS_INSTRUCTION,
+    Answer,
+    AnswerLog,
+    Call,
+    CallFactory,
+    CallOptions,
+    ChatPlan,
+    ChatPrompts,
+    DecodingFields,
+    FidesFallbackError,
+    ToolCalling,
+    UnansweredError,
 )
 from fides_rag.calls.decoders import decoder_for, decoder_identity
 from fides_rag.calls.options import SAMPLING
 from fides_rag.generation.streaming import iterate_in_thread
-
 from langchain_fides._discovery import model_parent_var
 
 __all__ = ["FidesFallbackError", "FidesParams", "UnansweredError"]
@@ -33,6 +42,12 @@ class FidesParams(DecodingFields):
 
     model_config = ConfigDict(arbitrary_types_allowed=True, protected_namespaces=())
 
+    if TYPE_CHECKING:  # each model's own: one call's result, and its stream
+
+        def _results(self, input: Any, stop: list[str] | None, parent: Any, kwargs: dict[str, Any]) -> Any: ...
+
+        def _stream_items(self, input: Any, stop: list[str] | None, parent: Any, kwargs: dict[str, Any]) -> Iterator[Any]: ...
+
     decoder: FidesDecoder | None = Field(default=None, exclude=True)
     """A ready FidesDecoder (share one between several LangChain objects to load the model once)."""
     model: Any = Field(default=None, exclude=True)
@@ -40,7 +55,8 @@ class FidesParams(DecodingFields):
     tokenizer: Any = Field(default=None, exclude=True)
     """The tokenizer of `model`."""
     model_id: str | None = None
-    """Bundled alias (gemma3-270m, smollm2-135m-instruct), hub id or local path; loaded when no decoder/model is given."""
+    """Bundled alias (gemma3-270m, smollm2-135m-instruct), hub id or local path; loaded when no decoder/model is
+    given."""
     max_tokens: int | None = None
     """LangChain's standard name for max_new_tokens; wins when set."""
     temperature: float | None = None

@@ -51,7 +51,7 @@ class RetrievalRecorder(RunRetrievals, BaseCallbackHandler):
         # reads its parent run from here instead (set in the caller's context right before `_stream`).
         model_parent_var.set(parent_run_id)
 
-    on_llm_start = on_chat_model_start
+    on_llm_start = on_chat_model_start  # type: ignore[assignment]  # only the parent run is read, from either start
 
     def on_tool_start(self, serialized: Any, input_str: str, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
         self.start(run_id, parent_run_id)
@@ -65,7 +65,8 @@ class RetrievalRecorder(RunRetrievals, BaseCallbackHandler):
         """A chain, tool or retriever run ended (its outputs or its error)."""
         self.end(run_id, parent_run_id)
 
-    on_chain_end = on_chain_error = on_tool_end = on_tool_error = on_retriever_error = _run_ended
+    # One handler for five events: only the run ids are read, never the outputs or the error.
+    on_chain_end = on_chain_error = on_tool_end = on_tool_error = on_retriever_error = _run_ended  # type: ignore[assignment]
 
     def on_retriever_end(self, documents: Sequence[Document], *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
         self.retrieved(parent_run_id, [d.page_content for d in documents if isinstance(d, Document)])  # also an empty retrieval

@@ -15,13 +15,12 @@ from langchain_core.runnables import Runnable
 
 from fides_rag.calls import DOCUMENTS_INSTRUCTION, Answer, ChatPlan, ToolCalling, tool_choice_name, turn_of
 from fides_rag.prompts.template import document_texts
-
 from langchain_fides._base import CALL_OPTIONS, FidesParams
 from langchain_fides._discovery import recorder
 from langchain_fides._tools import lc_tool_calls, openai_tools, structured_output
 
 
-class ChatFides(FidesParams, BaseChatModel):
+class ChatFides(FidesParams, BaseChatModel):  # type: ignore[misc]  # FidesParams' _generate/_stream serve both models (LangChain's names differ)
     """FIDES dual-path contrastive decoding as a LangChain chat model.
 
     The question is the last human message. The documents (first that applies): `documents=` given to
@@ -134,7 +133,8 @@ class ChatFides(FidesParams, BaseChatModel):
     @staticmethod
     def _message(answer: Answer, chunk: bool = False) -> Any:
         counts = answer.usage
-        usage = UsageMetadata(input_tokens=counts["prompt_tokens"], output_tokens=counts["completion_tokens"], total_tokens=counts["total_tokens"])
+        usage = UsageMetadata(  # type: ignore[typeddict-item]  # the token details are unknown, so left out
+            input_tokens=counts["prompt_tokens"], output_tokens=counts["completion_tokens"], total_tokens=counts["total_tokens"])
         if chunk:
             return AIMessageChunk(content=answer.text, tool_call_chunks=lc_tool_calls(answer.tool_calls, chunks=True),
                                   response_metadata=answer.record, usage_metadata=usage, chunk_position="last")

@@ -14,7 +14,6 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from fides_rag.calls import Answer, ChatPlan, documents_beside
 from fides_rag.calls.options import plain_options
 from fides_rag.prompts.template import document_texts
-
 from langchain_fides._base import FidesParams
 from langchain_fides._discovery import recorder
 from langchain_fides.prompts import FidesPromptValue
@@ -23,7 +22,7 @@ _CALL_OPTIONS_VAR: ContextVar[dict[str, Any] | None] = ContextVar("fides_llm_cal
 """The call options of the generate/agenerate running in this context (part of the LLM cache key)."""
 
 
-class FidesLLM(FidesParams, BaseLLM):
+class FidesLLM(FidesParams, BaseLLM):  # type: ignore[misc]  # FidesParams' _generate/_stream serve both models (LangChain's names differ)
     """FIDES dual-path contrastive decoding as a LangChain LLM.
 
     Where the documents come from (first that applies):

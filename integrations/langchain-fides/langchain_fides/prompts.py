@@ -52,7 +52,8 @@ class FidesPromptValue(StringPromptValue):
 
 
 def fides_rag_prompt(question_key: str | None = None, documents_key: str | None = None) -> RunnableLambda:
-    """A prompt step for RAG chains: `{"context": retriever, "question": RunnablePassthrough()} | fides_rag_prompt() | llm`.
+    """A prompt step for RAG chains:
+    `{"context": retriever, "question": RunnablePassthrough()} | fides_rag_prompt() | llm`.
 
     Takes a dict and returns a FidesPromptValue. The question is read from `question_key` (default:
     "question", else "input"), the documents from `documents_key` (default: "context", else

@@ -10,9 +10,8 @@ from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.prompts import PromptTemplate
 from llama_index.core.tools import RetrieverTool, ToolMetadata
-from pydantic import BaseModel, Field
-
 from llama_index.llms.fides import FidesLLM
+from pydantic import BaseModel, Field
 
 from .conftest import CONFLICT_DOCUMENTS
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 
 from llama_index.core import Document, SummaryIndex
+from llama_index.llms.fides import FidesLLM
 
 from fides_rag import FidesDecoder
 from fides_rag.testing import build_tiny_model, build_tokenizer
-from llama_index.llms.fides import FidesLLM
 
 CALLS = [
     ("What is the capital of France?", ["Lyon is the capital of France."], dict(method="fides")),

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from llama_index.llms.fides import FidesLLM
 
 from fides_rag import FidesConfig, FidesDecoder
 from fides_rag.testing import build_tiny_model, build_tokenizer
-from llama_index.llms.fides import FidesLLM
 
 DOC = "The Eiffel Tower is a wrought-iron lattice tower in Rome, Italy."
 QUERY = "In which city is the Eiffel Tower located?"

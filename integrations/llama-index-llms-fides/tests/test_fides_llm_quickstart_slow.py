@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from llama_index.llms.fides import FidesLLM
 
 pytestmark = pytest.mark.slow

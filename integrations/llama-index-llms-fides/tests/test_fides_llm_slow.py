@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from llama_index.llms.fides import FidesLLM
 
 from .conftest import CONFLICT_DOCUMENTS, QUESTION

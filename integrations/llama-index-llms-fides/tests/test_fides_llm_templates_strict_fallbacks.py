@@ -10,7 +10,6 @@ from llama_index.core import Document, MockEmbedding, VectorStoreIndex
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.prompts import PromptTemplate
 from llama_index.core.prompts.default_prompt_selectors import DEFAULT_TEXT_QA_PROMPT_SEL
-
 from llama_index.llms.fides import FidesFallbackError, FidesLLM, fides_rag_qa_template
 
 DOC = "The Eiffel Tower is a wrought-iron lattice tower in Rome, Italy."

@@ -12,9 +12,8 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.prompts import PromptTemplate
 from llama_index.core.tools import FunctionTool
 from llama_index.core.types import PydanticProgramMode
-from pydantic import BaseModel
-
 from llama_index.llms.fides import FidesLLM
+from pydantic import BaseModel
 
 DOC = "The Eiffel Tower is in Rome."
 Q = "Where is the Eiffel Tower?"

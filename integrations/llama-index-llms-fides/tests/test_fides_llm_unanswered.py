@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.tools import FunctionTool
+from llama_index.llms.fides import FidesLLM, UnansweredError
 
 from fides_rag import FidesDecoder
 from fides_rag.testing import build_tiny_model, build_tokenizer, prefer_token
-from llama_index.llms.fides import FidesLLM, UnansweredError
 
 
 def search(query: str) -> str:

@@ -17,9 +17,9 @@ from llama_index.core.prompts.default_prompt_selectors import (
     DEFAULT_TEXT_QA_PROMPT_SEL,
     DEFAULT_TREE_SUMMARIZE_PROMPT_SEL,
 )
+from llama_index.llms.fides import FidesLLM
 
 from fides_rag import FidesDecoder
-from llama_index.llms.fides import FidesLLM
 
 DOC = "The Eiffel Tower is a wrought-iron lattice tower in Rome, Italy."
 QUERY = "In which city is the Eiffel Tower located?"

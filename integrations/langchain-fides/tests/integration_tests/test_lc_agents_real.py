@@ -44,7 +44,7 @@ class Query(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def search(retriever: Any) -> Any:
+def search(retriever: Any) -> Any:  # noqa: F811 - the imported fixture
     tool = create_retriever_tool(retriever, "search_documents", "Search the documents for facts about landmarks.")
     return tool.model_copy(update={"args_schema": Query})
 

@@ -82,14 +82,15 @@ ROOM_FOR_CALLS = 32
 MORE_ROOM = {"test_unicode_tool_call_integration": 48, "test_json_mode": 64}
 """Tests whose answer is longer (a unicode argument; a whole joke, which the model finishes in about 45 tokens)."""
 NEEDS_ROOM = ("tool_call", "tool_choice", "structured", "json", "bind_runnables")
-NO_UNFORCED_CALL = "smollm2-135m does not choose to call a tool by itself (tool_choice='auto'); forced calls: test_tool_choice, test_tool_calling and the create_agent test"
+NO_UNFORCED_CALL = "smollm2-135m does not choose to call a tool by itself (tool_choice='auto'); forced calls: " "test_tool_choice, test_tool_calling and the create_agent test"
 
 
 EXPECTED_FAILURES = {
     "test_agent_loop[model0]": (NO_UNFORCED_CALL, AssertionError),
     "test_agent_loop[model1]": (NO_UNFORCED_CALL, AssertionError),
 }
-"""Standard tests a 135M local model cannot pass: why, and the error that shows it (they still run: an XPASS would show)."""
+"""Standard tests a 135M local model cannot pass: why, and the error that shows it (they still run: an XPASS would
+show)."""
 
 
 class TestChatFidesIntegration(ChatModelIntegrationTests):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any
 
 from llama_index.core.base.llms.types import (
     ChatMessage,
@@ -31,19 +31,26 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import astream_completion_response_to_tokens, stream_completion_response_to_tokens
 from llama_index.core.prompts.base import BasePromptTemplate
 from llama_index.core.types import TokenAsyncGen, TokenGen
-
-from fides_rag import FidesConfig, FidesDecoder, GenerationResult
-from fides_rag.calls import AnswerLog, CallFactory, CallOptions, ChatPlan, DecodingFields, ToolCalling, fold_fides_constants
-from fides_rag.calls.options import split_template_args
-from fides_rag.calls.decoders import decoder_for
-from fides_rag.generation.streaming import iterate_in_thread
-
 from llama_index.llms.fides.context import CONTEXT_VARIABLES
-from llama_index.llms.fides.options import CALL_OPTIONS, GENERATION_OPTIONS, FidesFallbackError
 from llama_index.llms.fides.decoding import PairDecoding
 from llama_index.llms.fides.function_calling import FunctionCalling
-from llama_index.llms.fides.structured import StructuredPrediction
+from llama_index.llms.fides.options import CALL_OPTIONS, GENERATION_OPTIONS, FidesFallbackError
 from llama_index.llms.fides.pairing import CallPairing
+from llama_index.llms.fides.structured import StructuredPrediction
+
+from fides_rag import FidesConfig, FidesDecoder, GenerationResult
+from fides_rag.calls import (
+    AnswerLog,
+    CallFactory,
+    CallOptions,
+    ChatPlan,
+    DecodingFields,
+    ToolCalling,
+    fold_fides_constants,
+)
+from fides_rag.calls.decoders import decoder_for
+from fides_rag.calls.options import split_template_args
+from fides_rag.generation.streaming import iterate_in_thread
 
 dispatcher = get_dispatcher(__name__)
 logger = logging.getLogger("llama_index.llms.fides")
@@ -74,9 +81,9 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
 
     model_name: str = Field(default="fides", description="Name of the backbone, reported in metadata.")
     temperature: float = Field(default=1.0, gt=0, description="Sampling temperature (only with do_sample=True).")
-    use_chat_template: Optional[bool] = Field(
+    use_chat_template: bool | None = Field(
         default=None,
-        description="Render prompts with the tokenizer's chat template (None: when it has one and no messages_to_prompt "
+        description="Render prompts with the tokenizer's chat template (None: when it has one and no " "messages_to_prompt "
         "was given). It also makes is_chat_model true, so LlamaIndex picks its chat prompts.",
     )
     context_variables: list[str] = Field(

@@ -3,14 +3,13 @@ responses of its Answer (a mixin of FidesLLM)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
 
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse, CompletionResponse, MessageRole
+from llama_index.llms.fides.options import CALL_OPTIONS, GENERATION_OPTIONS
 
 from fides_rag.calls import Answer, Call, CallOptions, ChatPlan, ToolCalling, UnansweredError
-
-from llama_index.llms.fides.options import CALL_OPTIONS, GENERATION_OPTIONS
 
 PAIR_EXTRAS = ("documents_source", "num_documents", "tool_format", "tool_choice")
 """What the response's raw dict carries beside the result (an agent's final output carries only `raw`)."""
@@ -18,6 +17,11 @@ PAIR_EXTRAS = ("documents_source", "num_documents", "tool_format", "tool_choice"
 
 class PairDecoding:
     """FidesLLM's decoding: options, the call, its record in the history, and the responses."""
+
+    if TYPE_CHECKING:  # what FidesLLM gives this mixin
+        effective_fides_config: Any
+        _calls: Any
+        _history: Any
 
     def _options(self, kwargs: dict[str, Any]) -> CallOptions:
         """This LLM's fields overridden by one call's keywords (unknown keywords: a TypeError naming them)."""
@@ -46,7 +50,7 @@ class PairDecoding:
     def _generate(self, plan: ChatPlan, options: CallOptions, calling: ToolCalling | None = None, chat: bool = False) -> Any:
         return self._respond(self._call(plan, options, calling).run(), chat)
 
-    def _stream(self, plan: ChatPlan, options: CallOptions, calling: ToolCalling | None = None, chat: bool = False) -> Iterator[Any]:
+    def _stream(self, plan: ChatPlan, options: CallOptions, calling: ToolCalling | None = None, chat: bool = False) -> Generator[Any, None, None]:
         """Responses as the answer grows; one delta is held back so that the last response carries the record."""
         text = ""
         for delta, answer in self._call(plan, options, calling).deltas():

@@ -3,7 +3,8 @@ back into `ChatMessage.additional_kwargs["tool_calls"]`.
 
 A conversation with tools or tool messages is planned by the core (`fides_rag.calls.ChatPrompts`): the tool definitions
 enter both paths identically (through the chat template where it renders `tools=`, else as a system block in the
-fallback format of `fides_rag.calls.ToolCalling`), and the tool messages' contents are the context path's documents, emptied on
+fallback format of `fides_rag.calls.ToolCalling`), and the tool messages' contents are the context path's documents,
+emptied on
 the no-context path (`documents_source: "tool_messages"`). tool_required, "required" or a tool's name forces one valid
 call by grammar.
 """
@@ -14,10 +15,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse, MessageRole
+from llama_index.llms.fides.tools import tool_selections
 
 from fides_rag.calls import ToolSpec, tool_choice_name
-
-from llama_index.llms.fides.tools import tool_selections
 
 
 class FunctionCalling:

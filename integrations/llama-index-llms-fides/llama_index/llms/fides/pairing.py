@@ -5,19 +5,19 @@ mixin only says how LlamaIndex renders them (its formatting hooks, its chat mess
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.chat_engine.context import DEFAULT_CONTEXT_TEMPLATE
 from llama_index.core.prompts.base import BasePromptTemplate
-
-from fides_rag.calls import ChatPlan, ChatPrompts, ContextMessages, ToolCalling, role_of, turn_of
-from fides_rag.prompts.template import document_texts
-from fides_rag.prompts.raw import render_chat
-
 from llama_index.llms.fides.context import CONTEXT_VARIABLES, find_context, prompt_type
 from llama_index.llms.fides.prompts import is_fides_rag_template
 from llama_index.llms.fides.tools import message_calls
+
+from fides_rag.calls import ChatPlan, ChatPrompts, ContextMessages, ToolCalling, role_of, turn_of
+from fides_rag.prompts.raw import render_chat
+from fides_rag.prompts.template import document_texts
+
 
 def _extra(prompt_type: str | None, variables: Sequence[str] = (), context: str | None = None) -> dict[str, Any]:
     """What a plan adds to the FIDES record: the prompt's type, its context variables and context."""
@@ -26,6 +26,20 @@ def _extra(prompt_type: str | None, variables: Sequence[str] = (), context: str 
 
 class CallPairing:
     """FidesLLM's pairing methods (a mixin: it reads the LLM's fields, decoder and LlamaIndex formatting hooks)."""
+
+    if TYPE_CHECKING:  # what FidesLLM and its LlamaIndex base give this mixin
+        _calls: Any
+        _decoder: Any
+        chat_template_active: Any
+        context_variables: Any
+        context_separator: Any
+        chat_context_templates: Any
+        messages_to_prompt: Any
+        completion_to_prompt: Any
+        _custom_formatting: Any
+        _extend_messages: Any
+        _get_messages: Any
+        _get_prompt: Any
 
     @property
     def _chat_prompts(self) -> ChatPrompts:
@@ -101,7 +115,7 @@ class CallPairing:
 
     def _pair_for_complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> ChatPlan:
         if kwargs.get("tools") or kwargs.get("tool_choice") is not None:
-            raise TypeError("complete does not take tools= or tool_choice=; use chat_with_tools(tools, ...) or chat(messages, tools=[...])")
+            raise TypeError("complete does not take tools= or tool_choice=; use chat_with_tools(tools, ...) or chat(messages, " "tools=[...])")
         documents, no_ctx = kwargs.get("documents"), kwargs.get("no_context_prompt")
         if no_ctx is not None:
             if documents is not None:

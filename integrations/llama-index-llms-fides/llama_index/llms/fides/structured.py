@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Callable, Generator, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llama_index.core.base.llms.types import ChatResponse, CompletionResponse
 from llama_index.core.bridge.pydantic import BaseModel
@@ -21,19 +21,29 @@ from llama_index.core.instrumentation.events.llm import LLMStructuredPredictEndE
 from llama_index.core.program.utils import process_streaming_objects
 from llama_index.core.prompts.base import BasePromptTemplate
 from llama_index.core.types import PydanticProgramMode
-
-from fides_rag.generation.streaming import iterate_in_thread
-from fides_rag.calls import parse_structure, with_structure
-from fides_rag.calls.options import split_template_args
-
 from llama_index.llms.fides.context import find_context
 from llama_index.llms.fides.options import CALL_OPTIONS
+
+from fides_rag.calls import parse_structure, with_structure
+from fides_rag.calls.options import split_template_args
+from fides_rag.generation.streaming import iterate_in_thread
 
 dispatcher = get_dispatcher(__name__)
 
 
 class StructuredPrediction:
     """Grammar-constrained structured_predict and friends (reads the LLM's fields and pairing methods)."""
+
+    if TYPE_CHECKING:  # what FidesLLM and its LlamaIndex base give this mixin
+        context_variables: Any
+        context_separator: Any
+        pydantic_program_mode: Any
+        _template_pair: Any
+        _options: Any
+        complete: Any
+        stream_complete: Any
+        chat: Any
+        stream_chat: Any
 
     def _program_kwargs(self, prompt: BasePromptTemplate, llm_kwargs: dict[str, Any] | None, prompt_args: dict[str, Any]) -> dict[str, Any]:
         """LlamaIndex's own programs (pydantic_program_mode other than DEFAULT) format the prompt into messages, so its
@@ -58,7 +68,7 @@ class StructuredPrediction:
             plan = self._template_pair(prompt, template_args, self._options(dict(call)).max_new_tokens)
             return (lambda: self.complete(plan.context_prompt or "", formatted=True, _plan=plan, **call),
                     lambda: self.stream_complete(plan.context_prompt or "", formatted=True, _plan=plan, **call))
-        messages = prompt.format_messages(llm=self, **template_args)
+        messages = prompt.format_messages(llm=self, **template_args)  # type: ignore[arg-type]  # self is a FidesLLM
         return lambda: self.chat(messages, **call), lambda: self.stream_chat(messages, **call)
 
     @staticmethod
@@ -72,7 +82,8 @@ class StructuredPrediction:
     ) -> BaseModel:
         """An `output_cls` object, decoded under its JSON schema (llm_kwargs: per-call options, documents=)."""
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
-            return super().structured_predict(output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args)
+            base: Any = super()  # FidesLLM's LlamaIndex LLM, which a mixin cannot name
+            return base.structured_predict(output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args)
         dispatcher.event(LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt, template_args=prompt_args))
         one, _ = self._structured_calls(output_cls, prompt, llm_kwargs, prompt_args)
         text, info = self._text_and_info(one())
@@ -85,7 +96,8 @@ class StructuredPrediction:
         self, output_cls: type[BaseModel], prompt: BasePromptTemplate, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any
     ) -> BaseModel:
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
-            return await super().astructured_predict(output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args)
+            base: Any = super()  # FidesLLM's LlamaIndex LLM, which a mixin cannot name
+            return await base.astructured_predict(output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args)
         return await asyncio.to_thread(self.structured_predict, output_cls, prompt, llm_kwargs, **prompt_args)
 
     def _structured_stream_call(
@@ -93,15 +105,18 @@ class StructuredPrediction:
     ) -> Generator[Any, None, None]:
         """Partial objects as the answer grows (LlamaIndex's flexible models), the validated object last."""
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
-            return super()._structured_stream_call(output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args)
+            base: Any = super()  # FidesLLM's LlamaIndex LLM, which a mixin cannot name
+            return base._structured_stream_call(output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args)
         _, stream = self._structured_calls(output_cls, prompt, llm_kwargs, prompt_args)
 
         def gen() -> Generator[Any, None, None]:
-            text, info, current = "", {}, None
+            text, current = "", None
+            info: dict[str, Any] = {}
             for response in stream():
                 text, info = self._text_and_info(response)
                 if response.raw is None and text:
-                    current = process_streaming_objects(CompletionResponse(text=text), output_cls, cur_objects=None if current is None else [current])
+                    current = process_streaming_objects(  # type: ignore[type-var,assignment]  # one object at a time, never a list
+                        CompletionResponse(text=text), output_cls, cur_objects=None if current is None else [current])
                     yield current
             yield parse_structure(text, info.get("finish_reason"), output_cls)
 
@@ -111,5 +126,6 @@ class StructuredPrediction:
         self, output_cls: type[BaseModel], prompt: BasePromptTemplate, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any
     ) -> AsyncGenerator[Any, None]:
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
-            return await super()._structured_astream_call(output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args)
+            base: Any = super()  # FidesLLM's LlamaIndex LLM, which a mixin cannot name
+            return await base._structured_astream_call(output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args)
         return iterate_in_thread(lambda: self._structured_stream_call(output_cls, prompt, llm_kwargs, **prompt_args))
