@@ -24,7 +24,7 @@ _NO_DOCUMENTS_NOTE = "no documents were given"
 
 def question_key(model: str, question: str) -> str:
     """The cache key of one closed-book answer: SHA-256 over the model id and the question text."""
-    return hashlib.sha256(f"{model}\0{question}".encode("utf-8")).hexdigest()
+    return hashlib.sha256(f"{model}\0{question}".encode()).hexdigest()
 
 
 def distinct_questions(questions: Iterable[str]) -> list[str]:
@@ -108,12 +108,25 @@ def closed_book_answers(
             with path.open("a", encoding="utf-8") as handle:
                 for start in range(0, len(todo), batch_size):
                     batch = todo[start : start + batch_size]
-                    results = decoder.generate_batch(batch, [[] for _ in batch], method="standard", max_new_tokens=max_new_tokens)
+                    results = decoder.generate_batch(
+                        batch, [[] for _ in batch], method="standard", max_new_tokens=max_new_tokens
+                    )
                     for question, result in zip(batch, results):
                         key = question_key(model, question)
                         cached[key] = result.text
-                        handle.write(json.dumps({"key": key, "model": model, "max_new_tokens": max_new_tokens,
-                                                 "question": question, "answer": result.text}, ensure_ascii=False) + "\n")
+                        handle.write(
+                            json.dumps(
+                                {
+                                    "key": key,
+                                    "model": model,
+                                    "max_new_tokens": max_new_tokens,
+                                    "question": question,
+                                    "answer": result.text,
+                                },
+                                ensure_ascii=False,
+                            )
+                            + "\n"
+                        )
                     handle.flush()
                     if on_batch is not None:
                         on_batch(len(batch))

@@ -42,7 +42,7 @@ def score_metric(stratum: str) -> str:
 
 
 def check_original_answers(examples: Sequence[QAExample]) -> None:
-    """Raise a ValueError naming the fields when some example lacks its original answer (strata need it on every row)."""
+    """A ValueError naming the fields when some example lacks its original answer (strata need it on every row)."""
     missing = [e.id for e in examples if not e.original_answers]
     if missing:
         raise ValueError(
@@ -70,7 +70,9 @@ def assign_strata(examples: Sequence[QAExample], closed_book: Mapping[str, str])
     check_original_answers(examples)
     absent = [e.question for e in examples if e.question not in closed_book]
     if absent:
-        raise ValueError(f"no closed-book answer for {len(absent)} questions (first: {absent[0]!r}); run the closed-book lane first")
+        raise ValueError(
+            f"no closed-book answer for {len(absent)} questions (first: {absent[0]!r}); run the closed-book lane first"
+        )
     return {e.id: stratum_of(e, closed_book[e.question]) for e in examples}
 
 
@@ -79,7 +81,9 @@ def count_strata(strata: Mapping[str, str]) -> dict[str, int]:
     return {s: sum(1 for v in strata.values() if v == s) for s in STRATA}
 
 
-def select_rows(examples: Sequence[QAExample], strata: Mapping[str, str], per_stratum: int | None, seed: int) -> list[QAExample]:
+def select_rows(
+    examples: Sequence[QAExample], strata: Mapping[str, str], per_stratum: int | None, seed: int
+) -> list[QAExample]:
     """The first `per_stratum` rows of each stratum in a fixed shuffle of `examples` (random.Random(seed)), in shuffle
     order; every row when per_stratum is None. Chosen from the closed-book lane alone, before any method is scored,
     so every method runs on the same rows."""
@@ -118,14 +122,21 @@ def check_strata_results(results: Mapping[str, Any], where: str = "results.json"
     """The strata results of a results.json; a ValueError when it was written without them."""
     strata = results.get(STRATA_KEY)
     if not isinstance(strata, Mapping) or "results" not in strata:
-        raise ValueError(f"{where} holds no strata results (written without --strata or by an older fides-rag); "
-                         "rerun it with fides-rag eval --strata into a new --out folder")
+        raise ValueError(
+            f"{where} holds no strata results (written without --strata or by an older fides-rag); "
+            "rerun it with fides-rag eval --strata into a new --out folder"
+        )
     return strata
 
 
 def summarize_strata(
-    records: Sequence[Mapping[str, Any]], strata: Mapping[str, str], labels: Sequence[str], *, samples: int = 1000,
-    seed: int = 0, bootstrap_by: str = "question",
+    records: Sequence[Mapping[str, Any]],
+    strata: Mapping[str, str],
+    labels: Sequence[str],
+    *,
+    samples: int = 1000,
+    seed: int = 0,
+    bootstrap_by: str = "question",
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """stratum -> method -> n, score (CF or EM, %), containment (%), regressions and fixes against standard (rows and
     % of n), share_contrasted (%), and the paired-bootstrap difference against standard with its 95% CI."""
@@ -147,17 +158,32 @@ def summarize_strata(
             regressions = sum(1 for a, b in zip(mine, base) if b and not a)
             fixes = sum(1 for a, b in zip(mine, base) if a and not b)
             entry: dict[str, Any] = {
-                "n": n, "metric": metric, "score": 100 * sum(mine) / n if n else None,
-                "containment": 100 * sum(c for c in contained if c is not None) / n if n and None not in contained else None,
-                "standard_right": int(sum(base)), "regressions": regressions, "fixes": fixes,
-                "regressions_pct": 100 * regressions / n if n else None, "fixes_pct": 100 * fixes / n if n else None,
+                "n": n,
+                "metric": metric,
+                "score": 100 * sum(mine) / n if n else None,
+                "containment": 100 * sum(c for c in contained if c is not None) / n
+                if n and None not in contained
+                else None,
+                "standard_right": int(sum(base)),
+                "regressions": regressions,
+                "fixes": fixes,
+                "regressions_pct": 100 * regressions / n if n else None,
+                "fixes_pct": 100 * fixes / n if n else None,
                 "share_contrasted": share_contrasted([r["outputs"][label] for r in both]),
-                "diff_vs_standard": None, "ci_vs_standard": None, "p_value": None,
+                "diff_vs_standard": None,
+                "ci_vs_standard": None,
+                "p_value": None,
             }
             if label != REFERENCE and n:
                 clusters = [r["question"] for r in both] if bootstrap_by == "question" else None
-                test = paired_bootstrap([100 * x for x in mine], [100 * x for x in base], samples=samples, seed=seed, clusters=clusters)
-                entry.update(diff_vs_standard=test["diff"], ci_vs_standard=[test["ci_low"], test["ci_high"]], p_value=test["p_value"])
+                test = paired_bootstrap(
+                    [100 * x for x in mine], [100 * x for x in base], samples=samples, seed=seed, clusters=clusters
+                )
+                entry.update(
+                    diff_vs_standard=test["diff"],
+                    ci_vs_standard=[test["ci_low"], test["ci_high"]],
+                    p_value=test["p_value"],
+                )
             out[stratum][label] = entry
     return out
 
@@ -167,21 +193,37 @@ def _cell(value: Any, digits: int = 1) -> str:
 
 
 def strata_markdown(strata: Mapping[str, Any]) -> str:
-    """The strata section of results.md: per stratum and method, the score, regressions, fixes and CI against standard."""
+    """The strata section of results.md: per stratum and method, score, regressions, fixes and CI against standard."""
     available = strata.get("available", {})
-    lines = [f"Strata (closed-book lane: each distinct question answered without documents; rows available per stratum: "
-             f"{', '.join(f'{s} {available.get(s, 0)}' for s in STRATA)}"
-             + (f"; scored: the first {strata['per_stratum']} of each in a shuffle with seed {strata['seed']}" if strata.get("per_stratum") else "")
-             + "). Score = CF on the conflict strata, EM on the agreeing ones; regressions and fixes against standard "
-             "(rows, % of n); CI = paired bootstrap 95% CI of the difference against standard, in points.", ""]
+    lines = [
+        f"Strata (closed-book lane: each distinct question answered without documents; rows available per stratum: "
+        f"{', '.join(f'{s} {available.get(s, 0)}' for s in STRATA)}"
+        + (
+            f"; scored: the first {strata['per_stratum']} of each in a shuffle with seed {strata['seed']}"
+            if strata.get("per_stratum")
+            else ""
+        )
+        + "). Score = CF on the conflict strata, EM on the agreeing ones; regressions and fixes against standard "
+        "(rows, % of n); CI = paired bootstrap 95% CI of the difference against standard, in points.",
+        "",
+    ]
     head = ["stratum", "method", "n", "score", "Cont", "regressions", "fixes", "contrasted %", "− standard [95% CI]"]
     rows = []
     for stratum in STRATA:
         for label, e in strata["results"].get(stratum, {}).items():
             ci = e.get("ci_vs_standard")
-            rows.append([stratum, label, str(e["n"]), f"{e['metric'].upper()} {_cell(e['score'])}", _cell(e.get("containment")),
-                         f"{e['regressions']} ({_cell(e['regressions_pct'])}%)", f"{e['fixes']} ({_cell(e['fixes_pct'])}%)",
-                         _cell(e.get("share_contrasted")),
-                         "" if ci is None else f"{e['diff_vs_standard']:+.1f} [{ci[0]:+.1f}, {ci[1]:+.1f}]"])
+            rows.append(
+                [
+                    stratum,
+                    label,
+                    str(e["n"]),
+                    f"{e['metric'].upper()} {_cell(e['score'])}",
+                    _cell(e.get("containment")),
+                    f"{e['regressions']} ({_cell(e['regressions_pct'])}%)",
+                    f"{e['fixes']} ({_cell(e['fixes_pct'])}%)",
+                    _cell(e.get("share_contrasted")),
+                    "" if ci is None else f"{e['diff_vs_standard']:+.1f} [{ci[0]:+.1f}, {ci[1]:+.1f}]",
+                ]
+            )
     lines.append(markdown_table(head, rows))
     return "\n".join(lines) + "\n"

@@ -11,10 +11,21 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fides_rag.eval.closed_book import CLOSED_BOOK, closed_book_answers, distinct_questions
+from fides_rag.eval.closed_book import (
+    CLOSED_BOOK,
+    closed_book_answers,
+    distinct_questions,
+)
 from fides_rag.eval.datasets import QAExample
 from fides_rag.eval.strata import (
-    KNOWN_BY, REFERENCE, STRATA_KEY, assign_strata, check_original_answers, check_strata_folder, count_strata, select_rows,
+    KNOWN_BY,
+    REFERENCE,
+    STRATA_KEY,
+    assign_strata,
+    check_original_answers,
+    check_strata_folder,
+    count_strata,
+    select_rows,
     summarize_strata,
 )
 from fides_rag.rules import ContrastRule
@@ -25,14 +36,18 @@ def strata_settings(per_stratum: int | None, seed: int) -> dict[str, Any]:
     return {"seed": seed, "per_stratum": per_stratum, "known_by": KNOWN_BY, "closed_book": CLOSED_BOOK}
 
 
-def check_strata_run(examples: Sequence[QAExample], labels: Sequence[str], out_dir: str | Path, *, world: int = 1) -> None:
+def check_strata_run(
+    examples: Sequence[QAExample], labels: Sequence[str], out_dir: str | Path, *, world: int = 1
+) -> None:
     """What a strata run checks before a model loads: original answers on every row, standard among the methods, one
     process, and a run folder that holds no answers of a run without strata."""
     check_original_answers(examples)
     if REFERENCE not in labels:
         raise ValueError(f"--strata compares every method with {REFERENCE!r}: add {REFERENCE} to --methods")
     if world > 1:
-        raise ValueError(f"--strata runs in one process ({world} were launched): its closed-book lane writes one cache file")
+        raise ValueError(
+            f"--strata runs in one process ({world} were launched): its closed-book lane writes one cache file"
+        )
     check_strata_folder(out_dir)
 
 
@@ -66,8 +81,15 @@ def run_strata_eval(
 
         bar = tqdm(total=len(questions), unit="q", dynamic_ncols=True, desc="closed-book")
     try:
-        answers = closed_book_answers(decoder, questions, out / CLOSED_BOOK, model=model, max_new_tokens=max_new_tokens,
-                                      batch_size=batch_size, on_batch=bar.update if bar is not None else None)
+        answers = closed_book_answers(
+            decoder,
+            questions,
+            out / CLOSED_BOOK,
+            model=model,
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            on_batch=bar.update if bar is not None else None,
+        )
     finally:
         if bar is not None:
             bar.close()
@@ -75,17 +97,32 @@ def run_strata_eval(
     chosen = select_rows(examples, strata, per_stratum, seed)
     settings = strata_settings(per_stratum, seed)
     info = {**dict(run_info or {}), STRATA_KEY: settings}
-    results = run_eval(decoder, chosen, methods, out, batch_size=batch_size, max_new_tokens=max_new_tokens, run_info=info,
-                       progress=progress, bootstrap_samples=bootstrap_samples, bootstrap_by=bootstrap_by, seed=seed)
+    results = run_eval(
+        decoder,
+        chosen,
+        methods,
+        out,
+        batch_size=batch_size,
+        max_new_tokens=max_new_tokens,
+        run_info=info,
+        progress=progress,
+        bootstrap_samples=bootstrap_samples,
+        bootstrap_by=bootstrap_by,
+        seed=seed,
+    )
     from fides_rag.eval.records import read_predictions
     from fides_rag.eval.store import PREDICTIONS
 
     ids = {e.id for e in chosen}
     records = [r for r in read_predictions(out / PREDICTIONS) if r["id"] in ids]
     results[STRATA_KEY] = {
-        **settings, "questions": len(questions), "available": count_strata(strata),
+        **settings,
+        "questions": len(questions),
+        "available": count_strata(strata),
         "scored": count_strata({i: s for i, s in strata.items() if i in ids}),
-        "results": summarize_strata(records, strata, list(methods), samples=bootstrap_samples, seed=seed, bootstrap_by=bootstrap_by),
+        "results": summarize_strata(
+            records, strata, list(methods), samples=bootstrap_samples, seed=seed, bootstrap_by=bootstrap_by
+        ),
     }
     write_results(out, results)
     return results

@@ -6,7 +6,12 @@ from types import SimpleNamespace
 import pytest
 
 from fides_rag.decoder import FidesDecoder
-from fides_rag.eval.closed_book import closed_book_answers, distinct_questions, question_key, read_closed_book
+from fides_rag.eval.closed_book import (
+    closed_book_answers,
+    distinct_questions,
+    question_key,
+    read_closed_book,
+)
 
 
 class CountingDecoder:
@@ -31,7 +36,10 @@ def test_each_distinct_question_is_decoded_once_without_documents_by_standard(tm
     answers = closed_book_answers(decoder, questions, tmp_path / "cb.jsonl", model="m", max_new_tokens=7, batch_size=2)
     assert decoder.asked == ["q1", "q2", "q3"]
     assert answers == {"q1": "A:q1", "q2": "A:q2", "q3": "A:q3"}
-    assert all(c["method"] == "standard" and c["max_new_tokens"] == 7 and all(d == [] for d in c["documents"]) for c in decoder.calls)
+    assert all(
+        c["method"] == "standard" and c["max_new_tokens"] == 7 and all(d == [] for d in c["documents"])
+        for c in decoder.calls
+    )
     lines = [json.loads(line) for line in (tmp_path / "cb.jsonl").read_text().splitlines()]
     assert [line["key"] for line in lines] == [question_key("m", q) for q in ("q1", "q2", "q3")]
 
@@ -62,7 +70,10 @@ def test_the_cache_is_keyed_by_model_and_max_new_tokens(tmp_path):
 
 def test_a_bad_line_inside_the_cache_is_an_error_naming_it(tmp_path):
     path = tmp_path / "cb.jsonl"
-    path.write_text('{"key": "k", "model": "m", "answer": "a", "max_new_tokens": 32}\nnot json\n{"key": "k2", "model": "m", "answer": "b"}\n')
+    path.write_text(
+        '{"key": "k", "model": "m", "answer": "a", "max_new_tokens": 32}\nnot json\n'
+        '{"key": "k2", "model": "m", "answer": "b"}\n'
+    )
     with pytest.raises(ValueError, match="line 2"):
         read_closed_book(path, "m", 32)
 
@@ -74,7 +85,9 @@ def test_distinct_questions_keep_first_seen_order():
 def test_closed_book_answer_is_the_decoders_no_document_answer(tokenizer, tiny_llama, tmp_path):
     decoder = FidesDecoder(tiny_llama, tokenizer)
     questions = ["What is the capital of France?", "Who wrote Hamlet?"]
-    answers = closed_book_answers(decoder, questions, tmp_path / "cb.jsonl", model="tiny", max_new_tokens=3, batch_size=2)
+    answers = closed_book_answers(
+        decoder, questions, tmp_path / "cb.jsonl", model="tiny", max_new_tokens=3, batch_size=2
+    )
     for question in questions:
         alone = decoder.generate(question, [], method="standard", max_new_tokens=3)
         assert answers[question] == alone.text

@@ -1,4 +1,4 @@
-"""Strata: rows split by passage and closed-book knowledge, seeded row selection, per-stratum scores against standard."""
+"""Strata: rows split by passage and closed-book knowledge, seeded row selection, scores against standard."""
 
 import json
 import re
@@ -29,7 +29,12 @@ def _example(i, swapped, question=None):
 
 
 def test_each_row_falls_in_its_stratum_by_passage_and_closed_book_answer():
-    examples = [_example(0, True, "known?"), _example(1, True, "unknown?"), _example(2, False, "known?"), _example(3, False, "unknown?")]
+    examples = [
+        _example(0, True, "known?"),
+        _example(1, True, "unknown?"),
+        _example(2, False, "known?"),
+        _example(3, False, "unknown?"),
+    ]
     strata = assign_strata(examples, {"known?": "It is Paris", "unknown?": "Marseille"})
     assert strata == {"r0": "true_conflict", "r1": "supplied", "r2": "known_agreeing", "r3": "unknown_agreeing"}
     assert count_strata(strata) == dict.fromkeys(STRATA, 1)
@@ -53,13 +58,19 @@ def test_a_missing_closed_book_answer_is_an_error():
 
 def test_selection_takes_the_first_n_of_each_stratum_of_a_seeded_shuffle():
     examples = [_example(i, i % 2 == 0) for i in range(40)]
-    strata = {e.id: ("true_conflict" if e.is_conflict else "known_agreeing") if int(e.id[1:]) % 4 < 2 else
-              ("supplied" if e.is_conflict else "unknown_agreeing") for e in examples}
+    strata = {
+        e.id: ("true_conflict" if e.is_conflict else "known_agreeing")
+        if int(e.id[1:]) % 4 < 2
+        else ("supplied" if e.is_conflict else "unknown_agreeing")
+        for e in examples
+    }
     chosen = select_rows(examples, strata, 3, seed=7)
     assert count_strata({e.id: strata[e.id] for e in chosen}) == dict.fromkeys(STRATA, 3)
     assert [e.id for e in chosen] == [e.id for e in select_rows(examples, strata, 3, seed=7)]
     assert [e.id for e in chosen] != [e.id for e in select_rows(examples, strata, 3, seed=8)]
-    assert [e.id for e in chosen] != [e.id for e in examples if e.id in {c.id for c in chosen}]  # shuffled, not file order
+    assert [e.id for e in chosen] != [
+        e.id for e in examples if e.id in {c.id for c in chosen}
+    ]  # shuffled, not file order
     assert select_rows(examples, strata, None, seed=7) == examples
     with pytest.raises(ValueError, match="per_stratum"):
         select_rows(examples, strata, 0, seed=7)
@@ -67,9 +78,15 @@ def test_selection_takes_the_first_n_of_each_stratum_of_a_seeded_shuffle():
 
 def _record(i, question, swapped, answers):
     context, memory = ("Lyon", "Paris") if swapped else ("Paris", None)
-    outputs = {label: {"text": text, "method": label.split("+")[0], "steps": [{"token": "x"}] * 2,
-                       "scores": score_prediction(text, [context], [memory] if memory else [])}
-               for label, text in answers.items()}
+    outputs = {
+        label: {
+            "text": text,
+            "method": label.split("+")[0],
+            "steps": [{"token": "x"}] * 2,
+            "scores": score_prediction(text, [context], [memory] if memory else []),
+        }
+        for label, text in answers.items()
+    }
     return {"id": f"r{i}", "question": question, "outputs": outputs}
 
 
@@ -82,8 +99,14 @@ def test_summary_counts_regressions_and_fixes_against_standard_per_stratum():
         _record(4, "q4", False, {"standard": "Paris", "fides": "Lyon"}),
         _record(5, "q5", False, {"standard": "Paris", "fides": "Paris, France"}),
     ]
-    strata = {"r0": "true_conflict", "r1": "true_conflict", "r2": "true_conflict", "r3": "true_conflict",
-              "r4": "known_agreeing", "r5": "known_agreeing"}
+    strata = {
+        "r0": "true_conflict",
+        "r1": "true_conflict",
+        "r2": "true_conflict",
+        "r3": "true_conflict",
+        "r4": "known_agreeing",
+        "r5": "known_agreeing",
+    }
     summary = summarize_strata(records, strata, ["standard", "fides"], samples=200)
     tc = summary["true_conflict"]["fides"]
     assert (tc["n"], tc["metric"], tc["score"], tc["regressions"], tc["fixes"]) == (4, "cf", 75.0, 1, 2)
@@ -91,7 +114,12 @@ def test_summary_counts_regressions_and_fixes_against_standard_per_stratum():
     assert tc["diff_vs_standard"] == pytest.approx(25.0) and tc["ci_vs_standard"][0] <= 25.0 <= tc["ci_vs_standard"][1]
     assert tc["share_contrasted"] == 100.0 and summary["true_conflict"]["standard"]["share_contrasted"] == 0.0
     agreeing = summary["known_agreeing"]["fides"]
-    assert (agreeing["metric"], agreeing["score"], agreeing["regressions"], agreeing["containment"]) == ("em", 0.0, 2, 50.0)
+    assert (agreeing["metric"], agreeing["score"], agreeing["regressions"], agreeing["containment"]) == (
+        "em",
+        0.0,
+        2,
+        50.0,
+    )
     assert summary["supplied"]["fides"]["n"] == 0 and summary["supplied"]["fides"]["score"] is None
     assert summary["true_conflict"]["standard"]["ci_vs_standard"] is None
     with pytest.raises(ValueError, match="standard"):
@@ -100,12 +128,16 @@ def test_summary_counts_regressions_and_fixes_against_standard_per_stratum():
 
 def test_strata_markdown_lists_every_stratum_and_method():
     records = [_record(0, "q0", True, {"standard": "Paris", "fides": "Lyon"})]
-    results = {"available": {"true_conflict": 1}, "per_stratum": 5, "seed": 3,
-               "results": summarize_strata(records, {"r0": "true_conflict"}, ["standard", "fides"], samples=10)}
+    results = {
+        "available": {"true_conflict": 1},
+        "per_stratum": 5,
+        "seed": 3,
+        "results": summarize_strata(records, {"r0": "true_conflict"}, ["standard", "fides"], samples=10),
+    }
     text = strata_markdown(results)
     assert "true_conflict 1, supplied 0" in text and "seed 3" in text
-    assert re.search(r"^\| true_conflict +\| +fides \| +1 \| +CF 100\.0 \|", text, re.M)
-    assert re.search(r"^\| true_conflict +\| +fides .*\| +0 \(0\.0%\) \| +1 \(100\.0%\) \|", text, re.M)
+    assert re.search(r"^\| true_conflict +\| +fides \| +1 \| +CF 100\.0 \|", text, re.MULTILINE)
+    assert re.search(r"^\| true_conflict +\| +fides .*\| +0 \(0\.0%\) \| +1 \(100\.0%\) \|", text, re.MULTILINE)
 
 
 def test_score_metric_is_cf_on_conflict_strata_and_em_on_agreeing_ones():

@@ -32,23 +32,43 @@ def _examples(known: dict[str, str]) -> list[QAExample]:
     rows = []
     for i, question in enumerate(QUESTIONS):
         original = (known.get(question) or "Zanzibar",)
-        rows.append(QAExample(question, ("Lyon is the capital.",), ("Lyon",), original, f"r{i}-c", {"form": "conflict"}, original))
-        rows.append(QAExample(question, ("Paris is the capital.",), original, (), f"r{i}-o", {"form": "original"}, original))
+        rows.append(
+            QAExample(
+                question, ("Lyon is the capital.",), ("Lyon",), original, f"r{i}-c", {"form": "conflict"}, original
+            )
+        )
+        rows.append(
+            QAExample(question, ("Paris is the capital.",), original, (), f"r{i}-o", {"form": "original"}, original)
+        )
     return rows
 
 
-def test_strata_run_splits_rows_by_the_closed_book_answer_and_scores_each_against_standard(tokenizer, tiny_llama, tmp_path):
+def test_strata_run_splits_rows_by_the_closed_book_answer_and_scores_each_against_standard(
+    tokenizer, tiny_llama, tmp_path
+):
     decoder = FidesDecoder(tiny_llama, tokenizer)
     closed = {q: decoder.generate(q, [], method="standard", max_new_tokens=2).text for q in QUESTIONS[:2]}
     if not all(text.strip() for text in closed.values()):
         pytest.skip("the random model answered nothing closed-book")
     examples = _examples(closed)
-    results = run_strata_eval(decoder, examples, {"standard": "standard", "fides": "fides"}, tmp_path, model="tiny",
-                              max_new_tokens=2, batch_size=4, progress=False, bootstrap_samples=20)
+    results = run_strata_eval(
+        decoder,
+        examples,
+        {"standard": "standard", "fides": "fides"},
+        tmp_path,
+        model="tiny",
+        max_new_tokens=2,
+        batch_size=4,
+        progress=False,
+        bootstrap_samples=20,
+    )
     strata = results["strata"]
     assert strata["available"] == dict.fromkeys(STRATA, 2) and strata["questions"] == 4
     assert set(strata["results"]) == set(STRATA)
-    assert strata["results"]["true_conflict"]["fides"]["n"] == 2 and strata["results"]["true_conflict"]["fides"]["metric"] == "cf"
+    assert (
+        strata["results"]["true_conflict"]["fides"]["n"] == 2
+        and strata["results"]["true_conflict"]["fides"]["metric"] == "cf"
+    )
     assert len((tmp_path / CLOSED_BOOK).read_text().splitlines()) == 4  # one line per distinct question
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["strata"]["results"]["known_agreeing"]["standard"]["n"] == 2
@@ -59,24 +79,64 @@ def test_strata_run_splits_rows_by_the_closed_book_answer_and_scores_each_agains
 def test_per_stratum_scores_the_same_rows_for_every_method(tokenizer, tiny_llama, tmp_path):
     decoder = FidesDecoder(tiny_llama, tokenizer)
     examples = _examples({})
-    results = run_strata_eval(decoder, examples, {"standard": "standard", "cad": "cad"}, tmp_path, model="tiny", per_stratum=1,
-                              seed=5, max_new_tokens=2, progress=False, bootstrap_samples=10)
+    results = run_strata_eval(
+        decoder,
+        examples,
+        {"standard": "standard", "cad": "cad"},
+        tmp_path,
+        model="tiny",
+        per_stratum=1,
+        seed=5,
+        max_new_tokens=2,
+        progress=False,
+        bootstrap_samples=10,
+    )
     records = read_predictions(tmp_path / "predictions.jsonl")
     assert len(records) == 2 and all(set(r["outputs"]) == {"standard", "cad"} for r in records)
-    assert results["strata"]["scored"] == {"true_conflict": 0, "supplied": 1, "known_agreeing": 0, "unknown_agreeing": 1}
+    assert results["strata"]["scored"] == {
+        "true_conflict": 0,
+        "supplied": 1,
+        "known_agreeing": 0,
+        "unknown_agreeing": 1,
+    }
     assert results["strata"]["per_stratum"] == 1 and results["run"]["strata"]["seed"] == 5
 
 
 def _jsonl(path, memory=True):
-    rows = [{"id": f"q{i}", "question": f"Which city is number {i}?", "contexts": ["Lyon is the capital."],
-             "context_answers": ["Lyon"], **({"memory_answers": ["Paris"]} if memory else {})} for i in range(2)]
+    rows = [
+        {
+            "id": f"q{i}",
+            "question": f"Which city is number {i}?",
+            "contexts": ["Lyon is the capital."],
+            "context_answers": ["Lyon"],
+            **({"memory_answers": ["Paris"]} if memory else {}),
+        }
+        for i in range(2)
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
 def _args(model, data, out, *extra):
-    return ["eval", "--model", str(model), "--dataset", "jsonl", "--data", str(data), "--max-new-tokens", "2",
-            "--bootstrap", "5", "--no-progress", "--device", "cpu", "--out", str(out), *extra]
+    return [
+        "eval",
+        "--model",
+        str(model),
+        "--dataset",
+        "jsonl",
+        "--data",
+        str(data),
+        "--max-new-tokens",
+        "2",
+        "--bootstrap",
+        "5",
+        "--no-progress",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def test_cli_strata_on_a_user_jsonl_writes_strata_results(tiny_folder, tmp_path):
