@@ -309,10 +309,6 @@ def results_markdown(results: Mapping[str, Any]) -> str:
             rows.append([f"{reference} vs {other}", METRIC_LABELS[c["metric"]], str(c["n"]), f"{sign * c['diff'] + 0.0:+.1f}",
                          f"[{low:+.1f}, {high:+.1f}]", f"{c['p_value']:.3f}"])
         lines.append(markdown_table(["comparison", "metric", "n", "diff", "95% CI", "p"], rows))
-    if "strata" in results:
-        from fides_rag.eval.strata import strata_markdown
-
-        lines += ["", strata_markdown(results["strata"])]
     return "\n".join(lines) + "\n"
 
 

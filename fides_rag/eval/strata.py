@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fides_rag.eval.datasets import QAExample
+from fides_rag.eval.harness import share_contrasted
 from fides_rag.eval.metrics import containment
 from fides_rag.eval.significance import paired_bootstrap
 from fides_rag.eval.store import PREDICTIONS, RUN_INFO
@@ -140,8 +141,6 @@ def summarize_strata(
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """stratum -> method -> n, score (CF or EM, %), containment (%), regressions and fixes against standard (rows and
     % of n), share_contrasted (%), and the paired-bootstrap difference against standard with its 95% CI."""
-    from fides_rag.eval.harness import share_contrasted
-
     if REFERENCE not in labels:
         raise ValueError(f"strata compare every method with {REFERENCE!r}: add it to the methods")
     out: dict[str, dict[str, dict[str, Any]]] = {}

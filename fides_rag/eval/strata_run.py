@@ -17,6 +17,9 @@ from fides_rag.eval.closed_book import (
     distinct_questions,
 )
 from fides_rag.eval.datasets import QAExample
+from fides_rag.eval.harness import RESULTS_MD, run_eval, write_results
+from fides_rag.eval.records import read_predictions
+from fides_rag.eval.store import PREDICTIONS
 from fides_rag.eval.strata import (
     KNOWN_BY,
     REFERENCE,
@@ -26,6 +29,7 @@ from fides_rag.eval.strata import (
     check_strata_folder,
     count_strata,
     select_rows,
+    strata_markdown,
     summarize_strata,
 )
 from fides_rag.rules import ContrastRule
@@ -70,8 +74,6 @@ def run_strata_eval(
     """Answer each distinct question closed-book (cached in the run folder), split the rows into strata, keep the
     first `per_stratum` rows of each in a shuffle seeded with `seed`, decode them under every method and write the
     results with their strata ("strata" in results.json: settings, rows available and scored, per-stratum results)."""
-    from fides_rag.eval.harness import run_eval, write_results
-
     out = Path(out_dir)
     check_strata_run(examples, list(methods), out)
     questions = distinct_questions(e.question for e in examples)
@@ -110,9 +112,6 @@ def run_strata_eval(
         bootstrap_by=bootstrap_by,
         seed=seed,
     )
-    from fides_rag.eval.records import read_predictions
-    from fides_rag.eval.store import PREDICTIONS
-
     ids = {e.id for e in chosen}
     records = [r for r in read_predictions(out / PREDICTIONS) if r["id"] in ids]
     results[STRATA_KEY] = {
@@ -125,4 +124,6 @@ def run_strata_eval(
         ),
     }
     write_results(out, results)
+    with (out / RESULTS_MD).open("a", encoding="utf-8") as handle:
+        handle.write("\n" + strata_markdown(results[STRATA_KEY]))
     return results

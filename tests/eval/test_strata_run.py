@@ -170,3 +170,19 @@ def test_cli_strata_needs_standard_and_per_stratum_needs_strata(tiny_folder, tmp
     assert "add standard to --methods" in capsys.readouterr().err
     assert main(_args(tiny_folder, data, tmp_path / "b", "--methods", "standard", "--per-stratum", "3")) == 2
     assert "needs --strata" in capsys.readouterr().err
+
+
+def test_cli_strata_rerun_resumes_without_decoding_again_and_a_plain_run_is_refused(tiny_folder, tmp_path, capsys):
+    data = _jsonl(tmp_path / "qa.jsonl")
+    out = tmp_path / "run"
+    argv = _args(tiny_folder, data, out, "--methods", "standard,cad", "--strata", "--per-stratum", "1", "--strata-seed", "4")
+    assert main(argv) == 0
+    closed, predictions = (out / CLOSED_BOOK).read_text(), (out / "predictions.jsonl").read_text()
+    assert main(argv) == 0
+    assert (out / CLOSED_BOOK).read_text() == closed and (out / "predictions.jsonl").read_text() == predictions
+    assert json.loads((out / "run.json").read_text())["strata"]["seed"] == 4
+    capsys.readouterr()
+    assert main(_args(tiny_folder, data, out, "--methods", "standard,cad")) == 2  # without --strata: never mixed
+    assert "strata" in capsys.readouterr().err
+    assert main([*argv[:-1], "5"]) == 2  # another seed would choose other rows
+    assert "strata" in capsys.readouterr().err
