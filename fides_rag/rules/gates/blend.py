@@ -33,6 +33,8 @@ class BlendGate(Gate):
 
     def decide(self, step: StepInputs) -> GateDecision:
         ctx, prior = step.ctx_logits, step.no_ctx_logits  # [B, V] each
+        if prior is None:
+            raise ValueError("blend: the step has no no-context logits to blend with")
         lam = self.context_weight
         weights = [math.log(w) if w > 0 else -math.inf for w in (lam, 1.0 - lam)]
         mixed = torch.logaddexp(ctx.log_softmax(dim=-1) + weights[0], prior.log_softmax(dim=-1) + weights[1])  # [B, V]
