@@ -130,6 +130,14 @@ def check_strata_results(results: Mapping[str, Any], where: str = "results.json"
     return strata
 
 
+def _score(record: Mapping[str, Any], label: str, metric: str) -> float:
+    value = record["outputs"][label]["scores"].get(metric)
+    if value is None:
+        raise ValueError(f"row {record['id']!r} has no {metric} score for {label!r}: its stratum needs one "
+                         "(a swapped-passage row is scored with CF, an original-passage row with EM)")
+    return float(value)
+
+
 def summarize_strata(
     records: Sequence[Mapping[str, Any]],
     strata: Mapping[str, str],
@@ -150,8 +158,8 @@ def summarize_strata(
         out[stratum] = {}
         for label in labels:
             both = [r for r in rows if label in r["outputs"] and REFERENCE in r["outputs"]]
-            mine = [r["outputs"][label]["scores"][metric] or 0.0 for r in both]
-            base = [r["outputs"][REFERENCE]["scores"][metric] or 0.0 for r in both]
+            mine = [_score(r, label, metric) for r in both]
+            base = [_score(r, REFERENCE, metric) for r in both]
             contained = [r["outputs"][label]["scores"].get("containment") for r in both]
             n = len(both)
             regressions = sum(1 for a, b in zip(mine, base) if b and not a)
