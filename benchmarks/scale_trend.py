@@ -8,6 +8,12 @@ and the no-conflict rows (`--dataset nq-swap-original`) of each backbone, and pr
     python benchmarks/scale_trend.py --gates    # each method against standard and AdaCAD with CIs, its contrasted share
     python benchmarks/scale_trend.py --full     # CF, Acc and MemR of every method, and the no-conflict slice (docs)
     python benchmarks/scale_trend.py --targets  # the do-no-harm targets, met or not, with the figures
+    python benchmarks/scale_trend.py --strata --json     # per backbone, stratum, method: n, score, regressions, CI
+    python benchmarks/scale_trend.py --strata --targets  # the true-conflict targets, held or not
+
+With --strata it reads each backbone's strata run (`fides-rag eval --dataset nq-swap-both --strata`, see
+docs/evaluation.md): rows split by the passage (swapped or original) and by whether the backbone knew the original
+answer closed-book; true_conflict rows are the real conflicts.
 
 Differences are a method minus standard (or AdaCAD) in points, with the paired-bootstrap 95% CI that the eval
 wrote (over questions, each with all its rows, unless the run says rows). Three states: correction is CF on the
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,13 +42,15 @@ class Backbone:
     name: str
     conflict_run: str
     original_run: str
+    strata_run: str
 
 
 BACKBONES = (
-    Backbone("135M", "SmolLM2-135M-Instruct", "smollm2-nqswap-gated", "smollm2-nqswap-original"),
-    Backbone("270M", "gemma3-270m", "gemma3-nqswap-gated", "gemma3-nqswap-original"),
-    Backbone("0.5B", "Qwen2.5-Coder-0.5B-Instruct", "qwen05-nqswap", "qwen05-nqswap-original"),
-    Backbone("1.5B", "Qwen2.5-Coder-1.5B-Instruct", "qwen15-nqswap", "qwen15-nqswap-original"),
+    Backbone("135M", "SmolLM2-135M-Instruct", "smollm2-nqswap-gated", "smollm2-nqswap-original",
+             "smollm2-nqswap-strata"),
+    Backbone("270M", "gemma3-270m", "gemma3-nqswap-gated", "gemma3-nqswap-original", "gemma3-nqswap-strata"),
+    Backbone("0.5B", "Qwen2.5-Coder-0.5B-Instruct", "qwen05-nqswap", "qwen05-nqswap-original", "qwen05-nqswap-strata"),
+    Backbone("1.5B", "Qwen2.5-Coder-1.5B-Instruct", "qwen15-nqswap", "qwen15-nqswap-original", "qwen15-nqswap-strata"),
 )
 
 
@@ -172,14 +181,178 @@ def full(root: Path = RESULTS) -> str:
     ])
 
 
+# -- strata (true conflicts) -----------------------------------------------------------------------
+
+STRATA = ("true_conflict", "supplied", "known_agreeing", "unknown_agreeing")
+TRUE_CONFLICT_ROWS = 300
+"""Target: at least this many true-conflict rows per backbone, or every one available."""
+BACKBONES_TO_WIN = 3
+"""Target: FIDES or the recommended variant beats standard on true-conflict CF (CI above 0) on this many backbones."""
+EM_SLACK = 1.0
+"""Target: the recommended variant's known-agreeing EM is at least standard's minus this many points ..."""
+REGRESSION_SHARE = 3.0
+"""... and its regressions there are at most this % of the rows standard gets right."""
+STRATA_COMMAND = ("fides-rag eval --model MODEL --dataset nq-swap-both --methods standard,adacad,fides,fides+nwcad "
+                  "--strata --per-stratum 300 --out results/eval/<backbone>-nqswap-strata")
+
+
+class NoStrataResults(ValueError):
+    """No backbone has strata results (or a strata run folder holds results written without --strata)."""
+
+
+def load_strata(b: Backbone, root: Path = RESULTS) -> dict | None:
+    """A backbone's strata results, None when its strata run is absent; results without strata are refused."""
+    results = load(b.strata_run, root)
+    if results is None:
+        return None
+    if not isinstance(results.get("strata"), dict) or "results" not in results["strata"]:
+        raise NoStrataResults(f"{root / b.strata_run / 'results.json'} holds no strata results (written without "
+                              f"--strata or by an older fides-rag); produce them with: {STRATA_COMMAND}")
+    return results["strata"]
+
+
+def _entry(e: dict) -> dict:
+    ci = e.get("ci_vs_standard")
+    return {"n": int(e["n"]), "score": e["score"], "regressions": int(e["regressions"]), "fixes": int(e["fixes"]),
+            "ci_vs_standard": None if ci is None else [float(ci[0]), float(ci[1])],
+            "standard_right": int(e.get("standard_right", 0))}
+
+
+def strata_backbones(root: Path = RESULTS) -> dict[str, dict]:
+    """backbone name -> {"strata": stratum -> method -> figures, "true_conflict_available": rows}, for the backbones
+    with strata results; NoStrataResults when none has any."""
+    out = {}
+    for b in BACKBONES:
+        strata = load_strata(b, root)
+        if strata is None:
+            continue
+        out[b.name] = {"strata": {s: {m: _entry(e) for m, e in strata["results"].get(s, {}).items()} for s in STRATA},
+                       "true_conflict_available": int(strata.get("available", {}).get("true_conflict", 0))}
+    if not out:
+        runs = ", ".join(b.strata_run for b in BACKBONES)
+        raise NoStrataResults(f"no strata results under {root} (none of {runs} has a results.json); produce them per "
+                              f"backbone with: {STRATA_COMMAND}")
+    return out
+
+
+def _wins(entry: dict | None) -> bool:
+    """Beats standard with the 95% CI of the difference above 0."""
+    return entry is not None and entry["ci_vs_standard"] is not None and entry["ci_vs_standard"][0] > 0
+
+
+def _harmless(method: dict | None, standard: dict | None) -> bool | None:
+    """Known-agreeing EM >= standard's - 1 point, regressions <= 3% of the rows standard gets right; None: not run."""
+    if method is None or standard is None or not method["n"] or method["score"] is None or standard["score"] is None:
+        return None
+    return (method["score"] >= standard["score"] - EM_SLACK
+            and method["regressions"] <= REGRESSION_SHARE / 100 * standard["standard_right"])
+
+
+def recommend(backbones: dict[str, dict]) -> str:
+    """The variant to recommend: the non-standard method harmless on known-agreeing rows on most backbones, then winning
+    true-conflict CF on most, then with the largest mean true-conflict CF gain."""
+    methods = sorted({m for b in backbones.values() for s in b["strata"].values() for m in s} - {"standard"})
+    if not methods:
+        raise NoStrataResults(f"the strata results hold no method besides standard; produce them with: "
+                              f"{STRATA_COMMAND}")
+
+    def merit(m: str) -> tuple:
+        agreeing = [(b["strata"]["known_agreeing"].get(m), b["strata"]["known_agreeing"].get("standard"))
+                    for b in backbones.values()]
+        conflict = [(b["strata"]["true_conflict"].get(m), b["strata"]["true_conflict"].get("standard"))
+                    for b in backbones.values()]
+        harmless = sum(bool(_harmless(mine, std)) for mine, std in agreeing)
+        wins = sum(_wins(mine) for mine, _ in conflict)
+        gains = [mine["score"] - std["score"] for mine, std in conflict
+                 if mine is not None and std is not None and mine["score"] is not None and std["score"] is not None]
+        return harmless, wins, sum(gains) / len(gains) if gains else float("-inf"), m == "fides"
+
+    return max(methods, key=merit)
+
+
+def strata_json(root: Path = RESULTS, recommended: str | None = None) -> str:
+    backbones = strata_backbones(root)
+    figures = {name: {"strata": {s: {m: {k: e[k] for k in ("n", "score", "regressions", "fixes", "ci_vs_standard")}
+                                     for m, e in b["strata"][s].items()} for s in STRATA},
+                      "true_conflict_available": b["true_conflict_available"]} for name, b in backbones.items()}
+    return json.dumps({"recommended": recommended or recommend(backbones), "backbones": figures}, indent=2)
+
+
+def _ci(e: dict | None) -> str:
+    if e is None or e["ci_vs_standard"] is None:
+        return "not run"
+    return f"[{e['ci_vs_standard'][0]:+.1f}, {e['ci_vs_standard'][1]:+.1f}]"
+
+
+def strata_targets(root: Path = RESULTS, recommended: str | None = None) -> str:
+    """Per backbone: true-conflict rows, FIDES and the recommended variant against standard on true-conflict CF, the
+    recommended variant's harm on known-agreeing rows; then which targets hold."""
+    backbones = strata_backbones(root)
+    chosen = recommended or recommend(backbones)
+    head = ["backbone", "true-conflict n / available", f"≥ {TRUE_CONFLICT_ROWS} or all", "FIDES CF − standard CI",
+            f"{chosen} CF − standard CI", "CF beaten",
+            f"{chosen} known-agreeing EM / standard, regressions / standard right",
+            "harmless"]
+    rows, enough, beaten, harmless = [], [], 0, []
+    for b in BACKBONES:
+        data = backbones.get(b.name)
+        if data is None:
+            rows.append([f"{b.name} ({b.size})", "not run", "–", "–", "–", "–", "–", "–"])
+            enough.append(False)
+            harmless.append(False)
+            continue
+        tc, ka = data["strata"]["true_conflict"], data["strata"]["known_agreeing"]
+        n = tc.get("standard", {}).get("n", 0)
+        ok_n = n >= TRUE_CONFLICT_ROWS or n == data["true_conflict_available"]
+        won = _wins(tc.get("fides")) or _wins(tc.get(chosen))
+        safe = _harmless(ka.get(chosen), ka.get("standard"))
+        enough.append(ok_n)
+        beaten += won
+        harmless.append(bool(safe))
+        mine, std = ka.get(chosen), ka.get("standard")
+        agreeing = ("not run" if safe is None else
+                    f"{mine['score']:.1f} / {std['score']:.1f}, {mine['regressions']} / {std['standard_right']}")
+        rows.append([f"{b.name} ({b.size})", f"{n} / {data['true_conflict_available']}", "yes" if ok_n else "no",
+                     _ci(tc.get("fides")), _ci(tc.get(chosen)), "yes" if won else "no", agreeing,
+                     "not run" if safe is None else "yes" if safe else "no"])
+    verdicts = [
+        (f"- true-conflict rows ≥ {TRUE_CONFLICT_ROWS} (or all available) on every backbone: "
+         f"{'held' if all(enough) else 'not held'} ({sum(enough)} of {len(BACKBONES)})"),
+        (f"- FIDES or {chosen} beats standard on true-conflict CF with the CI above 0 on ≥ {BACKBONES_TO_WIN} of "
+         f"{len(BACKBONES)} backbones: {'held' if beaten >= BACKBONES_TO_WIN else 'not held'} ({beaten})"),
+        (f"- {chosen} on known-agreeing rows: EM ≥ standard − {EM_SLACK:g} and regressions ≤ {REGRESSION_SHARE:g}% of "
+         f"the rows standard gets right, on every backbone: {'held' if all(harmless) else 'not held'} "
+         f"({sum(harmless)} of {len(BACKBONES)})"),
+    ]
+    return "\n".join([f"Recommended variant: {chosen}", "", table(head, rows), "", *verdicts])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     shown = parser.add_mutually_exclusive_group()
     shown.add_argument("--gates", action="store_true", help="each method against standard and AdaCAD with CIs, and its contrasted share")
     shown.add_argument("--full", action="store_true", help="every method's CF, Acc and MemR, and the no-conflict slice")
-    shown.add_argument("--targets", action="store_true", help="the do-no-harm targets of gated FIDES, met or not")
+    shown.add_argument("--targets", action="store_true",
+                       help="the do-no-harm targets of gated FIDES (with --strata: the true-conflict targets)")
+    shown.add_argument("--json", action="store_true", help="with --strata: the strata figures as one JSON object")
+    parser.add_argument("--strata", action="store_true",
+                        help="read each backbone's strata run (fides-rag eval --strata)")
+    parser.add_argument("--recommended",
+                        help="with --strata: the variant to recommend (default: chosen from the results)")
     parser.add_argument("--results", type=Path, default=RESULTS, help="the folder holding the eval runs")
     args = parser.parse_args()
+    if args.strata:
+        if args.gates or args.full:
+            parser.error("--strata takes --json or --targets")
+        try:
+            shown_strata = strata_targets if args.targets else strata_json
+            print(shown_strata(args.results, args.recommended))
+        except NoStrataResults as err:
+            print(f"scale_trend.py: error: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
+        return
+    if args.json or args.recommended:
+        parser.error("--json and --recommended need --strata")
     shown = full if args.full else targets if args.targets else gates if args.gates else headline
     print(shown(args.results))
 

@@ -167,6 +167,13 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--bootstrap-by", choices=["question", "row"], default="question",
                           help="what the paired bootstrap resamples: questions with all their rows (the default: NQ-Swap "
                                "repeats a question over several rows), or rows")
+    evaluate.add_argument("--strata", action="store_true",
+                          help="answer each distinct question closed-book first and split the results into true_conflict, "
+                               "supplied, known_agreeing and unknown_agreeing, each method against standard (needs each "
+                               "row's original answer)")
+    evaluate.add_argument("--per-stratum", type=_integer_at_least(1),
+                          help="with --strata: score the first N rows of each stratum of a seeded shuffle (default every row)")
+    evaluate.add_argument("--strata-seed", type=int, default=0, help="with --strata: the seed of that shuffle (default 0)")
     add_model_arguments(evaluate)
     evaluate.add_argument("--analyze", action="store_true", help="run the analyses on the finished run")
     evaluate.add_argument("--no-progress", action="store_true")
@@ -308,11 +315,24 @@ def _eval(args: argparse.Namespace) -> int:
         raise ValueError(f"--device-map splits one model over this process's devices, but {world} processes were launched, "
                          "each loading its own copy: drop --device-map (each process takes its own GPU) or run one process")
     make_run_folder(args.out)  # before the model loads: a bad --out, or another run's answers in it, fail at once
+    if args.strata:
+        from fides_rag.eval.strata_run import check_strata_run, run_strata_eval, strata_settings
+
+        check_strata_run(examples, list(methods), args.out, world=world)
+        info["strata"] = strata_settings(args.per_stratum, args.strata_seed)
+    elif args.per_stratum is not None:
+        raise ValueError("--per-stratum selects rows per stratum and needs --strata")
     check_resumable(args.out, methods, max_new_tokens=args.max_new_tokens, run_info=info, parallel=(rank, world))
     decoder = FidesDecoder.from_pretrained(args.model, config=config, mode=args.mode, **{**options, "device": local_device(args.device)})
-    run_eval(decoder, examples, methods, args.out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-             run_info=info, progress=not args.no_progress, bootstrap_samples=args.bootstrap,
-             bootstrap_by=args.bootstrap_by, parallel=(rank, world))
+    if args.strata:
+        run_strata_eval(decoder, examples, methods, args.out, model=args.model, per_stratum=args.per_stratum,
+                        seed=args.strata_seed, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+                        run_info={k: v for k, v in info.items() if k != "strata"}, progress=not args.no_progress,
+                        bootstrap_samples=args.bootstrap, bootstrap_by=args.bootstrap_by)
+    else:
+        run_eval(decoder, examples, methods, args.out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+                 run_info=info, progress=not args.no_progress, bootstrap_samples=args.bootstrap,
+                 bootstrap_by=args.bootstrap_by, parallel=(rank, world))
     if rank != 0:
         return 0
     print((Path(args.out) / RESULTS_MD).read_text())

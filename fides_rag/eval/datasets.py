@@ -9,7 +9,11 @@ Loaders (all return `list[QAExample]`):
 - `load_popqa(path, passages)`: PopQA long-tail; line i of the passages file belongs to question i.
 - `load_qa_jsonl(path)`: any jsonl with the common fields, so users can bring their own data:
   `question` (str), `contexts` (list[str] or str), `context_answers` (list[str] or str),
-  `memory_answers` (optional list[str]), `id` (optional).
+  `memory_answers` (optional list[str]), `original_answers` (optional list[str]), `id` (optional).
+
+`QAExample.original_answers` is the question's own answer before any swap, what a model can know closed-book
+(`fides-rag eval --strata` needs it on every row): NQ-Swap's `org_answer` on both forms; in a user jsonl the
+`memory_answers` of a conflict row, or `original_answers` given on a row whose passage agrees with it.
 
 Bad files raise `DatasetError`, whose message names the file, the line (1-based) and the field.
 """
@@ -51,6 +55,9 @@ class QAExample:
     """Answers the model may have memorised, when they differ from the passages (conflict form)."""
     id: str = ""
     meta: dict = field(default_factory=dict, compare=False)
+    original_answers: tuple[str, ...] = ()
+    """The question's own answer before any swap (what a model can know closed-book); empty when the dataset does
+    not say (then `fides-rag eval --strata` cannot run on it)."""
 
     @property
     def is_conflict(self) -> bool:
@@ -238,8 +245,8 @@ def load_nq_swap(
         org_context, sub_context = _text(row, "org_context", name, line), _text(row, "sub_context", name, line)
         org_answer, sub_answer = _strings(row, "org_answer", name, line), _strings(row, "sub_answer", name, line)
         base = f"nq-swap-{line - 1}"
-        conflict = QAExample(question, (strip_html(sub_context),), sub_answer, org_answer, base, {"form": "conflict"})
-        original = QAExample(question, (strip_html(org_context),), org_answer, (), base, {"form": "original"})
+        conflict = QAExample(question, (strip_html(sub_context),), sub_answer, org_answer, base, {"form": "conflict"}, org_answer)
+        original = QAExample(question, (strip_html(org_context),), org_answer, (), base, {"form": "original"}, org_answer)
         if form == "conflict":
             examples.append(conflict)
         elif form == "original":
@@ -325,9 +332,11 @@ def load_popqa(path: str | Path | None = None, passages: str | Path | None = Non
 
 
 def load_qa_jsonl(path: str | Path, limit: int | None = None) -> list[QAExample]:
-    """Any jsonl with the common fields: question, contexts, context_answers, memory_answers (optional), id (optional).
+    """Any jsonl with the common fields: question, contexts, context_answers, memory_answers (optional),
+    original_answers (optional), id (optional).
 
-    A record with memory answers is a conflict-form sample. Missing ids become <file stem>-<line-1>;
+    A record with memory answers is a conflict-form sample; its original answers are its memory answers unless
+    `original_answers` says otherwise. Missing ids become <file stem>-<line-1>;
     repeated ids are an error (resuming a run relies on them).
     """
     path = _require_file(Path(path), "QA jsonl")
@@ -337,13 +346,14 @@ def load_qa_jsonl(path: str | Path, limit: int | None = None) -> list[QAExample]
         contexts = _strings(record, "contexts", path, line)
         answers = _strings(record, "context_answers", path, line)
         memory = _strings(record, "memory_answers", path, line, required=False)
+        original = _strings(record, "original_answers", path, line, required=False) or memory
         ident = record.get("id")
         ident = f"{path.name.split('.')[0]}-{line - 1}" if ident is None else str(ident)
         if ident in seen:
             raise DatasetError(path, line, "id", f"repeats the id {ident!r} of line {seen[ident]}")
         seen[ident] = line
         meta = {"form": "conflict" if memory else "original"}
-        examples.append(QAExample(question, contexts, answers, memory, ident, meta))
+        examples.append(QAExample(question, contexts, answers, memory, ident, meta, original))
     return examples
 
 

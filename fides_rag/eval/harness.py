@@ -33,7 +33,7 @@ RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
 COMPARED_METRICS = ("cf", "em", "f1")
 # What a resumed run must share with the run that wrote the file (and each kept method label its options).
-_RESUME_KEYS = ("model", "dataset", "data_sha256", "max_new_tokens", "config")
+_RESUME_KEYS = ("model", "dataset", "data_sha256", "max_new_tokens", "config", "strata")
 
 
 def ablation_methods(config: FidesConfig | None = None) -> dict[str, ContrastRule]:
@@ -289,9 +289,10 @@ def results_markdown(results: Mapping[str, Any]) -> str:
                _fmt(metrics[label]["mean_new_tokens"]), _fmt(metrics[label].get("mean_answer_words"))] for label in labels]
     lines += [markdown_table(head, rows), ""]
     lines.append("CF = EM against the context answers on conflict-form samples; EM/F1 against the context answers; "
-                 "MemR = share of conflict-form predictions equal to the memory answer; Acc = a context answer is "
-                 "contained in the output. All in %, SQuAD normalisation. Contrasted = share of answer tokens a contrast "
-                 "rule chose (a gate takes the others as a path gives them); tokens and words = mean answer length.")
+                 "MemR = share of conflict-form predictions equal to the memory answer; Cont = a context answer is "
+                 "contained with at most 3 extra words; Acc = a context answer is contained in the output. All in %, "
+                 "SQuAD normalisation. Contrasted = share of answer tokens a contrast rule chose (a gate takes the "
+                 "others as a path gives them); tokens and words = mean answer length.")
     reference = "fides" if "fides" in labels else labels[0]
     compared = [c for c in results["significance"] if reference in (c["a"], c["b"])]
     if compared:

@@ -19,6 +19,9 @@ answers (the original answer that the passage contradicts; present only on confl
 - **Accuracy** = 1 if some non-empty normalize(c), c in C, occurs in normalize(prediction) as a
   contiguous run of whole tokens, else 0 (the PopQA convention "a gold alias appears in the output";
   whole tokens, so the alias "8" does not match "1889" and "pol" does not match "political").
+- **Containment** = 1 if some non-empty normalize(c), c in C, occurs in normalize(prediction) as whole tokens and
+  the prediction has at most 3 more tokens than that answer, else 0: EM that forgives a few extra words ("Paris,
+  France" for "Paris") but not a sentence that merely mentions the answer. A secondary metric beside EM.
 
 Aggregates (`aggregate`) are means over the samples where the metric is defined, in percent.
 """
@@ -34,8 +37,10 @@ from typing import Any
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = set(string.punctuation)
 
-METRICS = ("cf", "em", "f1", "memorized", "accuracy")
-METRIC_LABELS = {"cf": "CF", "em": "EM", "f1": "F1", "memorized": "MemR", "accuracy": "Acc"}
+METRICS = ("cf", "em", "containment", "f1", "memorized", "accuracy")
+METRIC_LABELS = {"cf": "CF", "em": "EM", "containment": "Cont", "f1": "F1", "memorized": "MemR", "accuracy": "Acc"}
+CONTAINMENT_EXTRA_WORDS = 3
+"""Containment: how many words a prediction may have beyond the answer it contains."""
 
 
 def normalize_answer(text: str) -> str:
@@ -75,6 +80,16 @@ def contains_answer(prediction: str, answers: Iterable[str]) -> float:
     return float(any((n := normalize_answer(a)) and f" {n} " in pred for a in answers))
 
 
+def containment(prediction: str, answers: Iterable[str], extra_words: int = CONTAINMENT_EXTRA_WORDS) -> float:
+    """1.0 if some non-empty normalised answer occurs in the normalised prediction as whole tokens and the prediction
+    has at most `extra_words` tokens more than that answer, else 0.0."""
+    pred = normalize_answer(prediction)
+    length = len(pred.split())
+    padded = f" {pred} "
+    return float(any((n := normalize_answer(a)) and f" {n} " in padded and length <= len(n.split()) + extra_words
+                     for a in answers))
+
+
 def score_prediction(prediction: str, context_answers: Sequence[str], memory_answers: Sequence[str] = ()) -> dict[str, float | None]:
     """Every metric of one prediction (see the module docstring); CF and memorised are None without memory answers."""
     em = exact_match(prediction, context_answers)
@@ -82,6 +97,7 @@ def score_prediction(prediction: str, context_answers: Sequence[str], memory_ans
     return {
         "cf": em if conflict else None,
         "em": em,
+        "containment": containment(prediction, context_answers),
         "f1": token_f1(prediction, context_answers),
         "memorized": exact_match(prediction, memory_answers) if conflict else None,
         "accuracy": contains_answer(prediction, context_answers),

@@ -43,6 +43,7 @@ def test_nq_swap_forms(tmp_path, suffix):
     assert not original[0].is_conflict
     both = load_nq_swap(path, "both", limit=1)
     assert [e.id for e in both] == ["nq-swap-0-c", "nq-swap-0-o"]
+    assert conflict[1].original_answers == original[1].original_answers == ("Paris",)  # org_answer on both forms
 
 
 def test_nq_swap_bad_field_names_line(tmp_path):
@@ -113,6 +114,17 @@ def test_user_jsonl(tmp_path):
     assert examples[0].is_conflict and examples[0].id == "x1"
     assert examples[1].contexts == ("p1", "p2") and examples[1].id == "mine-1" and not examples[1].is_conflict
     assert load_examples("jsonl", path, limit=1) == examples[:1]
+    assert examples[0].original_answers == ("b",) and examples[1].original_answers == ()
+
+
+def test_user_jsonl_original_answers_mark_what_an_agreeing_row_could_be_known_as(tmp_path):
+    path = _jsonl(tmp_path / "mine.jsonl", [
+        {"question": "q", "contexts": "p", "context_answers": ["Paris"], "original_answers": ["Paris"]},
+        {"question": "q", "contexts": "p", "context_answers": ["Lyon"], "memory_answers": ["Paris"], "original_answers": "Paris"},
+    ])
+    agreeing, swapped = load_qa_jsonl(path)
+    assert agreeing.original_answers == ("Paris",) and not agreeing.is_conflict
+    assert swapped.original_answers == ("Paris",) and swapped.is_conflict
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 import pytest
 
-from fides_rag.eval.metrics import aggregate, contains_answer, exact_match, normalize_answer, score_prediction, token_f1
+from fides_rag.eval.metrics import aggregate, contains_answer, containment, exact_match, normalize_answer, score_prediction, token_f1
 
 
 @pytest.mark.parametrize(
@@ -49,7 +49,7 @@ def test_contains_answer():
 
 def test_score_prediction_conflict_and_control():
     conflict = score_prediction("Timothy B. Schmit", ["Yuliya Snigir"], ["Timothy B. Schmit"])
-    assert conflict == {"cf": 0.0, "em": 0.0, "f1": 0.0, "memorized": 1.0, "accuracy": 0.0}
+    assert conflict == {"cf": 0.0, "em": 0.0, "containment": 0.0, "f1": 0.0, "memorized": 1.0, "accuracy": 0.0}
     control = score_prediction("Lyon", ["Lyon"])
     assert control["cf"] is None and control["memorized"] is None and control["em"] == 1.0
 
@@ -61,3 +61,17 @@ def test_aggregate_means_over_defined_samples():
     assert agg["em"] == pytest.approx(200 / 3) and agg["n_em"] == 3
     assert agg["memorized"] == pytest.approx(50.0)
     assert aggregate([])["em"] is None
+
+
+def test_containment_accepts_the_answer_with_at_most_three_extra_words():
+    assert containment("Paris", ["Paris"]) == 1.0
+    assert containment("Paris, the capital of France", ["Paris"]) == 1.0  # "capital of france" after the article drops
+    assert containment("It is in Paris I think", ["Paris"]) == 0.0  # 5 words beyond the answer
+    assert containment("New York City", ["new york"]) == 1.0
+    assert containment("Parisian", ["Paris"]) == 0.0  # whole tokens only
+    assert containment("", ["Paris"]) == 0.0 and containment("Paris", [""]) == 0.0
+
+
+def test_exact_match_implies_containment():
+    for prediction, answer in [("The Eiffel Tower", "eiffel tower"), ("1889", "1889"), ("Lyon!", "lyon")]:
+        assert exact_match(prediction, [answer]) == 1.0 and containment(prediction, [answer]) == 1.0

@@ -17,8 +17,9 @@ from fides_rag.rules.gates.none import NoGate  # noqa: I001 - registration order
 from fides_rag.rules.gates.agree import AgreeGate
 from fides_rag.rules.gates.nwcad import NwcadGate
 from fides_rag.rules.gates.defer import DeferGate
+from fides_rag.rules.gates.blend import BlendGate
 
 __all__ = [
-    "CONTEXT_AS_IS", "MEMORY_LEANING", "NO_CONTEXT_AS_IS", "RULE", "AgreeGate", "DeferGate", "Gate", "GateDecision", "NoGate", "NwcadGate",
+    "CONTEXT_AS_IS", "MEMORY_LEANING", "NO_CONTEXT_AS_IS", "RULE", "AgreeGate", "BlendGate", "DeferGate", "Gate", "GateDecision", "NoGate", "NwcadGate",
     "available_gates", "gate_is_registered", "get_gate", "register_gate",
 ]

@@ -1,0 +1,236 @@
+"""Strata of `fides-rag eval --strata`: every row split by its passage (swapped or original) and by whether the model
+knew the question's original answer closed-book, with each method scored against standard inside each stratum.
+
+- true_conflict: a swapped passage, and the model knew the original answer closed-book (a real conflict);
+- supplied: a swapped passage the model did not know (the passage only supplies an answer);
+- known_agreeing: the original passage, and the model knew the answer;
+- unknown_agreeing: the original passage, and the model did not know it.
+
+The model "knew" a row when its closed-book answer contains one of the row's original answers with at most 3 extra
+words (`metrics.containment`, which every exact match meets). A stratum is scored with CF on the conflict strata and
+EM on the agreeing ones; regressions are rows standard gets right that a method gets wrong, fixes the reverse.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from fides_rag.eval.datasets import QAExample
+from fides_rag.eval.harness import share_contrasted
+from fides_rag.eval.metrics import containment
+from fides_rag.eval.significance import paired_bootstrap
+from fides_rag.eval.store import PREDICTIONS, RUN_INFO
+from fides_rag.eval.tables import markdown_table
+
+STRATA = ("true_conflict", "supplied", "known_agreeing", "unknown_agreeing")
+CONFLICT_STRATA = ("true_conflict", "supplied")
+STRATA_KEY = "strata"
+"""The key of the strata settings in run.json and of the strata results in results.json."""
+REFERENCE = "standard"
+KNOWN_BY = "containment"
+"""How a closed-book answer is matched with the original answers (recorded in run.json)."""
+
+
+def score_metric(stratum: str) -> str:
+    """The metric a stratum is scored with: CF on the conflict strata, EM on the agreeing ones."""
+    if stratum not in STRATA:
+        raise ValueError(f"unknown stratum {stratum!r}; the strata are {', '.join(STRATA)}")
+    return "cf" if stratum in CONFLICT_STRATA else "em"
+
+
+def check_original_answers(examples: Sequence[QAExample]) -> None:
+    """A ValueError naming the fields when some example lacks its original answer (strata need it on every row)."""
+    missing = [e.id for e in examples if not e.original_answers]
+    if missing:
+        raise ValueError(
+            f"--strata needs each row's original answer (what the model may know closed-book), and {len(missing)} of "
+            f"{len(examples)} rows have none (first: {missing[0]!r}); NQ-Swap carries it (org_answer); in a jsonl "
+            "give `memory_answers` on rows with a swapped passage and `original_answers` on rows whose passage agrees"
+        )
+
+
+def knew(closed_book_answer: str, original_answers: Sequence[str]) -> bool:
+    """Whether a closed-book answer gives one of the original answers (containment: at most 3 extra words)."""
+    return bool(containment(closed_book_answer, original_answers))
+
+
+def stratum_of(example: QAExample, closed_book_answer: str) -> str:
+    """The stratum of one row from its passage (swapped: it has memory answers) and its closed-book answer."""
+    known = knew(closed_book_answer, example.original_answers)
+    if example.is_conflict:
+        return "true_conflict" if known else "supplied"
+    return "known_agreeing" if known else "unknown_agreeing"
+
+
+def assign_strata(examples: Sequence[QAExample], closed_book: Mapping[str, str]) -> dict[str, str]:
+    """example id -> stratum, from `closed_book` (question -> closed-book answer)."""
+    check_original_answers(examples)
+    absent = [e.question for e in examples if e.question not in closed_book]
+    if absent:
+        raise ValueError(
+            f"no closed-book answer for {len(absent)} questions (first: {absent[0]!r}); run the closed-book lane first"
+        )
+    return {e.id: stratum_of(e, closed_book[e.question]) for e in examples}
+
+
+def count_strata(strata: Mapping[str, str]) -> dict[str, int]:
+    """stratum -> rows, for every stratum (0 where none)."""
+    return {s: sum(1 for v in strata.values() if v == s) for s in STRATA}
+
+
+def select_rows(
+    examples: Sequence[QAExample], strata: Mapping[str, str], per_stratum: int | None, seed: int
+) -> list[QAExample]:
+    """The first `per_stratum` rows of each stratum in a fixed shuffle of `examples` (random.Random(seed)), in shuffle
+    order; every row when per_stratum is None. Chosen from the closed-book lane alone, before any method is scored,
+    so every method runs on the same rows."""
+    if per_stratum is not None and per_stratum < 1:
+        raise ValueError(f"per_stratum must be >= 1 (or None for every row), got {per_stratum}")
+    if per_stratum is None:
+        return list(examples)
+    order = list(examples)
+    random.Random(seed).shuffle(order)
+    taken = dict.fromkeys(STRATA, 0)
+    chosen = []
+    for example in order:
+        stratum = strata[example.id]
+        if taken[stratum] < per_stratum:
+            taken[stratum] += 1
+            chosen.append(example)
+    return chosen
+
+
+def check_strata_folder(out_dir: str | Path) -> None:
+    """Refuse a run folder holding answers of a run without strata (no closed-book lane): --strata never mixes them."""
+    out = Path(out_dir)
+    predictions, info = out / PREDICTIONS, out / RUN_INFO
+    if not (predictions.is_file() and predictions.stat().st_size):
+        return
+    recorded = json.loads(info.read_text(encoding="utf-8")) if info.is_file() else {}
+    if STRATA_KEY not in recorded:
+        raise ValueError(
+            f"{out} holds answers of a run without strata (its run.json has no '{STRATA_KEY}' key: no closed-book lane "
+            f"chose or split its rows), so --strata cannot add to it; use a new --out folder, or delete {predictions} "
+            "to start over"
+        )
+
+
+def check_strata_results(results: Mapping[str, Any], where: str = "results.json") -> Mapping[str, Any]:
+    """The strata results of a results.json; a ValueError when it was written without them."""
+    strata = results.get(STRATA_KEY)
+    if not isinstance(strata, Mapping) or "results" not in strata:
+        raise ValueError(
+            f"{where} holds no strata results (written without --strata or by an older fides-rag); "
+            "rerun it with fides-rag eval --strata into a new --out folder"
+        )
+    return strata
+
+
+def _score(record: Mapping[str, Any], label: str, metric: str) -> float:
+    value = record["outputs"][label]["scores"].get(metric)
+    if value is None:
+        raise ValueError(f"row {record['id']!r} has no {metric} score for {label!r}: its stratum needs one "
+                         "(a swapped-passage row is scored with CF, an original-passage row with EM)")
+    return float(value)
+
+
+def summarize_strata(
+    records: Sequence[Mapping[str, Any]],
+    strata: Mapping[str, str],
+    labels: Sequence[str],
+    *,
+    samples: int = 1000,
+    seed: int = 0,
+    bootstrap_by: str = "question",
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """stratum -> method -> n, score (CF or EM, %), containment (%), regressions and fixes against standard (rows and
+    % of n), share_contrasted (%), and the paired-bootstrap difference against standard with its 95% CI."""
+    if REFERENCE not in labels:
+        raise ValueError(f"strata compare every method with {REFERENCE!r}: add it to the methods")
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for stratum in STRATA:
+        metric = score_metric(stratum)
+        rows = sorted((r for r in records if strata.get(r["id"]) == stratum), key=lambda r: r["id"])
+        out[stratum] = {}
+        for label in labels:
+            both = [r for r in rows if label in r["outputs"] and REFERENCE in r["outputs"]]
+            mine = [_score(r, label, metric) for r in both]
+            base = [_score(r, REFERENCE, metric) for r in both]
+            contained = [r["outputs"][label]["scores"].get("containment") for r in both]
+            n = len(both)
+            regressions = sum(1 for a, b in zip(mine, base) if b and not a)
+            fixes = sum(1 for a, b in zip(mine, base) if a and not b)
+            entry: dict[str, Any] = {
+                "n": n,
+                "metric": metric,
+                "score": 100 * sum(mine) / n if n else None,
+                "containment": 100 * sum(c for c in contained if c is not None) / n
+                if n and None not in contained
+                else None,
+                "standard_right": int(sum(base)),
+                "regressions": regressions,
+                "fixes": fixes,
+                "regressions_pct": 100 * regressions / n if n else None,
+                "fixes_pct": 100 * fixes / n if n else None,
+                "share_contrasted": share_contrasted([r["outputs"][label] for r in both]),
+                "diff_vs_standard": None,
+                "ci_vs_standard": None,
+                "p_value": None,
+            }
+            if label != REFERENCE and n:
+                clusters = [r["question"] for r in both] if bootstrap_by == "question" else None
+                test = paired_bootstrap(
+                    [100 * x for x in mine], [100 * x for x in base], samples=samples, seed=seed, clusters=clusters
+                )
+                entry.update(
+                    diff_vs_standard=test["diff"],
+                    ci_vs_standard=[test["ci_low"], test["ci_high"]],
+                    p_value=test["p_value"],
+                )
+            out[stratum][label] = entry
+    return out
+
+
+def _cell(value: Any, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def strata_markdown(strata: Mapping[str, Any]) -> str:
+    """The strata section of results.md: per stratum and method, score, regressions, fixes and CI against standard."""
+    available = strata.get("available", {})
+    lines = [
+        f"Strata (closed-book lane: each distinct question answered without documents; rows available per stratum: "
+        f"{', '.join(f'{s} {available.get(s, 0)}' for s in STRATA)}"
+        + (
+            f"; scored: the first {strata['per_stratum']} of each in a shuffle with seed {strata['seed']}"
+            if strata.get("per_stratum")
+            else ""
+        )
+        + "). Score = CF on the conflict strata, EM on the agreeing ones; regressions and fixes against standard "
+        "(rows, % of n); CI = paired bootstrap 95% CI of the difference against standard, in points.",
+        "",
+    ]
+    head = ["stratum", "method", "n", "score", "Cont", "regressions", "fixes", "contrasted %", "− standard [95% CI]"]
+    rows = []
+    for stratum in STRATA:
+        for label, e in strata["results"].get(stratum, {}).items():
+            ci = e.get("ci_vs_standard")
+            rows.append(
+                [
+                    stratum,
+                    label,
+                    str(e["n"]),
+                    f"{e['metric'].upper()} {_cell(e['score'])}",
+                    _cell(e.get("containment")),
+                    f"{e['regressions']} ({_cell(e['regressions_pct'])}%)",
+                    f"{e['fixes']} ({_cell(e['fixes_pct'])}%)",
+                    _cell(e.get("share_contrasted")),
+                    "" if ci is None else f"{e['diff_vs_standard']:+.1f} [{ci[0]:+.1f}, {ci[1]:+.1f}]",
+                ]
+            )
+    lines.append(markdown_table(head, rows))
+    return "\n".join(lines) + "\n"

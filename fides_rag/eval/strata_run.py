@@ -1,0 +1,129 @@
+"""`fides-rag eval --strata` end to end: the closed-book lane, the strata, the seeded row selection, then the methods
+on the selected rows (`run_eval`), with the strata results added to results.json and results.md.
+
+Settings recorded in run.json under "strata" (a resume must match them): the row-selection seed, rows per stratum,
+how a closed-book answer is matched, and the closed-book cache file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from fides_rag.eval.closed_book import (
+    CLOSED_BOOK,
+    closed_book_answers,
+    distinct_questions,
+)
+from fides_rag.eval.datasets import QAExample
+from fides_rag.eval.harness import RESULTS_MD, run_eval, write_results
+from fides_rag.eval.records import read_predictions
+from fides_rag.eval.store import PREDICTIONS
+from fides_rag.eval.strata import (
+    KNOWN_BY,
+    REFERENCE,
+    STRATA_KEY,
+    assign_strata,
+    check_original_answers,
+    check_strata_folder,
+    count_strata,
+    select_rows,
+    strata_markdown,
+    summarize_strata,
+)
+from fides_rag.rules import ContrastRule
+
+
+def strata_settings(per_stratum: int | None, seed: int) -> dict[str, Any]:
+    """The run.json entry of a strata run."""
+    return {"seed": seed, "per_stratum": per_stratum, "known_by": KNOWN_BY, "closed_book": CLOSED_BOOK}
+
+
+def check_strata_run(
+    examples: Sequence[QAExample], labels: Sequence[str], out_dir: str | Path, *, world: int = 1
+) -> None:
+    """What a strata run checks before a model loads: original answers on every row, standard among the methods, one
+    process, and a run folder that holds no answers of a run without strata."""
+    check_original_answers(examples)
+    if REFERENCE not in labels:
+        raise ValueError(f"--strata compares every method with {REFERENCE!r}: add {REFERENCE} to --methods")
+    if world > 1:
+        raise ValueError(
+            f"--strata runs in one process ({world} were launched): its closed-book lane writes one cache file"
+        )
+    check_strata_folder(out_dir)
+
+
+def run_strata_eval(
+    decoder: Any,
+    examples: Sequence[QAExample],
+    methods: Mapping[str, str | ContrastRule],
+    out_dir: str | Path,
+    *,
+    model: str,
+    per_stratum: int | None = None,
+    seed: int = 0,
+    batch_size: int = 8,
+    max_new_tokens: int = 32,
+    run_info: Mapping[str, Any] | None = None,
+    progress: bool = True,
+    bootstrap_samples: int = 1000,
+    bootstrap_by: str = "question",
+) -> dict[str, Any]:
+    """Answer each distinct question closed-book (cached in the run folder), split the rows into strata, keep the
+    first `per_stratum` rows of each in a shuffle seeded with `seed`, decode them under every method and write the
+    results with their strata ("strata" in results.json: settings, rows available and scored, per-stratum results)."""
+    out = Path(out_dir)
+    check_strata_run(examples, list(methods), out)
+    questions = distinct_questions(e.question for e in examples)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(questions), unit="q", dynamic_ncols=True, desc="closed-book")
+    try:
+        answers = closed_book_answers(
+            decoder,
+            questions,
+            out / CLOSED_BOOK,
+            model=model,
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            on_batch=bar.update if bar is not None else None,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    strata = assign_strata(examples, answers)
+    chosen = select_rows(examples, strata, per_stratum, seed)
+    settings = strata_settings(per_stratum, seed)
+    info = {**dict(run_info or {}), STRATA_KEY: settings}
+    results = run_eval(
+        decoder,
+        chosen,
+        methods,
+        out,
+        batch_size=batch_size,
+        max_new_tokens=max_new_tokens,
+        run_info=info,
+        progress=progress,
+        bootstrap_samples=bootstrap_samples,
+        bootstrap_by=bootstrap_by,
+        seed=seed,
+    )
+    ids = {e.id for e in chosen}
+    records = [r for r in read_predictions(out / PREDICTIONS) if r["id"] in ids]
+    results[STRATA_KEY] = {
+        **settings,
+        "questions": len(questions),
+        "available": count_strata(strata),
+        "scored": count_strata({i: s for i, s in strata.items() if i in ids}),
+        "results": summarize_strata(
+            records, strata, list(methods), samples=bootstrap_samples, seed=seed, bootstrap_by=bootstrap_by
+        ),
+    }
+    write_results(out, results)
+    with (out / RESULTS_MD).open("a", encoding="utf-8") as handle:
+        handle.write("\n" + strata_markdown(results[STRATA_KEY]))
+    return results

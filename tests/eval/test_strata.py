@@ -1,0 +1,162 @@
+"""Strata: rows split by passage and closed-book knowledge, seeded row selection, scores against standard."""
+
+import json
+import re
+
+import pytest
+
+from fides_rag.eval.datasets import QAExample
+from fides_rag.eval.metrics import score_prediction
+from fides_rag.eval.strata import (
+    STRATA,
+    assign_strata,
+    check_original_answers,
+    check_strata_folder,
+    check_strata_results,
+    count_strata,
+    score_metric,
+    select_rows,
+    strata_markdown,
+    summarize_strata,
+)
+
+
+def _example(i, swapped, question=None):
+    question = question or f"question {i}?"
+    if swapped:
+        return QAExample(question, ("swapped",), ("Lyon",), ("Paris",), f"r{i}", {}, ("Paris",))
+    return QAExample(question, ("original",), ("Paris",), (), f"r{i}", {}, ("Paris",))
+
+
+def test_each_row_falls_in_its_stratum_by_passage_and_closed_book_answer():
+    examples = [
+        _example(0, True, "known?"),
+        _example(1, True, "unknown?"),
+        _example(2, False, "known?"),
+        _example(3, False, "unknown?"),
+    ]
+    strata = assign_strata(examples, {"known?": "It is Paris", "unknown?": "Marseille"})
+    assert strata == {"r0": "true_conflict", "r1": "supplied", "r2": "known_agreeing", "r3": "unknown_agreeing"}
+    assert count_strata(strata) == dict.fromkeys(STRATA, 1)
+
+
+def test_a_closed_book_answer_that_only_mentions_the_answer_in_a_sentence_is_not_known():
+    examples = [_example(0, True, "q?")]
+    assert assign_strata(examples, {"q?": "I think that it might be in Paris or somewhere"}) == {"r0": "supplied"}
+
+
+def test_rows_without_an_original_answer_are_refused_naming_the_fields():
+    rows = [QAExample("q?", ("p",), ("a",), (), "x1")]
+    with pytest.raises(ValueError, match="memory_answers.*original_answers"):
+        check_original_answers(rows)
+
+
+def test_a_missing_closed_book_answer_is_an_error():
+    with pytest.raises(ValueError, match="no closed-book answer"):
+        assign_strata([_example(0, True)], {})
+
+
+def test_selection_takes_the_first_n_of_each_stratum_of_a_seeded_shuffle():
+    examples = [_example(i, i % 2 == 0) for i in range(40)]
+    strata = {
+        e.id: ("true_conflict" if e.is_conflict else "known_agreeing")
+        if int(e.id[1:]) % 4 < 2
+        else ("supplied" if e.is_conflict else "unknown_agreeing")
+        for e in examples
+    }
+    chosen = select_rows(examples, strata, 3, seed=7)
+    assert count_strata({e.id: strata[e.id] for e in chosen}) == dict.fromkeys(STRATA, 3)
+    assert [e.id for e in chosen] == [e.id for e in select_rows(examples, strata, 3, seed=7)]
+    assert [e.id for e in chosen] != [e.id for e in select_rows(examples, strata, 3, seed=8)]
+    assert [e.id for e in chosen] != [
+        e.id for e in examples if e.id in {c.id for c in chosen}
+    ]  # shuffled, not file order
+    assert select_rows(examples, strata, None, seed=7) == examples
+    with pytest.raises(ValueError, match="per_stratum"):
+        select_rows(examples, strata, 0, seed=7)
+
+
+def _record(i, question, swapped, answers):
+    context, memory = ("Lyon", "Paris") if swapped else ("Paris", None)
+    outputs = {
+        label: {
+            "text": text,
+            "method": label.split("+")[0],
+            "steps": [{"token": "x"}] * 2,
+            "scores": score_prediction(text, [context], [memory] if memory else []),
+        }
+        for label, text in answers.items()
+    }
+    return {"id": f"r{i}", "question": question, "outputs": outputs}
+
+
+def test_summary_counts_regressions_and_fixes_against_standard_per_stratum():
+    records = [
+        _record(0, "q0", True, {"standard": "Lyon", "fides": "Lyon"}),
+        _record(1, "q1", True, {"standard": "Paris", "fides": "Lyon"}),
+        _record(2, "q2", True, {"standard": "Lyon", "fides": "Paris"}),
+        _record(3, "q3", True, {"standard": "Paris", "fides": "Lyon"}),
+        _record(4, "q4", False, {"standard": "Paris", "fides": "Lyon"}),
+        _record(5, "q5", False, {"standard": "Paris", "fides": "Paris, France"}),
+    ]
+    strata = {
+        "r0": "true_conflict",
+        "r1": "true_conflict",
+        "r2": "true_conflict",
+        "r3": "true_conflict",
+        "r4": "known_agreeing",
+        "r5": "known_agreeing",
+    }
+    summary = summarize_strata(records, strata, ["standard", "fides"], samples=200)
+    tc = summary["true_conflict"]["fides"]
+    assert (tc["n"], tc["metric"], tc["score"], tc["regressions"], tc["fixes"]) == (4, "cf", 75.0, 1, 2)
+    assert tc["regressions_pct"] == 25.0 and tc["fixes_pct"] == 50.0 and tc["standard_right"] == 2
+    assert tc["diff_vs_standard"] == pytest.approx(25.0) and tc["ci_vs_standard"][0] <= 25.0 <= tc["ci_vs_standard"][1]
+    assert tc["share_contrasted"] == 100.0 and summary["true_conflict"]["standard"]["share_contrasted"] == 0.0
+    agreeing = summary["known_agreeing"]["fides"]
+    assert (agreeing["metric"], agreeing["score"], agreeing["regressions"], agreeing["containment"]) == (
+        "em",
+        0.0,
+        2,
+        50.0,
+    )
+    assert summary["supplied"]["fides"]["n"] == 0 and summary["supplied"]["fides"]["score"] is None
+    assert summary["true_conflict"]["standard"]["ci_vs_standard"] is None
+    with pytest.raises(ValueError, match="standard"):
+        summarize_strata(records, strata, ["fides"])
+
+
+def test_strata_markdown_lists_every_stratum_and_method():
+    records = [_record(0, "q0", True, {"standard": "Paris", "fides": "Lyon"})]
+    results = {
+        "available": {"true_conflict": 1},
+        "per_stratum": 5,
+        "seed": 3,
+        "results": summarize_strata(records, {"r0": "true_conflict"}, ["standard", "fides"], samples=10),
+    }
+    text = strata_markdown(results)
+    assert "true_conflict 1, supplied 0" in text and "seed 3" in text
+    assert re.search(r"^\| true_conflict +\| +fides \| +1 \| +CF 100\.0 \|", text, re.MULTILINE)
+    assert re.search(r"^\| true_conflict +\| +fides .*\| +0 \(0\.0%\) \| +1 \(100\.0%\) \|", text, re.MULTILINE)
+
+
+def test_score_metric_is_cf_on_conflict_strata_and_em_on_agreeing_ones():
+    assert [score_metric(s) for s in STRATA] == ["cf", "cf", "em", "em"]
+    with pytest.raises(ValueError, match="unknown stratum"):
+        score_metric("conflict")
+
+
+def test_a_folder_with_answers_of_a_run_without_strata_is_refused(tmp_path):
+    check_strata_folder(tmp_path)  # empty: fine
+    (tmp_path / "predictions.jsonl").write_text('{"id": "a", "outputs": {}}\n')
+    (tmp_path / "run.json").write_text(json.dumps({"model": "m"}))
+    with pytest.raises(ValueError, match="without strata.*'strata' key"):
+        check_strata_folder(tmp_path)
+    (tmp_path / "run.json").write_text(json.dumps({"model": "m", "strata": {"seed": 0}}))
+    check_strata_folder(tmp_path)
+
+
+def test_results_without_strata_are_refused():
+    with pytest.raises(ValueError, match="no strata results.*--strata"):
+        check_strata_results({"metrics": {}})
+    assert check_strata_results({"strata": {"results": {}}}) == {"results": {}}

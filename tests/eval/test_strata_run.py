@@ -1,0 +1,188 @@
+"""`fides-rag eval --strata` end to end on a tiny random model: closed-book lane, strata, row selection, refusals."""
+
+import json
+
+import pytest
+
+from fides_rag.cli.main import main
+from fides_rag.decoder import FidesDecoder
+from fides_rag.eval.closed_book import CLOSED_BOOK
+from fides_rag.eval.datasets import QAExample
+from fides_rag.eval.records import read_predictions
+from fides_rag.eval.strata import STRATA
+from fides_rag.eval.strata_run import run_strata_eval
+
+QUESTIONS = [f"Which city is number {i}?" for i in range(4)]
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    from fides_rag.testing import build_tiny_model, build_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny")
+    tokenizer = build_tokenizer()
+    build_tiny_model("llama", len(tokenizer)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _examples(known: dict[str, str]) -> list[QAExample]:
+    """Two rows per question (swapped and original passage); the original answer is the closed-book answer for the
+    questions in `known`, something else for the others."""
+    rows = []
+    for i, question in enumerate(QUESTIONS):
+        original = (known.get(question) or "Zanzibar",)
+        rows.append(
+            QAExample(
+                question, ("Lyon is the capital.",), ("Lyon",), original, f"r{i}-c", {"form": "conflict"}, original
+            )
+        )
+        rows.append(
+            QAExample(question, ("Paris is the capital.",), original, (), f"r{i}-o", {"form": "original"}, original)
+        )
+    return rows
+
+
+def test_strata_run_splits_rows_by_the_closed_book_answer_and_scores_each_against_standard(
+    tokenizer, tiny_llama, tmp_path
+):
+    decoder = FidesDecoder(tiny_llama, tokenizer)
+    closed = {q: decoder.generate(q, [], method="standard", max_new_tokens=2).text for q in QUESTIONS[:2]}
+    if not all(text.strip() for text in closed.values()):
+        pytest.skip("the random model answered nothing closed-book")
+    examples = _examples(closed)
+    results = run_strata_eval(
+        decoder,
+        examples,
+        {"standard": "standard", "fides": "fides"},
+        tmp_path,
+        model="tiny",
+        max_new_tokens=2,
+        batch_size=4,
+        progress=False,
+        bootstrap_samples=20,
+    )
+    strata = results["strata"]
+    assert strata["available"] == dict.fromkeys(STRATA, 2) and strata["questions"] == 4
+    assert set(strata["results"]) == set(STRATA)
+    assert (
+        strata["results"]["true_conflict"]["fides"]["n"] == 2
+        and strata["results"]["true_conflict"]["fides"]["metric"] == "cf"
+    )
+    assert len((tmp_path / CLOSED_BOOK).read_text().splitlines()) == 4  # one line per distinct question
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["strata"]["results"]["known_agreeing"]["standard"]["n"] == 2
+    assert json.loads((tmp_path / "run.json").read_text())["strata"]["seed"] == 0
+    assert "Strata (closed-book lane" in (tmp_path / "results.md").read_text()
+
+
+def test_per_stratum_scores_the_same_rows_for_every_method(tokenizer, tiny_llama, tmp_path):
+    decoder = FidesDecoder(tiny_llama, tokenizer)
+    examples = _examples({})
+    results = run_strata_eval(
+        decoder,
+        examples,
+        {"standard": "standard", "cad": "cad"},
+        tmp_path,
+        model="tiny",
+        per_stratum=1,
+        seed=5,
+        max_new_tokens=2,
+        progress=False,
+        bootstrap_samples=10,
+    )
+    records = read_predictions(tmp_path / "predictions.jsonl")
+    assert len(records) == 2 and all(set(r["outputs"]) == {"standard", "cad"} for r in records)
+    assert results["strata"]["scored"] == {
+        "true_conflict": 0,
+        "supplied": 1,
+        "known_agreeing": 0,
+        "unknown_agreeing": 1,
+    }
+    assert results["strata"]["per_stratum"] == 1 and results["run"]["strata"]["seed"] == 5
+
+
+def _jsonl(path, memory=True):
+    rows = [
+        {
+            "id": f"q{i}",
+            "question": f"Which city is number {i}?",
+            "contexts": ["Lyon is the capital."],
+            "context_answers": ["Lyon"],
+            **({"memory_answers": ["Paris"]} if memory else {}),
+        }
+        for i in range(2)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _args(model, data, out, *extra):
+    return [
+        "eval",
+        "--model",
+        str(model),
+        "--dataset",
+        "jsonl",
+        "--data",
+        str(data),
+        "--max-new-tokens",
+        "2",
+        "--bootstrap",
+        "5",
+        "--no-progress",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        *extra,
+    ]
+
+
+def test_cli_strata_on_a_user_jsonl_writes_strata_results(tiny_folder, tmp_path):
+    data = _jsonl(tmp_path / "qa.jsonl")
+    assert main(_args(tiny_folder, data, tmp_path / "run", "--methods", "standard,fides", "--strata")) == 0
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert sum(results["strata"]["available"].values()) == 2
+    assert results["strata"]["available"]["known_agreeing"] == 0  # every row has a swapped passage
+
+
+def test_cli_strata_without_original_answers_names_the_field(tiny_folder, tmp_path, capsys):
+    data = _jsonl(tmp_path / "qa.jsonl", memory=False)
+    assert main(_args(tiny_folder, data, tmp_path / "run", "--methods", "standard,fides", "--strata")) == 2
+    err = capsys.readouterr().err
+    assert "--strata needs each row's original answer" in err and "memory_answers" in err and "original_answers" in err
+
+
+def test_cli_strata_refuses_a_folder_of_a_run_without_strata(tiny_folder, tmp_path, capsys):
+    data = _jsonl(tmp_path / "qa.jsonl")
+    out = tmp_path / "run"
+    assert main(_args(tiny_folder, data, out, "--methods", "standard")) == 0
+    before = (out / "predictions.jsonl").read_text()
+    assert main(_args(tiny_folder, data, out, "--methods", "standard", "--strata")) == 2
+    assert "holds answers of a run without strata" in capsys.readouterr().err
+    assert (out / "predictions.jsonl").read_text() == before
+
+
+def test_cli_strata_needs_standard_and_per_stratum_needs_strata(tiny_folder, tmp_path, capsys):
+    data = _jsonl(tmp_path / "qa.jsonl")
+    assert main(_args(tiny_folder, data, tmp_path / "a", "--methods", "fides", "--strata")) == 2
+    assert "add standard to --methods" in capsys.readouterr().err
+    assert main(_args(tiny_folder, data, tmp_path / "b", "--methods", "standard", "--per-stratum", "3")) == 2
+    assert "needs --strata" in capsys.readouterr().err
+
+
+def test_cli_strata_rerun_resumes_without_decoding_again_and_a_plain_run_is_refused(tiny_folder, tmp_path, capsys):
+    data = _jsonl(tmp_path / "qa.jsonl")
+    out = tmp_path / "run"
+    argv = _args(tiny_folder, data, out, "--methods", "standard,cad", "--strata", "--per-stratum", "1", "--strata-seed", "4")
+    assert main(argv) == 0
+    closed, predictions = (out / CLOSED_BOOK).read_text(), (out / "predictions.jsonl").read_text()
+    assert main(argv) == 0
+    assert (out / CLOSED_BOOK).read_text() == closed and (out / "predictions.jsonl").read_text() == predictions
+    assert json.loads((out / "run.json").read_text())["strata"]["seed"] == 4
+    capsys.readouterr()
+    assert main(_args(tiny_folder, data, out, "--methods", "standard,cad")) == 2  # without --strata: never mixed
+    assert "strata" in capsys.readouterr().err
+    assert main([*argv[:-1], "5"]) == 2  # another seed would choose other rows
+    assert "strata" in capsys.readouterr().err
