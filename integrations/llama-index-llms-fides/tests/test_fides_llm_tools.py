@@ -176,6 +176,8 @@ def test_a_function_calling_program_takes_its_context_str_as_the_context(llm):
     info = llm.history[-1]["info"]
     assert isinstance(answer, Answer) and _context_recorded(info), info["notes"]
     assert info["context_variables"] == ["context_str"] and info["documents_source"] == "context" and info["tool_choice"] == "required"
+    awaited = asyncio.run(program.acall(llm_kwargs={"documents": [DOC]}, context_str=DOC, query_str=Q))  # acall opens no span
+    assert isinstance(awaited, Answer) and _context_recorded(llm.history[-1]["info"])
     program(context_str="", query_str=Q)  # an empty context: 'standard', said
     assert llm.history[-1]["info"]["method"] == "standard" and llm.history[-1]["info"]["fallback"] == "the documents given were empty"
     llm.chat_with_tools([TOOL], Q, tool_required=True)  # a later call outside the program has no context of its own
