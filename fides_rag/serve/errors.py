@@ -12,6 +12,7 @@ class APIError(Exception):
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
                  code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        message, param = _text(message), None if param is None else _text(param)
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
         self.headers = headers or {}
@@ -21,6 +22,12 @@ class APIError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def _text(value: str) -> str:
+    """`value` as text UTF-8 can encode: a lone surrogate (from a body's "\\udc80" escape, echoed in a field's path)
+    is written as its escape, so the error itself can always be sent."""
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:

@@ -141,8 +141,8 @@ class RequestHandling:
             answer.record["notes"] = list(dict.fromkeys([*answer.record["notes"], *admitted.agent.notes]))
         if admitted.agent.logprobs is None:
             return answer, None
-        steps, decode = answer_steps(answer.result.steps, self.decoder.eos_token_ids), self.decoder.tokenizer.decode
-        return answer, chat_logprobs(steps, decode) if admitted.chat else completion_logprobs(steps, decode)  # type: ignore[arg-type]  # one id list: a str
+        steps, decode = answer_steps(answer.result.steps), self.decoder.tokenizer.decode
+        return answer, chat_logprobs(steps, decode) if admitted.chat else completion_logprobs(steps, decode)
 
     def _validated(self, body: bytes, model: type[Sampling]) -> Any:
         try:

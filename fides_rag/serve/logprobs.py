@@ -1,11 +1,13 @@
 """The answer's log-probabilities in OpenAI's shapes, from the steps the engine recorded (each token's
 log-probability under the distribution it was chosen from, and its most likely alternatives): chat's
 `logprobs.content[j]` ({token, logprob, bytes, top_logprobs}) and completions' {tokens, token_logprobs, top_logprobs,
-text_offset}. A final end-of-answer token is not part of the text and is left out, as OpenAI does."""
+text_offset}. One entry per completion token, as OpenAI's API pairs them with `usage.completion_tokens`: the end-of-turn
+token that ended the answer has its entry too (its token string as the tokenizer writes it, "<|im_end|>", though it is
+not part of the text; its log-probability is that of ending there), last, at the text's end."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fides_rag.result import StepRecord
@@ -17,10 +19,9 @@ def _entry(token: str, logprob: float | None) -> dict[str, Any]:
     return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
 
 
-def answer_steps(steps: Sequence[StepRecord], eos_token_ids: Collection[int]) -> list[StepRecord]:
-    """The steps that carry log-probabilities, without a final end-of-answer token."""
-    kept = [s for s in steps if s.logprob is not None]
-    return kept[:-1] if kept and kept[-1].token_id in eos_token_ids else kept
+def answer_steps(steps: Sequence[StepRecord]) -> list[StepRecord]:
+    """The steps that carry log-probabilities: every completion token's, a final end-of-turn token's included."""
+    return [s for s in steps if s.logprob is not None]
 
 
 def chat_logprobs(steps: Sequence[StepRecord], decode: Decode) -> dict[str, Any]:

@@ -3,8 +3,10 @@ bodies, the agents' fields (tools, tool_choice, response_format) and their bad f
 schemas sent as strict response formats under small budgets. Each request gets a 4xx in OpenAI's error shape whose
 `param` names the field at fault, or a 200 with a well-formed completion whose structured content parses and
 validates against its schema (with jsonschema); never a 5xx, never a request slower than 10 s, and the server answers
-/health and a good request afterwards. Every body is drawn from its own seed (`_body(i)`, `_schema_case(i)`), and a
-failure prints it, so one case reruns alone."""
+/health and a good request afterwards. 300 bodies the server cannot decode (lone surrogates in keys and values, invalid
+UTF-8, truncated JSON) each get a 400 in OpenAI's error shape, and a body sent as another content type a 415. Every body
+is drawn from its own seed (`_body(i)`, `_schema_case(i)`, `_undecodable(i)`), and a failure prints it, so one case
+reruns alone."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import regex
 SEED = 2026
 BODIES = 1000
 SCHEMAS = 300
+UNDECODABLE = 300
 WORKERS = 6
 SLOWEST_S = 10.0
 """No single request may take longer (the server answers even a huge schema's refusal well within it)."""
@@ -305,6 +308,37 @@ def _body(i: int) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
 
+LONE_SURROGATES = ["\\ud800", "\\udc80", "\\udfff", "\\ud83d", "a\\udc80b", "\\ude00\\ud83d", "\\udbff\\udbff"]
+"""JSON escapes of UTF-16 code units that stand alone (no character): valid JSON, no text."""
+INVALID_UTF8 = [b"\xff", b"\xfe", b"\x80", b"\xc3\x28", b"\xc0\xaf", b"\xe2\x82", b"\xed\xa0\x80", b"\xed\xb2\x80",
+                b"\xf4\x90\x80\x80", b"\xf8\x88\x80\x80\x80", b"\xe0\x80\xaf"]
+"""Bytes no UTF-8 decoder accepts: stray continuation bytes, overlong forms, encoded surrogates, past U+10FFFF."""
+OTHER_TYPES = ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "application/xml", "",
+               "application/jsonx", "text/json"]
+
+
+def _undecodable(i: int) -> tuple[bytes, str, int]:
+    """The i-th body the server cannot decode: (its bytes, its Content-Type, the status it must get)."""
+    rng = random.Random(f"{SEED}:undecodable:{i}")
+    text = json.dumps(rng.choice(BASES))
+    kind = rng.choice(["surrogate key", "surrogate value", "invalid utf-8", "truncated", "content type"])
+    if kind == "surrogate key":  # a new key at the start of a random object
+        at = rng.choice([m.end() for m in re.finditer(r"\{(?=\")", text)])
+        text = f'{text[:at]}"{rng.choice(LONE_SURROGATES)}": {rng.choice(["1", "null", json.dumps(ASK)])}, {text[at:]}'
+    elif kind == "surrogate value":  # inside a random string value
+        at = rng.choice([m.end() for m in re.finditer(r': "', text)])
+        text = text[:at] + rng.choice(LONE_SURROGATES) + text[at:]
+    elif kind == "invalid utf-8":
+        raw = text.encode()
+        at = rng.randrange(len(raw) + 1)
+        return raw[:at] + rng.choice(INVALID_UTF8) + raw[at:], "application/json", 400
+    elif kind == "truncated":
+        return text.encode()[: rng.randrange(len(text))], "application/json", 400
+    else:
+        return text.encode(), rng.choice(OTHER_TYPES), 415
+    return text.encode(), "application/json", 400
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Checking the answers
 
@@ -485,10 +519,11 @@ def _error_problem(request: Any, response: httpx.Response, params: tuple[str, ..
     return None
 
 
-def _post(server, path: str, raw: bytes) -> tuple[httpx.Response | None, float, str | None]:
+def _post(server, path: str, raw: bytes, content_type: str = "application/json") -> tuple[httpx.Response | None, float, str | None]:
     started = time.monotonic()
+    headers = {"Content-Type": content_type} if content_type else {}
     try:
-        response = httpx.post(f"{server.url}{path}", content=raw, headers={"Content-Type": "application/json"}, timeout=60)
+        response = httpx.post(f"{server.url}{path}", content=raw, headers=headers, timeout=60)
     except httpx.HTTPError as err:
         return None, time.monotonic() - started, f"no answer: {type(err).__name__}: {err}"
     return response, time.monotonic() - started, None
@@ -580,6 +615,23 @@ def test_random_schemas_under_small_budgets_get_a_valid_answer_or_a_4xx_naming_t
     assert not failures, f"{len(failures)} failures; rerun one with _schema_case(i):\n" + "\n".join(failures[:8])
     statuses = [status for status, _ in outcomes if status != -1]
     assert len(statuses) >= SCHEMAS // 2 and {200, 400} <= set(statuses), sorted(set(statuses))
+    _still_healthy(server)
+
+
+def test_bodies_the_server_cannot_decode_get_a_400_in_openais_error_shape(server):
+    def one(i: int) -> tuple[int, str | None]:
+        raw, content_type, expected = _undecodable(i)
+        response, _, failed = _post(server, COMPLETIONS if i % 4 == 0 else CHAT, raw, content_type)
+        if response is None:
+            return 0, failed
+        if response.status_code != expected:
+            return response.status_code, f"a {response.status_code}, not a {expected}: {response.text[:300]!r}"
+        return expected, _error_problem(None, response)
+
+    outcomes = _run(list(range(UNDECODABLE)), one)
+    failures = [f"body {i} ({status}): {problem}\n    {_undecodable(i)!r:.400}" for i, (status, problem) in enumerate(outcomes) if problem]
+    assert not failures, f"{len(failures)} failures; rerun one with _undecodable(i):\n" + "\n".join(failures[:8])
+    assert {status for status, _ in outcomes if status != -1} == {400, 415}
     _still_healthy(server)
 
 

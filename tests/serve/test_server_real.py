@@ -130,7 +130,9 @@ def test_openai_client_tools_auto_streamed_equals_unstreamed_and_logprobs(smollm
     scored = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, logprobs=True, top_logprobs=3,
                                             extra_body={"documents": [EIFFEL]})
     content = scored.choices[0].logprobs.content
-    assert "".join(e.token for e in content).strip() == scored.choices[0].message.content
+    ended = scored.choices[0].finish_reason == "stop" and content[-1].token == "<|im_end|>"  # the end token's entry, not text
+    assert "".join(e.token for e in content[: -1 if ended else None]).strip() == scored.choices[0].message.content
+    assert len(content) == scored.usage.completion_tokens
     assert all(e.top_logprobs[0].logprob == pytest.approx(e.logprob) and e.logprob <= 0 for e in content)  # greedy: the top token
 
 

@@ -100,3 +100,14 @@ def test_structured_output_on_the_real_tokenizer(llm):
     reply = llm.as_structured_llm(Place).chat([ChatMessage(role=MessageRole.USER, content="Where is the Eiffel Tower?")], documents=[EIFFEL])
     print(f"[as_structured_llm] {reply.raw!r}")
     assert isinstance(reply.raw, Place) and llm.history[-1]["info"]["method"] == "fides"
+
+
+def test_a_function_calling_program_decodes_its_context_str_with_fides(llm):
+    from llama_index.core.program import FunctionCallingProgram
+
+    prompt = PromptTemplate("Context: {context_str}\nWhere is the Eiffel Tower? Give the city and the country.")
+    place = FunctionCallingProgram.from_defaults(output_cls=Place, prompt=prompt, llm=llm)(context_str=EIFFEL)
+    info = llm.history[-1]["info"]
+    print(f"[FunctionCallingProgram] {place!r} method={info['method']}")
+    assert isinstance(place, Place) and info["method"] == "fides" and info["documents_source"] == "context"
+    assert EIFFEL in info["context_prompt"] and EIFFEL not in info["no_context_prompt"]

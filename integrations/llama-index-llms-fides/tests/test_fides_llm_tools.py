@@ -9,6 +9,7 @@ from typing import Literal
 import pytest
 from llama_index.core.base.llms.types import ChatMessage, MessageRole, ToolCallBlock
 from llama_index.core.llms.function_calling import FunctionCallingLLM
+from llama_index.core.program import FunctionCallingProgram
 from llama_index.core.prompts import PromptTemplate
 from llama_index.core.tools import FunctionTool
 from llama_index.core.types import PydanticProgramMode
@@ -159,6 +160,27 @@ def test_structured_predict_is_held_to_the_schema(llm):
         llm.structured_predict(Answer, prompt, llm_kwargs={"max_new_tokens": 2}, context_str=DOC, query_str=Q)  # never cut
     with pytest.raises(ValueError, match="drop regex="):
         llm.structured_predict(Answer, prompt, llm_kwargs={"regex": "a"}, context_str=DOC, query_str=Q)
+
+
+def _context_recorded(info: dict) -> bool:
+    return info["method"] == "fides" and DOC in info["context_prompt"] and DOC not in info["no_context_prompt"]
+
+
+def test_a_function_calling_program_takes_its_context_str_as_the_context(llm):
+    """LlamaIndex's FunctionCallingProgram hands the LLM only the formatted messages: context_str still decodes as the
+    context path (emptied on the no-context path)."""
+    prompt = PromptTemplate("Context: {context_str}\nQuestion: {query_str}\nAnswer:")
+    program = FunctionCallingProgram.from_defaults(output_cls=Answer, prompt=prompt, llm=llm)
+    answer = program(context_str=DOC, query_str=Q)
+    info = llm.history[-1]["info"]
+    assert isinstance(answer, Answer) and _context_recorded(info), info["notes"]
+    assert info["context_variables"] == ["context_str"] and info["documents_source"] == "context" and info["tool_choice"] == "required"
+    awaited = asyncio.run(program.acall(llm_kwargs={"documents": [DOC]}, context_str=DOC, query_str=Q))  # acall opens no span
+    assert isinstance(awaited, Answer) and _context_recorded(llm.history[-1]["info"])
+    program(context_str="", query_str=Q)  # an empty context: 'standard', said
+    assert llm.history[-1]["info"]["method"] == "standard" and llm.history[-1]["info"]["fallback"] == "the documents given were empty"
+    llm.chat_with_tools([TOOL], Q, tool_required=True)  # a later call outside the program has no context of its own
+    assert llm.history[-1]["info"]["method"] == "standard"
 
 
 class Said(BaseModel):

@@ -51,6 +51,7 @@ from fides_rag.calls import (
 from fides_rag.calls.decoders import decoder_for
 from fides_rag.calls.options import split_template_args
 from fides_rag.generation.streaming import iterate_in_thread
+from llama_index.llms.fides.programs import watch_programs
 
 dispatcher = get_dispatcher(__name__)
 logger = logging.getLogger("llama_index.llms.fides")
@@ -126,6 +127,7 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
             raise ValueError("use_chat_template=True but the tokenizer has no chat template")
         self._calls = CallFactory(decoder, max_batch_size=self.max_batch_size, batch_window_s=self.batch_window_s,
                                   use_chat_template=self.chat_template_active, no_context_path=self.no_context_path)
+        watch_programs()  # a program's call (FunctionCallingProgram) hands chat only its formatted messages
 
     @classmethod
     def from_model_id(

@@ -11,6 +11,7 @@ from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.chat_engine.context import DEFAULT_CONTEXT_TEMPLATE
 from llama_index.core.prompts.base import BasePromptTemplate
 from llama_index.llms.fides.context import CONTEXT_VARIABLES, find_context, prompt_type
+from llama_index.llms.fides.programs import program_call
 from llama_index.llms.fides.prompts import is_fides_rag_template
 from llama_index.llms.fides.tools import message_calls
 
@@ -99,8 +100,14 @@ class CallPairing:
         calling = self._calls.tools(kwargs.get("tools"), kwargs.get("tool_choice"))
         turns = [turn_of(m.role, m.content or "", message_calls(m)) for m in self._extend_messages(list(messages))]
         documents = None if kwargs.get("documents") is None else document_texts(kwargs["documents"])
+        variables = {"tool_messages": ["tool messages"], "context": ["context_str" if documents is not None else "system message"]}
+        source = "documents"
+        if calling is not None and documents is None and not any(r == "tool" for r, _ in turns):
+            found = self._program_context(turns)
+            if found is not None:  # a program's call (FunctionCallingProgram): its context variables' text
+                documents, variables["context"], source = found[0], found[1], "context"
         if calling is not None or any(r == "tool" for r, _ in turns):  # the core's chat with tools
-            plan = self._calls.planner(calling).conversation(turns, max_new_tokens, documents=documents, system_as_context=False)
+            plan = self._calls.planner(calling).conversation(turns, max_new_tokens, documents=documents, source=source, system_as_context=False)
         else:
             context = ContextMessages((self.chat_context_templates or [DEFAULT_CONTEXT_TEMPLATE])[0], self.chat_context_templates,
                                       CONTEXT_VARIABLES, self.context_separator)
@@ -109,9 +116,20 @@ class CallPairing:
                 question_prompt=self._question_text)
             plan = planner.conversation(turns, max_new_tokens, documents=documents, template_first=True, template_question=turns[-1][1],
                                         system_as_context=False)
-        variables = {"tool_messages": ["tool messages"], "context": ["context_str" if documents is not None else "system message"]}
         plan.extra = {**_extra("fides_rag" if plan.kind == "template" else "chat", variables.get(plan.source, [])), **plan.extra}
         return plan, calling
+
+    def _program_context(self, turns: Sequence[tuple[str, str]]) -> tuple[list[str], list[str]] | None:
+        """The texts of the context variables (and their names) of the program call in progress on this LLM, when its
+        messages hold them verbatim; None outside a program's call, or when its template has no context variable."""
+        call = program_call(self)
+        if call is None:
+            return None
+        context = find_context(call.prompt, call.arguments, self.context_variables, self, self.context_separator)
+        texts = [t for t in context.values() if t.strip()]
+        if not context or not all(any(t in c for _, c in turns) for t in texts):
+            return None
+        return texts, sorted(context)
 
     def _pair_for_complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> ChatPlan:
         if kwargs.get("tools") or kwargs.get("tool_choice") is not None:
