@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     samples: dict[str, dict[str, dict[str, list[float]]]] = {}
     for shape in shapes:
         for bench in benches.values():  # the flag says whether the prompts already carry the chat template's tokens
-            bench.templated = shape == "template" and benches["new"].decoder.use_chat_template
+            bench.templated = shape == "template" and benches["new"].decoder.prompts.use_chat_template
         warmup, *measured = examples
         for bench in benches.values():
             for method in methods:

@@ -16,12 +16,15 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fides_rag.decoder import FidesDecoder
 
 METHODS = ("standard", "cad", "fides")
 
 
-def decode(decoder: Any, examples: list[Any], method: str, in_flight: int, new_tokens: int) -> list[Any]:
+def decode(decoder: FidesDecoder, examples: list[Any], method: str, in_flight: int, new_tokens: int) -> list[Any]:
     """Every example's result, `in_flight` requests submitted at a time."""
     results = []
     for start in range(0, len(examples), in_flight):

@@ -33,7 +33,7 @@ from pydantic import BaseModel
 from fides_rag import FidesDecoder
 from fides_rag.calls import CallFactory
 from fides_rag.eval.tables import markdown_table
-from fides_rag.generation.requests import PromptPair
+from fides_rag import PromptPair
 from fides_rag.serve.agent_call import agent_call
 from fides_rag.serve.planning import build_call, chat_plan
 from fides_rag.serve.protocol import ChatCompletionRequest

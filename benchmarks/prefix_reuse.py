@@ -18,7 +18,10 @@ import json
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fides_rag.decoder import FidesDecoder
 
 RULES = [
     "Answer only from the documents you are given; when they do not hold the answer, say that they do not.",
@@ -57,7 +60,7 @@ def prompt_pair(tokenizer: Any, system: str, question: str, document: str = DOCU
     return PromptPair(chat([documents, *turns]), chat(turns))
 
 
-def timed(decoder: Any, pair: Any, method: str, new_tokens: int) -> tuple[float, Any]:
+def timed(decoder: FidesDecoder, pair: Any, method: str, new_tokens: int) -> tuple[float, Any]:
     start = time.perf_counter()
     result = decoder.generate(pair, method=method, max_new_tokens=new_tokens)
     return time.perf_counter() - start, result
@@ -86,11 +89,12 @@ def measure(model: Any, tokenizer: Any, method: str, system_tokens: int, repeats
     off.generate(warm, method=method, max_new_tokens=1)
     off_s, alone = timed(off, second, method, check_tokens)
     cached = on.generate(second, method=method, max_new_tokens=check_tokens)
-    request = on.requests.build(second, method=method)
+    example = on.prompts.prepare_from_prompts(second.context, second.no_context, 1, second.add_special_tokens,
+                                              untrusted=second.untrusted)
     first_ttft = statistics.median(r["first_s"] for r in runs)
     second_ttft = statistics.median(r["second_s"] for r in runs)
     return {
-        "context_prompt_tokens": len(request.example.context_ids), "no_context_prompt_tokens": len(request.example.no_context_ids),
+        "context_prompt_tokens": len(example.context_ids), "no_context_prompt_tokens": len(example.no_context_ids),
         "first_ttft_s": first_ttft, "second_ttft_s": second_ttft, "ratio": second_ttft / first_ttft,
         "second_hit_tokens": runs[-1]["second_hit_tokens"], "second_hits": runs[-1]["second_hits"],
         "first_hit_tokens": runs[-1]["first_hit_tokens"],

@@ -83,7 +83,8 @@ def decode_agent(decoder: FidesDecoder, rows: Sequence[QAExample], methods: Sequ
     """The agent form of each row: the forced tool call (no documents yet: one 'standard' decode), then the answer
     after the tool message under every method."""
     forced = ToolCalling(decoder.tokenizer, [RETRIEVE], tool_choice=RETRIEVE.name)
-    chat = ChatPrompts(decoder.tokenizer, context_window=decoder.context_window, use_chat_template=decoder.use_chat_template)
+    chat = ChatPrompts(decoder.tokenizer, context_window=decoder.limits.context_window,
+                       use_chat_template=decoder.prompts.use_chat_template)
     first = [chat.with_tools(forced).plain([("user", e.question)], "no tool has answered yet", e.question, fallback=False) for e in rows]
     calls = decoder.generate_batch([p.prompt()[0] for p in first], method="standard", max_new_tokens=max_new, json_schema=forced.constraint())
     answering = chat.with_tools(ToolCalling(decoder.tokenizer, [RETRIEVE], tool_choice="auto"))

@@ -1,17 +1,25 @@
 """fides-rag: faithful retrieval-augmented generation by dual-path contrastive decoding (FIDES)."""
 
-from fides_rag.decoder import (
-    AsyncTextStream,
-    FidesDecoder,
-    GenerationSettings,
+from fides_rag.decoder import AsyncTextStream, FidesDecoder, GenerationSettings, PromptPair, TextStream
+from fides_rag.errors import (
+    BudgetBelowShortestAnswer,
+    CallInputError,
+    ContextWindowExceeded,
+    DecoderInputError,
+    EmptyQuestion,
+    FetchError,
+    FidesFallbackError,
+    GrammarLimitExceeded,
+    GrammarViolation,
+    IncompleteAnswerError,
+    MissingExtraError,
     NonFiniteLogitsError,
-    PromptPair,
     QueueFullError,
-    TextStream,
+    UnansweredError,
+    UnsupportedArchitectureError,
 )
 from fides_rag.generation.options import GenerationOptions, MethodOptions
 from fides_rag.method.config import FidesConfig
-from fides_rag.method.lens import UnsupportedArchitectureError
 from fides_rag.models.loading import load_model, select_device
 from fides_rag.prompts.template import Demonstration, PromptTemplate
 from fides_rag.result import GenerationResult, StepRecord
@@ -31,22 +39,34 @@ __version__ = "0.2.0"
 
 __all__ = [
     "AsyncTextStream",
+    "BudgetBelowShortestAnswer",
+    "CallInputError",
+    "ContextWindowExceeded",
     "ContrastRule",
+    "DecoderInputError",
     "Demonstration",
+    "EmptyQuestion",
+    "FetchError",
     "FidesConfig",
     "FidesDecoder",
+    "FidesFallbackError",
     "Gate",
     "GatedRule",
     "GenerationOptions",
     "GenerationResult",
     "GenerationSettings",
+    "GrammarLimitExceeded",
+    "GrammarViolation",
+    "IncompleteAnswerError",
     "MethodOptions",
+    "MissingExtraError",
     "NonFiniteLogitsError",
     "PromptPair",
     "PromptTemplate",
     "QueueFullError",
     "StepRecord",
     "TextStream",
+    "UnansweredError",
     "UnsupportedArchitectureError",
     "available_gates",
     "available_methods",

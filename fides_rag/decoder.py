@@ -20,8 +20,8 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from typing_extensions import Unpack  # typing.Unpack from Python 3.11 on
 
-from fides_rag.generation.choosing import NonFiniteLogitsError
-from fides_rag.generation.engine import DecodeEngine, QueueFullError
+from fides_rag.errors import NonFiniteLogitsError, QueueFullError
+from fides_rag.generation.engine import DecodeEngine
 from fides_rag.generation.options import MethodOptions
 from fides_rag.generation.prompting import PreparedExample, PromptPreparer, context_window
 from fides_rag.generation.requests import PromptPair, RequestBuilder
@@ -30,7 +30,6 @@ from fides_rag.generation.settings import GenerationSettings
 from fides_rag.generation.streaming import AsyncTextStream, TextStream
 from fides_rag.generation.tickets import RequestHandle
 from fides_rag.generation.views import DecoderLimits, DecoderStats
-from fides_rag.method.lens import ModelAnatomy
 from fides_rag.prompts.template import PromptTemplate
 from fides_rag.rules import ContrastRule, get_method
 
@@ -84,10 +83,9 @@ class FidesDecoder:
             tokenizer, prompt_template or PromptTemplate(), has_template if use_chat_template is None else use_chat_template,
             context_window(model.config, tokenizer),
         )
-        self.requests = RequestBuilder(
+        self._requests = RequestBuilder(
             preparer, rule, max_new_tokens, self._engine.setup_heads, vocab_size=self._engine.vocab_size, eos_token_ids=lambda: self._engine.eos_token_ids
-        )
-        """The request builder every entry point on this decoder shares."""
+        )  # the request builder every entry point on this decoder shares
 
     @classmethod
     def from_pretrained(
@@ -113,39 +111,20 @@ class FidesDecoder:
         return self._engine.tokenizer
 
     @property
-    def anatomy(self) -> ModelAnatomy:
-        return self._engine.anatomy
-
-    @property
     def method(self) -> ContrastRule:
         """The default rule (`method=None`)."""
-        return self.requests.default_method
-
-    @property
-    def config(self) -> Any:
-        """The configuration object of the decoder's default rule (FIDES's FidesConfig), or None."""
-        return getattr(self.method, "config", None)
+        return self._requests.default_method
 
     @property
     def max_new_tokens(self) -> int:
-        return self.requests.default_max_new_tokens
+        """The default budget (`max_new_tokens=None`)."""
+        return self._requests.default_max_new_tokens
 
     @property
     def prompts(self) -> PromptPreparer:
-        """The prompt preparer: renders fides-rag's template and tokenises prompts (questions and documents as plain text)."""
-        return self.requests.preparer
-
-    @property
-    def prompt_template(self) -> PromptTemplate:
-        return self.requests.preparer.template
-
-    @property
-    def use_chat_template(self) -> bool:
-        return self.requests.preparer.use_chat_template
-
-    @property
-    def context_window(self) -> int:
-        return self.requests.preparer.context_window
+        """The prompt preparer: renders fides-rag's template and tokenises prompts (questions and documents as plain text);
+        `template`, `use_chat_template` and `context_window` are its settings."""
+        return self._requests.preparer
 
     @property
     def device(self) -> torch.device:
@@ -172,10 +151,15 @@ class FidesDecoder:
         (queue_length, requests_in_flight, rows_in_flight) and the prefix cache's hits, misses and bytes."""
         return self._engine.snapshot()
 
+    def rule_for(self, method: str | ContrastRule | None) -> ContrastRule:
+        """The rule a call's `method=` runs on this decoder: None or the default rule's name gives the configured default
+        (behind a gate with `name+gate`), any other name a fresh rule with its defaults; a rule object is itself."""
+        return self._requests.resolve(method)
+
     def prepare(self, question: str, documents: Any, max_new_tokens: int, *, document_paths: bool = False) -> PreparedExample:
         """Render and tokenise both branches of one example as `generate` would (e.g. to count its prompt tokens);
         `generate` and `generate_batch` also take the result."""
-        return self.requests.preparer.prepare(question, documents, max_new_tokens, document_paths=document_paths)
+        return self._requests.preparer.prepare(question, documents, max_new_tokens, document_paths=document_paths)
 
     # -- decoding ---------------------------------------------------------------------------------
 
@@ -202,14 +186,14 @@ class FidesDecoder:
         `asyncio.wrap_future`), and with `stream=True` its deltas arrive on `stream()` / `astream()`. Bad input
         raises here, before anything decodes; concurrent requests decode together. `wait_here`: the caller will
         wait on `result()` and decodes on its own thread while no other thread does."""
-        return self._engine.submit([self.requests.build(question, documents, stream=stream, **options)], wait_here=wait_here)[0]
+        return self._engine.submit([self._requests.build(question, documents, stream=stream, **options)], wait_here=wait_here)[0]
 
     def generate(self, question: Prompt, documents: Sequence[Any] | None = None, **options: Unpack[MethodOptions]) -> Any:
         """Answer `question` with its `documents`, or a `PromptPair` (or a `PreparedExample` from `prepare`).
 
         options: method (or methods, for label -> result), max_new_tokens, stop, do_sample, temperature, top_p,
         top_k, seed, min_new_tokens, logits_processor, stopping_criteria (`MethodOptions`)."""
-        request = self.requests.build(question, documents, **options)
+        request = self._requests.build(question, documents, **options)
         return self._engine.submit([request], wait_here=True)[0].result()
 
     def generate_batch(
@@ -217,7 +201,7 @@ class FidesDecoder:
     ) -> Any:
         """Answer several questions (or PromptPairs) together: one result each, or with `methods` label -> one result
         per question. Every request is built, and bad input refused, before any decodes."""
-        requests = self.requests.build_all(questions, documents_per_question, **options)
+        requests = self._requests.build_all(questions, documents_per_question, **options)
         handles = self._engine.submit(requests, wait_here=True)
         try:
             results = [h.result() for h in handles]
@@ -231,17 +215,17 @@ class FidesDecoder:
     def stream(self, question: Prompt, documents: Sequence[Any] | None = None, **options: Unpack[MethodOptions]) -> TextStream:
         """Text deltas as they are decoded; their concatenation equals the final `result.text`. Any thread may
         read it; closing it cancels the request."""
-        request = self.requests.build(question, documents, stream=True, **options)
+        request = self._requests.build(question, documents, stream=True, **options)
         return self._engine.submit([request])[0].stream()
 
     async def agenerate(self, question: Prompt, documents: Sequence[Any] | None = None, **options: Unpack[MethodOptions]) -> Any:
         """`generate` for asyncio: the event loop stays free, and cancelling the task cancels the request."""
-        request = self.requests.build(question, documents, **options)
+        request = self._requests.build(question, documents, **options)
         return await asyncio.wrap_future(self._engine.submit([request])[0].future)
 
     def astream(self, question: Prompt, documents: Sequence[Any] | None = None, **options: Unpack[MethodOptions]) -> AsyncTextStream:
         """`stream` as an async iterator; cancelling the task that reads it cancels the request."""
-        request = self.requests.build(question, documents, stream=True, **options)
+        request = self._requests.build(question, documents, stream=True, **options)
         return self._engine.submit([request])[0].astream()
 
     def decode_text(self, token_ids: list[int]) -> str:

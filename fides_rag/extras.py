@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from fides_rag.errors import MissingExtraError
+
 # Which extra provides each optional top-level module.
 EXTRA_OF = {
     "pandas": "eval",
@@ -24,10 +26,6 @@ EXTRA_OF = {
     "prometheus_client": "serve",
     "ray": "scale",
 }
-
-
-class MissingExtraError(ImportError):
-    """An optional dependency is not installed; the message names the extra that installs it."""
 
 
 def require(module: str, extra: str | None = None, *, purpose: str = "") -> ModuleType:

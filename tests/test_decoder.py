@@ -180,7 +180,7 @@ class ForwardCounter:
 def test_one_forward_per_step_with_all_paths(tiny_llama, tokenizer, method, paths, split_prefill):
     """A budget that holds every prompt: the three requests are prefilled in the first step and decode together."""
     decoder = decoder_for(tiny_llama, tokenizer, split_prefill=split_prefill, max_num_batched_tokens=8192)
-    counter = ForwardCounter(decoder.anatomy.backbone)
+    counter = ForwardCounter(ModelAnatomy.of(decoder.model).backbone)
     try:
         results = decoder.generate_batch(QUESTIONS[:3], DOCUMENTS[:3], method=method, max_new_tokens=6, stop=[])
     finally:
@@ -315,7 +315,7 @@ def test_default_template_two_shot_and_branch_difference(tiny_llama, tokenizer):
 
 def test_chat_template_on_both_branches(tiny_llama, chat_tokenizer):
     decoder = decoder_for(tiny_llama, chat_tokenizer)
-    assert decoder.use_chat_template
+    assert decoder.prompts.use_chat_template
     result = decoder.generate("What is the capital of France?", ["Lyon is the capital of France."], method="cad", max_new_tokens=2)
     for prompt in (result.context_prompt, result.no_context_prompt):
         assert prompt.startswith("<bos><|user|>") and prompt.endswith("<|assistant|>\n")
@@ -367,7 +367,7 @@ def test_bad_input_gets_clear_errors(tiny_llama, tokenizer):
 
 def test_no_documents_falls_back_to_standard_and_says_so(tiny_llama, tokenizer, caplog):
     decoder = decoder_for(tiny_llama, tokenizer)
-    counter = ForwardCounter(decoder.anatomy.backbone)
+    counter = ForwardCounter(ModelAnatomy.of(decoder.model).backbone)
     with caplog.at_level(logging.WARNING, logger="fides_rag"):
         try:
             result = decoder.generate("What is the capital of France?", [], method="fides", max_new_tokens=3)
@@ -444,7 +444,7 @@ def test_methods_on_prompt_pairs_equal_each_alone(tiny_llama, tokenizer):
 
 def test_methods_prefill_once_and_prune_finished_rows(tiny_llama, tokenizer):
     decoder = decoder_for(tiny_llama, tokenizer, max_num_batched_tokens=8192)  # both requests join at the first step
-    counter = ForwardCounter(decoder.anatomy.backbone)
+    counter = ForwardCounter(ModelAnatomy.of(decoder.model).backbone)
     try:
         results = decoder.generate_batch(QUESTIONS[:2], DOCUMENTS[:2], methods=["standard", "cad", "fides"], max_new_tokens=6, stop=[])
     finally:
@@ -472,7 +472,7 @@ def test_methods_without_documents_report_standard_under_each_label(tiny_llama, 
 def test_raw_prompts_can_skip_special_tokens(tiny_llama, chat_tokenizer):
     decoder = decoder_for(tiny_llama, chat_tokenizer)
     text = chat_tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
-    example = decoder.requests.preparer.prepare_from_prompts(text, text, 4, add_special_tokens=False)
+    example = decoder.prompts.prepare_from_prompts(text, text, 4, add_special_tokens=False)
     assert example.context_ids.count(chat_tokenizer.bos_token_id) == 1
     result = decoder.generate(PromptPair(text, text, add_special_tokens=False), method="standard", max_new_tokens=2)
     assert result.prompt_tokens == len(example.context_ids)

@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from fides_rag import FidesDecoder, PromptPair, PromptTemplate
+from fides_rag.method.lens import ModelAnatomy
 
 REQUESTS = [
     dict(question="What is the capital of France?", documents=["Lyon is the capital of France."], method="fides", max_new_tokens=6),
@@ -108,7 +109,7 @@ def test_streams_from_a_shared_batch_concatenate_to_their_results(decoder):
 
 def test_a_cancelled_task_leaves_the_batch(decoder, tiny_llama):
     forwards: list[tuple[int, int]] = []  # (rows, tokens) of every forward
-    handle = decoder.anatomy.backbone.register_forward_pre_hook(
+    handle = ModelAnatomy.of(decoder.model).backbone.register_forward_pre_hook(
         lambda module, args, kwargs: forwards.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
     )
     decoder.eos_token_ids = set()  # both run to their budget unless cancelled

@@ -118,8 +118,8 @@ def test_prepare_document_prompts(tiny_llama, tokenizer):
     example = decoder.prepare(QUESTIONS[1], DOCUMENTS[1], 8, document_paths=True)
     assert len(example.document_prompts) == len(example.document_ids) == 3
     for text, prompt, ids in zip(DOCUMENTS[1], example.document_prompts, example.document_ids):
-        block = decoder.prompt_template.document_block([text])
-        assert prompt == decoder.prompt_template.render(tokenizer, QUESTIONS[1], block, decoder.use_chat_template)
+        block = decoder.prompts.template.document_block([text])
+        assert prompt == decoder.prompts.template.render(tokenizer, QUESTIONS[1], block, decoder.prompts.use_chat_template)
         assert f"Document [1]: {text}\n" in prompt and "Document [2]" not in prompt
         assert ids == tokenizer(prompt)["input_ids"]
     assert example.context_ids == decoder.prepare(QUESTIONS[1], DOCUMENTS[1], 8).context_ids
@@ -156,8 +156,8 @@ def test_document_prompts_are_trimmed_like_the_context(tokenizer):
     assert all(len(ids) + 20 <= 400 for ids in example.document_ids)
     assert any(note.startswith("document 1's own prompt trimmed") for note in example.notes)
     assert not any(note.startswith("document 2's") for note in example.notes)
-    block = decoder.prompt_template.document_block([short_doc])
-    assert example.document_prompts[1] == decoder.requests.preparer.render("What is the capital?", block)[0]
+    block = decoder.prompts.template.document_block([short_doc])
+    assert example.document_prompts[1] == decoder.prompts.render("What is the capital?", block)[0]
     result = decoder.generate("What is the capital?", [long_doc, short_doc], method="dvd", max_new_tokens=20)
     assert result.method == "dvd" and result.documents_trimmed
 
@@ -177,7 +177,7 @@ def test_masked_path_equals_model_with_heads_zeroed_by_hand(tiny_models, tokeniz
     results = decoder.generate_batch(QUESTIONS, DOCUMENTS, method=probe, max_new_tokens=5)
     assert probe.asked == 1
     assert all(len(r.token_ids) == 5 for r in results)
-    assert all(not proj._forward_pre_hooks for proj in decoder.anatomy.attention_output_projections())  # hooks removed
+    assert all(not proj._forward_pre_hooks for proj in ModelAnatomy.of(decoder.model).attention_output_projections())  # hooks removed
     for b, (question, docs, result) in enumerate(zip(QUESTIONS, DOCUMENTS, results)):
         ids = decoder.prepare(question, docs, 5).context_ids
         handles = hand_masked(model, HEADS)
@@ -205,7 +205,7 @@ def test_no_heads_means_no_masked_rows(tiny_llama, tokenizer):
     contexts = sum(len(decoder.prepare(q, d, 3).context_ids) for q, d in zip(QUESTIONS, DOCUMENTS))
     for heads in (None, {}, {2: ()}):
         probe = HeadProbe(heads)
-        counter = ForwardCounter(decoder.anatomy.backbone)
+        counter = ForwardCounter(ModelAnatomy.of(decoder.model).backbone)
         before = decoder.stats.prompt_tokens
         try:
             result = decoder.generate_batch(QUESTIONS, DOCUMENTS, method=probe, max_new_tokens=3)
@@ -238,7 +238,7 @@ def test_rows_per_forward(tiny_llama, tokenizer, split_prefill, monkeypatch):
         "heads": sum(2 * len(e.context_ids) for e in examples),
     }
     for label, method in (("cad", "cad"), ("dvd", DvdRule()), ("heads", HeadProbe(HEADS))):
-        counter = ForwardCounter(decoder.anatomy.backbone)
+        counter = ForwardCounter(ModelAnatomy.of(decoder.model).backbone)
         before = decoder.stats.prompt_tokens
         try:
             results = decoder.generate_batch(QUESTIONS, DOCUMENTS, method=method, max_new_tokens=4)
@@ -287,7 +287,7 @@ def test_lanes_with_every_path_and_pruning_equal_each_method_alone(tiny_models, 
     examples = [decoder.prepare(q, d, 8, document_paths=True) for q, d in zip(QUESTIONS, DOCUMENTS)]
     # ctx, no-context, documents, head set a (two lanes), head set b: each row's prompt once
     rows = sum(3 * len(e.context_ids) + len(e.no_context_ids) + sum(map(len, e.document_ids)) for e in examples)
-    counter = ForwardCounter(decoder.anatomy.backbone)
+    counter = ForwardCounter(ModelAnatomy.of(decoder.model).backbone)
     try:
         together = decoder.generate_batch(QUESTIONS, DOCUMENTS, methods=methods, **kwargs)
     finally:
@@ -319,7 +319,7 @@ def test_stream_with_extra_paths_equals_generate(tiny_llama, tokenizer):
 
 def test_too_few_documents_are_refused_before_decoding(tiny_llama, tokenizer):
     decoder = FidesDecoder(tiny_llama, tokenizer)
-    counter = ForwardCounter(decoder.anatomy.backbone)
+    counter = ForwardCounter(ModelAnatomy.of(decoder.model).backbone)
     try:
         with pytest.raises(ValueError, match="method 'dvd' .*at least 2 documents per question, but example 0 has 1"):
             decoder.generate("Q?", ["one document"], method="dvd")
@@ -340,7 +340,7 @@ def test_raw_prompts_cannot_run_document_paths(tiny_llama, tokenizer):
         decoder.generate(PromptPair("Doc. Q? A:", "Q? A:"), method="dvd")
     with pytest.raises(ValueError, match="method 'dvd' runs one path per document, which raw prompts cannot provide"):
         decoder.stream(PromptPair("Doc. Q? A:", "Q? A:"), method=DvdRule())
-    raw = decoder.requests.preparer.prepare_from_prompts("Doc. Q? A:", "Q? A:", 4)
+    raw = decoder.prompts.prepare_from_prompts("Doc. Q? A:", "Q? A:", 4)
     with pytest.raises(ValueError, match="example 0 has no per-document prompts"):
         decoder.generate_batch([raw], method=DvdRule(), max_new_tokens=4)
     plain = decoder.prepare("Q?", ["a", "b"], 4)  # prepared without document_paths
@@ -363,7 +363,7 @@ def test_raw_prompts_cannot_run_document_paths(tiny_llama, tokenizer):
 )
 def test_bad_heads_are_refused_before_decoding(tiny_llama, tokenizer, heads, message):
     decoder = FidesDecoder(tiny_llama, tokenizer)
-    counter = ForwardCounter(decoder.anatomy.backbone)
+    counter = ForwardCounter(ModelAnatomy.of(decoder.model).backbone)
     try:
         with pytest.raises(ValueError, match=f"method 'head-probe'.*{message}"):
             decoder.generate(QUESTIONS[0], DOCUMENTS[0], method=HeadProbe(heads))

@@ -1,6 +1,8 @@
-"""The package's import graph: data flows one way. No module under fides_rag/generation/ imports the facade
-(`fides_rag.decoder`), not even under TYPE_CHECKING, no import circle exists between fides_rag modules, and the
-facade is the one way into the engine: nothing else in the repository imports the engine's rooms."""
+"""The package's import graph: data flows one way. Every fides_rag module belongs to a layer, and no import runs from
+a lower layer up (`LAYERS`); no module under fides_rag/generation/ imports the facade (`fides_rag.decoder`), not even
+under TYPE_CHECKING; no import circle exists between fides_rag modules; and the front doors (the server, eval, the
+demo, the CLI, benchmarks, examples, the integrations) reach the engine only through `fides_rag`, the decoder and the
+call layer (`fides_rag.calls`): none imports any module of `fides_rag.generation`."""
 
 from __future__ import annotations
 
@@ -16,15 +18,47 @@ ENGINE_ROOMS = {f"fides_rag.generation.{room}" for room in
 """The engine and what only it drives; `fides_rag.decoder` is the one door to them."""
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+LAYERS: list[tuple[str, ...]] = [
+    ("fides_rag.errors", "fides_rag.registry", "fides_rag.extras", "fides_rag.result", "fides_rag.report", "fides_rag.models",
+     "fides_rag.prompts"),
+    ("fides_rag.method",),
+    ("fides_rag.rules",),
+    ("fides_rag.generation",),
+    ("fides_rag.decoder", "fides_rag"),  # the package's own names are the facade's
+    ("fides_rag.calls",),
+    ("fides_rag.serve", "fides_rag.eval", "fides_rag.demo", "fides_rag.cli", "fides_rag.testing"),
+]
+"""The layers from the bottom up: a module may import its own layer and those below, never one above."""
+FRONT_DOORS = [ROOT / "serve", ROOT / "eval", ROOT / "demo", ROOT / "cli", REPOSITORY / "benchmarks", REPOSITORY / "examples",
+               REPOSITORY / "integrations"]
+"""What reaches the engine only through `fides_rag`, the decoder and the call layer."""
+ROOM_BENCHMARKS = {REPOSITORY / "benchmarks" / "grammar_step_cost.py"}
+"""Micro-benchmarks of one generation room on its own (no decoder, no call): they time the room's functions."""
+
+
+def layer_of(module: str) -> int:
+    """The index in LAYERS of the longest prefix naming `module` (a package names itself and its modules)."""
+    best, found = -1, -1
+    for index, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            matches = module == prefix or (prefix != "fides_rag" and module.startswith(f"{prefix}."))
+            if matches and len(prefix) > best:
+                best, found = len(prefix), index
+    if found < 0:
+        raise AssertionError(f"{module} belongs to no layer; add it to LAYERS")
+    return found
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports_of(path: Path) -> set[str]:
+def imports_of(path: Path, root: Path = ROOT) -> set[str]:
     """Every fides_rag module `path` imports anywhere in its body (TYPE_CHECKING blocks and functions too)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    name = module_name(path, root) if root in path.parents else ""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -71,6 +105,33 @@ def test_no_import_circle():
     for node in sorted(edges):
         if node not in state:
             visit(node)
+
+
+def test_every_import_runs_down_the_layers():
+    upward = {name: sorted(t for t in targets if layer_of(t) > layer_of(name)) for name, targets in graph().items()}
+    assert {name: targets for name, targets in upward.items() if targets} == {}
+
+
+def test_the_layer_check_catches_an_upward_import(tmp_path):
+    assert layer_of("fides_rag.method.signals") < layer_of("fides_rag.rules.fides") < layer_of("fides_rag.generation.engine")
+    assert layer_of("fides_rag.generation.engine") < layer_of("fides_rag.decoder") < layer_of("fides_rag.calls.answering")
+    assert layer_of("fides_rag.calls") < layer_of("fides_rag.serve.app") == layer_of("fides_rag.eval.bench")
+    assert layer_of("fides_rag") == layer_of("fides_rag.decoder") and layer_of("fides_rag.errors") == 0
+    module = tmp_path / "fides_rag" / "method" / "sneaky.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("def f():\n    from fides_rag.rules.fides import FidesRule\n    from fides_rag import __version__\n")
+    known = set(graph())
+    found = {m for m in imports_of(module, tmp_path / "fides_rag") if m in known and layer_of(m) > layer_of("fides_rag.method.sneaky")}
+    assert found == {"fides_rag", "fides_rag.rules.fides"}
+
+
+def test_front_doors_never_import_the_generation_package():
+    sources = [p for folder in FRONT_DOORS for p in folder.rglob("*.py") if p not in ROOM_BENCHMARKS]
+    assert len(sources) > 80
+    doors = {str(p.relative_to(REPOSITORY)): sorted(m for m in imports_of(p) if m == "fides_rag.generation" or
+                                                    m.startswith("fides_rag.generation."))
+             for p in sources}
+    assert {path: modules for path, modules in doors.items() if modules} == {}
 
 
 def test_only_the_facade_and_generation_import_the_engine():

@@ -26,7 +26,7 @@ class HalfContrast(ContrastRule):
 def registered():
     register_method("half-contrast")(HalfContrast)
     yield "half-contrast"
-    registry._REGISTRY.pop("half-contrast")
+    registry.RULES.unregister("half-contrast")
 
 
 def test_a_rule_defined_in_a_test_file_decodes_and_records(registered, tiny_llama, tokenizer):

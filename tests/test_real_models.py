@@ -32,7 +32,7 @@ def alpha_table(result) -> str:
 
 
 def test_bundled_alias_is_cached_as_safetensors(decoder):
-    alias = "gemma3-270m" if decoder.anatomy.model_type == "gemma3_text" else "smollm2-135m-instruct"
+    alias = "gemma3-270m" if decoder.model.config.model_type == "gemma3_text" else "smollm2-135m-instruct"
     folder = loading._gguf_cache_dir(loading.locate_bundled(alias))
     assert (folder / "model.safetensors").is_file() and (folder / "fides_rag_source.json").is_file()
 
@@ -51,7 +51,7 @@ def test_standard_matches_transformers_generate(decoder):
 def test_real_conflict_contrast_follows_the_document(decoder):
     results = {m: decoder.generate(CONFLICT_QUESTION, [CONFLICT_DOCUMENT], method=m, max_new_tokens=16) for m in ("standard", "cad", "adacad", "fides")}
     for method, result in results.items():
-        print(f"\n[{decoder.anatomy.model_type}] {method}: {result.text!r}\n{alpha_table(result)}")
+        print(f"\n[{decoder.model.config.model_type}] {method}: {result.text!r}\n{alpha_table(result)}")
     assert "Paris" in results["standard"].text and "Rome" not in results["standard"].text
     assert "Rome" in results["cad"].text
     assert "Rome" in results["fides"].text

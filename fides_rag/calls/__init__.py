@@ -37,21 +37,69 @@ from fides_rag.calls.answering import Answer, AnswerLog, Call, CallStream
 from fides_rag.calls.factory import CallFactory
 from fides_rag.calls.fields import DecodingFields
 from fides_rag.calls.metadata import FINISH_REASONS, record, usage
-from fides_rag.calls.options import CONSTRAINTS, FIDES_CONSTANTS, CallInputError, CallOptions, FidesFallbackError, fold_fides_constants, resolve_method
+from fides_rag.calls.options import (
+    CALL,
+    CONSTRAINTS,
+    FIDES_CONSTANTS,
+    REQUEST_OPTIONS,
+    CallInputError,
+    CallOptions,
+    FidesFallbackError,
+    fold_fides_constants,
+    options_of,
+    resolve_method,
+)
 from fides_rag.calls.planning import (
-    DOCUMENTS_INSTRUCTION, ROLES, STANDARD, ChatPlan, ChatPrompts, ContextMessages, Turn, check_question, context_in_system,
-    documents_beside, filled_variable, role_of, turn_of, why_no_documents,
+    DOCUMENTS_INSTRUCTION,
+    ROLES,
+    STANDARD,
+    ChatPlan,
+    ChatPrompts,
+    ContextMessages,
+    Turn,
+    check_question,
+    context_in_system,
+    documents_beside,
+    filled_variable,
+    role_of,
+    turn_of,
+    why_no_documents,
 )
 from fides_rag.calls.structure import (
-    IncompleteAnswerError, check_complete, closed_schema, constraint_of, parse_structure, refuse_other_grammar, schema_of, with_structure,
+    IncompleteAnswerError,
+    check_complete,
+    closed_schema,
+    constraint_of,
+    parse_structure,
+    refuse_other_grammar,
+    schema_of,
+    shortest_answer_tokens,
+    special_token_id,
+    with_structure,
 )
-from fides_rag.calls.tools import ToolCall, ToolCallStream, ToolCalling, ToolSpec, calls_from_openai, new_call_id, render_calls, tool_choice_name
-from fides_rag.calls.unanswered import UnansweredError
+from fides_rag.calls.tools import (
+    ToolCall,
+    ToolCalling,
+    ToolCallStream,
+    ToolSpec,
+    calls_from_openai,
+    new_call_id,
+    render_calls,
+    tool_choice_name,
+)
+from fides_rag.errors import UnansweredError
+from fides_rag.generation.request_options import option_field
+from fides_rag.generation.schema_support import check_strict_schema, unenforced_keywords
+from fides_rag.generation.streaming import iterate_in_thread
 
 __all__ = [
-    "CONSTRAINTS", "DOCUMENTS_INSTRUCTION", "FIDES_CONSTANTS", "FINISH_REASONS", "ROLES", "Answer", "AnswerLog", "Call", "CallFactory", "CallInputError",
-    "CallOptions", "CallStream", "ChatPlan", "ChatPrompts", "ContextMessages", "DecodingFields", "STANDARD", "FidesFallbackError", "IncompleteAnswerError", "ToolCall",
-    "ToolCallStream", "ToolCalling", "ToolSpec", "Turn", "UnansweredError", "calls_from_openai", "check_complete", "check_question", "closed_schema", "constraint_of", "context_in_system", "documents_beside", "filled_variable", "fold_fides_constants",
-    "new_call_id", "parse_structure", "render_calls", "record", "refuse_other_grammar", "resolve_method", "role_of", "schema_of", "tool_choice_name", "turn_of", "usage", "with_structure",
-    "why_no_documents",
+    "Answer", "AnswerLog", "CALL", "CONSTRAINTS", "Call", "CallFactory", "CallInputError", "CallOptions",
+    "CallStream", "ChatPlan", "ChatPrompts", "ContextMessages", "DOCUMENTS_INSTRUCTION", "DecodingFields",
+    "FIDES_CONSTANTS", "FINISH_REASONS", "FidesFallbackError", "IncompleteAnswerError", "REQUEST_OPTIONS", "ROLES",
+    "STANDARD", "ToolCall", "ToolCallStream", "ToolCalling", "ToolSpec", "Turn", "UnansweredError",
+    "calls_from_openai", "check_complete", "check_question", "check_strict_schema", "closed_schema", "constraint_of",
+    "context_in_system", "documents_beside", "filled_variable", "fold_fides_constants", "iterate_in_thread",
+    "new_call_id", "option_field", "options_of", "parse_structure", "record", "refuse_other_grammar", "render_calls",
+    "resolve_method", "role_of", "schema_of", "shortest_answer_tokens", "special_token_id", "tool_choice_name",
+    "turn_of", "unenforced_keywords", "usage", "why_no_documents", "with_structure",
 ]

@@ -13,16 +13,19 @@ import threading
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fides_rag.calls.metadata import FINISH_REASONS, record, usage
 from fides_rag.calls.options import CallOptions
 from fides_rag.calls.planning import ChatPlan
 from fides_rag.calls.structure import parse_structure, refuse_cutting_stops, refuse_other_grammar
-from fides_rag.calls.tools import ToolCall, ToolCallStream, ToolCalling
+from fides_rag.calls.tools import ToolCall, ToolCalling, ToolCallStream
 from fides_rag.calls.unanswered import answer_rules, is_agent_turn, unanswered_cause
 from fides_rag.decoder import RequestHandle
 from fides_rag.result import GenerationResult
+
+if TYPE_CHECKING:
+    from fides_rag.decoder import FidesDecoder
 
 logger = logging.getLogger("fides_rag.calls")
 
@@ -84,7 +87,7 @@ class Call:
     `structure`: what the answer parses as (a pydantic class, or True for any JSON), its grammar already in
     `options.constraint`; `extra`: what the front door adds to the record (model_name, prompt_type, ...)."""
 
-    def __init__(self, decoder: Any, plan: ChatPlan, options: CallOptions, *, calling: ToolCalling | None = None,
+    def __init__(self, decoder: FidesDecoder, plan: ChatPlan, options: CallOptions, *, calling: ToolCalling | None = None,
                  native_tools: bool = False, structure: Any = None, extra: dict[str, Any] | None = None) -> None:
         self.decoder, self.plan, self.options, self.calling = decoder, plan, options, calling
         self.native_tools, self.structure, self.extra = native_tools, structure, dict(extra or {})
@@ -103,7 +106,7 @@ class Call:
     def decode_kwargs(self) -> dict[str, Any]:
         """The decoder's keywords: the plan's method where it forces one, the plan's stops, sampling, the grammar."""
         opts = self.options
-        stop = self.plan.stop_strings(opts.stop, self.decoder.prompt_template, tools=self.calling is not None)
+        stop = self.plan.stop_strings(opts.stop, self.decoder.prompts.template, tools=self.calling is not None)
         kwargs = dict(method=self.plan.method or opts.method, max_new_tokens=opts.max_new_tokens, stop=stop, **opts.sampling, **opts.constraint)
         return answer_rules(self.decoder, kwargs) if self.retried is not None else kwargs
 

@@ -9,19 +9,15 @@ from typing import Any
 
 from fides_rag.calls.fields import check_fides_config
 from fides_rag.calls.options import resolve_method
-from fides_rag.method.config import FidesConfig
 from fides_rag.decoder import FidesDecoder
+from fides_rag.errors import DecoderInputError
+from fides_rag.method.config import FidesConfig
 from fides_rag.models.loading import load_model
 from fides_rag.prompts.raw import check_no_context_path
 
 
-class DecoderInputError(TypeError, ValueError):
-    """What a front door was given cannot make a decoder (a TypeError, and a ValueError so that a pydantic validator
-    reports it as a validation error)."""
-
-
 def decoder_for(
-    decoder: Any = None, *, model: Any = None, tokenizer: Any = None, model_id: str | None = None, method: str = "fides",
+    decoder: FidesDecoder | None = None, *, model: Any = None, tokenizer: Any = None, model_id: str | None = None, method: str = "fides",
     max_new_tokens: int = 128, config: FidesConfig | None = None, device: str = "auto", dtype: Any = None,
 ) -> FidesDecoder:
     """`decoder` as given (it must be a FidesDecoder, and comes without `model`/`tokenizer`), else a FidesDecoder of
@@ -54,7 +50,7 @@ def decoder_identity(decoder: FidesDecoder) -> dict[str, Any]:
     model = decoder.model
     return {
         "model": f"{type(model).__name__}:{getattr(model, 'name_or_path', '') or f'object-{id(model)}'}",
-        "decoder_config": repr(decoder.config),
-        "decoder_prompt_template": hashlib.sha256(repr(decoder.prompt_template).encode()).hexdigest()[:16],
-        "decoder_use_chat_template": decoder.use_chat_template,
+        "decoder_config": repr(getattr(decoder.method, "config", None)),
+        "decoder_prompt_template": hashlib.sha256(repr(decoder.prompts.template).encode()).hexdigest()[:16],
+        "decoder_use_chat_template": decoder.prompts.use_chat_template,
     }

@@ -5,12 +5,15 @@ rendered the tools. The decoder's batching is set once, when the factory is made
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fides_rag.calls.answering import Call
 from fides_rag.calls.options import CallOptions
 from fides_rag.calls.planning import ChatPlan, ChatPrompts
 from fides_rag.calls.tools import ToolCalling
+
+if TYPE_CHECKING:
+    from fides_rag.decoder import FidesDecoder
 
 
 class CallFactory:
@@ -20,7 +23,7 @@ class CallFactory:
     `ChatPrompts.for_decoder`'s keywords). `max_batch_size` and `batch_window_s`: how many concurrent calls decode
     together and how long a call waits for others, set on the decoder here, once (None: left as they are)."""
 
-    def __init__(self, decoder: Any, *, max_batch_size: int | None = None, batch_window_s: float | None = None, **planning: Any) -> None:
+    def __init__(self, decoder: FidesDecoder, *, max_batch_size: int | None = None, batch_window_s: float | None = None, **planning: Any) -> None:
         self.decoder, self.planning = decoder, planning
         batching = {name: value for name, value in (("max_requests", max_batch_size), ("window_s", batch_window_s)) if value is not None}
         if batching:

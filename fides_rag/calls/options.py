@@ -10,9 +10,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fides_rag.method.config import FidesConfig
+from fides_rag.errors import CallInputError, FidesFallbackError
 from fides_rag.generation.request_options import CALL, REQUEST_OPTIONS, options_of
 from fides_rag.generation.settings import sampling_options
+from fides_rag.method.config import FidesConfig
 from fides_rag.prompts.template import document_texts
 from fides_rag.rules import ContrastRule, accepts_option, get_method
 
@@ -64,18 +65,6 @@ def split_template_args(args: Mapping[str, Any], variables: Iterable[str], optio
     used, known = set(variables), set(options)
     call = {k: v for k, v in args.items() if k in known and k not in used}
     return {k: v for k, v in args.items() if k not in call}, call
-
-
-class FidesFallbackError(ValueError):
-    """Raised with `strict=True` where a call would otherwise fall back (to `standard`, or to guessing the context)."""
-
-
-class CallInputError(ValueError):
-    """Bad input to a call; `field` names what to fix (the server answers it with a 400 naming that field)."""
-
-    def __init__(self, message: str, field: str) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 def resolve_method(method: str | ContrastRule, config: FidesConfig | None = None, *, explicit_config: bool = False) -> str | ContrastRule:

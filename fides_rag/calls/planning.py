@@ -24,13 +24,16 @@ import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from fides_rag.calls.tools import ToolCalling, calls_from_openai, render_calls
 from fides_rag.generation.requests import PromptPair
+from fides_rag.prompts.raw import check_no_context_path, fit_documents, question_only_text, render_chat
 from fides_rag.prompts.template import PromptTemplate, template_stops
 from fides_rag.result import GenerationResult
-from fides_rag.prompts.raw import check_no_context_path, fit_documents, question_only_text, render_chat
-from fides_rag.calls.tools import ToolCalling, calls_from_openai, render_calls
+
+if TYPE_CHECKING:
+    from fides_rag.decoder import FidesDecoder
 
 logger = logging.getLogger("fides_rag.calls")
 
@@ -237,7 +240,7 @@ class ChatPrompts:
 
     @classmethod
     def for_decoder(
-        cls, decoder: Any, *, chat: bool = True, use_chat_template: bool | None = None, no_context_path: str = "emptied",
+        cls, decoder: FidesDecoder, *, chat: bool = True, use_chat_template: bool | None = None, no_context_path: str = "emptied",
         documents_instruction: str = DOCUMENTS_INSTRUCTION, tools: ToolCalling | None = None,
         context_messages: ContextMessages | None = None, render_text: Callable[[Sequence[Turn]], str] | None = None,
         question_prompt: Callable[[str], str] | None = None,
@@ -247,8 +250,8 @@ class ChatPrompts:
         uses it). The other keywords are the constructor's."""
         has = bool(getattr(decoder.tokenizer, "chat_template", None))
         use = chat and has and use_chat_template is not False
-        return cls(decoder.tokenizer, context_window=decoder.context_window, use_chat_template=use, no_context_path=no_context_path,
-                   documents_instruction=documents_instruction, template=decoder.prompt_template, tools=tools,
+        return cls(decoder.tokenizer, context_window=decoder.limits.context_window, use_chat_template=use, no_context_path=no_context_path,
+                   documents_instruction=documents_instruction, template=decoder.prompts.template, tools=tools,
                    context_messages=context_messages, render_text=render_text, question_prompt=question_prompt)
 
     def fides_template(self, question: str, documents: Sequence[str], source: str = "documents", *,

@@ -12,12 +12,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fides_rag.calls.options import CONSTRAINTS, CallInputError
+from fides_rag.errors import IncompleteAnswerError
+from fides_rag.generation.grammar import GrammarConstraint
 from fides_rag.generation.requests import special_token_id
 from fides_rag.generation.schema_support import check_schema_shape
-
-
-class IncompleteAnswerError(ValueError):
-    """A structured answer (or a forced call) stopped at max_new_tokens before it was complete."""
 
 
 def closed_schema(schema: Any) -> Any:
@@ -121,6 +119,17 @@ def refuse_cutting_stops(stop: Sequence[str], tokenizer: Any, what: str) -> None
         raise CallInputError(f"stop strings cannot end {what}: its grammar decides where it ends, and {cutting[0]!r} could match "
                              "inside it and cut it mid-structure; drop stop (one special token, such as an end-of-turn token, is "
                              "accepted: it ends the answer where it is complete)", "stop")
+
+
+def shortest_answer_tokens(tokenizer: Any, *, json_schema: Any = None, regex: str | None = None, grammar: Any = None,
+                           limit: int = 200) -> int:
+    """Tokens of the shortest complete answer the constraint allows (searched up to `limit` tokens): the least
+    max_new_tokens a structured call or a forced tool call can be given. None found within `limit`: ValueError."""
+    constraint = GrammarConstraint.compile(tokenizer, json_schema=json_schema, regex=regex, grammar=grammar)
+    shortest = constraint.start().completion(limit)
+    if shortest is None:
+        raise ValueError(f"no complete answer of at most limit={limit} tokens; raise limit")
+    return len(shortest)
 
 
 def check_complete(text: str, finish_reason: str | None) -> str:

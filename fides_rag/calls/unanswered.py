@@ -11,25 +11,17 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+if TYPE_CHECKING:
+    from fides_rag.decoder import FidesDecoder
+
 MARKUP_STARTS = ("<", "{", "[")
 _CALL_START = re.compile(r'\s*\[?\s*\{\s*"(?:name|function)"\s*:')
 """What an answer's first token may not start with under the answer rules (a tag, a bare JSON call)."""
-
-
-class UnansweredError(ValueError):
-    """An agent's turn answered nothing, after a second decoding under the answer rules; `cause` says why and
-    `answer` is the last Answer (its record holds the notes)."""
-
-    def __init__(self, cause: str, answer: Any = None) -> None:
-        super().__init__(f"the model answered nothing: {cause}. It was decoded a second time with the end of turn and "
-                         "markup barred from its first token, and answered nothing again; raise max_new_tokens, give "
-                         "the answering turn clearer evidence, or use a larger model")
-        self.cause, self.answer = cause, answer
 
 
 def is_agent_turn(call: Any) -> bool:
@@ -95,7 +87,7 @@ def _markup_or_empty_tokens(tokenizer: Any) -> tuple[int, ...]:
     return tuple(sorted(barred | set(tokenizer.all_special_ids)))
 
 
-def answer_rules(decoder: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+def answer_rules(decoder: FidesDecoder, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The decoder's keywords `kwargs` under the answer rules: the end of turn, blank tokens and markup barred from
     the first token (after any logits processors of the call's own)."""
     barred = [*_markup_or_empty_tokens(decoder.tokenizer), *decoder.eos_token_ids]

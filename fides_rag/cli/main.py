@@ -9,12 +9,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from fides_rag.cli.model_options import add_model_arguments, load_options
-from fides_rag.method.config import FidesConfig
-from fides_rag.decoder import MIN_BATCHED_TOKENS, FidesDecoder
-from fides_rag.extras import MissingExtraError, check_extra
 from fides_rag.cli.models_command import add_models_parser, run_models_command
+from fides_rag.decoder import MIN_BATCHED_TOKENS, FidesDecoder
 from fides_rag.demo.cli import add_demo_parser, run_demo_command
+from fides_rag.extras import MissingExtraError, check_extra
+from fides_rag.method.config import FidesConfig
+from fides_rag.models.options import add_model_arguments, load_options
 from fides_rag.report import step_table
 from fides_rag.rules import available_gates, available_methods, get_method, parse_method_names
 from fides_rag.serve.command import add_serve_parser, run_serve_command
@@ -343,7 +343,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _calibrate(args: argparse.Namespace) -> int:
     """Decode an unlabelled pool (questions and documents only), write the calibrated config and its statistics."""
-    from fides_rag.method.calibration import calibrate, check_writable, write_report
+    from fides_rag.eval.calibration import calibrate, check_writable, write_report
     from fides_rag.eval.datasets import data_dir, load_examples
 
     check_writable(args.out)  # before any work

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fides_rag.demo.corpus import Corpus, Passage, load_embedded_corpus, load_popqa_corpus
 from fides_rag.demo.metrics import contains_alias, is_correct, recall_at_k
@@ -29,6 +29,9 @@ from fides_rag.eval.significance import paired_bootstrap
 from fides_rag.eval.store import PredictionStore
 from fides_rag.eval.tables import markdown_table, terminal_table
 from fides_rag.extras import require
+
+if TYPE_CHECKING:
+    from fides_rag.decoder import FidesDecoder
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +144,7 @@ def prompt_example(question: QAExample, level: Any, documents: Sequence[Passage]
 def run_demo(
     settings: DemoSettings,
     *,
-    decoder: Any = None,
+    decoder: FidesDecoder | None = None,
     retriever: Any = None,
     progress: bool = True,
     log: Callable[[str], None] = print,
@@ -209,7 +212,7 @@ def _retrieve(settings: DemoSettings, corpus: Corpus, questions: Sequence[QAExam
     return retriever, hits, retrieved
 
 
-def _decode(settings: DemoSettings, store: PredictionStore, examples: Sequence[QAExample], decoder: Any, progress: bool,
+def _decode(settings: DemoSettings, store: PredictionStore, examples: Sequence[QAExample], decoder: FidesDecoder | None, progress: bool,
             log: Callable[[str], None]) -> tuple[Any, int, dict[str, float]]:
     """Decode the prompts the store lacks (loading the model only then); returns the decoder, how many, and timings."""
     from tqdm.auto import tqdm
@@ -297,7 +300,7 @@ def tally(rows: Sequence[dict[str, Any]], methods: Sequence[str], levels: Sequen
     }
 
 
-def _environment(decoder: Any) -> dict[str, str]:
+def _environment(decoder: FidesDecoder) -> dict[str, str]:
     import torch
 
     import fides_rag

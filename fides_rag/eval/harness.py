@@ -16,9 +16,8 @@ import time
 from collections.abc import Mapping, Sequence
 from itertools import combinations
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fides_rag.method.config import FidesConfig
 from fides_rag.eval.datasets import QAExample
 from fides_rag.eval.metrics import METRIC_LABELS, METRICS, aggregate
 from fides_rag.eval.parallel import barrier, gather, shard
@@ -27,7 +26,11 @@ from fides_rag.eval.shard_progress import ShardProgress
 from fides_rag.eval.significance import paired_bootstrap
 from fides_rag.eval.store import METHOD_OPTIONS, PREDICTIONS, RUN_INFO, PredictionStore, check_resume, check_reuse  # noqa: F401
 from fides_rag.eval.tables import markdown_table
+from fides_rag.method.config import FidesConfig
 from fides_rag.rules import ContrastRule, accepts_option, get_method
+
+if TYPE_CHECKING:
+    from fides_rag.decoder import FidesDecoder
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
@@ -79,22 +82,22 @@ def build_methods(names: Sequence[str], config: FidesConfig | None = None, ablat
     return methods
 
 
-def method_options(methods: Mapping[str, str | ContrastRule], decoder: Any = None) -> dict[str, dict[str, Any]]:
+def method_options(methods: Mapping[str, str | ContrastRule], decoder: FidesDecoder | None = None) -> dict[str, dict[str, Any]]:
     """label -> the rule run for it (name and options; a name as `decoder` resolves it), as run.json records them."""
     described = {}
     for label, method in methods.items():
-        rule = decoder.requests.resolve(method) if decoder is not None else get_method(method)
+        rule = decoder.rule_for(method) if decoder is not None else get_method(method)
         described[label] = {"method": rule.name or type(rule).__name__, "options": rule.options()}
     return json.loads(json.dumps(described, sort_keys=True, default=str))
 
 
-def _prompt_length(decoder: Any, example: QAExample) -> int:
+def _prompt_length(decoder: FidesDecoder, example: QAExample) -> int:
     text = "\n".join(example.contexts) + "\n" + example.question
     return len(decoder.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def run_eval(
-    decoder: Any,
+    decoder: FidesDecoder,
     examples: Sequence[QAExample],
     methods: Mapping[str, str | ContrastRule],
     out_dir: str | Path,
@@ -171,7 +174,7 @@ def run_eval(
 
 
 def _run_info(methods: Mapping[str, str | ContrastRule], run_info: Mapping[str, Any] | None, max_new_tokens: int,
-              batch_size: int, decoder: Any = None) -> dict[str, Any]:
+              batch_size: int, decoder: FidesDecoder | None = None) -> dict[str, Any]:
     return {**dict(run_info or {}), "methods": list(methods), "max_new_tokens": max_new_tokens, "batch_size": batch_size,
             METHOD_OPTIONS: method_options(methods, decoder)}
 

@@ -13,13 +13,16 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
+from fides_rag.decoder import PreparedExample
 from fides_rag.eval.dispatch_counts import DispatchCounter, DispatchTotals
-from fides_rag.generation.prompting import PreparedExample
+
+if TYPE_CHECKING:
+    from fides_rag.decoder import FidesDecoder
 
 SYNC_WARNING = "synchroniz"
 """What torch's sync debug mode says in every warning it emits ("called a synchronizing CUDA operation")."""
@@ -128,7 +131,7 @@ def prepared_from_ids(tokenizer: Any, context_ids: Sequence[int], no_context_ids
     )
 
 
-def measure_engine(decoder: Any, example: PreparedExample, method: Any, new_tokens: int, counted: int) -> dict[str, Any]:
+def measure_engine(decoder: FidesDecoder, example: PreparedExample, method: Any, new_tokens: int, counted: int) -> dict[str, Any]:
     """One forced-length greedy decode of `example` by `decoder` (a FidesDecoder), measured step by step."""
     probe = StepProbe(counted, decoder.device, tokens=lambda: decoder.stats.tokens)
     with decoder.around_steps(probe.engine_step):

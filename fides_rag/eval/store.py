@@ -13,10 +13,13 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fides_rag.eval.datasets import QAExample
 from fides_rag.eval.records import example_record, read_predictions
+
+if TYPE_CHECKING:
+    from fides_rag.decoder import FidesDecoder
 
 PREDICTIONS = "predictions.jsonl"
 RUN_INFO = "run.json"
@@ -133,7 +136,7 @@ class PredictionStore:
 
     def decode(
         self,
-        decoder: Any,
+        decoder: FidesDecoder | None,
         examples: Sequence[QAExample],
         methods: Mapping[str, Any],
         *,
@@ -143,16 +146,19 @@ class PredictionStore:
         on_batch: Callable[[int], None] | None = None,
     ) -> int:
         """Decode every missing (example, method) pair, one shared prefill per batch, grouped by the methods missing and
-        sorted by `prompt_length` to limit padding; merge with the kept outputs and append. Returns the examples
-        decoded."""
+        sorted by `prompt_length` to limit padding; merge with the kept outputs and append. Returns the examples decoded.
+        `decoder` may be None only when nothing is missing."""
         missing = self.missing(examples, list(methods))
         todo = [e for e in examples if e.id in missing]
+        if todo and decoder is None:
+            raise ValueError(f"decoder is None but {len(todo)} examples lack outputs; pass a FidesDecoder")
         todo.sort(key=lambda e: (missing[e.id] != tuple(methods), prompt_length(e)))
         with self.path.open("a", encoding="utf-8") as handle:
             for labels in dict.fromkeys(missing[e.id] for e in todo):
                 group = [e for e in todo if missing[e.id] == labels]
                 for start in range(0, len(group), batch_size):
                     batch = group[start : start + batch_size]
+                    assert decoder is not None  # refused above
                     outputs = decoder.generate_batch([e.question for e in batch], [list(e.contexts) for e in batch], methods={label: methods[label] for label in labels}, max_new_tokens=max_new_tokens)
                     for i, example in enumerate(batch):
                         record = example_record(example, {label: outputs[label][i] for label in labels})

@@ -13,10 +13,6 @@ from fides_rag.generation.lanes import Lane
 from fides_rag.generation.layout import Unit
 
 
-class NonFiniteLogitsError(ValueError):
-    """The model or a rule produced NaN or inf values; decoding cannot continue meaningfully."""
-
-
 def history(unit: Unit, device: torch.device, new: torch.Tensor | None = None) -> torch.Tensor:
     """[1, T + t] the unit's context prompt and answer so far (and `new`, [1], appended): what logits processors
     and stopping criteria see."""

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from fides_rag.errors import BudgetBelowShortestAnswer, GrammarLimitExceeded, GrammarViolation
 from fides_rag.extras import require
 from fides_rag.generation.grammar_closing import TokenBytes, completes, shortest_completion
 from fides_rag.generation.grammar_masks import allocate_bitmask, apply_bitmask, bitmask_width
@@ -49,32 +50,6 @@ RETRY = 8
 SHORTEST_SEARCH = 1024
 """Tokens the search for a grammar's shortest answer from its start looks at least this far for (bounded in work by
 `grammar_closing.MAX_EXPANSIONS`; a few tenths of a second for a 60-key object), whatever the budget."""
-
-
-class GrammarViolation(ValueError):
-    """A token the grammar refuses was accepted, or the grammar reached a state no token can continue."""
-
-
-class GrammarLimitExceeded(ValueError):
-    """A grammar past a limit of the grammar library (llguidance's parser or lexer), found by the search from its
-    start before anything decodes: every answer would run into it. `field`: the grammar's keyword (json_schema, ...)."""
-
-    def __init__(self, kind: str, reason: str) -> None:
-        super().__init__(f"the {kind.replace('_', ' ')} is past a limit of the grammar library: {reason}; simplify it (fewer " "optional "
-                         "properties in one object, shorter repetitions, less nesting)")
-        self.field, self.reason = kind, reason
-
-
-class BudgetBelowShortestAnswer(ValueError):
-    """A request's max_new_tokens is fewer than the tokens its grammar's shortest complete answer needs: the answer
-    could only be cut, so the request is refused before anything decodes. `needed`: that shortest answer's tokens."""
-
-    field = "max_new_tokens"
-
-    def __init__(self, kind: str, budget: int, needed: int) -> None:
-        super().__init__(f"max_new_tokens={budget} is fewer than the {needed} tokens the shortest complete answer of the "
-                         f"{kind.replace('_', ' ')} needs, so the answer could only be cut: raise max_new_tokens to at least " f"{needed}")
-        self.kind, self.budget, self.needed = kind, budget, needed
 
 
 def _llguidance():

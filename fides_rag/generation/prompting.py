@@ -11,18 +11,13 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from fides_rag.errors import EmptyQuestion
 from fides_rag.generation.plain_text import PlainTextEncoder, Span, find_spans
 from fides_rag.prompts.template import ContextWindowExceeded, PromptTemplate, document_texts, fit_texts, template_stops
 
 logger = logging.getLogger(__name__)
 
 MAX_SANE_CONTEXT = 10_000_000
-
-
-class EmptyQuestion(ValueError):
-    """A question that is not a non-empty string (bad input). `field`: what to fix."""
-
-    field = "question"
 
 
 @dataclass

@@ -14,6 +14,7 @@ import collections
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol
 
+from fides_rag.errors import QueueFullError
 from fides_rag.generation.paths import longest_prompt
 from fides_rag.generation.prompting import ContextWindowExceeded
 from fides_rag.generation.step_plan import ScheduledStep, StepBudget
@@ -24,10 +25,6 @@ MIN_BATCHED_TOKENS = 16
 """The smallest `max_num_batched_tokens`: a prefill chunk shorter than this costs a forward for too little work."""
 DEFAULT_BATCHED_TOKENS = {"cpu": 512, "cuda": 2048}
 """`max_num_batched_tokens` by device type when none is given (others take the CPU's)."""
-
-
-class QueueFullError(RuntimeError):
-    """The engine's queue holds `max_queue` waiting requests already; try again later."""
 
 
 def _bound(name: str, value: Any) -> int | None:

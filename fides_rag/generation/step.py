@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fides_rag.generation.choosing import NonFiniteLogitsError, choose, criteria_hits
+from fides_rag.errors import NonFiniteLogitsError
+from fides_rag.generation.choosing import choose, criteria_hits
 from fides_rag.generation.gather import StepPlan
 from fides_rag.generation.hooks import stack_states
 from fides_rag.generation.lanes import Lane

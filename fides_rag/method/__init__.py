@@ -1,2 +1,1 @@
-"""The method: FIDES's signals and constants, the logit lens over a model's anatomy, retrieval heads and label-free
-calibration."""
+"""The method: FIDES's signals and constants, the logit lens over a model's anatomy and retrieval heads."""

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from fides_rag.errors import UnsupportedArchitectureError
+
 # model_type -> name of the config attribute that holds final-logit soft-capping (None: the family has none)
 SUPPORTED_FAMILIES: dict[str, str | None] = {
     "llama": None,  # also SmolLM / SmolLM2
@@ -31,10 +33,6 @@ SUPPORTED_FAMILIES: dict[str, str | None] = {
 def _cache_keyword(backbone: nn.Module) -> str:
     """The name under which the backbone's forward takes its KV cache."""
     return "cache" if "cache" in inspect.signature(backbone.forward).parameters else "past_key_values"
-
-
-class UnsupportedArchitectureError(ValueError):
-    """The model's family has no verified logit lens, so FIDES's Noise signal cannot be trusted on it."""
 
 
 @dataclass

@@ -18,11 +18,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from fides_rag.errors import FetchError
 from fides_rag.models.cache import cache_root
-
-
-class FetchError(RuntimeError):
-    """A fetch that cannot complete: the message names the part or package and what to do."""
 
 
 @dataclass(frozen=True)

@@ -10,17 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-
-class ContextWindowExceeded(ValueError):
-    """A prompt that, with max_new_tokens, does not fit the model's context window (bad input, refused before
-    anything decodes). `field`: what to shorten; `tokens`, `max_new_tokens`, `context_window`: the numbers."""
-
-    field = "prompt"
-
-    def __init__(self, tokens: int, max_new_tokens: int, context_window: int, what: str = "the prompt", message: str | None = None) -> None:
-        super().__init__(message or f"a prompt of {tokens} tokens plus max_new_tokens={max_new_tokens} exceeds the context window of "
-                                    f"{context_window}; shorten {what} or lower max_new_tokens")
-        self.tokens, self.max_new_tokens, self.context_window = tokens, max_new_tokens, context_window
+from fides_rag.errors import ContextWindowExceeded
 
 
 @dataclass(frozen=True)

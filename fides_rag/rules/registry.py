@@ -6,29 +6,24 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from fides_rag.registry import Registry
 from fides_rag.rules.base import ContrastRule
 
 RuleType = TypeVar("RuleType", bound=type[ContrastRule])
 
-_REGISTRY: dict[str, type[ContrastRule]] = {}
+RULES: Registry[type[ContrastRule]] = Registry("contrast rule")
+"""Every contrast rule by name (`register_method` adds to it)."""
 
 
 def register_method(name: str) -> Callable[[RuleType], RuleType]:
     """Class decorator: make a ContrastRule available as `get_method(name)` and `method=name`."""
 
-    def decorate(cls: RuleType) -> RuleType:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"a contrast rule named {name!r} is already registered ({_REGISTRY[name].__name__})")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return decorate
+    return RULES.register(name)  # type: ignore[return-value]
 
 
 def available_methods() -> list[str]:
     """Names accepted by `method=`, in registration order (built-ins first)."""
-    return list(_REGISTRY)
+    return RULES.names()
 
 
 def is_registered(rule: ContrastRule) -> bool:
@@ -39,13 +34,13 @@ def is_registered(rule: ContrastRule) -> bool:
 
     if type(rule) is GatedRule:
         return is_registered(rule.rule) and gate_is_registered(rule.gate)
-    return _REGISTRY.get(rule.name) is type(rule)
+    return RULES.find(rule.name) is type(rule)
 
 
 def accepts_option(name: str, option: str) -> bool:
     """Whether the rule registered as `name` (or the rule of `rule+gate`) takes the constructor option `option`
     (e.g. FIDES's `config`)."""
-    cls = _REGISTRY.get(name.split("+", 1)[0])
+    cls = RULES.find(name.split("+", 1)[0])
     return cls is not None and option in inspect.signature(cls.__init__).parameters
 
 
@@ -55,7 +50,7 @@ def split_method(method: str) -> tuple[str, str | None]:
     rule, plus, gate = method.partition("+")
     if "+" in gate:
         raise ValueError(f"method {method!r} names more than one gate; a method takes at most one: rule+gate, e.g. 'fides+agree'")
-    if rule not in _REGISTRY:
+    if rule not in RULES:
         raise ValueError(f"unknown method {rule!r}; available methods: {', '.join(available_methods())}"
                          + (", each optionally with +gate" if plus else ""))
     if plus:
@@ -85,7 +80,7 @@ def get_method(method: str | ContrastRule, *, gate: Any = None, **options: Any) 
             raise ValueError(f"method {method!r} names its gate already; pass gate= with the bare rule name ({name!r}) instead")
         gate = named_gate if named_gate is not None else gate
         try:
-            rule = _REGISTRY[name](**options)
+            rule = RULES.get(name)(**options)
         except TypeError as err:
             raise ValueError(f"bad options for method {name!r}: {err}") from None
     if gate is None:
@@ -107,7 +102,7 @@ def parse_method_names(spec: str | Sequence[str]) -> list[str]:
         for method in available_methods() if name == "all" else [name]:
             if method not in expanded:
                 expanded.append(method)
-    unknown = [m for m in expanded if m.partition("+")[0] not in _REGISTRY]
+    unknown = [m for m in expanded if m.partition("+")[0] not in RULES]
     if unknown:
         raise ValueError(f"unknown method(s) {', '.join(unknown)}; available methods: {', '.join(available_methods())} "
                          "(or 'all'), each optionally with +gate (e.g. fides+agree)")

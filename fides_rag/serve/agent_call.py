@@ -8,8 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fides_rag.calls import CallFactory, CallInputError, ToolCalling, ToolSpec, constraint_of
-from fides_rag.generation.schema_support import check_strict_schema, unenforced_keywords
+from fides_rag.calls import (
+    CallFactory,
+    CallInputError,
+    ToolCalling,
+    ToolSpec,
+    check_strict_schema,
+    constraint_of,
+    unenforced_keywords,
+)
 from fides_rag.serve.errors import bad_request
 from fides_rag.serve.protocol import ChatCompletionRequest, Sampling
 

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from fides_rag.generation.request_options import option_field
+from fides_rag.calls import option_field
 
 
 class _Strict(BaseModel):

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import signal
 from typing import Any
 
-import logging
-import os
-
-from fides_rag.cli.model_options import add_model_arguments, load_options
+from fides_rag.models.options import add_model_arguments, load_options
 from fides_rag.rules import get_method
 from fides_rag.serve.defaults import API_KEY_ENV, DEFAULT_MAX_REQUEST_BYTES
 
@@ -79,8 +78,8 @@ def add_serve_parser(commands: Any, default_model: str) -> None:
 def run_serve_command(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from fides_rag.method.config import FidesConfig
     from fides_rag.decoder import FidesDecoder
+    from fides_rag.method.config import FidesConfig
     from fides_rag.serve.access import AccessPolicy, is_loopback
     from fides_rag.serve.app import build_app
     from fides_rag.serve.limits import RequestLimits

@@ -17,8 +17,7 @@ from pydantic import ValidationError
 
 from fides_rag.calls import Answer, Call, CallFactory, ChatPlan, ChatPrompts
 from fides_rag.decoder import FidesDecoder, QueueFullError, RequestHandle
-from fides_rag.generation.grammar import BudgetBelowShortestAnswer, GrammarLimitExceeded
-from fides_rag.generation.prompting import ContextWindowExceeded
+from fides_rag.errors import BudgetBelowShortestAnswer, ContextWindowExceeded, GrammarLimitExceeded
 from fides_rag.serve.agent_call import AgentCall, agent_call
 from fides_rag.serve.errors import APIError, bad_request, validation_error
 from fides_rag.serve.fides_headers import plan_headers, record_headers
@@ -167,7 +166,7 @@ class RequestHandling:
         """Validate, plan, build and submit one request (on a worker thread)."""
         started = time.perf_counter()
         body = self._validated(raw_body, model)
-        self.limits.check_documents(self.decoder.tokenizer, body.documents or [], self.decoder.context_window,
+        self.limits.check_documents(self.decoder.tokenizer, body.documents or [], self.decoder.limits.context_window,
                                     body.budget() or self.decoder.max_new_tokens)
         agent = agent_call(self.calls, body)
         try:

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
 
-from fides_rag.generation.request_options import option_field
+from fides_rag.calls import option_field
 from fides_rag.serve.agent_fields import AgentFields, NoOpFields
 
 

@@ -26,7 +26,7 @@ def test_a_call_answers_as_the_decoder_does_and_records_its_plan(decoder):
     plan = planner.conversation(TURNS, 8, documents=[DOC])
     answer = Call(decoder, plan, CallOptions.parse({}, {"max_new_tokens": 8}), extra={"model_name": "tiny"}).run()
     prompt, _ = plan.prompt()
-    alone = decoder.submit(prompt, method="fides", max_new_tokens=8, stop=plan.stop_strings([], decoder.prompt_template)).result()
+    alone = decoder.submit(prompt, method="fides", max_new_tokens=8, stop=plan.stop_strings([], decoder.prompts.template)).result()
     assert answer.result.token_ids == alone.token_ids and answer.text == alone.text
     assert answer.record["documents_source"] == "documents" and answer.record["requested_method"] == "fides"
     assert answer.record["model_name"] == "tiny" and answer.finish_reason in ("stop", "length") and answer.usage["completion_tokens"] > 0
@@ -103,9 +103,9 @@ ANSWER_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}},
 
 
 def test_a_structured_answer_the_grammar_closed_early_is_complete_streamed_or_not(decoder):
-    from fides_rag.generation.grammar import GrammarConstraint
+    from fides_rag.calls import shortest_answer_tokens
 
-    shortest = len(GrammarConstraint.compile(decoder.tokenizer, json_schema=ANSWER_SCHEMA).start().completion(200))
+    shortest = shortest_answer_tokens(decoder.tokenizer, json_schema=ANSWER_SCHEMA)
     plan = ChatPrompts.for_decoder(decoder).conversation(TURNS, shortest + 3, documents=[DOC])
     options = {"max_new_tokens": shortest + 3, "json_schema": ANSWER_SCHEMA}
     answer = Call(decoder, plan, CallOptions.parse({}, options), structure=True).run()
@@ -115,7 +115,7 @@ def test_a_structured_answer_the_grammar_closed_early_is_complete_streamed_or_no
     streamed = list(Call(decoder, plan, CallOptions.parse({}, options), structure=True).stream())[-1]
     assert streamed.finish_reason == "stop" and streamed.record["closed_early"] is True and streamed.parsed == answer.parsed
     calling = ToolCalling(decoder.tokenizer, [SEARCH], "search")
-    budget = len(GrammarConstraint.compile(decoder.tokenizer, json_schema=calling.constraint()).start().completion(200)) + 3
+    budget = shortest_answer_tokens(decoder.tokenizer, json_schema=calling.constraint()) + 3
     forced_plan = ChatPrompts.for_decoder(decoder, tools=calling).conversation([("user", "Find the tower.")], budget)
     forced = Call(decoder, forced_plan, CallOptions.parse({}, {"max_new_tokens": budget}), calling=calling).run()
     assert [c.name for c in forced.tool_calls] == ["search"] and forced.finish_reason == "tool_calls" and forced.record["closed_early"]

@@ -12,7 +12,7 @@ from fides_rag.calls.decoders import DecoderInputError, check_defaults, decoder_
 
 def test_a_decoder_is_taken_as_given_or_built_from_a_model_and_its_tokenizer(tiny_llama, chat_tokenizer):
     built = decoder_for(model=tiny_llama, tokenizer=chat_tokenizer, max_new_tokens=5, config=FidesConfig(lambda_=0.3))
-    assert isinstance(built, FidesDecoder) and built.max_new_tokens == 5 and built.config.lambda_ == 0.3
+    assert isinstance(built, FidesDecoder) and built.max_new_tokens == 5 and built.method.config.lambda_ == 0.3
     assert decoder_for(built) is built
 
 

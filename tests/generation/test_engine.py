@@ -15,6 +15,7 @@ import pytest
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from fides_rag import FidesDecoder, PromptPair, PromptTemplate, QueueFullError, available_methods, get_method
+from fides_rag.method.lens import ModelAnatomy
 
 QUESTIONS = ["What is the capital of France?", "Who chose Canberra?", "What jumps?", "Which city is the capital of Australia?"]
 DOCUMENTS = [
@@ -101,7 +102,7 @@ def test_a_short_request_submitted_during_a_long_one_finishes_first_with_its_val
 def test_a_cancelled_request_frees_its_rows_and_a_closed_stream_too(decoder):
     decoder.eos_token_ids = set()
     rows: list[int] = []
-    hook = decoder.anatomy.backbone.register_forward_pre_hook(lambda m, a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    hook = ModelAnatomy.of(decoder.model).backbone.register_forward_pre_hook(lambda m, a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True)
     try:
         keep = decoder.submit(QUESTIONS[0], DOCUMENTS[0], method="cad", max_new_tokens=60)
         doomed = decoder.submit(QUESTIONS[1], DOCUMENTS[1], method="fides", max_new_tokens=60)

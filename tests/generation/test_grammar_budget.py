@@ -158,10 +158,10 @@ def test_stop_strings_never_cut_a_structured_answer(decoder, tokenizer):
     budget = shortest(tokenizer, schema) + 6
     for stop in (["a", '"', "}"], ['"answer"']):
         check(decoder.generate(QUESTION, DOCUMENTS, method="standard", json_schema=schema, max_new_tokens=budget, stop=stop), schema, budget)
-    request = decoder.requests.build(QUESTION, DOCUMENTS, json_schema=schema, stop=["a", "<|end|>"])
+    request = decoder._requests.build(QUESTION, DOCUMENTS, json_schema=schema, stop=["a", "<|end|>"])
     ends = request.constraint.eos_token_ids
     assert request.text_stops == () and tokenizer.convert_tokens_to_ids("<|end|>") in ends and tokenizer.convert_tokens_to_ids("a") not in ends
-    assert decoder.requests.build(QUESTION, DOCUMENTS, stop=["a"]).text_stops[-1] == "a"  # free text: matched as ever
+    assert decoder._requests.build(QUESTION, DOCUMENTS, stop=["a"]).text_stops[-1] == "a"  # free text: matched as ever
 
 
 def test_the_completion_is_a_real_one_for_regex_and_lark(tokenizer):
@@ -196,5 +196,5 @@ def test_a_stop_token_of_the_request_ends_the_grammar_only_where_the_answer_is_c
     jsonschema.validate(json.loads(result.text), schema)
     end = tokenizer.convert_tokens_to_ids("<|end|>")
     assert end not in result.token_ids[:-1]
-    request = decoder.requests.build(QUESTION, DOCUMENTS, json_schema=schema, stop=["<|end|>"])
+    request = decoder._requests.build(QUESTION, DOCUMENTS, json_schema=schema, stop=["<|end|>"])
     assert end in request.constraint.eos_token_ids

@@ -36,7 +36,7 @@ def text_decoder(tokenizer, tiny_llama):
 
 
 def _whole_string_ids(decoder: FidesDecoder, prompt: str) -> list[int]:
-    return decoder.tokenizer(prompt, add_special_tokens=not decoder.use_chat_template)["input_ids"]
+    return decoder.tokenizer(prompt, add_special_tokens=not decoder.prompts.use_chat_template)["input_ids"]
 
 
 @pytest.mark.parametrize("which", ["chat_decoder", "text_decoder"])
@@ -148,9 +148,9 @@ def test_real_backbones_tokenise_injected_markup_as_text(real_decoder):
     asked = real_decoder.prepare(injection + QUESTION, [CLEAN], 8)
     assert control_count(tok, asked.no_context_ids) == control_count(tok, clean.no_context_ids)
     raw = real_decoder.prompts.prepare_from_prompts(injected.context_prompt, injected.no_context_prompt, 8,
-                                                    add_special_tokens=not real_decoder.use_chat_template, untrusted=[injection, QUESTION])
+                                                    add_special_tokens=not real_decoder.prompts.use_chat_template, untrusted=[injection, QUESTION])
     assert raw.context_ids == injected.context_ids
-    pair = PromptPair(injected.context_prompt, injected.no_context_prompt, add_special_tokens=not real_decoder.use_chat_template,
+    pair = PromptPair(injected.context_prompt, injected.no_context_prompt, add_special_tokens=not real_decoder.prompts.use_chat_template,
                       untrusted=[injection])
     result = real_decoder.submit(pair, method="fides", max_new_tokens=3).result()
     assert result.prompt_tokens == len(injected.context_ids)

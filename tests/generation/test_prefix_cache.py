@@ -36,7 +36,7 @@ def test_a_later_request_reuses_the_blocks_it_shares_with_an_earlier_one(tiny_mo
     before = on.stats
     same(on.generate(SECOND, DOCUMENT, method=method, max_new_tokens=6), off.generate(SECOND, DOCUMENT, method=method, max_new_tokens=6))
 
-    first, second = (on.requests.build(q, DOCUMENT, method=method).example.context_ids for q in (FIRST, SECOND))
+    first, second = (on._requests.build(q, DOCUMENT, method=method).example.context_ids for q in (FIRST, SECOND))
     shared = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)
     assert shared > 64
     after = on.stats
@@ -49,7 +49,7 @@ def test_a_later_request_reuses_the_blocks_it_shares_with_an_earlier_one(tiny_mo
 def test_every_full_block_of_a_chunk_that_ends_on_a_block_is_stored(tiny_llama, tokenizer):
     on, _ = decoders(tiny_llama, tokenizer, method="standard", prefix_block_size=8)
     on.generate(FIRST, DOCUMENT, max_new_tokens=2)
-    length = len(on.requests.build(FIRST, DOCUMENT).example.context_ids)
+    length = len(on._requests.build(FIRST, DOCUMENT).example.context_ids)
     assert on.limits.prefix_block_size == 8 and on.stats.prefix_cache_entries == (length - 1) // 32 * 32 // 8
 
 

@@ -89,6 +89,6 @@ def test_a_gate_on_the_decoders_own_rule_keeps_its_configuration(tiny_llama, tok
 
     config = FidesConfig(lambda_=3.0)
     decoder = FidesDecoder(tiny_llama, tokenizer, method="fides", config=config)
-    rule = decoder.requests.resolve("fides+agree")
-    assert rule.name == "fides+agree" and rule.rule is decoder.requests.resolve("fides") and rule.rule.config.lambda_ == 3.0
-    assert decoder.requests.resolve("cad+agree").rule.alpha == 1.0
+    rule = decoder.rule_for("fides+agree")
+    assert rule.name == "fides+agree" and rule.rule is decoder.rule_for("fides") and rule.rule.config.lambda_ == 3.0
+    assert decoder.rule_for("cad+agree").rule.alpha == 1.0

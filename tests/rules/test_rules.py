@@ -142,7 +142,7 @@ def test_new_rule_is_one_registered_class():
     finally:
         from fides_rag.rules import registry
 
-        registry._REGISTRY.pop("test-ctx-only")
+        registry.RULES.unregister("test-ctx-only")
 
 
 def test_accepts_option_reads_the_rule_constructor():

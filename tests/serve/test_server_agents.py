@@ -94,9 +94,9 @@ FREE_TEXT = {"type": "object", "properties": {"answer": {"type": "string"}}, "re
 def _shortest(tiny_model_dir, schema) -> int:
     from transformers import AutoTokenizer
 
-    from fides_rag.generation.grammar import GrammarConstraint
+    from fides_rag.calls import shortest_answer_tokens
 
-    return len(GrammarConstraint.compile(AutoTokenizer.from_pretrained(tiny_model_dir), json_schema=schema).start().completion(200))
+    return shortest_answer_tokens(AutoTokenizer.from_pretrained(tiny_model_dir), json_schema=schema)
 
 
 def test_an_answer_the_grammar_closed_early_is_complete_finish_reason_stop(server, tiny_model_dir):

@@ -11,6 +11,7 @@ from typing import Any, ClassVar, TypeVar
 
 import torch
 
+from fides_rag.registry import Registry
 from fides_rag.rules.base import StepInputs
 
 RULE, CONTEXT_AS_IS, NO_CONTEXT_AS_IS, MEMORY_LEANING = 0, 1, 2, 3
@@ -52,29 +53,23 @@ class Gate(ABC):
 
 
 GateType = TypeVar("GateType", bound=type[Gate])
-_GATES: dict[str, type[Gate]] = {}
+GATES: Registry[type[Gate]] = Registry("gate")
+"""Every gate by name (`register_gate` adds to it)."""
 
 
 def register_gate(name: str) -> Callable[[GateType], GateType]:
     """Class decorator: make a Gate available as `get_gate(name)` and as the `+name` of a method."""
 
-    def decorate(cls: GateType) -> GateType:
-        if name in _GATES and _GATES[name] is not cls:
-            raise ValueError(f"a gate named {name!r} is already registered ({_GATES[name].__name__})")
-        cls.name = name
-        _GATES[name] = cls
-        return cls
-
-    return decorate
+    return GATES.register(name)  # type: ignore[return-value]
 
 
 def available_gates() -> list[str]:
     """Names a method accepts after its `+` (e.g. `fides+agree`), in registration order."""
-    return list(_GATES)
+    return GATES.names()
 
 
 def gate_is_registered(gate: Gate) -> bool:
-    return _GATES.get(gate.name) is type(gate)
+    return GATES.find(gate.name) is type(gate)
 
 
 def get_gate(gate: str | Gate, **options: Any) -> Gate:
@@ -85,10 +80,7 @@ def get_gate(gate: str | Gate, **options: Any) -> Gate:
         return gate
     if not isinstance(gate, str):
         raise TypeError(f"gate must be a name or a Gate, got {type(gate).__name__}")
-    try:
-        cls = _GATES[gate]
-    except KeyError:
-        raise ValueError(f"unknown gate {gate!r}; available gates: {', '.join(available_gates())}") from None
+    cls = GATES.get(gate)
     try:
         return cls(**options)
     except TypeError as err:

@@ -23,10 +23,10 @@ from fides_rag.calls import (
     FidesFallbackError,
     ToolCalling,
     UnansweredError,
+    iterate_in_thread,
 )
 from fides_rag.calls.decoders import decoder_for, decoder_identity
 from fides_rag.calls.options import SAMPLING
-from fides_rag.generation.streaming import iterate_in_thread
 from langchain_fides._discovery import model_parent_var
 
 __all__ = ["FidesFallbackError", "FidesParams", "UnansweredError"]

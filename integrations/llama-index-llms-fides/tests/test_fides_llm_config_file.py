@@ -42,7 +42,7 @@ def test_fides_config_given_to_the_llm_wins_over_the_decoders():
     tok = build_tokenizer(chat=True)
     decoder = FidesDecoder(build_tiny_model("llama", len(tok)), tok)
     llm = FidesLLM(decoder, fides_config=CALIBRATED)
-    assert llm.fides_config is CALIBRATED and decoder.config == FidesConfig()
+    assert llm.fides_config is CALIBRATED and decoder.method.config == FidesConfig()
     check(llm)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from llama_index.llms.fides import CALL_OPTIONS, FidesLLM
 
-from fides_rag.generation.request_options import REQUEST_OPTIONS, options_of
+from fides_rag.calls import REQUEST_OPTIONS, options_of
 
 
 def test_every_adapter_option_is_a_field_with_the_core_default_and_description():

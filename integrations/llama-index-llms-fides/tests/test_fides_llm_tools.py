@@ -190,11 +190,10 @@ class Said(BaseModel):
 
 
 def test_a_structured_answer_the_grammar_closed_early_parses_as_complete(llm, chat_decoder):
-    from fides_rag.calls import constraint_of
-    from fides_rag.generation.grammar import GrammarConstraint
+    from fides_rag.calls import constraint_of, shortest_answer_tokens
 
     schema = constraint_of(json_schema=Said)["json_schema"]
-    budget = len(GrammarConstraint.compile(chat_decoder.tokenizer, json_schema=schema).start().completion(200)) + 3
+    budget = shortest_answer_tokens(chat_decoder.tokenizer, json_schema=schema) + 3
     prompt = PromptTemplate("Context: {context_str}\nQuestion: {query_str}\nAnswer:")
     said = llm.structured_predict(Said, prompt, llm_kwargs={"max_new_tokens": budget}, context_str=DOC, query_str=Q)
     info = llm.history[-1]["info"]

@@ -20,6 +20,7 @@ from llama_index.core.prompts.default_prompt_selectors import (
 from llama_index.llms.fides import FidesLLM
 
 from fides_rag import FidesDecoder
+from fides_rag.method.lens import ModelAnatomy
 
 DOC = "The Eiffel Tower is a wrought-iron lattice tower in Rome, Italy."
 QUERY = "In which city is the Eiffel Tower located?"
@@ -44,7 +45,7 @@ def last_info(llm):
 
 def test_metadata_reports_the_decoders_window_and_budget(llm, plain_llm, chat_decoder):
     meta = llm.metadata
-    assert meta.context_window == chat_decoder.context_window == 1024
+    assert meta.context_window == chat_decoder.limits.context_window == 1024
     assert meta.num_output == 4
     assert meta.is_chat_model is True
     assert plain_llm.metadata.is_chat_model is False
@@ -257,7 +258,7 @@ def test_async_variants_match_sync(llm):
 def test_async_does_not_block_the_event_loop(chat_decoder):
     decoder = FidesDecoder(chat_decoder.model, chat_decoder.tokenizer, max_new_tokens=3)
     # Every forward of the backbone takes 0.15 s, so each call decodes for at least 0.6 s.
-    slow = decoder.anatomy.backbone.register_forward_pre_hook(lambda module, args: time.sleep(0.15))
+    slow = ModelAnatomy.of(decoder.model).backbone.register_forward_pre_hook(lambda module, args: time.sleep(0.15))
     llm = FidesLLM.from_decoder(decoder)
 
     async def run(call):

@@ -48,7 +48,7 @@ def _check(decoder, clean, injected, which="context") -> None:
     tok = decoder.tokenizer
     ids = lambda example: example.context_ids if which == "context" else example.no_context_ids  # noqa: E731
     prompt = injected.context_prompt if which == "context" else injected.no_context_prompt
-    as_one_string = tok(prompt, add_special_tokens=not decoder.use_chat_template)["input_ids"]
+    as_one_string = tok(prompt, add_special_tokens=not decoder.prompts.use_chat_template)["input_ids"]
     assert control_count(tok, as_one_string) > control_count(tok, ids(clean))
     assert control_count(tok, ids(injected)) == control_count(tok, ids(clean))
     assert tok.decode(ids(injected)) == tok.decode(as_one_string)

@@ -198,7 +198,7 @@ def test_too_long_documents_are_trimmed(llm, decoder):
     llm.invoke(prompt, documents=[long_doc], config={"callbacks": [cap]})  # raw-prompt path: trimmed here
     info = cap.infos[1]
     assert info["documents_trimmed"] and info["document_tokens"][1] < info["document_tokens"][0]
-    assert info["prompt_tokens"] + 6 <= decoder.context_window
+    assert info["prompt_tokens"] + 6 <= decoder.limits.context_window
 
 
 def test_async_does_not_block_event_loop(llm):

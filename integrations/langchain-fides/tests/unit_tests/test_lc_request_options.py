@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fides_rag.generation.request_options import REQUEST_OPTIONS, options_of
+from fides_rag.calls import REQUEST_OPTIONS, options_of
 from langchain_fides import ChatFides, FidesLLM
 
 

@@ -100,11 +100,10 @@ class Said(BaseModel):
 
 
 def test_a_structured_answer_the_grammar_closed_early_parses_as_complete(chat, decoder):
-    from fides_rag.calls import constraint_of
-    from fides_rag.generation.grammar import GrammarConstraint
+    from fides_rag.calls import constraint_of, shortest_answer_tokens
 
     schema = constraint_of(json_schema=Said)["json_schema"]
-    budget = len(GrammarConstraint.compile(decoder.tokenizer, json_schema=schema).start().completion(200)) + 3
+    budget = shortest_answer_tokens(decoder.tokenizer, json_schema=schema) + 3
     tight = chat.model_copy(update={"max_new_tokens": budget})
     raw = tight.with_structured_output(Said, method="json_schema", include_raw=True).invoke(Q)
     meta = raw["raw"].response_metadata

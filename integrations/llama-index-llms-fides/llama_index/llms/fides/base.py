@@ -47,10 +47,10 @@ from fides_rag.calls import (
     DecodingFields,
     ToolCalling,
     fold_fides_constants,
+    iterate_in_thread,
 )
 from fides_rag.calls.decoders import decoder_for
 from fides_rag.calls.options import split_template_args
-from fides_rag.generation.streaming import iterate_in_thread
 from llama_index.llms.fides.programs import watch_programs
 
 dispatcher = get_dispatcher(__name__)
@@ -116,7 +116,8 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
         decoder = decoder_for(decoder, model=model, tokenizer=tokenizer, max_new_tokens=kwargs.get("max_new_tokens", 128))
         if "model_name" not in kwargs:
             kwargs["model_name"] = str(getattr(decoder.model, "name_or_path", "") or "fides")
-        fold_fides_constants(kwargs, decoder.config)
+        default_config: Any = getattr(decoder.method, "config", None)  # FIDES's FidesConfig; None for other rules
+        fold_fides_constants(kwargs, default_config)
         kwargs.setdefault("max_new_tokens", decoder.max_new_tokens)
         custom = kwargs.get("messages_to_prompt") is not None or kwargs.get("completion_to_prompt") is not None
         super().__init__(**kwargs)
@@ -169,7 +170,7 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
     @property
     def metadata(self) -> LLMMetadata:
         return LLMMetadata(
-            context_window=self._decoder.context_window,
+            context_window=self._decoder.limits.context_window,
             num_output=self.max_new_tokens,
             model_name=self.model_name,
             is_chat_model=self.chat_template_active,
@@ -190,7 +191,8 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
     @property
     def effective_fides_config(self) -> FidesConfig:
         """The FIDES constants calls decode with: `fides_config`, else the wrapped decoder's."""
-        return self.fides_config if self.fides_config is not None else self._decoder.config
+        default_config: Any = getattr(self._decoder.method, "config", None)
+        return self.fides_config if self.fides_config is not None else default_config
 
     # -- LlamaIndex hooks: completion ---------------------------------------------------------------
 

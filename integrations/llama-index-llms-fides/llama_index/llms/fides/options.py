@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from fides_rag.calls import CONSTRAINTS, FidesFallbackError, UnansweredError
+from fides_rag.calls import CALL, CONSTRAINTS, FidesFallbackError, UnansweredError, options_of
 from fides_rag.calls.options import SAMPLING
-from fides_rag.generation.request_options import CALL, options_of
 
 __all__ = ["CALL_OPTIONS", "CONSTRAINTS", "FidesFallbackError", "GENERATION_OPTIONS", "UnansweredError"]
 

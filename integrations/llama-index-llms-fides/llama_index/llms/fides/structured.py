@@ -24,9 +24,8 @@ from llama_index.core.types import PydanticProgramMode
 from llama_index.llms.fides.context import find_context
 from llama_index.llms.fides.options import CALL_OPTIONS
 
-from fides_rag.calls import parse_structure, with_structure
+from fides_rag.calls import iterate_in_thread, parse_structure, with_structure
 from fides_rag.calls.options import split_template_args
-from fides_rag.generation.streaming import iterate_in_thread
 
 dispatcher = get_dispatcher(__name__)
 

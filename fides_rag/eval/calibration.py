@@ -26,7 +26,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -36,6 +36,9 @@ from fides_rag.prompts.template import document_texts
 from fides_rag.rules.base import CONTEXT, NO_CONTEXT, StepInputs, StepOutput
 from fides_rag.rules.fides import FidesRule, noise_layer
 from fides_rag.method.signals import kl_divergence, layer_mean_unit_distance
+
+if TYPE_CHECKING:
+    from fides_rag.decoder import FidesDecoder
 
 SOURCE_MEASURED_WEIGHTS: tuple[float, float, float] = (0.533, 0.278, 0.189)
 """The weights the source measured with the 1/σ rule (FidesConfig's default is their rounding)."""
@@ -221,7 +224,7 @@ class RawSignals:
 
 
 def collect_raw_signals(
-    decoder: Any,
+    decoder: FidesDecoder,
     pairs: Sequence[Pair],
     *,
     config: FidesConfig | None = None,
@@ -283,7 +286,7 @@ class CalibrationReport:
 
 
 def calibrate(
-    decoder: Any,
+    decoder: FidesDecoder,
     pairs: Sequence[Pair],
     *,
     base: FidesConfig | None = None,

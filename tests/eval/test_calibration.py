@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fides_rag import FidesConfig, FidesDecoder, available_methods
-from fides_rag.method.calibration import (
+from fides_rag.eval.calibration import (
     SOURCE_MEASURED_WEIGHTS,
     RawSignalsRule,
     calibrate,

@@ -10,7 +10,7 @@ import pytest
 
 import fides_rag.cli.main as cli
 from fides_rag import load_model
-from fides_rag.cli.model_options import load_options, parse_device_map
+from fides_rag.models.options import load_options, parse_device_map
 from fides_rag.testing import build_tiny_model
 
 # Layers 1 and 2 of the 4-layer tiny llama live on disk and are loaded by accelerate's hooks when used.
