@@ -141,7 +141,7 @@ class RequestHandling:
         if admitted.agent.logprobs is None:
             return answer, None
         steps, decode = answer_steps(answer.result.steps), self.decoder.tokenizer.decode
-        return answer, chat_logprobs(steps, decode) if admitted.chat else completion_logprobs(steps, decode)
+        return answer, chat_logprobs(steps, decode) if admitted.chat else completion_logprobs(steps, decode)  # type: ignore[arg-type]  # one id list: a str
 
     def _validated(self, body: bytes, model: type[Sampling]) -> Any:
         try:
