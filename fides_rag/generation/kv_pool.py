@@ -63,7 +63,7 @@ class KVPool:
         """Room for `needed` more blocks than are free (the pool doubles, at least)."""
         if len(self.free) >= needed:
             return
-        blocks = max(self.min_blocks, 2 * self.blocks, self.blocks + needed - len(self.free))
+        blocks = max(self.min_blocks, 2 * self.blocks, self.blocks + needed - len(self.free) + (0 if self.blocks else 1))  # + scratch
         slots, old = blocks * BLOCK, self.blocks * BLOCK
         grown = []
         for tensor in (*self.keys, *self.values):
