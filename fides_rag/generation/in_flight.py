@@ -69,6 +69,12 @@ class InFlight:
         return self.batch.layout.num_rows
 
     @property
+    def pool_used_tokens(self) -> int:
+        """Positions of the KV pool's blocks the running rows hold (0: no pool)."""
+        pool = getattr(self.batch, "pool", None)
+        return pool.used_tokens if pool is not None else 0
+
+    @property
     def extendable(self) -> bool:
         """Whether rows can join the running batch now."""
         return self.batch.extendable
