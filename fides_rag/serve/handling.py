@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from fides_rag.calls import Answer, Call, CallFactory, ChatPlan, ChatPrompts
 from fides_rag.decoder import FidesDecoder, QueueFullError, RequestHandle
 from fides_rag.generation.grammar import BudgetBelowShortestAnswer, GrammarLimitExceeded
+from fides_rag.generation.kv_pool_size import KVPoolExceeded
 from fides_rag.generation.prompting import ContextWindowExceeded
 from fides_rag.serve.agent_call import AgentCall, agent_call
 from fides_rag.serve.errors import APIError, bad_request, validation_error
@@ -179,6 +180,8 @@ class RequestHandling:
             raise _budget_below_shortest(body, agent, err) from None
         except ContextWindowExceeded as err:
             raise _not_fitting(body, err) from None
+        except KVPoolExceeded as err:
+            raise bad_request(" ".join(str(err).split()), _budget_field(body), "kv_pool_exceeded") from None
         except GrammarLimitExceeded as err:
             raise bad_request(" ".join(str(err).split()), _grammar_param(body, agent), "grammar_too_large") from None
         except (ValueError, TypeError) as err:
