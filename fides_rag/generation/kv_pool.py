@@ -78,9 +78,9 @@ class KVPool:
         self.max_rows = max(1, max_rows)
         self.window_sizes = sorted({w for w in self.windows if w is not None})
         width = self.max_row_blocks
-        self._num = {None: FULL_NUM, **{w: HEAD + i for i, w in enumerate(self.window_sizes)}}
+        self._num: dict[int | None, int] = {None: FULL_NUM, **{w: HEAD + i for i, w in enumerate(self.window_sizes)}}
         first = HEAD + len(self.window_sizes)
-        self._region = {"full": first, "last": first + width,
+        self._region: dict[str | int, int] = {"full": first, "last": first + width,
                         **{w: first + (2 + i) * width for i, w in enumerate(self.window_sizes)}}
         self.columns = first + (2 + len(self.window_sizes)) * width
         total = blocks + 1
@@ -208,19 +208,19 @@ class KVPool:
         blocks = index[:, self._region["full"]:self._region["full"] + width].long()  # [Rb, W]
         self.gather_slots = (blocks[:, :, None] * BLOCK + self._arange).reshape(-1)  # [Rb * W * BLOCK]
         key_positions = torch.arange(width * BLOCK, device=self.device)[None]  # [1, L]
-        length = index[:, POS:POS + 1].long() + 1  # [Rb, 1]
+        row_length = index[:, POS:POS + 1].long() + 1  # [Rb, 1]
         self.masks = {}
         for window in {*self.windows}:
-            visible = key_positions < length
+            visible = key_positions < row_length
             if window is not None:
-                visible = visible & (key_positions >= length - window)
+                visible = visible & (key_positions >= row_length - window)
             self.masks[window] = visible[:, None, None, :]  # [Rb, 1, 1, L]
 
     def _host_index(self, padded: int) -> torch.Tensor:
         """This step's packed index, [Rb, columns], built on the host."""
         host = torch.zeros((padded, self.columns), dtype=torch.int32)
         full, last = self._region["full"], self._region["last"]
-        rows = []
+        rows: list[list[int]] = []
         for table, length in zip(self.tables, self.lengths):
             row = [0] * self.columns
             row[FILL], row[LAST], row[POS], row[FULL_NUM], row[PART_NUM] = (length - 1) % BLOCK + 1, table[-1], length - 1, len(table) - 1, 1
