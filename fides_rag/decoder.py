@@ -68,7 +68,9 @@ class FidesDecoder:
         `engine_settings`: max_requests, max_rows, max_tokens, max_queue, window_s, admission, max_num_batched_tokens (see
         `configure`), prefix_caching, prefix_cache_bytes, and mode: "exact" (the CPU's default: a greedy request's tokens
         do not depend on what else is in flight) or "fast" (the default elsewhere: one attention call per layer over
-        every row); read back from `limits.mode`."""
+        every row); read back from `limits.mode`; in fast mode kv_pool_tokens (the KV pool's positions) or
+        kv_cache_memory (its bytes, or on CUDA a fraction of free device memory) size the fixed pool, read back from
+        `stats.kv_pool_tokens`."""
         if config is not None:
             if not isinstance(method, str):
                 raise ValueError("config= configures a method given by name; pass a configured rule object alone instead")

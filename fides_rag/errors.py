@@ -18,12 +18,19 @@ __all__ = [
     "GrammarLimitExceeded",
     "GrammarViolation",
     "IncompleteAnswerError",
+    "KVPoolExceeded",
     "MissingExtraError",
     "NonFiniteLogitsError",
     "QueueFullError",
     "UnansweredError",
     "UnsupportedArchitectureError",
 ]
+
+
+class KVPoolExceeded(ValueError):
+    """A request needs more blocks of the KV pool than the whole pool holds: it could never be admitted."""
+
+    field = "max_tokens"
 
 
 class ContextWindowExceeded(ValueError):

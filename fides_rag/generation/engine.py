@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import math
 import threading
 import time
 import weakref
@@ -29,6 +30,7 @@ from fides_rag.generation.captured_step import DEFAULT_BUCKETS, CapturedStep, ch
 from fides_rag.generation.detokenize import IncrementalText
 from fides_rag.generation.in_flight import InFlight
 from fides_rag.generation.kv_cache import DecodeCache, mergeable
+from fides_rag.generation.kv_pool_size import BLOCK, pool_blocks
 from fides_rag.generation.layout import Unit
 from fides_rag.generation.modes import Mode, resolve_mode
 from fides_rag.generation.paths import masks_heads, paths_run
@@ -128,7 +130,7 @@ class DecodeEngine:
         max_queue: int | None = None, window_s: float = 0.0, admission: Admission = "continuous",
         max_num_batched_tokens: int | None = None, prefix_caching: bool = True, prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
         mode: Mode | None = None, compile: bool | str = False, buckets: Sequence[int] = DEFAULT_BUCKETS, kv_pool_tokens: int | None = None,
-        prefix_block_size: int = DEFAULT_PREFIX_BLOCK_SIZE,
+        prefix_block_size: int = DEFAULT_PREFIX_BLOCK_SIZE, kv_cache_memory: int | float | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -157,9 +159,15 @@ class DecodeEngine:
         """'exact': a greedy request's tokens do not depend on what else is in flight; 'fast': one attention call per
         layer over every row (see `modes.py`)."""
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        if kv_pool_tokens is not None and (isinstance(kv_pool_tokens, bool) or not isinstance(kv_pool_tokens, int) or kv_pool_tokens < 1):
-            raise ValueError("kv_pool_tokens must be None or an integer >= 1 (the fast-mode KV pool's first size in " f"positions), got {kv_pool_tokens!r}")
-        self.kv_pool_tokens = kv_pool_tokens
+        self.pool_blocks: int | None = None
+        """Fast mode's KV pool, in blocks of BLOCK positions (fixed; None in exact mode)."""
+        if self.mode == "fast":
+            self.pool_blocks = pool_blocks(self.anatomy.config, model.dtype, self.input_device, self.context_window,
+                                           max_rows, kv_pool_tokens, kv_cache_memory)
+        elif kv_pool_tokens is not None or kv_cache_memory is not None:
+            pool_blocks(self.anatomy.config, model.dtype, self.input_device, self.context_window, max_rows,
+                        kv_pool_tokens, kv_cache_memory)  # checked all the same
+        self.scheduler.pool_blocks = self.pool_blocks
         self.captured = self._captured_step(compile, buckets)
         self.scheduler.buckets = self.captured.buckets if self.captured is not None else None
         """The compiled decode step (`compile`), or None."""
@@ -184,8 +192,10 @@ class DecodeEngine:
             return RunningBatch(self.anatomy, pad, self.input_device, split_prefill)
         batch = PooledBatch(self.anatomy, pad, self.input_device, split_prefill)
         batch.captured = self.captured
-        if self.kv_pool_tokens is not None:
-            batch.pool_positions = self.kv_pool_tokens
+        batch.pool_blocks = self.pool_blocks or 1
+        largest = max(self.captured.buckets) if self.captured is not None else 1
+        batch.max_rows = max(largest, min(self.scheduler.max_rows or self.pool_blocks or 1, self.pool_blocks or 1))
+        batch.max_row_blocks = math.ceil((self.context_window or (self.pool_blocks or 1) * BLOCK) / BLOCK) + 1
         return batch
 
     # -- configuration ----------------------------------------------------------------------------
@@ -214,6 +224,7 @@ class DecodeEngine:
             rows_in_flight=self.rows_in_flight, prefix_cache_hits=cache.stats.hits, prefix_cache_misses=cache.stats.misses,
             prefix_cache_hit_tokens=cache.stats.hit_tokens, prefix_cache_evictions=cache.stats.evictions,
             prefix_cache_entries=len(cache), prefix_cache_bytes=cache.bytes,
+            kv_pool_tokens=(self.pool_blocks or 0) * BLOCK, kv_pool_used_tokens=self._flight.pool_used_tokens,
         )
 
     @property

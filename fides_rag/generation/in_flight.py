@@ -70,6 +70,12 @@ class InFlight:
         return self.batch.layout.num_rows
 
     @property
+    def pool_used_tokens(self) -> int:
+        """Positions of the KV pool's blocks the running rows hold (0: no pool)."""
+        pool = getattr(self.batch, "pool", None)
+        return pool.used_tokens if pool is not None else 0
+
+    @property
     def extendable(self) -> bool:
         """Whether rows can join the running batch now."""
         return self.batch.extendable
@@ -146,9 +152,9 @@ class InFlight:
         done = [job for job in self.prefilling if job.finished]
         for job in done:
             offset = self.batch.layout.num_rows
-            self._wire(job.ticket, offset)
             head_sets = [g.head_set for g in job.groups for _ in g.sequences]
             self.batch.append(job.prefilled(self.anatomy.config), job.states(layers), head_sets, [len(r.ids) for r in job.rows])
+            self._wire(job.ticket, offset)  # after its rows joined: a request whose rows could not join is in no lane
         self.prefilling = [job for job in self.prefilling if not job.finished]
         return [job.ticket for job in done]
 
@@ -214,11 +220,14 @@ class InFlight:
     def fail_all(self, error: BaseException, newcomers: list[Ticket]) -> None:
         """A step failed outside any one rule (the forward itself): fail every request it held and `newcomers` (those
         admitted or held back at it), start clean."""
-        prefilling = [job.ticket for job in self.prefilling]
-        for ticket in [*self.tickets, *prefilling, *(t for t in newcomers if t not in self.tickets and t not in prefilling)]:
-            ticket.fail(error)
-            self.stats.failed += 1
-        self.tickets, self.prefilling = [], []
+        held: dict[int, Ticket] = {}
+        for ticket in [*self.tickets, *(job.ticket for job in self.prefilling), *newcomers]:
+            held.setdefault(id(ticket), ticket)  # a request that joined at the failed step is both decoding and prefilling
+        self.tickets, self.prefilling = [], []  # start clean before failing anyone: nothing of the failed step survives
         self.batch = self._new_batch()
         self.lanes = Lanes(self.anatomy.num_layers)
         self._plan = None
+        for ticket in held.values():
+            if not ticket.handle.done():
+                ticket.fail(error)
+                self.stats.failed += 1

@@ -4,8 +4,9 @@
   attended on its own (`ragged_attention.py`), and on the CPU a row's matmul results do not depend on the other rows.
   The default on the CPU, and the eval harness's.
 - `fast`: one attention call per layer over every row of every request (`kv_pool.py`, `pooled_attention.py`): a
-  decode step's aten ops do not grow with the requests in flight. A row's attention then runs over the whole pool
-  (masked), so its floating-point sums can differ from exact mode's in the last bits, and a close argmax can flip.
+  decode step's aten ops do not grow with the requests in flight. A row's attention runs over its own blocks of a
+  fixed pool, batched with the other rows, so its floating-point sums can differ from exact mode's in the last bits,
+  and a close argmax can flip.
   The default on accelerators.
 
 Exact mode is refused on accelerators: their matmul and attention kernels choose their splits by batch shape, so a

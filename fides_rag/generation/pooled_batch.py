@@ -11,7 +11,7 @@ import torch
 from fides_rag.generation.captured_step import CapturedStep
 from fides_rag.generation.hooks import HeadMasker, LayerCapture
 from fides_rag.generation.kv_cache import Prefilled, RaggedLayer, mergeable
-from fides_rag.generation.kv_pool import BLOCK, MIN_BLOCKS, KVPool, PooledCache
+from fides_rag.generation.kv_pool import KVPool, PooledCache, flex_available
 from fides_rag.generation.pooled_attention import pooled_attention
 from fides_rag.generation.running import RunningBatch, _states
 
@@ -22,8 +22,12 @@ class PooledBatch(RunningBatch):
     pool: KVPool | None = None
     captured: CapturedStep | None = None
     """The compiled decode step (`compile=True`), or None: eager."""
-    pool_positions: int = MIN_BLOCKS * BLOCK
-    """The pool's first size, in positions (it doubles when full)."""
+    pool_blocks: int = 64
+    """The pool's size in blocks, fixed (the engine's, from kv_pool_tokens or kv_cache_memory)."""
+    max_rows: int = 128
+    """Rows the pool's persistent index buffers hold (the most a captured step runs; more run with their own)."""
+    max_row_blocks: int = 512
+    """Blocks one row may hold at most (the context window's)."""
 
     @property
     def extendable(self) -> bool:
@@ -41,8 +45,7 @@ class PooledBatch(RunningBatch):
         self.layout.grow()
         positions = self.positions if not padding else torch.cat([self.positions, self.positions.new_zeros((padding, 1))])  # [Rb, 1]
         config = self.anatomy.config
-        groups = config.num_attention_heads // (getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
-        self.pool.begin_step(positions, groups, bucket)
+        self.pool.begin_step(positions, padded_rows=bucket)
         if masker is not None:
             masker.set_rows([*self.layout.row_head_sets, *[-1] * padding])
         mask = self.pool.attention_mask(getattr(config, "layer_types", None))
@@ -61,7 +64,9 @@ class PooledBatch(RunningBatch):
         if self.empty:
             if self.pool is None:  # kept while the batch empties and fills again: one size, one captured shape
                 windows = [getattr(layer.segments[0], "sliding_window", None) for layer in layers]
-                self.pool = KVPool(windows, layers[0].segments[0].keys, self.pool_positions)
+                like = layers[0].segments[0].keys
+                attention = "flex" if like.device.type == "cuda" and flex_available() else "gather"
+                self.pool = KVPool(windows, like, self.pool_blocks, self.max_rows, self.max_row_blocks, attention)
                 self.cache = PooledCache(self.pool, self.anatomy.config)
             self.positions, self.hidden, self.states = state.positions, state.last_hidden, states
         else:

@@ -106,6 +106,13 @@ class Request:
             return None
         return AnswerText(self.example.template)
 
+    def kv_blocks(self, block: int) -> int:
+        """Blocks of `block` positions of fast mode's KV pool this request may hold at most: each row's prompt plus
+        the token budget, rounded up to whole blocks, row by row (a row every method takes a copy of counts per method)."""
+        budget = self.settings.max_new_tokens
+        return sum(-(-(len(ids) + budget) // block) for run in self.decoded
+                   for ids in prompt_ids(run.effective, self.example, run.heads))
+
     @property
     def tokens(self) -> int:
         """KV positions this request may hold at most: each row's prompt plus the token budget."""

@@ -14,7 +14,8 @@ import collections
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol
 
-from fides_rag.errors import QueueFullError
+from fides_rag.errors import KVPoolExceeded, QueueFullError
+from fides_rag.generation.kv_pool_size import BLOCK
 from fides_rag.generation.paths import longest_prompt
 from fides_rag.generation.prompting import ContextWindowExceeded
 from fides_rag.generation.step_plan import ScheduledStep, StepBudget
@@ -109,6 +110,12 @@ class Scheduler:
         longest = longest_prompt(request.example)
         if self.context_window is not None and longest + request.settings.max_new_tokens > self.context_window:
             raise ContextWindowExceeded(longest, request.settings.max_new_tokens, self.context_window, "the prompt or documents")
+        if self.pool_blocks is not None and request.kv_blocks(BLOCK) > self.pool_blocks:
+            raise KVPoolExceeded(
+                f"this request needs {request.kv_blocks(BLOCK)} blocks of {BLOCK} positions of the fast-mode KV pool (every "
+                f"path of every method, prompt plus max_new_tokens), more than the whole pool of {self.pool_blocks} blocks "
+                f"({self.pool_blocks * BLOCK} positions); raise kv_pool_tokens or kv_cache_memory, or shorten the request"
+            )
         for name, needed, what in (("max_rows", request.rows, "batch rows"), ("max_tokens", request.tokens, "KV positions")):
             bound = getattr(self, name)
             if bound is not None and needed > bound:
@@ -136,6 +143,7 @@ class Scheduler:
         requests = len(in_flight)
         rows = sum(t.request.rows for t in in_flight)
         tokens = sum(t.request.tokens for t in in_flight)
+        blocks = sum(t.request.kv_blocks(BLOCK) for t in in_flight) if self.pool_blocks is not None else 0
         while self.queue:
             ticket = self.queue[0]
             if ticket.handle.cancelled:
@@ -148,17 +156,23 @@ class Scheduler:
                 or (self.max_rows is not None and rows + request.rows > self.max_rows)
                 or (self.max_tokens is not None and tokens + request.tokens > self.max_tokens)
             )
+            needs = request.kv_blocks(BLOCK) if self.pool_blocks is not None else 0
+            if self.pool_blocks is not None and blocks + needs > self.pool_blocks:
+                break  # the pool's blocks are a hard bound: the head waits for blocks to free, even alone
             if over and (in_flight or taken):
                 break  # FIFO: the head waits for room, and nobody passes it
             self.queue.popleft()
             taken.append(ticket)
             requests, rows, tokens = requests + 1, rows + request.rows, tokens + request.tokens
+            blocks += needs
         return taken
 
     def step_budget(self, decode_rows: int) -> StepBudget:
         """This step's budget for prefill chunks: what the decodes leave of max_num_batched_tokens."""
         return StepBudget(self.max_num_batched_tokens - decode_rows)
 
+    pool_blocks: int | None = None
+    """Fast mode's KV pool in blocks (a request is admitted when all its rows' blocks fit), or None: no pool."""
     buckets: tuple[int, ...] | None = None
     """The row counts a captured decode step runs at (`compile=`), or None."""
 

@@ -107,6 +107,9 @@ class Ticket:
             self.handle.channel.close()
 
     def fail(self, error: BaseException) -> None:
+        """Fail the request with `error` (once: a request already done keeps its outcome)."""
+        if self.handle.future.done():
+            return
         self.handle.finished_at = time.perf_counter()
         if self.handle.future.set_running_or_notify_cancel():
             self.handle.future.set_exception(error)

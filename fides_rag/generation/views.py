@@ -71,4 +71,8 @@ class DecoderStats:
     prefix_cache_evictions: int
     prefix_cache_entries: int
     prefix_cache_bytes: int
+    kv_pool_tokens: int = 0
+    """Fast mode's KV pool: the positions it holds (fixed; 0 in exact mode)."""
+    kv_pool_used_tokens: int = 0
+    """Of those, the positions of the blocks rows hold now."""
     """Bytes of KV states the prefix cache holds."""

@@ -59,7 +59,10 @@ def add_serve_parser(commands: Any, default_model: str) -> None:
                        help="exact: a greedy request's tokens do not depend on what else is in flight; fast: one attention call per "
                             "layer over every row (default: exact on the CPU, fast elsewhere)")
     serve.add_argument("--compile", action="store_true",
-                       help="capture the decode step with torch.compile, one graph per batch bucket (CUDA graphs on CUDA; needs " "fast mode)")
+                       help="capture the decode step with torch.compile, one graph per batch bucket (CUDA graphs on CUDA; needs fast mode)")
+    serve.add_argument("--kv-pool-tokens", type=_positive,
+                       help="fast mode's KV pool in positions, fixed; a request whose rows can never fit gets 400 "
+                            "(default: from the model's shape and the device's memory)")
     serve.add_argument("--buckets", type=_buckets, help="row counts the captured step is compiled at (default: 1,2,4,8, then every 16 to 256)")
     serve.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds the requests in flight get to finish on SIGTERM (default 30)")
     serve.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' on every route but /health (default: ${API_KEY_ENV}; unset: no key)")
@@ -89,6 +92,8 @@ def run_serve_command(args: argparse.Namespace) -> int:
     if args.max_num_batched_tokens is not None:
         engine["max_num_batched_tokens"] = args.max_num_batched_tokens
     engine |= {"mode": args.mode, "compile": args.compile} | ({"buckets": args.buckets} if args.buckets else {})
+    if args.kv_pool_tokens is not None:
+        engine["kv_pool_tokens"] = args.kv_pool_tokens
     decoder = FidesDecoder.from_pretrained(args.model, config=config, max_new_tokens=args.max_new_tokens, **engine, **load_options(args))
     if args.max_batch_size is not None:
         decoder.configure(max_requests=args.max_batch_size)

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from fides_rag.calls import Answer, Call, CallFactory, ChatPlan, ChatPrompts
 from fides_rag.decoder import FidesDecoder, QueueFullError, RequestHandle
-from fides_rag.errors import BudgetBelowShortestAnswer, ContextWindowExceeded, GrammarLimitExceeded
+from fides_rag.errors import BudgetBelowShortestAnswer, ContextWindowExceeded, GrammarLimitExceeded, KVPoolExceeded
 from fides_rag.serve.agent_call import AgentCall, agent_call
 from fides_rag.serve.errors import APIError, bad_request, validation_error
 from fides_rag.serve.fides_headers import plan_headers, record_headers
@@ -178,6 +178,8 @@ class RequestHandling:
             raise _budget_below_shortest(body, agent, err) from None
         except ContextWindowExceeded as err:
             raise _not_fitting(body, err) from None
+        except KVPoolExceeded as err:
+            raise bad_request(" ".join(str(err).split()), _budget_field(body), "kv_pool_exceeded") from None
         except GrammarLimitExceeded as err:
             raise bad_request(" ".join(str(err).split()), _grammar_param(body, agent), "grammar_too_large") from None
         except (ValueError, TypeError) as err:

@@ -32,6 +32,8 @@ class ServerMetrics:
             ("fides_prefix_cache_misses", "Prompt rows that found no cached prefix", "prefix_cache_misses"),
             ("fides_prefix_cache_bytes", "Bytes of KV states the prefix cache holds", "prefix_cache_bytes"),
             ("fides_prompt_tokens_prefilled", "Prompt tokens of every path, prefilled in chunks", "prompt_tokens"),
+            ("fides_kv_pool_tokens", "Positions fast mode's KV pool holds (fixed; 0 in exact mode)", "kv_pool_tokens"),
+            ("fides_kv_pool_used_tokens", "Positions of the KV pool's blocks that running rows hold", "kv_pool_used_tokens"),
             ("fides_prompt_tokens_computed", "Of those, tokens computed (the rest came from the prefix cache)", "prefill_tokens"),
         )
         for name, description, field in gauges:
