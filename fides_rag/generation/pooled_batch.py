@@ -11,7 +11,7 @@ import torch
 from fides_rag.generation.captured_step import CapturedStep
 from fides_rag.generation.hooks import HeadMasker, LayerCapture
 from fides_rag.generation.kv_cache import Prefilled, RaggedLayer, mergeable
-from fides_rag.generation.kv_pool import KVPool, PooledCache, flex_available
+from fides_rag.generation.kv_pool import Attention, KVPool, PooledCache, flex_available
 from fides_rag.generation.pooled_attention import pooled_attention
 from fides_rag.generation.running import RunningBatch, _states
 
@@ -65,7 +65,7 @@ class PooledBatch(RunningBatch):
             if self.pool is None:  # kept while the batch empties and fills again: one size, one captured shape
                 windows = [getattr(layer.segments[0], "sliding_window", None) for layer in layers]
                 like = layers[0].segments[0].keys
-                attention = "flex" if like.device.type == "cuda" and flex_available() else "gather"
+                attention: Attention = "flex" if like.device.type == "cuda" and flex_available() else "gather"
                 self.pool = KVPool(windows, like, self.pool_blocks, self.max_rows, self.max_row_blocks, attention)
                 self.cache = PooledCache(self.pool, self.anatomy.config)
             self.positions, self.hidden, self.states = state.positions, state.last_hidden, states
