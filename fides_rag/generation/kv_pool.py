@@ -59,6 +59,10 @@ class KVPool:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
+    def static_tensors(self) -> list[torch.Tensor]:
+        """Every tensor a decode step writes in place: each layer's keys and values."""
+        return [*self.keys, *self.values]
+
     def _grow(self, needed: int) -> None:
         """Room for `needed` more blocks than are free (the pool doubles, at least)."""
         if len(self.free) >= needed:

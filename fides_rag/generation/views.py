@@ -72,3 +72,8 @@ class DecoderStats:
     prefix_cache_entries: int
     prefix_cache_bytes: int
     """Bytes of KV states the prefix cache holds."""
+    captured_fallback_steps: int = 0
+    """Decode steps of a captured bucket that ran eagerly because its graph could not be compiled, or would have
+    been recompiled after warm-up (the tokens are the same; the log says why)."""
+    warmup_s: float | None = None
+    """Seconds the warm-up (`warmup=`) took to compile the captured step; None when none ran."""
