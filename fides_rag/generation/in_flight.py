@@ -215,8 +215,7 @@ class InFlight:
         admitted or held back at it), start clean."""
         prefilling = [job.ticket for job in self.prefilling]
         for ticket in [*self.tickets, *prefilling, *(t for t in newcomers if t not in self.tickets and t not in prefilling)]:
-            ticket.fail(error)
-            self.stats.failed += 1
+            self.stats.failed += ticket.fail(error)
         self.tickets, self.prefilling = [], []
         self.batch = self._new_batch()
         self.lanes = Lanes(self.anatomy.num_layers)

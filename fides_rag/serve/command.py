@@ -61,6 +61,9 @@ def add_serve_parser(commands: Any, default_model: str) -> None:
                             "layer over every row (default: exact on the CPU, fast elsewhere)")
     serve.add_argument("--compile", action="store_true",
                        help="capture the decode step with torch.compile, one graph per batch bucket (CUDA graphs on CUDA; needs fast mode)")
+    serve.add_argument("--warmup", action="store_true",
+                       help="with --compile: compile every batch bucket, with the hooks of --method and 'standard', before serving "
+                            "(a progress bar; the time is logged); a step that would recompile later runs eagerly, counted in /metrics")
     serve.add_argument("--buckets", type=_buckets, help="row counts the captured step is compiled at (default: 1,2,4,8, then every 16 to 256)")
     serve.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds the requests in flight get to finish on SIGTERM (default 30)")
     serve.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' on every route but /health (default: ${API_KEY_ENV}; unset: no key)")
@@ -85,11 +88,13 @@ def run_serve_command(args: argparse.Namespace) -> int:
     from fides_rag.serve.app import build_app
     from fides_rag.serve.limits import RequestLimits
 
+    if args.warmup and not args.compile:
+        raise ValueError("--warmup needs --compile: it compiles the captured decode step's buckets before serving")
     config = FidesConfig.from_file(args.config) if args.config else FidesConfig()
     engine = dict(prefix_caching=not args.no_prefix_caching, prefix_cache_bytes=args.prefix_cache_mb * 2**20)
     if args.max_num_batched_tokens is not None:
         engine["max_num_batched_tokens"] = args.max_num_batched_tokens
-    engine |= {"mode": args.mode, "compile": args.compile} | ({"buckets": args.buckets} if args.buckets else {})
+    engine |= {"mode": args.mode, "compile": args.compile, "warmup": [args.method, "standard"] if args.warmup else False} | ({"buckets": args.buckets} if args.buckets else {})
     decoder = FidesDecoder.from_pretrained(args.model, config=config, max_new_tokens=args.max_new_tokens, **engine, **load_options(args))
     if args.max_batch_size is not None:
         decoder.configure(max_requests=args.max_batch_size)

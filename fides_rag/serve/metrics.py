@@ -33,6 +33,8 @@ class ServerMetrics:
             ("fides_prefix_cache_bytes", "Bytes of KV states the prefix cache holds", "prefix_cache_bytes"),
             ("fides_prompt_tokens_prefilled", "Prompt tokens of every path, prefilled in chunks", "prompt_tokens"),
             ("fides_prompt_tokens_computed", "Of those, tokens computed (the rest came from the prefix cache)", "prefill_tokens"),
+            ("fides_captured_fallback_steps", "Decode steps of a captured bucket that ran eagerly (compile failed or would recompile)",
+             "captured_fallback_steps"),
         )
         for name, description, field in gauges:
             Gauge(name, description, registry=r).set_function(lambda field=field: getattr(decoder.stats, field))
