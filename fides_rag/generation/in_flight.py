@@ -215,7 +215,8 @@ class InFlight:
         admitted or held back at it), start clean."""
         prefilling = [job.ticket for job in self.prefilling]
         for ticket in [*self.tickets, *prefilling, *(t for t in newcomers if t not in self.tickets and t not in prefilling)]:
-            self.stats.failed += ticket.fail(error)
+            ticket.fail(error)
+            self.stats.failed += 1
         self.tickets, self.prefilling = [], []
         self.batch = self._new_batch()
         self.lanes = Lanes(self.anatomy.num_layers)

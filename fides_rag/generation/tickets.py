@@ -106,16 +106,12 @@ class Ticket:
                 self.handle.channel.put(final)
             self.handle.channel.close()
 
-    def fail(self, error: BaseException) -> bool:
-        """Fail the request with `error`; False when it had already finished (its result stands)."""
-        if self.handle.future.done() and not self.handle.future.cancelled():
-            return False
+    def fail(self, error: BaseException) -> None:
         self.handle.finished_at = time.perf_counter()
         if self.handle.future.set_running_or_notify_cancel():
             self.handle.future.set_exception(error)
         if self.handle.channel is not None:
             self.handle.channel.close(error)
-        return True
 
     def close_cancelled(self) -> None:
         """A cancelled request's stream ends (its future is already cancelled)."""
