@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -123,7 +123,7 @@ class CapturedStep:
             return self._step(ids, mask, positions, cache)
         # The hooks that capture layer states and mask heads are part of the step: guard on them, so that a step with
         # other hooks never runs a graph traced without them.
-        limits = {"skip_nnmodule_hook_guards": False, "recompile_limit": self.recompile_limit,
+        limits: dict[str, Any] = {"skip_nnmodule_hook_guards": False, "recompile_limit": self.recompile_limit,
                   "accumulated_recompile_limit": max(torch._dynamo.config.accumulated_recompile_limit, self.recompile_limit)}
         try:
             stance = torch.compiler.set_stance("fail_on_recompile") if self.warmed else contextlib.nullcontext()
@@ -138,20 +138,11 @@ class CapturedStep:
         self.fallback_steps += 1
         return self._step(ids, mask, positions, cache)
 
-    def timed_warmup(self) -> _WarmupTimer:
-        """A context manager that records the warm-up's seconds in `warmup_s` and sets `warmed` on success."""
-        return _WarmupTimer(self)
-
-
-class _WarmupTimer:
-    def __init__(self, step: CapturedStep) -> None:
-        self.step = step
-
-    def __enter__(self) -> None:
-        self.start = time.perf_counter()
-
-    def __exit__(self, kind: Any, *_exc: Any) -> None:
-        if kind is None:
-            self.step.warmup_s = time.perf_counter() - self.start
-            self.step.warmed = True
-            logger.info("compiled the captured decode step's buckets in %.1f s", self.step.warmup_s)
+    @contextlib.contextmanager
+    def timed_warmup(self) -> Iterator[None]:
+        """Around a warm-up: records its seconds in `warmup_s` and sets `warmed` when it succeeds."""
+        start = time.perf_counter()
+        yield
+        self.warmup_s = time.perf_counter() - start
+        self.warmed = True
+        logger.info("compiled the captured decode step's buckets in %.1f s", self.warmup_s)
