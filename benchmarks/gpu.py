@@ -1,6 +1,9 @@
 """The GPU benchmark in one command: a random-weight model with Llama-3.1-8B's configuration in bfloat16 (weights do not
 matter for timing; nothing is downloaded), on CUDA when present. It measures
 
+- attention alone: the whole-pool masked `scaled_dot_product_attention` (one call over every slot of the pool, each
+  row's queries masked to its own slots) against block attention (each row's slots gathered through its block table,
+  then one padded attention call), at R rows and P pool positions;
 - exactness, in each engine mode: every request's greedy tokens alone and among all the others in flight (standard,
   CAD and FIDES requests of distinct prompt lengths together), which exact mode promises are equal;
 - per-token latency, in each mode, of standard, CAD and FIDES (fides-rag's engine) and of the peers: transformers'
@@ -16,10 +19,14 @@ Prompts are token ids (a word-level tokenizer over the model's vocabulary is bui
 the documents and a question; the no-context prompt is the prefix and the question. It needs torch, transformers and
 accelerate only.
 
+Fast mode's decode step is captured (`--compile`, on by default on CUDA) at `--buckets`; every bucket is compiled
+before the first section (its seconds are reported apart from decode times, as `compile`), and dynamo's recompile
+and CUDA-graph log lines (whether graphs were skipped) are kept in the report.
+
 Modes: exact and fast on the CPU; fast only on CUDA (exact mode is refused there, see `fides_rag/generation/modes.py`).
 A GPU window is spent in two calls of under 6 minutes each on one H100; each section is written when it ends:
 
-    python benchmarks/gpu.py --call 1 --out results/gpu/h100-call1.json   # exactness, latency, batch scaling
+    python benchmarks/gpu.py --call 1 --out results/gpu/h100-call1.json   # attention, exactness, latency, batch scaling
     python benchmarks/gpu.py --call 2 --out results/gpu/h100-call2.json   # serving, step-budget sweep
     python benchmarks/gpu.py --tiny --device cpu --out /tmp/gpu.json      # a tiny configuration, seconds on a CPU
 """
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import platform
 import random
 import statistics
@@ -55,7 +63,7 @@ SPECIAL = {"pad": -252, "unk": -254}
 METHODS = ("standard", "cad", "fides")
 PEER = "hf-cfg"
 STATIC_PEER = "hf-static-compile"
-CALLS = {1: ("exactness", "latency", "batch"), 2: ("serving", "budget")}
+CALLS = {1: ("attention", "exactness", "latency", "batch"), 2: ("serving", "budget")}
 """The sections of each of the two GPU calls."""
 MODED = ("exactness", "latency", "batch")
 """Sections run once per engine mode."""
@@ -121,6 +129,88 @@ def reset_peak(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
+
+
+def _time_ms(fn: Any, device: torch.device, repeats: int) -> float:
+    """Median milliseconds of `fn()` after one untimed call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def whole_pool_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """query [R, heads, 1, d] over the whole pool [1, kv_heads, P, d], masked by mask [1, 1, R * groups, P]."""
+    rows, heads, _, dim = query.shape
+    kv_heads = keys.shape[1]
+    folded = query.reshape(rows, kv_heads, heads // kv_heads, dim).transpose(0, 1).reshape(1, kv_heads, -1, dim)
+    out = torch.nn.functional.scaled_dot_product_attention(folded, keys, values, attn_mask=mask)  # [1, kv_heads, R * groups, d]
+    return out.reshape(kv_heads, rows, heads // kv_heads, dim).transpose(0, 1).reshape(rows, heads, dim)
+
+
+def block_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """query [R, heads, 1, d] over each row's own slots (slots [R, L], valid [R, L]: padding is False), gathered."""
+    rows, heads, _, dim = query.shape
+    kv_heads = keys.shape[1]
+    own_keys = keys[0].index_select(1, slots.reshape(-1)).reshape(kv_heads, rows, -1, dim).transpose(0, 1)  # [R, kv_heads, L, d]
+    own_values = values[0].index_select(1, slots.reshape(-1)).reshape(kv_heads, rows, -1, dim).transpose(0, 1)
+    folded = query.reshape(rows, kv_heads, heads // kv_heads, dim)  # [R, kv_heads, groups, d]
+    out = torch.nn.functional.scaled_dot_product_attention(folded, own_keys, own_values, attn_mask=valid[:, None, None, :])
+    return out.reshape(rows, heads, dim)
+
+
+def attention(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """Attention alone, one layer, one decode step: the whole-pool masked SDPA (every slot of the pool, each row's
+    queries masked to its own) against block attention (each row's slots gathered, then one padded SDPA), at
+    --attention-rows rows and --attention-positions pool positions shared out among them (rows of unequal lengths,
+    in scattered blocks of 16). Block attention here is written in this script; the package's own replaces it."""
+    config = decoder.model.config
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    dtype = decoder.model.dtype
+    generator = torch.Generator().manual_seed(0)
+    out: dict[str, Any] = {"heads": heads, "kv_heads": kv_heads, "head_dim": dim, "dtype": str(dtype).removeprefix("torch."), "cases": {}}
+    for positions in args.attention_positions:
+        blocks = positions // 16
+        keys = torch.randn((1, kv_heads, positions, dim), generator=generator).to(device, dtype)
+        values = torch.randn((1, kv_heads, positions, dim), generator=generator).to(device, dtype)
+        for rows in args.attention_rows:
+            if rows > blocks:
+                continue
+            order = torch.randperm(blocks, generator=generator)  # each row's blocks are scattered over the pool
+            per_row = blocks // rows
+            counts = [max(1, per_row - (r % 3)) for r in range(rows)]  # unequal lengths: the gather pads
+            width = max(counts) * 16
+            slot_table = torch.zeros((rows, width), dtype=torch.long)
+            valid = torch.zeros((rows, width), dtype=torch.bool)
+            owner = torch.full((positions,), -1, dtype=torch.long)
+            for r in range(rows):
+                own = order[r * per_row : r * per_row + counts[r]]
+                slots = (own[:, None] * 16 + torch.arange(16)).reshape(-1)
+                slot_table[r, : len(slots)], valid[r, : len(slots)] = slots, True
+                owner[slots] = r
+            query = torch.randn((rows, heads, 1, dim), generator=generator).to(device, dtype)
+            query_rows = torch.arange(rows).repeat_interleave(heads // kv_heads)[:, None]
+            mask = (owner[None, :] == query_rows)[None, None].to(device)  # [1, 1, R * groups, P]
+            slot_table, valid = slot_table.to(device), valid.to(device)
+            whole = _time_ms(lambda: whole_pool_attention(query, keys, values, mask), device, args.attention_repeats)
+            block = _time_ms(lambda: block_attention(query, keys, values, slot_table, valid), device, args.attention_repeats)
+            difference = (whole_pool_attention(query, keys, values, mask).float() - block_attention(query, keys, values, slot_table, valid).float()).abs().max()
+            out["cases"][f"R={rows},P={positions}"] = {
+                "rows": rows, "positions": positions, "row_positions": [c * 16 for c in counts][:4],
+                "whole_pool_ms": whole, "block_ms": block, "whole_pool/block": whole / block, "max_abs_difference": float(difference),
+            }
+        del keys, values
+    out["memory"] = peak_memory(device)
+    return out
+
 
 
 def latency(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
@@ -248,11 +338,44 @@ def budget_sweep(decoder: Any, prompts: Prompts, args: argparse.Namespace, devic
                  n_requests=args.budget_requests, tokens=tuple(args.serving_tokens), log=lambda m: print(m, file=sys.stderr, flush=True))
 
 
-SECTIONS = {"exactness": exactness, "latency": latency, "batch": batch_scaling, "serving": serving, "budget": budget_sweep}
+SECTIONS = {"attention": attention, "exactness": exactness, "latency": latency, "batch": batch_scaling, "serving": serving, "budget": budget_sweep}
 """The sections by name, in the order a full run takes them."""
 
 
+class CompileLog(logging.Handler):
+    """Keeps torch's recompile and CUDA-graph log lines (`TORCH_LOGS=recompiles,cudagraphs`)."""
+
+    LIMIT = 200
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if len(self.lines) < self.LIMIT:
+            self.lines.append(f"{record.name}: {record.getMessage()}"[:500])
+
+    def __enter__(self) -> CompileLog:
+        torch._logging.set_logs(recompiles=True, cudagraphs=True, graph_breaks=True)
+        logging.getLogger("torch").addHandler(self)
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        logging.getLogger("torch").removeHandler(self)
+        torch._logging.set_logs()
+
+    def summary(self) -> dict[str, Any]:
+        from torch._dynamo.utils import counters
+
+        skipped = [line for line in self.lines if "skipping cudagraphs" in line]
+        return {"cudagraphs_skipped": bool(skipped) or counters["inductor"].get("cudagraph_skips", 0) > 0,
+                "recompiles": sum("Recompiling function" in line for line in self.lines),
+                "graph_breaks": sum("Graph break" in line for line in self.lines), "lines": self.lines}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    import transformers
+
     from fides_rag import FidesDecoder
     from fides_rag.models.loading import select_device
 
@@ -264,26 +387,40 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     model, tokenizer = build(values, device, dtype)
     modes = args.modes or (["exact", "fast"] if device.type == "cpu" else ["fast"])
-    decoders = {mode: FidesDecoder(model, tokenizer, mode=mode) for mode in modes}
-    prompts = Prompts(values["vocab_size"], {values["bos_token_id"], *values["eos_token_id"], tokenizer.pad_token_id, tokenizer.unk_token_id})
+    compile_ = device.type == "cuda" if args.compile is None else args.compile
+    fast = {"compile": compile_, "buckets": args.buckets, "warmup": list(METHODS) if compile_ else False}
+    if args.kv_pool_tokens is not None:
+        fast["kv_pool_tokens"] = args.kv_pool_tokens
     report: dict[str, Any] = {
         "config": "tiny" if args.tiny else "Llama-3.1-8B", "config_values": values, "dtype": args.dtype,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
-        "modes": modes, "torch": torch.__version__, "weights_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30,
+        "modes": modes, "torch": torch.__version__, "transformers": transformers.__version__,
+        "weights_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30,
         "settings": {k: v for k, v in vars(args).items() if k != "out"}, "sections": {},
     }
-    for name in args.sections:
-        print(f"{name} ...", file=sys.stderr, flush=True)
-        begun = time.perf_counter()
-        if name in MODED:
-            report["sections"][name] = {"modes": {}}
-            for mode, decoder in decoders.items():
-                report["sections"][name]["modes"][mode] = SECTIONS[name](decoder, prompts, args, device)
-                write(report, args.out)
-        else:
-            report["sections"][name] = SECTIONS[name](decoders[modes[-1]], prompts, args, device)
-        report["sections"][name]["seconds"] = time.perf_counter() - begun
-        write(report, args.out)
+    with CompileLog() as log:
+        decoders = {}
+        for mode in modes:  # a captured fast decoder compiles every bucket here, timed apart from the sections
+            decoders[mode] = FidesDecoder(model, tokenizer, mode=mode, **(fast if mode == "fast" else {}))
+        if "fast" in decoders:
+            report["compile"] = {"enabled": compile_, "buckets": args.buckets, "warmup_s": decoders["fast"].stats.warmup_s}
+            write(report, args.out)
+        prompts = Prompts(values["vocab_size"], {values["bos_token_id"], *values["eos_token_id"], tokenizer.pad_token_id, tokenizer.unk_token_id})
+        for name in args.sections:
+            print(f"{name} ...", file=sys.stderr, flush=True)
+            begun = time.perf_counter()
+            if name in MODED:
+                report["sections"][name] = {"modes": {}}
+                for mode, decoder in decoders.items():
+                    report["sections"][name]["modes"][mode] = SECTIONS[name](decoder, prompts, args, device)
+                    write(report, args.out)
+            else:
+                report["sections"][name] = SECTIONS[name](decoders[modes[-1]], prompts, args, device)
+            report["sections"][name]["seconds"] = time.perf_counter() - begun
+            if "fast" in decoders:
+                report["compile"]["fallback_steps"] = decoders["fast"].stats.captured_fallback_steps
+            report["compile_log"] = log.summary()
+            write(report, args.out)
     report["seconds"] = time.perf_counter() - started
     report["optional_packages_imported"] = sorted(m for m in OPTIONAL if m in sys.modules)
     write(report, args.out)
@@ -297,8 +434,21 @@ def write(report: dict[str, Any], out: str) -> None:
 
 def tables(report: dict[str, Any]) -> str:
     """Markdown tables of a report."""
-    lines = [f"{report['config']} ({report['dtype']}, random weights) on {report['device']}, torch {report['torch']}.", ""]
+    lines = [f"{report['config']} ({report['dtype']}, random weights) on {report['device']}, torch {report['torch']}, "
+             f"transformers {report.get('transformers', '?')}.", ""]
     sections = report["sections"]
+    if report.get("compile", {}).get("enabled"):
+        c, log = report["compile"], report.get("compile_log", {})
+        lines += [f"Captured decode step: buckets {c['buckets']} compiled in {c['warmup_s']:.1f} s (not in the times below); "
+                  f"{c.get('fallback_steps', 0)} eager fallback steps, {log.get('recompiles', 0)} recompiles, "
+                  f"CUDA graphs skipped: {log.get('cudagraphs_skipped')}.", ""]
+    if "attention" in sections:
+        att = sections["attention"]
+        lines += [f"Attention alone ({att['heads']} heads, {att['kv_heads']} KV heads, head dim {att['head_dim']}, {att['dtype']}):", "",
+                  "| rows | pool positions | whole-pool masked ms | block ms | whole/block |", "|---|---|---|---|---|"]
+        for d in att["cases"].values():
+            lines.append(f"| {d['rows']} | {d['positions']:,} | {d['whole_pool_ms']:.3f} | {d['block_ms']:.3f} | {d['whole_pool/block']:.1f}x |")
+        lines.append("")
     for mode, exact in sections.get("exactness", {}).get("modes", {}).items():
         lines += [f"{mode} mode: greedy tokens alone and among all {exact['requests'] * len(exact['methods'])} requests " "in flight "
                   f"({exact['new_tokens']} tokens each):", "", "| method | requests equal | first differing token |", "|---|---|---|"]
@@ -353,6 +503,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         help="one of the two GPU calls: " + "; ".join(f"{c}: {','.join(s)}" for c, s in CALLS.items()))
     parser.add_argument("--sections", type=lambda s: s.split(","), default=None,
                         help=f"comma-separated (default: {','.join(SECTIONS)}, or those of --call)")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="capture fast mode's decode step with torch.compile, every bucket compiled first (default: on CUDA only)")
+    parser.add_argument("--buckets", type=ints, default=[1, 2, 4, 8, 16, 32, 64],
+                        help="row counts the captured step is compiled at (default: 1,2,4,8,16,32,64: 32 FIDES requests)")
+    parser.add_argument("--kv-pool-tokens", type=int, default=None, help="fast mode's KV pool in positions (default: the engine's)")
+    parser.add_argument("--attention-rows", type=ints, default=None, help="rows of the attention section (default: 1,64; --tiny 1,8)")
+    parser.add_argument("--attention-positions", type=ints, default=None,
+                        help="pool positions of the attention section (default: 4096,262144; --tiny 512,4096)")
+    parser.add_argument("--attention-repeats", type=int, default=20, help="timed calls per attention case (default: %(default)s)")
     parser.add_argument("--context-tokens", type=int, default=2048, help="context prompt tokens (default: %(default)s)")
     parser.add_argument("--question-tokens", type=int, default=32, help="question tokens (default: %(default)s)")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens decoded per request (default: %(default)s)")
@@ -369,6 +528,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--budget-requests", type=int, default=16, help="requests per budget (default: %(default)s)")
     parser.add_argument("--budget-load", type=float, default=2.0, help="load of the budget sweep, in sequential capacities (default: %(default)s)")
     args = parser.parse_args(argv)
+    args.attention_rows = args.attention_rows or ([1, 8] if args.tiny else [1, 64])
+    args.attention_positions = args.attention_positions or ([512, 4096] if args.tiny else [4096, 262144])
+    if min(args.attention_positions) < 16 or min(args.attention_rows) < 1 or args.attention_repeats < 1:
+        parser.error("--attention-positions must be at least 16, --attention-rows and --attention-repeats at least 1")
+    if min(args.buckets) < 1 or any(a >= b for a, b in zip(args.buckets, args.buckets[1:])):
+        parser.error("--buckets must be strictly increasing positive row counts")
     if args.call is not None and args.sections is not None:
         parser.error("give --call or --sections, not both")
     args.sections = list(CALLS[args.call]) if args.call is not None else args.sections or list(SECTIONS)

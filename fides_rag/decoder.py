@@ -62,15 +62,20 @@ class FidesDecoder:
         use_chat_template: bool | None = None,
         max_new_tokens: int = 128,
         split_prefill: bool = True,
+        warmup: bool | Sequence[str | ContrastRule] = False,
         **engine_settings: Any,
     ) -> None:
         """`config`: a convenience for `method=get_method(method, config=config)` (e.g. a FidesConfig).
         `engine_settings`: max_requests, max_rows, max_tokens, max_queue, window_s, admission, max_num_batched_tokens (see
         `configure`), prefix_caching, prefix_cache_bytes, and mode: "exact" (the CPU's default: a greedy request's tokens
         do not depend on what else is in flight) or "fast" (the default elsewhere: one attention call per layer over
-        every row); read back from `limits.mode`; in fast mode kv_pool_tokens (the KV pool's positions) or
-        kv_cache_memory (its bytes, or on CUDA a fraction of free device memory) size the fixed pool, read back from
-        `stats.kv_pool_tokens`."""
+        every row); read back from `limits.mode`; compile (True or a torch.compile backend name: fast mode's decode step
+        captured per batch bucket), buckets; in fast mode kv_pool_tokens (the KV pool's positions) or kv_cache_memory
+        (its bytes, or on CUDA a fraction of free device memory) size the fixed pool, read back from
+        `stats.kv_pool_tokens`.
+        `warmup`: with `compile`, compile every bucket at start-up (a progress bar; `stats.warmup_s` says how long) with
+        the hooks of the decoder's method and 'standard' (True), or of each method of a list; after it, a step that
+        would recompile runs eagerly instead (counted in `stats.captured_fallback_steps`)."""
         if config is not None:
             if not isinstance(method, str):
                 raise ValueError("config= configures a method given by name; pass a configured rule object alone instead")
@@ -80,14 +85,26 @@ class FidesDecoder:
         if use_chat_template and not has_template:
             raise ValueError("use_chat_template=True but the tokenizer has no chat template")
         GenerationSettings(max_new_tokens=max_new_tokens)
-        self._engine = DecodeEngine(model, tokenizer, split_prefill=split_prefill, **engine_settings)
+        if isinstance(warmup, (list, tuple)) and warmup:
+            warmup = [get_method(m) for m in warmup]  # unknown names are refused here
+        elif not isinstance(warmup, bool):
+            raise ValueError(f"warmup must be True, False or a non-empty list of methods (names or rules), got {warmup!r}")
+        self._engine = DecodeEngine(model, tokenizer, split_prefill=split_prefill, warmup=warmup, **engine_settings)
         preparer = PromptPreparer(
             tokenizer, prompt_template or PromptTemplate(), has_template if use_chat_template is None else use_chat_template,
             context_window(model.config, tokenizer),
         )
         self._requests = RequestBuilder(
             preparer, rule, max_new_tokens, self._engine.setup_heads, vocab_size=self._engine.vocab_size, eos_token_ids=lambda: self._engine.eos_token_ids
-        )  # the request builder every entry point on this decoder shares
+        )
+        """The request builder every entry point on this decoder shares."""
+        if warmup is not False:
+            self._warm_up([rule, "standard"] if warmup is True else list(warmup))
+
+    def _warm_up(self, methods: list[str | ContrastRule]) -> None:
+        distinct = {get_method(m).name: m for m in methods}
+        self._engine.warm_up(lambda m: self._requests.build("warm-up", ["warm-up"], method=m, max_new_tokens=3, min_new_tokens=3),
+                             list(distinct.values()))
 
     @classmethod
     def from_pretrained(

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,13 +70,70 @@ def test_the_gpu_benchmark_runs_with_a_tiny_configuration_on_cpu(tmp_path):
     assert "| method | decode ms/token |" in run.stdout and "continuous / static" in run.stdout
 
 
+SMALL = ["--new-tokens", "4", "--counted-steps", "1", "--samples", "1", "--exact-requests", "2", "--exact-tokens", "3",
+         "--batch-sizes", "1,2", "--serving-requests", "4", "--serving-tokens", "2,3", "--loads", "4", "--budgets", "2048",
+         "--budget-requests", "4", "--attention-repeats", "2", "--peers", "hf-cfg"]
+"""Everything small but the context length (the default, 2,048 tokens)."""
+
+
+def _gpu_call(tmp_path, *flags):
+    out = tmp_path / "gpu.json"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    run = subprocess.run([sys.executable, "benchmarks/gpu.py", "--tiny", "--device", "cpu", "--dtype", "float32", *SMALL, *flags,
+                          "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=380)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return json.loads(out.read_text()), run.stdout
+
+
+@pytest.mark.timeout(400)
+def test_gpu_call_1_runs_on_cpu_at_the_default_context_length_in_both_modes_attention_first(tmp_path):
+    report, stdout = _gpu_call(tmp_path, "--call", "1")
+    assert list(report["sections"]) == ["attention", "exactness", "latency", "batch"]
+    assert report["modes"] == ["exact", "fast"] and report["settings"]["context_tokens"] == 2048
+    assert report["torch"] == torch.__version__ and report["transformers"] and report["compile"]["enabled"] is False
+    cases = report["sections"]["attention"]["cases"]
+    assert list(cases) == ["R=1,P=512", "R=8,P=512", "R=1,P=4096", "R=8,P=4096"]
+    assert all(c["whole_pool_ms"] > 0 and c["block_ms"] > 0 and c["max_abs_difference"] < 1e-4 for c in cases.values())
+    assert "| rows | pool positions | whole-pool masked ms |" in stdout
+    assert set(report["sections"]["exactness"]["modes"]) == {"exact", "fast"}
+    assert report["compile_log"]["cudagraphs_skipped"] is False and isinstance(report["compile_log"]["lines"], list)
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+def test_gpu_call_2_runs_on_cpu_at_the_default_context_length(tmp_path, mode):
+    report, _ = _gpu_call(tmp_path, "--call", "2", "--modes", mode)
+    assert list(report["sections"]) == ["serving", "budget"] and report["modes"] == [mode]
+    assert all(load["modes"]["continuous"]["tokens"] for load in report["sections"]["serving"]["loads"].values())
+
+
+def test_compile_is_on_by_default_on_cuda_only_and_bad_attention_sizes_are_refused(capsys):
+    gpu = _import_gpu()
+    args = gpu.parse(["--out", "x.json", "--tiny"])
+    assert args.compile is None and args.buckets == [1, 2, 4, 8, 16, 32, 64] and args.attention_rows == [1, 8]
+    assert gpu.parse(["--out", "x.json", "--no-compile", "--kv-pool-tokens", "8192"]).compile is False
+    assert gpu.parse(["--out", "x.json"]).attention_positions == [4096, 262144]
+    with pytest.raises(SystemExit):
+        gpu.parse(["--out", "x.json", "--buckets", "4,2"])
+    assert "--buckets must be strictly increasing" in capsys.readouterr().err
+
+
+def _import_gpu():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return gpu
+
+
 def test_each_gpu_call_runs_its_own_sections_and_a_call_excludes_sections(capsys):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         import gpu
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
-    assert gpu.parse(["--out", "x.json", "--call", "1"]).sections == ["exactness", "latency", "batch"]
+    assert gpu.parse(["--out", "x.json", "--call", "1"]).sections == ["attention", "exactness", "latency", "batch"]
     assert gpu.parse(["--out", "x.json", "--call", "2"]).sections == ["serving", "budget"]
     with pytest.raises(SystemExit):
         gpu.parse(["--out", "x.json", "--call", "1", "--sections", "batch"])

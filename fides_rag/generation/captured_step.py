@@ -3,21 +3,35 @@ bucket with `torch.compile(fullgraph=True)` (CUDA graphs on CUDA, mode "reduce-o
 
 A step of R rows runs at the smallest bucket that holds them: rows past R are padding (the pad token at position 0,
 writing and reading the pool's scratch slot only) and their outputs are dropped. Shapes are static within a bucket, so
-requests of one bucket join and leave without a recompilation; a pool that doubles is a new shape, compiled once more.
+requests of one bucket join and leave without a recompilation. The pool's tensors, written in place by every step,
+are marked static (`torch._dynamo.mark_static_address`), so CUDA graphs are not skipped for inputs mutated in place.
 Steps of more rows than the largest bucket run eagerly (the same tokens: compiling changes no result).
+
+A compilation that fails, or a recompilation after warm-up (`warmed`), never fails a request: that step runs eagerly
+(the same tokens), as does every later step of its bucket and hooks; `fallback_steps` counts such steps and the log
+says why once per reason.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import logging
+import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
 from fides_rag.method.lens import ModelAnatomy
 
+logger = logging.getLogger(__name__)
+
 DEFAULT_BUCKETS = (1, 2, 4, 8, *range(16, 257, 16))
 """Row counts a decode step is captured at (nano-vllm's: 1, 2, 4, 8, then every 16)."""
+HOOK_SETS = 8
+"""Hook sets one bucket may be compiled with (the layers a method's rule captures, heads masked or not)."""
+MASK_KINDS = 2
+"""Mask forms one bucket may be compiled with (one mask, or one per layer type)."""
 
 
 def check_buckets(buckets: Any) -> tuple[int, ...]:
@@ -40,16 +54,40 @@ def check_compile(compile: Any) -> str | None:
     raise ValueError("compile must be True, False or the name of a torch.compile backend (e.g. 'inductor', 'eager'), got " f"{compile!r}")
 
 
+def _reason(error: BaseException) -> str:
+    """A one-line account of why a captured step could not run."""
+    if isinstance(error, torch._dynamo.exc.RecompileError) or "stance is 'fail_on_recompile'" in str(error):
+        kind = "a recompilation was refused (after warm-up, or under the fail_on_recompile stance)"
+    elif isinstance(error, torch._dynamo.exc.FailOnRecompileLimitHit):
+        kind = "dynamo's recompile limit was hit"
+    else:
+        kind = "its compilation failed"
+    first = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+    return f"{kind} ({type(error).__name__}: {first})"
+
+
 class CapturedStep:
-    """The compiled one-token forward, and the bucket each row count runs at."""
+    """The compiled one-token forward, the bucket each row count runs at, and the steps that fell back to eager."""
 
     def __init__(self, anatomy: ModelAnatomy, backend: str, buckets: Sequence[int], device: torch.device) -> None:
         self.anatomy = anatomy
+        self.backend = backend
         self.buckets = tuple(buckets)
+        self.recompile_limit = len(self.buckets) * HOOK_SETS * MASK_KINDS
+        """Graphs dynamo may keep of the step: buckets x hook sets x mask kinds."""
         options: dict[str, Any] = {"fullgraph": True, "dynamic": False, "backend": backend}
         if backend == "inductor" and device.type == "cuda":
             options["mode"] = "reduce-overhead"  # CUDA graphs
         self._forward = torch.compile(self._step, **options)
+        self.warmed = False
+        """Set after warm-up: from then on a recompilation is refused, and its step runs eagerly."""
+        self.warmup_s: float | None = None
+        """Seconds the warm-up took (None: none ran)."""
+        self.fallback_steps = 0
+        """Steps of a bucket that ran eagerly because its graph could not be compiled or run."""
+        self._failed: dict[tuple[Any, ...], str] = {}  # (bucket, hooks) -> why it runs eagerly
+        self._warned: set[str] = set()
+        self._projections: list[torch.nn.Module] | None = None
 
     def _step(self, ids: torch.Tensor, mask: Any, positions: torch.Tensor, cache: Any) -> torch.Tensor:
         return self.anatomy.run_backbone(ids, mask, positions, cache)[0]
@@ -58,8 +96,53 @@ class CapturedStep:
         """The smallest bucket that holds `rows` rows (None: more than the largest; the step runs eagerly)."""
         return next((b for b in self.buckets if b >= rows), None)
 
+    def _hooks(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The blocks with forward hooks (layer capture) and attention projections with pre-hooks (head masks)."""
+        if self._projections is None:
+            try:
+                self._projections = list(self.anatomy.attention_output_projections())
+            except (AttributeError, TypeError, ValueError):
+                self._projections = []
+        return (tuple(i for i, layer in enumerate(self.anatomy.layers) if layer._forward_hooks),
+                tuple(i for i, p in enumerate(self._projections) if p._forward_pre_hooks))
+
+    @staticmethod
+    def mark_static(tensors: Sequence[torch.Tensor]) -> None:
+        """Mark tensors the step reads or writes in place as static inputs (once each)."""
+        for tensor in tensors:
+            if getattr(tensor, "_dynamo_static_input_type", None) is None:
+                torch._dynamo.mark_static_address(tensor)
+
     def __call__(self, ids: torch.Tensor, mask: Any, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+        pool = getattr(cache, "pool", None)
+        if pool is not None:
+            self.mark_static(pool.static_tensors())
+        key = (ids.shape[0], self._hooks())
+        if key in self._failed:
+            self.fallback_steps += 1
+            return self._step(ids, mask, positions, cache)
         # The hooks that capture layer states and mask heads are part of the step: guard on them, so that a step with
         # other hooks never runs a graph traced without them.
-        with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False):
-            return self._forward(ids, mask, positions, cache)
+        limits: dict[str, Any] = {"skip_nnmodule_hook_guards": False, "recompile_limit": self.recompile_limit,
+                  "accumulated_recompile_limit": max(torch._dynamo.config.accumulated_recompile_limit, self.recompile_limit)}
+        try:
+            stance = torch.compiler.set_stance("fail_on_recompile") if self.warmed else contextlib.nullcontext()
+            with torch._dynamo.config.patch(**limits), stance:
+                return self._forward(ids, mask, positions, cache)
+        except Exception as error:  # noqa: BLE001 - compiling changes no result: the step runs eagerly instead
+            reason = _reason(error)
+            self._failed[key] = reason
+            if reason not in self._warned:
+                self._warned.add(reason)
+                logger.warning("the captured decode step of %d rows runs eagerly from now on: %s", key[0], reason)
+        self.fallback_steps += 1
+        return self._step(ids, mask, positions, cache)
+
+    @contextlib.contextmanager
+    def timed_warmup(self) -> Iterator[None]:
+        """Around a warm-up: records its seconds in `warmup_s` and sets `warmed` when it succeeds."""
+        start = time.perf_counter()
+        yield
+        self.warmup_s = time.perf_counter() - start
+        self.warmed = True
+        logger.info("compiled the captured decode step's buckets in %.1f s", self.warmup_s)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import math
 import threading
 import time
@@ -131,6 +132,7 @@ class DecodeEngine:
         max_num_batched_tokens: int | None = None, prefix_caching: bool = True, prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
         mode: Mode | None = None, compile: bool | str = False, buckets: Sequence[int] = DEFAULT_BUCKETS, kv_pool_tokens: int | None = None,
         prefix_block_size: int = DEFAULT_PREFIX_BLOCK_SIZE, kv_cache_memory: int | float | None = None,
+        warmup: bool | Sequence[Any] = False,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -169,6 +171,9 @@ class DecodeEngine:
                         kv_pool_tokens, kv_cache_memory)  # checked all the same
         self.scheduler.pool_blocks = self.pool_blocks
         self.captured = self._captured_step(compile, buckets)
+        if warmup is not False and self.captured is None:
+            raise ValueError(f"warmup={warmup!r} needs compile= (True or a torch.compile backend name) in mode='fast': it "
+                             "compiles the captured decode step's buckets at start-up")
         self.scheduler.buckets = self.captured.buckets if self.captured is not None else None
         """The compiled decode step (`compile`), or None."""
         self._flight = InFlight(
@@ -186,6 +191,51 @@ class DecodeEngine:
         if self.mode != "fast":
             raise ValueError("compile needs mode='fast': exact mode attends each group of rows on its own, in shapes that " "change every step")
         return CapturedStep(self.anatomy, backend, buckets, self.input_device)
+
+    def warm_up(self, build: Callable[[Any], Request], methods: Sequence[Any], progress: bool = True) -> float:
+        """Compile the captured step at every bucket the scheduler can fill, with every hook set that `methods` in
+        flight together can install (`build(method)`: a short request of that method), by decoding such requests;
+        from then on a recompilation runs its step eagerly instead (`captured_fallback_steps`). Returns the seconds."""
+        from tqdm.auto import tqdm
+
+        if self.captured is None:
+            raise ValueError("warm_up needs compile= (True or a torch.compile backend name) in mode='fast'")
+        max_rows = self.scheduler.max_rows
+        buckets = [b for b in self.captured.buckets if max_rows is None or b <= max_rows]
+        jobs = [(b, group) for group in self._hook_groups(build, methods) for b in buckets]
+        budget = self.scheduler.max_num_batched_tokens
+        with self.captured.timed_warmup():
+            try:
+                for bucket, group in tqdm(jobs, desc="compile", unit="graph", disable=not progress, dynamic_ncols=True):
+                    one_each = [build(m) for m in group]
+                    rows = sum(self._rows(r) for r in one_each)
+                    if rows > bucket:
+                        continue  # these methods together never decode in so few rows
+                    requests = [*one_each, *(build(m) for _ in range(bucket // rows - 1) for m in group)]
+                    prompt = max(len(r.example.context_ids) for r in one_each)
+                    self.configure(max_num_batched_tokens=max(budget, len(requests) * rows * (prompt + 1) + bucket))
+                    for handle in self.submit(requests, wait_here=True):
+                        handle.result()
+            finally:
+                self.configure(max_num_batched_tokens=budget)
+        return self.captured.warmup_s or 0.0
+
+    @staticmethod
+    def _rows(request: Request) -> int:
+        return sum(len(paths_run(run.effective, run.heads)) for run in request.decoded)
+
+    def _hook_groups(self, build: Callable[[Any], Request], methods: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """Every combination of `methods` that installs distinct hooks (one method per hook profile: the layers its
+        rules capture, whether they mask heads), those that mask heads first (their hooks stay installed after)."""
+        layers = len(self.anatomy.layers)
+        profiles: dict[tuple[Any, ...], Any] = {}
+        for method in methods:
+            rules = [run.effective for run in build(method).decoded]
+            profile = tuple((bool(r.layer_state_paths), tuple(r.lens_layers(layers)), masks_heads(r)) for r in rules)
+            profiles.setdefault(profile, method)
+        ordered = sorted(profiles.items(), key=lambda item: not any(masks for *_, masks in item[0]))
+        chosen = [method for _, method in ordered]
+        return [group for size in range(1, len(chosen) + 1) for group in itertools.combinations(chosen, size)]
 
     def _running_batch(self, pad: int, split_prefill: bool) -> RunningBatch:
         if self.mode == "exact":
@@ -225,6 +275,8 @@ class DecodeEngine:
             prefix_cache_hit_tokens=cache.stats.hit_tokens, prefix_cache_evictions=cache.stats.evictions,
             prefix_cache_entries=len(cache), prefix_cache_bytes=cache.bytes,
             kv_pool_tokens=(self.pool_blocks or 0) * BLOCK, kv_pool_used_tokens=self._flight.pool_used_tokens,
+            captured_fallback_steps=self.captured.fallback_steps if self.captured is not None else 0,
+            warmup_s=self.captured.warmup_s if self.captured is not None else None,
         )
 
     @property

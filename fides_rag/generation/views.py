@@ -76,3 +76,8 @@ class DecoderStats:
     kv_pool_used_tokens: int = 0
     """Of those, the positions of the blocks rows hold now."""
     """Bytes of KV states the prefix cache holds."""
+    captured_fallback_steps: int = 0
+    """Decode steps of a captured bucket that ran eagerly because its graph could not be compiled, or would have
+    been recompiled after warm-up (the tokens are the same; the log says why)."""
+    warmup_s: float | None = None
+    """Seconds the warm-up (`warmup=`) took to compile the captured step; None when none ran."""

@@ -60,6 +60,9 @@ def add_serve_parser(commands: Any, default_model: str) -> None:
                             "layer over every row (default: exact on the CPU, fast elsewhere)")
     serve.add_argument("--compile", action="store_true",
                        help="capture the decode step with torch.compile, one graph per batch bucket (CUDA graphs on CUDA; needs fast mode)")
+    serve.add_argument("--warmup", action="store_true",
+                       help="with --compile: compile every batch bucket, with the hooks of --method and 'standard', before serving "
+                            "(a progress bar; the time is logged); a step that would recompile later runs eagerly, counted in /metrics")
     serve.add_argument("--kv-pool-tokens", type=_positive,
                        help="fast mode's KV pool in positions, fixed; a request whose rows can never fit gets 400 "
                             "(default: from the model's shape and the device's memory)")
@@ -87,11 +90,14 @@ def run_serve_command(args: argparse.Namespace) -> int:
     from fides_rag.serve.app import build_app
     from fides_rag.serve.limits import RequestLimits
 
+    if args.warmup and not args.compile:
+        raise ValueError("--warmup needs --compile: it compiles the captured decode step's buckets before serving")
     config = FidesConfig.from_file(args.config) if args.config else FidesConfig()
     engine = dict(prefix_caching=not args.no_prefix_caching, prefix_cache_bytes=args.prefix_cache_mb * 2**20)
     if args.max_num_batched_tokens is not None:
         engine["max_num_batched_tokens"] = args.max_num_batched_tokens
-    engine |= {"mode": args.mode, "compile": args.compile} | ({"buckets": args.buckets} if args.buckets else {})
+    engine |= {"mode": args.mode, "compile": args.compile, "warmup": [args.method, "standard"] if args.warmup else False}
+    engine |= {"buckets": args.buckets} if args.buckets else {}
     if args.kv_pool_tokens is not None:
         engine["kv_pool_tokens"] = args.kv_pool_tokens
     decoder = FidesDecoder.from_pretrained(args.model, config=config, max_new_tokens=args.max_new_tokens, **engine, **load_options(args))

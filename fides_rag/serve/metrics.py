@@ -35,6 +35,8 @@ class ServerMetrics:
             ("fides_kv_pool_tokens", "Positions fast mode's KV pool holds (fixed; 0 in exact mode)", "kv_pool_tokens"),
             ("fides_kv_pool_used_tokens", "Positions of the KV pool's blocks that running rows hold", "kv_pool_used_tokens"),
             ("fides_prompt_tokens_computed", "Of those, tokens computed (the rest came from the prefix cache)", "prefill_tokens"),
+            ("fides_captured_fallback_steps", "Decode steps of a captured bucket that ran eagerly (compile failed or would recompile)",
+             "captured_fallback_steps"),
         )
         for name, description, field in gauges:
             Gauge(name, description, registry=r).set_function(lambda field=field: getattr(decoder.stats, field))  # type: ignore[misc]  # field bound by default

@@ -4,6 +4,8 @@ are refused when the decoder is built."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -30,6 +32,7 @@ def test_requests_of_one_bucket_join_and_leave_without_a_recompilation_and_get_e
     with torch.compiler.set_stance("fail_on_recompile"):  # a graph break or a recompilation raises
         handles = [captured.submit(q, d, method=method, max_new_tokens=n) for q, d, n in zip(QUESTIONS, DOCUMENTS, BUDGETS)]
         results = [h.result() for h in handles]
+    assert captured.stats.captured_fallback_steps == 0 and captured.stats.failed == 0
     for expected, got in zip(alone, results):
         assert got.token_ids == expected.token_ids and got.finish_reason == expected.finish_reason
         for x, y in zip(expected.steps, got.steps):
@@ -66,3 +69,65 @@ def test_compile_needs_fast_mode_and_a_backend_name(tiny_llama, tokenizer):
         FidesDecoder(tiny_llama, tokenizer, mode="fast", compile=3)
     with pytest.raises(ValueError, match="kv_pool_tokens must be None or an integer >= 1"):
         FidesDecoder(tiny_llama, tokenizer, mode="fast", kv_pool_tokens=0)
+
+
+def test_warmup_compiles_every_bucket_and_hook_set_so_requests_of_every_method_join_and_leave_without_a_recompilation(tiny_llama, tokenizer):
+    methods = ["standard", "cad", "fides", METHODS["decore"]]
+    eager, captured = eager_and_captured(tiny_llama, tokenizer, buckets=[4, 8], warmup=methods)
+    assert captured.stats.warmup_s > 0 and captured.stats.captured_fallback_steps == 0
+    jobs = [(q, d, n, m) for (q, d, n), m in zip(zip(QUESTIONS, DOCUMENTS, BUDGETS), [*methods, "cad"])]
+    alone = [eager.generate(q, d, method=m, max_new_tokens=n).token_ids for q, d, n, m in jobs]
+    with torch.compiler.set_stance("fail_on_recompile"):
+        handles = [captured.submit(q, d, method=m, max_new_tokens=n) for q, d, n, m in jobs]
+        together = [h.result().token_ids for h in handles]
+    assert together == alone
+    assert captured.stats.captured_fallback_steps == 0 and captured.stats.failed == 0
+
+
+def test_a_step_that_would_recompile_after_warmup_runs_eagerly_with_the_same_tokens_and_is_counted(tiny_llama, tokenizer, caplog):
+    eager, captured = eager_and_captured(tiny_llama, tokenizer, buckets=[4], warmup=["standard"])
+    expected = [eager.generate(q, d, method="fides", max_new_tokens=4).token_ids for q, d in zip(QUESTIONS[:2], DOCUMENTS[:2])]
+    with caplog.at_level(logging.WARNING, logger="fides_rag.generation.captured_step"):
+        got = [captured.generate(q, d, method="fides", max_new_tokens=4).token_ids for q, d in zip(QUESTIONS[:2], DOCUMENTS[:2])]
+    assert got == expected  # fides' layer-capture hooks were not warmed up: its steps run eagerly
+    assert captured.stats.captured_fallback_steps >= 6 and captured.stats.failed == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "a recompilation was refused" in warnings[0]  # once per reason
+
+
+def _failing_backend(graph, example_inputs):
+    raise RuntimeError("this backend cannot compile anything")
+
+
+def test_a_compilation_that_fails_never_fails_a_request_its_steps_run_eagerly(tiny_llama, tokenizer, caplog):
+    torch._dynamo.register_backend(_failing_backend, name="fides_test_failing")
+    template = PromptTemplate(stop=())
+    eager = FidesDecoder(tiny_llama, tokenizer, prompt_template=template, mode="fast")
+    broken = FidesDecoder(tiny_llama, tokenizer, prompt_template=template, mode="fast", compile="fides_test_failing", buckets=[4])
+    with caplog.at_level(logging.WARNING, logger="fides_rag.generation.captured_step"):
+        for method in ("standard", "fides"):
+            expected = eager.generate(QUESTIONS[0], DOCUMENTS[0], method=method, max_new_tokens=5).token_ids
+            assert broken.generate(QUESTIONS[0], DOCUMENTS[0], method=method, max_new_tokens=5).token_ids == expected
+    assert broken.stats.failed == 0 and broken.stats.captured_fallback_steps >= 8
+    assert any("its compilation failed" in r.getMessage() for r in caplog.records)
+    assert broken.generate(QUESTIONS[1], DOCUMENTS[1], method="cad", max_new_tokens=3).finish_reason is not None
+
+
+def test_many_methods_at_many_batch_sizes_fit_in_the_recompile_limit(tiny_llama, tokenizer):
+    _, captured = eager_and_captured(tiny_llama, tokenizer, buckets=[1, 2, 4, 8])
+    for size in range(1, 6):
+        for method in ("standard", "cad", "fides", METHODS["decore"]):
+            results = captured.generate_batch(QUESTIONS[:size], DOCUMENTS[:size], method=method, max_new_tokens=3)
+            assert len(results) == size
+    assert captured.stats.failed == 0 and captured.stats.captured_fallback_steps == 0
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"mode": "fast", "warmup": True}, "warmup=True needs compile="),
+    ({"mode": "exact", "warmup": ["standard"]}, "needs compile="),
+    ({"mode": "fast", "compile": "eager", "warmup": "fides"}, "warmup must be True, False or a non-empty list of methods"),
+    ({"mode": "fast", "compile": "eager", "warmup": []}, "warmup must be True, False or a non-empty list of methods"),
+])
+def test_warmup_without_compile_or_of_no_methods_is_refused(tiny_llama, tokenizer, options, message):
+    with pytest.raises(ValueError, match=message):
+        FidesDecoder(tiny_llama, tokenizer, **options)

@@ -102,3 +102,13 @@ def test_eval_on_a_model_split_to_disk_equals_one_device(tiny_folder, tmp_path):
         return {r["id"]: {m: [s["token_id"] for s in o["steps"]] for m, o in r["outputs"].items()} for r in map(json.loads, lines)}
 
     assert answers("split") == answers("one")
+
+
+def test_serve_warmup_needs_compile_and_is_a_one_line_error(capsys):
+    assert cli.main(["serve", "--warmup", "--model", "unused"]) == 2
+    assert "--warmup needs --compile" in capsys.readouterr().err
+
+
+def test_serve_takes_compile_warmup_and_buckets():
+    args = cli.build_parser().parse_args(["serve", "--compile", "--warmup", "--buckets", "1,4,16"])
+    assert args.compile and args.warmup and args.buckets == [1, 4, 16]
