@@ -3,7 +3,8 @@ bucket with `torch.compile(fullgraph=True)` (CUDA graphs on CUDA, mode "reduce-o
 
 A step of R rows runs at the smallest bucket that holds them: rows past R are padding (the pad token at position 0,
 writing and reading the pool's scratch slot only) and their outputs are dropped. Shapes are static within a bucket, so
-requests of one bucket join and leave without a recompilation. The pool's tensors, written in place by every step,
+requests of one bucket join and leave without a recompilation. The pool is fixed in size, so its shape never
+changes. The pool's tensors, written in place by every step,
 are marked static (`torch._dynamo.mark_static_address`), so CUDA graphs are not skipped for inputs mutated in place.
 Steps of more rows than the largest bucket run eagerly (the same tokens: compiling changes no result).
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import types
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -78,7 +80,10 @@ class CapturedStep:
         options: dict[str, Any] = {"fullgraph": True, "dynamic": False, "backend": backend}
         if backend == "inductor" and device.type == "cuda":
             options["mode"] = "reduce-overhead"  # CUDA graphs
-        self._forward = torch.compile(self._step, **options)
+        # A code object of its own: dynamo keeps its graphs, and counts its recompiles, per code object, so decoders
+        # sharing `_step`'s code would share one recompile limit and one graph cache.
+        own = types.FunctionType(CapturedStep._step.__code__.replace(), CapturedStep._step.__globals__, "_step")
+        self._forward = torch.compile(types.MethodType(own, self), **options)
         self.warmed = False
         """Set after warm-up: from then on a recompilation is refused, and its step runs eagerly."""
         self.warmup_s: float | None = None

@@ -40,6 +40,19 @@ def test_requests_of_one_bucket_join_and_leave_without_a_recompilation_and_get_e
                 assert y.values[key] == pytest.approx(x.values[key], abs=1e-5)
 
 
+def test_each_compiled_decoder_has_its_own_recompile_limit(tiny_llama, tokenizer):
+    """Graphs are kept per decoder: many compiled decoders in one process (a test session, a server that reloads) do
+    not add up to one decoder's recompile limit (1 bucket x 8 hook sets x 2 mask kinds = 16 graphs)."""
+    template, alive = PromptTemplate(stop=()), []
+    for _ in range(9):  # 9 live decoders x 2 hook sets = 18 graphs of one bucket
+        captured = FidesDecoder(tiny_llama, tokenizer, prompt_template=template, mode="fast", compile="eager", buckets=[2],
+                                kv_pool_tokens=1024)
+        alive.append(captured)
+        for method in ("standard", "fides"):
+            captured.generate(QUESTIONS[0], DOCUMENTS[0], method=method, max_new_tokens=2)
+        assert captured.stats.captured_fallback_steps == 0 and captured.stats.failed == 0
+
+
 def test_a_step_past_the_largest_bucket_runs_eagerly_with_the_same_tokens(tiny_llama, tokenizer):
     eager, captured = eager_and_captured(tiny_llama, tokenizer, buckets=[1])
     expected = eager.generate(QUESTIONS[0], DOCUMENTS[0], method="fides", max_new_tokens=6)  # two rows: more than bucket 1
