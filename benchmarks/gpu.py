@@ -23,7 +23,7 @@ Fast mode's decode step is captured (`--compile`, on by default on CUDA) at `--b
 before the first section (its seconds are reported apart from decode times, as `compile`), and dynamo's recompile
 and CUDA-graph log lines (whether graphs were skipped) are kept in the report.
 
-Modes: exact and fast on the CPU; fast only on CUDA (exact mode is refused there, see `fides_rag/generation/modes.py`).
+Modes: exact and fast on the CPU; fast only on CUDA (exact mode is refused there, see `fides_rag/generation/engine/modes.py`).
 A GPU window is spent in two calls of under 6 minutes each on one H100; each section is written when it ends:
 
     python benchmarks/gpu.py --call 1 --out results/gpu/h100-call1.json   # attention, exactness, latency, batch scaling

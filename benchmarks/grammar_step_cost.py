@@ -1,4 +1,4 @@
-"""What grammar masking adds to one decode step of a batch: `fides_rag.generation.grammar` on the real tokenizers,
+"""What grammar masking adds to one decode step of a batch: `fides_rag.generation.grammar.constraint` on the real tokenizers,
 8 rows with different schemas, each step = fill the host bitmask (llguidance, in parallel), apply it to the
 [8, V] logits (one masked_fill), accept each row's token. Each step's time is the minimum over --passes passes.
 
@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from grammar_libraries import SCHEMAS, valid_documents  # the sibling script's schemas and documents
 
-from fides_rag.generation.grammar import GrammarConstraint, fill_bitmask
-from fides_rag.generation.grammar_masks import allocate_bitmask, apply_bitmask
+from fides_rag.generation.grammar.constraint import GrammarConstraint, fill_bitmask
+from fides_rag.generation.grammar.masks import allocate_bitmask, apply_bitmask
 
 
 def measure(model: str, rows: int, passes: int, seed: int) -> dict:

@@ -1,7 +1,7 @@
 """The dual-path decoder's public API: `generate`, `generate_batch` and `stream` (and `agenerate`, `astream`).
 
 Each call builds its requests with the one request builder (`generation/requests.py`) and decodes them on the
-decoder's one continuous-batching engine (`generation/engine.py`), which every other entry point shares: calls
+decoder's one continuous-batching engine (`generation/engine/engine.py`), which every other entry point shares: calls
 from several threads or tasks (`submit` queues one and returns its future), the framework integrations and the
 server decode together. Each step:
 one forward of every row of every request (context, no-context, per-document, masked-heads paths), one
@@ -21,15 +21,15 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from typing_extensions import Unpack  # typing.Unpack from Python 3.11 on
 
 from fides_rag.errors import NonFiniteLogitsError, QueueFullError
-from fides_rag.generation.engine import DecodeEngine
+from fides_rag.generation.engine.engine import DecodeEngine
 from fides_rag.generation.options import MethodOptions
 from fides_rag.generation.prompting import PreparedExample, PromptPreparer, context_window
 from fides_rag.generation.requests import PromptPair, RequestBuilder
-from fides_rag.generation.scheduler import MIN_BATCHED_TOKENS, check_batched_tokens
+from fides_rag.generation.engine.scheduler import MIN_BATCHED_TOKENS, check_batched_tokens
 from fides_rag.generation.settings import GenerationSettings
 from fides_rag.generation.streaming import AsyncTextStream, TextStream
-from fides_rag.generation.tickets import RequestHandle
-from fides_rag.generation.views import DecoderLimits, DecoderStats
+from fides_rag.generation.engine.tickets import RequestHandle
+from fides_rag.generation.engine.views import DecoderLimits, DecoderStats
 from fides_rag.prompts.template import PromptTemplate
 from fides_rag.rules import ContrastRule, get_method
 

@@ -13,9 +13,8 @@ import fides_rag
 
 ROOT = Path(fides_rag.__file__).parent
 REPOSITORY = ROOT.parent
-ENGINE_ROOMS = {f"fides_rag.generation.{room}" for room in
-                ("engine", "scheduler", "in_flight", "running", "tickets", "prefilling", "prefix_cache", "step")}
-"""The engine and what only it drives; `fides_rag.decoder` is the one door to them."""
+ENGINE = "fides_rag.generation.engine"
+"""The engine's folder: `fides_rag.decoder` is the one door to it from outside `fides_rag.generation`."""
 
 
 LAYERS: list[tuple[str, ...]] = [
@@ -113,8 +112,8 @@ def test_every_import_runs_down_the_layers():
 
 
 def test_the_layer_check_catches_an_upward_import(tmp_path):
-    assert layer_of("fides_rag.method.signals") < layer_of("fides_rag.rules.fides") < layer_of("fides_rag.generation.engine")
-    assert layer_of("fides_rag.generation.engine") < layer_of("fides_rag.decoder") < layer_of("fides_rag.calls.answering")
+    assert layer_of("fides_rag.method.signals") < layer_of("fides_rag.rules.fides") < layer_of("fides_rag.generation.engine.engine")
+    assert layer_of("fides_rag.generation.engine.engine") < layer_of("fides_rag.decoder") < layer_of("fides_rag.calls.answering")
     assert layer_of("fides_rag.calls") < layer_of("fides_rag.serve.app") == layer_of("fides_rag.eval.bench")
     assert layer_of("fides_rag") == layer_of("fides_rag.decoder") and layer_of("fides_rag.errors") == 0
     module = tmp_path / "fides_rag" / "method" / "sneaky.py"
@@ -136,15 +135,15 @@ def test_front_doors_never_import_the_generation_package():
 
 def test_only_the_facade_and_generation_import_the_engine():
     """Eval, benchmarks, the server, the integrations and the tests reach the engine through `FidesDecoder` (`submit`,
-    `configure`, `limits`, `stats`, `around_steps`); the generation room's own tests may open it."""
-    allowed = [ROOT / "generation", ROOT / "decoder.py", REPOSITORY / "tests" / "generation"]
+    `configure`, `limits`, `stats`, `around_steps`); the engine's own tests may open it."""
+    allowed = [ROOT / "generation", ROOT / "decoder.py", REPOSITORY / "tests" / "generation" / "engine"]
     sources = [p for folder in ("fides_rag", "benchmarks", "examples", "integrations", "tests") for p in (REPOSITORY / folder).rglob("*.py")]
     assert len(sources) > 100
     doors = {}
     for path in sources:
         if any(path == a or a in path.parents for a in allowed):
             continue
-        rooms = {m for m in imports_of(path) if any(m == r or m.startswith(f"{r}.") for r in ENGINE_ROOMS)}
+        rooms = {m for m in imports_of(path) if m == ENGINE or m.startswith(f"{ENGINE}.")}
         if rooms:
             doors[str(path.relative_to(REPOSITORY))] = sorted(rooms)
     assert doors == {}

@@ -89,7 +89,7 @@ from fides_rag.calls.tools import (
 )
 from fides_rag.errors import UnansweredError
 from fides_rag.generation.request_options import option_field
-from fides_rag.generation.schema_support import check_strict_schema, unenforced_keywords
+from fides_rag.generation.grammar.schema_support import check_strict_schema, unenforced_keywords
 from fides_rag.generation.streaming import iterate_in_thread
 
 __all__ = [

@@ -13,9 +13,9 @@ from typing import Any
 
 from fides_rag.calls.options import CONSTRAINTS, CallInputError
 from fides_rag.errors import IncompleteAnswerError
-from fides_rag.generation.grammar import GrammarConstraint
+from fides_rag.generation.grammar.constraint import GrammarConstraint
 from fides_rag.generation.requests import special_token_id
-from fides_rag.generation.schema_support import check_schema_shape
+from fides_rag.generation.grammar.schema_support import check_schema_shape
 
 
 def closed_schema(schema: Any) -> Any:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fides_rag.generation.logprobs import MAX_TOP_LOGPROBS
+from fides_rag.generation.engine.logprobs import MAX_TOP_LOGPROBS
 
 __all__ = ["MAX_SEED", "MAX_TEMPERATURE", "REQUEST_OPTIONS", "RequestOption", "option_field", "options_of"]
 

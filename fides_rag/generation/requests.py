@@ -156,7 +156,7 @@ class RequestBuilder:
         structured answer (`Request.text_stops`): an ordinary token as the grammar's end could not appear in it."""
         if not settings.constrained:
             return None
-        from fides_rag.generation.grammar import GrammarConstraint
+        from fides_rag.generation.grammar.constraint import GrammarConstraint
 
         if isinstance(settings.grammar, GrammarConstraint):
             return settings.grammar

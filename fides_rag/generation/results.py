@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fides_rag.generation.layout import Unit
+from fides_rag.generation.engine.layout import Unit
 from fides_rag.generation.paths import reported_prompt
 from fides_rag.generation.prompting import PreparedExample
 from fides_rag.generation.stopping import first_stop_index

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fides_rag.generation.layout import Unit
+from fides_rag.generation.engine.layout import Unit
 from fides_rag.result import FinishReason
 
 

@@ -1,0 +1,387 @@
+"""The KV pool of fast mode: every layer's keys and values of every row in one tensor of fixed size, allocated once,
+so one attention call per layer serves every row of every request and path.
+
+The pool is cut into blocks of `BLOCK` positions (block 0 is scratch: padding rows of a captured step write and read
+it). Each row owns a list of blocks (its block table, on the host); a row's position p lives at slot
+`table[p // BLOCK] * BLOCK + p % BLOCK` of every layer. The scheduler admits a request only when the blocks of all
+its rows fit (prompt plus max_new_tokens), so the pool never runs out and never grows.
+
+At each decode step, `begin_step` copies every row's length and block table to the device in one host-to-device copy
+(into persistent index buffers) and the step writes one slot per row per layer (`index_copy_`). Attention then runs
+over each row's own blocks only (`pooled_attention.py`):
+- `gather` (the CPU's, and wherever flex attention is missing): every row's blocks gathered by slot into one padded
+  [R, kv_heads, L, d] tensor (L: the longest row's blocks), under a [R, 1, 1, L] mask; its cost is flat in the pool;
+- `flex` (CUDA): flex attention over the whole pool under a `BlockMask` that lists each row's blocks (every block but
+  the last as full blocks, the last, partial one under a mask_mod of the row's length; in a sliding-window layer only
+  the blocks inside the window).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import torch
+from transformers.cache_utils import CacheLayerMixin, DynamicCache
+
+from fides_rag.generation.engine.kv_cache import RaggedLayer
+from fides_rag.generation.engine.kv_pool_size import BLOCK
+
+__all__ = ["BLOCK", "SCRATCH", "KVPool", "PooledCache", "PooledLayer", "flex_available"]
+SCRATCH = 0
+"""The block padding rows write and read (never given to a row)."""
+Attention = Literal["gather", "flex"]
+# The packed index buffer, one row per batch row: FILL (positions used in the last block), LAST (the last block),
+# POS (the position written this step), FULL_NUM (blocks before the last), PART_NUM (1), SELF (the row's number; -2
+# for a padding row), one count per sliding window, then regions of `max_row_blocks` block ids each: the row's blocks
+# in order, its last block, and per sliding window the blocks within the window.
+FILL, LAST, POS, FULL_NUM, PART_NUM, SELF, HEAD = 0, 1, 2, 3, 4, 5, 6
+PADDING_ROW = -2
+"""The owner of the scratch block, and the SELF of padding rows."""
+
+
+def flex_available() -> bool:
+    """Whether torch offers flex attention's `BlockMask.from_kv_blocks`."""
+    try:
+        from torch.nn.attention.flex_attention import BlockMask  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class KVPool:
+    """Keys and values of every layer, [1, kv_heads, S, d] each, of `blocks` blocks plus the scratch block, and the
+    rows' block tables."""
+
+    def __init__(self, windows: Sequence[int | None], like: torch.Tensor, blocks: int, max_rows: int,
+                 max_row_blocks: int, attention: Attention = "gather") -> None:
+        if attention not in ("gather", "flex"):
+            raise ValueError(f"attention must be 'gather' or 'flex', got {attention!r}")
+        self.windows = list(windows)
+        """Per layer: its sliding window, or None for full attention."""
+        self.attention = attention
+        self.kv_heads, self.head_dim = like.shape[1], like.shape[-1]
+        self.dtype, self.device = like.dtype, like.device
+        self.blocks = blocks
+        """Blocks rows may hold (the scratch block comes on top)."""
+        slots = (blocks + 1) * BLOCK
+        shape = (1, self.kv_heads, slots, self.head_dim)
+        self.keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.windows]
+        self.values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.windows]
+        self.free = list(range(blocks, 0, -1))  # popped from the end: low blocks first
+        self.tables: list[list[int]] = []
+        """Per row: its blocks, in position order."""
+        self.lengths: list[int] = []
+        """Per row: positions held."""
+        self.max_row_blocks = max(1, min(max_row_blocks, blocks))
+        self.max_rows = max(1, max_rows)
+        self.window_sizes = sorted({w for w in self.windows if w is not None})
+        width = self.max_row_blocks
+        self._num: dict[int | None, int] = {None: FULL_NUM, **{w: HEAD + i for i, w in enumerate(self.window_sizes)}}
+        first = HEAD + len(self.window_sizes)
+        self._region: dict[str | int, int] = {"full": first, "last": first + width,
+                        **{w: first + (2 + i) * width for i, w in enumerate(self.window_sizes)}}
+        self.columns = first + (2 + len(self.window_sizes)) * width
+        total = blocks + 1
+        self._flat = torch.zeros(2 * total + self.max_rows * self.columns, dtype=torch.int32, device=self.device)
+        """Every index buffer in one, filled by one host-to-device copy per step."""
+        self.block_owner, self.block_ordinal = self._flat[:total], self._flat[total:2 * total]
+        """[blocks + 1] each: the row that holds each block (flex) and its place in the row's table."""
+        self.index = self._flat[2 * total:].view(self.max_rows, self.columns)
+        """[rows, columns] this step's packed index (see FILL...HEAD)."""
+        self._staging = torch.zeros_like(self._flat, device="cpu", pin_memory=self.device.type == "cuda")
+        self.write_slots = torch.zeros(self.max_rows, dtype=torch.long, device=self.device)
+        """[rows] this step's slot of every row."""
+        self._arange = torch.arange(BLOCK, device=self.device)
+        self.rows = 0
+        """Rows of this step (with padding)."""
+        self._own_slots: torch.Tensor | None = None  # a step past max_rows: its write slots
+        self.gather_slots: torch.Tensor | None = None  # [Rb * L] the gather path's slots of every row, this step
+        self.masks: dict[int | None, Any] = {}  # window -> this step's mask ([Rb, 1, 1, L] or a BlockMask)
+        self._block_masks: dict[tuple[int, int | None], Any] = {}
+        self._mask_mods = {w: self._mask_mod(w) for w in [None, *self.window_sizes]}
+        self._total = total
+
+    def static_tensors(self) -> list[torch.Tensor]:
+        """Every tensor a captured decode step reads or writes in place: the pool's keys and values and the persistent
+        index buffers (allocated once, never reallocated)."""
+        return [*self.keys, *self.values, self._flat, self.write_slots]
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.tables)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+    @property
+    def capacity_tokens(self) -> int:
+        """Positions rows may hold."""
+        return self.blocks * BLOCK
+
+    @property
+    def used_tokens(self) -> int:
+        """Positions of the blocks rows hold now."""
+        return (self.blocks - len(self.free)) * BLOCK
+
+    def _take(self, count: int) -> list[int]:
+        if count > len(self.free):
+            raise RuntimeError(f"the KV pool has {len(self.free)} free blocks of {self.blocks}, {count} asked: the scheduler "
+                               "admits a request only when its blocks fit, so this is a bug")
+        taken = self.free[len(self.free) - count:][::-1]
+        del self.free[len(self.free) - count:]
+        return taken
+
+    def _slots(self, table: list[int], positions: range) -> list[int]:
+        return [table[p // BLOCK] * BLOCK + p % BLOCK for p in positions]
+
+    def _copy_in(self, slots: list[int], layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        index = torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True)
+        self.keys[layer].index_copy_(2, index, keys.to(self.dtype))
+        self.values[layer].index_copy_(2, index, values.to(self.dtype))
+
+    def add_rows(self, cache: Any, lengths: Sequence[int]) -> None:
+        """Append the rows of a prefill's ragged cache (every row's real length in `lengths`) after the current ones.
+        Their blocks are taken first: a pool short of them raises with nothing changed."""
+        for index, layer in enumerate(cache.layers):
+            if not isinstance(layer, RaggedLayer):
+                raise TypeError(f"fast mode needs a ragged prefill cache, got {type(layer).__name__} at layer {index}")
+        tables = self._take_all([math.ceil(length / BLOCK) for length in lengths])
+        for index, layer in enumerate(cache.layers):
+            at = 0
+            for segment in layer.segments:
+                keys, values = segment.keys, segment.values  # [n, kv_heads, T_s, d]
+                rows, width = keys.shape[0], keys.shape[-2]
+                taken = [min(lengths[at + i], width) for i in range(rows)]
+                row_index = [i for i in range(rows) for _ in range(taken[i])]
+                column = [width - taken[i] + j for i in range(rows) for j in range(taken[i])]
+                slots = [s for i in range(rows) for s in self._slots(tables[at + i], range(lengths[at + i] - taken[i], lengths[at + i]))]
+                rows_t = torch.tensor(row_index, dtype=torch.long).to(keys.device, non_blocking=True)
+                cols_t = torch.tensor(column, dtype=torch.long).to(keys.device, non_blocking=True)
+                self._copy_in(slots, index, keys[rows_t, :, cols_t].transpose(0, 1)[None], values[rows_t, :, cols_t].transpose(0, 1)[None])
+                at += rows
+        self.tables += tables
+        self.lengths += list(lengths)
+
+    def _take_all(self, counts: Sequence[int]) -> list[list[int]]:
+        taken = self._take(sum(counts))
+        tables, at = [], 0
+        for count in counts:
+            tables.append(taken[at:at + count])
+            at += count
+        return tables
+
+    def begin_step(self, positions: torch.Tensor, groups: int = 1, padded_rows: int | None = None) -> None:
+        """Give every row the slot of its next position, copy this step's index to the device and build its masks.
+        positions: [Rb, 1] on the device. With `padded_rows` (a captured step's bucket), rows past R write and see the
+        scratch slot only."""
+        rows = self.num_rows
+        padded = max(padded_rows or rows, rows)
+        for row, length in enumerate(self.lengths):
+            if length % BLOCK == 0:
+                self.tables[row] += self._take(1)
+            self.lengths[row] = length + 1
+        width = max((len(t) for t in self.tables), default=1)
+        if padded_rows is not None:  # a captured step: few shapes (powers of two of blocks)
+            width = min(self.max_row_blocks, 1 << (width - 1).bit_length())
+        if width > self.max_row_blocks:
+            raise ValueError(f"a row holds {width} blocks, more than the pool's max_row_blocks={self.max_row_blocks}")
+        host = self._host_index(padded)
+        if self.attention == "flex":
+            self._host_owners()
+        if padded <= self.max_rows:
+            end = 2 * self._total + padded * self.columns
+            self._staging[2 * self._total:end].view(padded, self.columns).copy_(host)
+            self._flat[:end].copy_(self._staging[:end], non_blocking=True)
+            index, write_slots, self._own_slots = self.index[:padded], self.write_slots[:padded], None
+        else:  # more rows than the persistent buffers hold: an eager step's own buffers
+            index = host.to(self.device)
+            write_slots = self._own_slots = torch.empty(padded, dtype=torch.long, device=self.device)
+        torch.add(index[:, LAST].long() * BLOCK, index[:, FILL].long() - 1, out=write_slots)
+        self.rows = padded
+        if self.attention == "flex":
+            self.masks = {w: self._block_mask(padded, w, index) for w in {*self.windows}}
+            self.gather_slots = None
+            return
+        blocks = index[:, self._region["full"]:self._region["full"] + width].long()  # [Rb, W]
+        self.gather_slots = (blocks[:, :, None] * BLOCK + self._arange).reshape(-1)  # [Rb * W * BLOCK]
+        key_positions = torch.arange(width * BLOCK, device=self.device)[None]  # [1, L]
+        row_length = index[:, POS:POS + 1].long() + 1  # [Rb, 1]
+        self.masks = {}
+        for window in {*self.windows}:
+            visible = key_positions < row_length
+            if window is not None:
+                visible = visible & (key_positions >= row_length - window)
+            self.masks[window] = visible[:, None, None, :]  # [Rb, 1, 1, L]
+
+    def _host_index(self, padded: int) -> torch.Tensor:
+        """This step's packed index, [Rb, columns], built on the host."""
+        host = torch.zeros((padded, self.columns), dtype=torch.int32)
+        full, last = self._region["full"], self._region["last"]
+        rows: list[list[int]] = []
+        for table, length in zip(self.tables, self.lengths):
+            row = [0] * self.columns
+            row[FILL], row[LAST], row[POS], row[FULL_NUM], row[PART_NUM] = (length - 1) % BLOCK + 1, table[-1], length - 1, len(table) - 1, 1
+            row[SELF] = len(rows)
+            row[full:full + len(table)] = table
+            row[last] = table[-1]
+            for window in self.window_sizes:
+                first = max(0, length - window) // BLOCK
+                start = self._region[window]
+                row[self._num[window]] = len(table) - first
+                row[start:start + len(table) - first] = table[first:]
+            rows.append(row)
+        if rows:
+            host[: len(rows)] = torch.tensor(rows, dtype=torch.int32)
+        host[len(rows):, FILL] = 1  # padding rows: the scratch block's first slot
+        host[len(rows):, PART_NUM] = 1
+        host[len(rows):, SELF] = PADDING_ROW
+        for window in self.window_sizes:
+            host[len(rows):, self._num[window]] = 1
+        return host
+
+    def _host_owners(self) -> None:
+        """The blocks' owners and places, on the host (flex's mask reads them): every block a row holds, the scratch
+        block (padding rows'), and free blocks (-1: nobody's)."""
+        owner, ordinal = self._staging[: self._total], self._staging[self._total: 2 * self._total]
+        owner.fill_(-1)  # free blocks: no row's
+        owner[0], ordinal[0] = PADDING_ROW, 0
+        blocks = [b for table in self.tables for b in table]
+        if blocks:
+            at = torch.tensor(blocks, dtype=torch.long)
+            owner[at] = torch.tensor([r for r, table in enumerate(self.tables) for _ in table], dtype=torch.int32)
+            ordinal[at] = torch.tensor([i for table in self.tables for i in range(len(table))], dtype=torch.int32)
+
+    def _mask_mod(self, window: int | None) -> Callable[..., torch.Tensor]:
+        """flex's mask_mod: key slot `kv` is visible to row `b` when the row holds its block and its position is at most
+        the row's (and, in a window, within it). It reads the persistent buffers: one function per window for every
+        step (no new closure, no recompilation); complete on its own, though flex applies it to partial blocks only."""
+        index, owner, ordinal = self.index, self.block_owner, self.block_ordinal
+
+        def mask_mod(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+            block = kv // BLOCK
+            position = ordinal[block] * BLOCK + kv % BLOCK
+            visible = (owner[block] == index[b, SELF]) & (position <= index[b, POS])
+            if window is not None:
+                visible = visible & (position > index[b, POS] - window)
+            return visible
+
+        return mask_mod
+
+    def block_mask_tensors(self, index: torch.Tensor, window: int | None) -> dict[str, torch.Tensor]:
+        """flex's block lists of every row (`BlockMask.from_kv_blocks`'s arguments), views of `index` ([Rb, columns]):
+        under full attention every block but the last as full blocks, the last as a partial one; in a window every
+        block within it, as partial blocks."""
+        width = self.max_row_blocks
+        if window is None:
+            full, last = self._region["full"], self._region["last"]
+            return {"full_kv_num_blocks": index[:, None, FULL_NUM:FULL_NUM + 1], "full_kv_indices": index[:, None, None, full:full + width],
+                    "kv_num_blocks": index[:, None, PART_NUM:PART_NUM + 1], "kv_indices": index[:, None, None, last:last + width]}
+        start, num = self._region[window], self._num[window]
+        return {"kv_num_blocks": index[:, None, num:num + 1], "kv_indices": index[:, None, None, start:start + width]}
+
+    def _block_mask(self, rows: int, window: int | None, index: torch.Tensor) -> Any:
+        """This step's BlockMask of `window` (built once per row count over the persistent buffers, then reused)."""
+        from torch.nn.attention.flex_attention import BlockMask
+
+        key = (rows, window)
+        if rows <= self.max_rows and key in self._block_masks:
+            return self._block_masks[key]
+        mask = BlockMask.from_kv_blocks(**self.block_mask_tensors(index, window), BLOCK_SIZE=(BLOCK, BLOCK),
+                                        mask_mod=self._mask_mods[window], seq_lengths=(1, (self.blocks + 1) * BLOCK),
+                                        compute_q_blocks=False)
+        if rows <= self.max_rows:
+            self._block_masks[key] = mask
+        return mask
+
+    def attention_mask(self, layer_types: Sequence[str] | None) -> Any:
+        """This step's masks as a forward's attention mask: one mask, or one per layer type."""
+        if len(self.masks) == 1:
+            return next(iter(self.masks.values()))
+        if layer_types is None:
+            raise ValueError("a model whose layers attend over different windows must name its layer_types in its config")
+        return {kind: self.masks[window] for kind, window in zip(layer_types, self.windows)}
+
+    def write(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This step's keys and values of every row ([Rb, kv_heads, 1, d]) into their slots; what attention reads: the
+        rows' own blocks gathered ([Rb, kv_heads, L, d], the gather path) or the layer's whole pool (flex)."""
+        slots = self.write_slots[: self.rows] if self._own_slots is None else self._own_slots
+        keys, values = self.keys[layer], self.values[layer]
+        keys.index_copy_(2, slots, key_states.transpose(0, 2).to(keys.dtype))
+        values.index_copy_(2, slots, value_states.transpose(0, 2).to(values.dtype))
+        if self.gather_slots is None:
+            return keys, values
+        rows = self.rows
+        shape = (self.kv_heads, rows, -1, self.head_dim)
+        return (keys.index_select(2, self.gather_slots).view(shape).transpose(0, 1),
+                values.index_select(2, self.gather_slots).view(shape).transpose(0, 1))
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep rows `rows` (in that order; a repeated row gets a copy of its slots in new blocks)."""
+        seen: set[int] = set()
+        copies = []
+        for old in rows:
+            if old in seen:
+                copies.append(old)
+            seen.add(old)
+        fresh = self._take_all([len(self.tables[old]) for old in copies])
+        for old in range(self.num_rows):
+            if old not in seen:
+                self.free += self.tables[old][::-1]
+        tables, lengths, done = [], [], set()
+        fresh_of = iter(fresh)
+        for old in rows:
+            if old in done:
+                table = next(fresh_of)
+                length = self.lengths[old]
+                source = self._slots(self.tables[old], range(length))
+                src = torch.tensor(source, dtype=torch.long).to(self.device, non_blocking=True)
+                dst = torch.tensor(self._slots(table, range(length)), dtype=torch.long).to(self.device, non_blocking=True)
+                for tensor in (*self.keys, *self.values):
+                    tensor.index_copy_(2, dst, tensor.index_select(2, src))
+            else:
+                done.add(old)
+                table = self.tables[old]
+            tables.append(table)
+            lengths.append(self.lengths[old])
+        self.tables, self.lengths = tables, lengths
+
+
+class PooledLayer(CacheLayerMixin):
+    """One layer's view of the pool for transformers' attention modules."""
+
+    is_compileable = False
+
+    def __init__(self, pool: KVPool, index: int) -> None:  # no super().__init__: the pool holds the tensors
+        self.pool, self.index = pool, index
+        self.is_sliding = pool.windows[index] is not None
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        raise RuntimeError("a PooledLayer is built from prefilled rows")
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.pool.write(self.index, key_states, value_states)
+
+    def get_seq_length(self) -> int:
+        return max(self.pool.lengths, default=0)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return (self.pool.blocks + 1) * BLOCK, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class PooledCache(DynamicCache):
+    """The running decode's cache in fast mode: one `PooledLayer` per attention layer over one `KVPool`."""
+
+    def __init__(self, pool: KVPool, config: Any) -> None:
+        super().__init__(config=config)
+        self.pool = pool
+        self.layers = [PooledLayer(pool, i) for i in range(len(pool.windows))]
+
+    def batch_select_indices(self, indices: Sequence[int]) -> None:  # type: ignore[override]  # host indices
+        self.pool.keep(list(indices))

@@ -1,0 +1,111 @@
+"""The fast mode's KV pool: attention over each row's own blocks (the gather path and flex's BlockMask) matches a
+reference, the block lists flex receives are each row's blocks, and the pool's blocks are handed out and given back."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fides_rag.generation.engine.kv_pool import BLOCK, KVPool, flex_available
+from fides_rag.generation.engine.pooled_attention import flex_pooled
+
+KV_HEADS, HEADS, DIM = 2, 4, 8
+
+
+def pool_with_rows(attention: str, lengths: list[int], windows=(None,), blocks: int = 12, seed: int = 0) -> KVPool:
+    """A pool whose rows hold `lengths` positions of random keys and values, in scattered blocks."""
+    torch.manual_seed(seed)
+    like = torch.zeros(1, KV_HEADS, 1, DIM)
+    pool = KVPool(list(windows), like, blocks=blocks, max_rows=8, max_row_blocks=6, attention=attention)
+    pool.free = pool.free[::-1]  # hand out high blocks first: tables are not in slot order
+    for layer in range(len(windows)):
+        pool.keys[layer].normal_()
+        pool.values[layer].normal_()
+    for length in lengths:
+        pool.tables.append(pool._take(-(-length // BLOCK)))
+        pool.lengths.append(length)
+    return pool
+
+
+def reference(pool: KVPool, query: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Each row's attention over its own positions, one row at a time: [R, heads, 1, d]."""
+    out = []
+    for row, (table, length) in enumerate(zip(pool.tables, pool.lengths)):
+        first = 0 if window is None else max(0, length - window)
+        slots = torch.tensor(pool._slots(table, range(first, length)))
+        keys, values = pool.keys[0][0][:, slots], pool.values[0][0][:, slots]  # [kv_heads, n, d]
+        out.append(F.scaled_dot_product_attention(query[row], keys.repeat_interleave(HEADS // KV_HEADS, 0),
+                                                  values.repeat_interleave(HEADS // KV_HEADS, 0)))
+    return torch.stack(out)
+
+
+def step(pool: KVPool, new_keys: torch.Tensor, new_values: torch.Tensor, padded: int | None = None):
+    positions = torch.tensor([[length] for length in pool.lengths] + [[0]] * ((padded or 0) - pool.num_rows))
+    pool.begin_step(positions, padded_rows=padded)
+    return pool.write(0, new_keys, new_values), pool.masks[pool.windows[0]]
+
+
+@pytest.mark.parametrize("window", [None, 20])
+def test_gather_attention_sees_each_rows_own_positions_only(window):
+    pool = pool_with_rows("gather", [5, 33, 16], windows=(window,))
+    query = torch.randn(3, HEADS, 1, DIM)
+    (keys, values), mask = step(pool, torch.randn(3, KV_HEADS, 1, DIM), torch.randn(3, KV_HEADS, 1, DIM))
+    assert keys.shape == (3, KV_HEADS, 3 * BLOCK, DIM) and mask.shape == (3, 1, 1, 3 * BLOCK)  # the longest row's blocks
+    got = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=True)
+    torch.testing.assert_close(got, reference(pool, query, window))
+
+
+def test_gather_costs_the_rows_blocks_not_the_pool():
+    small, large = pool_with_rows("gather", [40], blocks=8), pool_with_rows("gather", [40], blocks=400)
+    (k_small, _), _ = step(small, torch.zeros(1, KV_HEADS, 1, DIM), torch.zeros(1, KV_HEADS, 1, DIM))
+    (k_large, _), _ = step(large, torch.zeros(1, KV_HEADS, 1, DIM), torch.zeros(1, KV_HEADS, 1, DIM))
+    assert k_small.shape == k_large.shape == (1, KV_HEADS, 3 * BLOCK, DIM)
+
+
+def test_padding_rows_write_and_read_the_scratch_block_only():
+    pool = pool_with_rows("gather", [5, 17])
+    step(pool, torch.randn(4, KV_HEADS, 1, DIM), torch.randn(4, KV_HEADS, 1, DIM), padded=4)
+    assert pool.write_slots[:4].tolist()[2:] == [0, 0]
+    assert pool.masks[None][2:, 0, 0].sum(-1).tolist() == [1, 1]  # one position: the scratch slot
+
+
+def test_flex_block_lists_name_each_rows_blocks_and_its_partial_last_block():
+    pool = pool_with_rows("gather", [5, 33, 16], windows=(None, 16))
+    step(pool, torch.zeros(3, KV_HEADS, 1, DIM), torch.zeros(3, KV_HEADS, 1, DIM))
+    full = pool.block_mask_tensors(pool.index[:3], None)
+    tables = pool.tables  # lengths now 6, 34, 17: 1, 3 and 2 blocks
+    assert full["full_kv_num_blocks"].flatten().tolist() == [0, 2, 1]
+    assert full["kv_num_blocks"].flatten().tolist() == [1, 1, 1]
+    assert [full["full_kv_indices"][r, 0, 0, : len(t) - 1].tolist() for r, t in enumerate(tables)] == [t[:-1] for t in tables]
+    assert full["kv_indices"][:, 0, 0, 0].tolist() == [t[-1] for t in tables]
+    windowed = pool.block_mask_tensors(pool.index[:3], 16)  # positions (length - 16, length]: blocks from (length-16)//16
+    assert windowed["kv_num_blocks"].flatten().tolist() == [1, 2, 2]
+    assert windowed["kv_indices"][1, 0, 0, :2].tolist() == tables[1][1:]
+    assert "full_kv_num_blocks" not in windowed
+
+
+@pytest.mark.skipif(not flex_available(), reason="this torch has no flex attention")
+@pytest.mark.parametrize("window", [None, 20])
+def test_flex_attention_over_the_block_mask_matches_the_gather_path(window):
+    query = torch.randn(3, HEADS, 1, DIM)
+    new_keys, new_values = torch.randn(3, KV_HEADS, 1, DIM), torch.randn(3, KV_HEADS, 1, DIM)
+    gathered = pool_with_rows("gather", [5, 33, 16], windows=(window,))
+    (keys, values), mask = step(gathered, new_keys, new_values)
+    expected = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=True)
+    flexed = pool_with_rows("flex", [5, 33, 16], windows=(window,))
+    (keys, values), block_mask = step(flexed, new_keys, new_values)
+    assert keys.shape[0] == 1  # the whole pool, shared by every query row
+    torch.testing.assert_close(flex_pooled(query, keys, values, block_mask, None, compiled=False), expected)
+
+
+def test_rows_that_leave_give_their_blocks_back_and_copies_take_new_ones():
+    pool = pool_with_rows("gather", [20, 5])  # 2 + 1 blocks of 12
+    assert pool.used_tokens == 3 * BLOCK and pool.capacity_tokens == 12 * BLOCK
+    pool.keep([0, 0])  # row 1 leaves, row 0 is copied
+    assert pool.used_tokens == 4 * BLOCK and pool.tables[0] != pool.tables[1]
+    slots = [torch.tensor(pool._slots(t, range(20))) for t in pool.tables]
+    torch.testing.assert_close(pool.keys[0][:, :, slots[0]], pool.keys[0][:, :, slots[1]])
+    with pytest.raises(RuntimeError, match="free blocks"):
+        pool._take(9)
+    assert pool.used_tokens == 4 * BLOCK  # nothing taken
