@@ -26,7 +26,9 @@ from fides_rag.models.loading import load_model
 def sweep(model: str, caps: list[int | None], load: float, requests: int, device: str) -> dict[str, Any]:
     """p50/p95 TTFT and latency under each cap (None: none), and static batches, at `load` times sequential capacity."""
     network, tokenizer = load_model(model, device=device)
-    bench = ServingBench(FidesDecoder(network, tokenizer, config=FidesConfig()), load_nq_swap(None), n_requests=requests)
+    bench = ServingBench(
+        FidesDecoder(network, tokenizer, config=FidesConfig()), load_nq_swap(None), n_requests=requests
+    )
     capacity = bench.capacity()
     runs: dict[str, Any] = {}
     outputs = []
@@ -39,24 +41,42 @@ def sweep(model: str, caps: list[int | None], load: float, requests: int, device
     outputs.append(static.pop("token_ids"))
     runs["static"] = static
     bench.configure("continuous")
-    return {"model": model, "load": load, "requests": requests, "capacity_per_s": capacity, "static_batch": bench.static_batch,
-            "machine": platform.platform(), "identical_outputs": all(o == outputs[0] for o in outputs), "runs": runs}
+    return {
+        "model": model,
+        "load": load,
+        "requests": requests,
+        "capacity_per_s": capacity,
+        "static_batch": bench.static_batch,
+        "machine": platform.platform(),
+        "identical_outputs": all(o == outputs[0] for o in outputs),
+        "runs": runs,
+    }
 
 
 def markdown(data: dict[str, Any]) -> str:
     static_p95 = data["runs"]["static"]["latency_s"]["p95"]
-    lines = ["| admission | TTFT p50 s | TTFT p95 s | latency p50 s | latency p95 s | p95 / static's |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| admission | TTFT p50 s | TTFT p95 s | latency p50 s | latency p95 s | p95 / static's |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, run in data["runs"].items():
-        label = {"none": "continuous, no cap", "static": f"static batches of up to {data['static_batch']}"}.get(name, f"continuous, at most {name}")
+        label = {"none": "continuous, no cap", "static": f"static batches of up to {data['static_batch']}"}.get(
+            name, f"continuous, at most {name}"
+        )
         t, lat = run["ttft_s"], run["latency_s"]
-        lines.append(f"| {label} | {t['p50']:.2f} | {t['p95']:.2f} | {lat['p50']:.2f} | {lat['p95']:.2f} | " f"{lat['p95'] / static_p95:.2f}x |")
+        lines.append(
+            f"| {label} | {t['p50']:.2f} | {t['p95']:.2f} | {lat['p50']:.2f} | {lat['p95']:.2f} | "
+            f"{lat['p95'] / static_p95:.2f}x |"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--caps", default="none,2,4,8", help="comma-separated caps; none: no cap (default: %(default)s)")
+    parser.add_argument(
+        "--caps", default="none,2,4,8", help="comma-separated caps; none: no cap (default: %(default)s)"
+    )
     parser.add_argument("--load", type=float, default=1.0, help="in sequential capacities (default: %(default)s)")
     parser.add_argument("--requests", type=int, default=32, help="default: %(default)s")
     parser.add_argument("--device", default="cpu")

@@ -32,10 +32,14 @@ def compare(new: Path, old: Path) -> dict:
         "metrics_identical": n["metrics"] == o["metrics"],
         "comparisons": len(pairs),
         "max_abs_change_diff": max(abs(a["diff"] - b["diff"]) for a, b in pairs),
-        "max_abs_change_ci_bound": max(max(abs(a["ci_low"] - b["ci_low"]), abs(a["ci_high"] - b["ci_high"])) for a, b in pairs),
+        "max_abs_change_ci_bound": max(
+            max(abs(a["ci_low"] - b["ci_low"]), abs(a["ci_high"] - b["ci_high"])) for a, b in pairs
+        ),
         "p_values_new_vs_old": [[list(key(a)), round(a["p_value"], 3), round(b["p_value"], 3)] for a, b in pairs],
-        "analyses_identical": {f.name: json.loads(f.read_text()) == json.loads((old / "analysis" / f.name).read_text())
-                               for f in sorted((new / "analysis").glob("*.json"))},
+        "analyses_identical": {
+            f.name: json.loads(f.read_text()) == json.loads((old / "analysis" / f.name).read_text())
+            for f in sorted((new / "analysis").glob("*.json"))
+        },
     }
 
 

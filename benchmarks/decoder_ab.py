@@ -37,7 +37,9 @@ def import_revision(revision: str, root: Path = ROOT) -> ModuleType:
     target = Path(tempfile.mkdtemp()) / "fides_rag_old"
     archive = subprocess.run(["git", "-C", str(root), "archive", revision, "fides_rag"], capture_output=True)
     if archive.returncode:
-        raise SystemExit(f"decoder_ab: cannot read fides_rag/ at revision {revision!r}: {archive.stderr.decode().strip()}")
+        raise SystemExit(
+            f"decoder_ab: cannot read fides_rag/ at revision {revision!r}: {archive.stderr.decode().strip()}"
+        )
     subprocess.run(["tar", "-x", "-C", str(target.parent)], input=archive.stdout, check=True)
     (target.parent / "fides_rag").rename(target)
     for path in target.rglob("*.py"):
@@ -50,12 +52,23 @@ def import_revision(revision: str, root: Path = ROOT) -> ModuleType:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Example: python benchmarks/decoder_ab.py --old main~5 --out ab.json")
-    parser.add_argument("--old", required=True, metavar="REV", help="the revision to compare against (a commit, tag or branch)")
-    parser.add_argument("--model", default="smollm2-135m-instruct", help="bundled alias, hub id or folder (default: %(default)s)")
-    parser.add_argument("--prompts", type=int, default=8, help="NQ-Swap prompts measured per shape (default: %(default)s)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Example: python benchmarks/decoder_ab.py --old main~5 --out ab.json",
+    )
+    parser.add_argument(
+        "--old", required=True, metavar="REV", help="the revision to compare against (a commit, tag or branch)"
+    )
+    parser.add_argument(
+        "--model", default="smollm2-135m-instruct", help="bundled alias, hub id or folder (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--prompts", type=int, default=8, help="NQ-Swap prompts measured per shape (default: %(default)s)"
+    )
     parser.add_argument("--methods", default="standard,cad,fides", help="comma-separated (default: %(default)s)")
-    parser.add_argument("--shapes", default="template,raw", help="comma-separated: template, raw (default: %(default)s)")
+    parser.add_argument(
+        "--shapes", default="template,raw", help="comma-separated: template, raw (default: %(default)s)"
+    )
     parser.add_argument("--tokens", type=int, default=33, help="tokens forced per decode (default: %(default)s)")
     parser.add_argument("--data", help="NQ-Swap parquet (default: $FIDES_RAG_DATA or ../shared/data)")
     parser.add_argument("--out", required=True, type=Path, help="JSON report")
@@ -99,11 +112,22 @@ def main(argv: list[str] | None = None) -> None:
             for method in methods:
                 for side in ("old", "new") if i % 2 == 0 else ("new", "old"):
                     timing = benches[side].time_ours(method, *prompts, args.tokens)
-                    samples.setdefault(shape, {}).setdefault(method, {}).setdefault(side, []).append(timing.decode_s_per_token * 1000)
-    medians = {s: {m: {side: statistics.median(v) for side, v in by_side.items()} for m, by_side in by_method.items()} for s, by_method in samples.items()}
+                    samples.setdefault(shape, {}).setdefault(method, {}).setdefault(side, []).append(
+                        timing.decode_s_per_token * 1000
+                    )
+    medians = {
+        s: {m: {side: statistics.median(v) for side, v in by_side.items()} for m, by_side in by_method.items()}
+        for s, by_method in samples.items()
+    }
     report = {
-        "model": args.model, "old_revision": args.old, "new_revision": _head(), "prompts": args.prompts,
-        "tokens": args.tokens, "machine": machine(), "median_decode_ms_per_token": medians, "decode_ms_per_token": samples,
+        "model": args.model,
+        "old_revision": args.old,
+        "new_revision": _head(),
+        "prompts": args.prompts,
+        "tokens": args.tokens,
+        "machine": machine(),
+        "median_decode_ms_per_token": medians,
+        "decode_ms_per_token": samples,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
@@ -112,8 +136,12 @@ def main(argv: list[str] | None = None) -> None:
 
 def _head() -> str:
     """The working tree's commit, marked '+changes' when it has uncommitted edits."""
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "fides_rag"], capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", str(ROOT), "status", "--porcelain", "fides_rag"], capture_output=True, text=True
+    ).stdout.strip()
     return head + ("+changes" if dirty else "")
 
 

@@ -25,18 +25,29 @@ def ab_table(path: Path) -> str:
     report = json.loads(path.read_text())
     medians = report["median_decode_ms_per_token"]
     old = report.get("old_revision", report.get("old_commit"))
-    lines = [f"#### {report['model']}: {old} (before) against the tree of the run (after), {report['prompts']} prompts " f"({path.name})", "",
-             "| prompts | method | before (ms/token) | after (ms/token) | after / before |", "|---|---|---|---|---|"]
+    lines = [
+        f"#### {report['model']}: {old} (before) against the tree of the run (after), {report['prompts']} prompts "
+        f"({path.name})",
+        "",
+        "| prompts | method | before (ms/token) | after (ms/token) | after / before |",
+        "|---|---|---|---|---|",
+    ]
     for shape, by_method in medians.items():
         for method, by_side in by_method.items():
-            lines.append(f"| {shape} | {method} | {by_side['old']:.1f} | {by_side['new']:.1f} | " f"{by_side['new'] / by_side['old']:.2f} |")
+            lines.append(
+                f"| {shape} | {method} | {by_side['old']:.1f} | {by_side['new']:.1f} | "
+                f"{by_side['new'] / by_side['old']:.2f} |"
+            )
     shapes = [s for s, by_method in medians.items() if set(LABELS) <= set(by_method)]
     if shapes:
         lines += ["", "| ratio | before | after |", "|---|---|---|"]
         for shape in shapes:
             m = medians[shape]
             for a, b in RATIOS:
-                lines.append(f"| {LABELS[a]}/{LABELS[b]}, {shape} | {m[a]['old'] / m[b]['old']:.2f}x | " f"{m[a]['new'] / m[b]['new']:.2f}x |")
+                lines.append(
+                    f"| {LABELS[a]}/{LABELS[b]}, {shape} | {m[a]['old'] / m[b]['old']:.2f}x | "
+                    f"{m[a]['new'] / m[b]['new']:.2f}x |"
+                )
     return "\n".join(lines)
 
 
@@ -47,18 +58,30 @@ def paired_table(paths: list[Path]) -> str:
     for path in paths:
         for shape, d in json.loads(path.read_text())["decode_ms_per_token"].items():
             if not {"fides", "cad"} <= set(d):
-                raise SystemExit(f"decoder_ab_tables: --paired needs cad and fides in every report; {path.name} ({shape}) has " f"{sorted(d)}")
+                raise SystemExit(
+                    f"decoder_ab_tables: --paired needs cad and fides in every report; {path.name} ({shape}) has "
+                    f"{sorted(d)}"
+                )
             for side in ("old", "new"):
-                fides_cad.setdefault(shape, {}).setdefault(side, []).extend(f / c for f, c in zip(d["fides"][side], d["cad"][side]))
+                fides_cad.setdefault(shape, {}).setdefault(side, []).extend(
+                    f / c for f, c in zip(d["fides"][side], d["cad"][side])
+                )
             for method in ("cad", "fides"):
-                change.setdefault(shape, {}).setdefault(method, []).extend(n / o for n, o in zip(d[method]["new"], d[method]["old"]))
+                change.setdefault(shape, {}).setdefault(method, []).extend(
+                    n / o for n, o in zip(d[method]["new"], d[method]["old"])
+                )
     m = statistics.median
-    lines = [f"#### Medians of per-prompt ratios ({', '.join(p.name for p in paths)})", "",
-             "| prompts | prompts measured | FIDES/CAD before | FIDES/CAD after | FIDES after/before | CAD after/before |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"#### Medians of per-prompt ratios ({', '.join(p.name for p in paths)})",
+        "",
+        "| prompts | prompts measured | FIDES/CAD before | FIDES/CAD after | FIDES after/before | CAD after/before |",
+        "|---|---|---|---|---|---|",
+    ]
     for shape, by_side in fides_cad.items():
-        lines.append(f"| {shape} | {len(by_side['old'])} | {m(by_side['old']):.2f}x | {m(by_side['new']):.2f}x | "
-                     f"{m(change[shape]['fides']):.2f} | {m(change[shape]['cad']):.2f} |")
+        lines.append(
+            f"| {shape} | {len(by_side['old'])} | {m(by_side['old']):.2f}x | {m(by_side['new']):.2f}x | "
+            f"{m(change[shape]['fides']):.2f} | {m(change[shape]['cad']):.2f} |"
+        )
     return "\n".join(lines)
 
 

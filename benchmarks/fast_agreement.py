@@ -28,8 +28,10 @@ def decode(decoder: FidesDecoder, examples: list[Any], method: str, in_flight: i
     """Every example's result, `in_flight` requests submitted at a time."""
     results = []
     for start in range(0, len(examples), in_flight):
-        handles = [decoder.submit(e.question, list(e.contexts), method=method, max_new_tokens=new_tokens)
-                   for e in examples[start : start + in_flight]]
+        handles = [
+            decoder.submit(e.question, list(e.contexts), method=method, max_new_tokens=new_tokens)
+            for e in examples[start : start + in_flight]
+        ]
         results += [h.result() for h in handles]
     return results
 
@@ -43,10 +45,21 @@ def compare(exact: list[Any], fast: list[Any]) -> dict[str, Any]:
                 break
             if x.alpha is not None and y.alpha is not None:
                 alpha_gap = max(alpha_gap, abs(x.alpha - y.alpha))
-    first = [next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), min(len(a.token_ids), len(b.token_ids)))
-             for a, b, same in zip(exact, fast, equal) if not same]
-    return {"equal": sum(equal), "rows": len(equal), "share_equal": sum(equal) / len(equal), "first_differing_token": first,
-            "max_alpha_gap_where_tokens_agree": alpha_gap}
+    first = [
+        next(
+            (i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y),
+            min(len(a.token_ids), len(b.token_ids)),
+        )
+        for a, b, same in zip(exact, fast, equal)
+        if not same
+    ]
+    return {
+        "equal": sum(equal),
+        "rows": len(equal),
+        "share_equal": sum(equal) / len(equal),
+        "first_differing_token": first,
+        "max_alpha_gap_where_tokens_agree": alpha_gap,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -66,16 +79,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model, tokenizer = load_model(args.backbone)
     examples = load_nq_swap(limit=args.rows)
     modes = {mode: FidesDecoder(model, tokenizer, mode=mode) for mode in ("exact", "fast")}
-    report: dict[str, Any] = {"backbone": args.backbone, "rows": len(examples), "in_flight": args.in_flight,
-                              "new_tokens": args.new_tokens, "methods": {}}
+    report: dict[str, Any] = {
+        "backbone": args.backbone,
+        "rows": len(examples),
+        "in_flight": args.in_flight,
+        "new_tokens": args.new_tokens,
+        "methods": {},
+    }
     for method in METHODS:
         began = time.perf_counter()
         results = {mode: decode(d, examples, method, args.in_flight, args.new_tokens) for mode, d in modes.items()}
-        report["methods"][method] = {**compare(results["exact"], results["fast"]), "seconds": time.perf_counter() - began}
+        report["methods"][method] = {
+            **compare(results["exact"], results["fast"]),
+            "seconds": time.perf_counter() - began,
+        }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
         d = report["methods"][method]
-        print(f"{method}: {d['equal']}/{d['rows']} answers equal, max |alpha gap| " f"{d['max_alpha_gap_where_tokens_agree']:.2e}", flush=True)
+        print(
+            f"{method}: {d['equal']}/{d['rows']} answers equal, max |alpha gap| "
+            f"{d['max_alpha_gap_where_tokens_agree']:.2e}",
+            flush=True,
+        )
     return report
 
 

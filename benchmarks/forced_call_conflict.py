@@ -33,7 +33,6 @@ from pydantic import BaseModel
 from fides_rag import FidesDecoder
 from fides_rag.calls import CallFactory
 from fides_rag.eval.tables import markdown_table
-from fides_rag import PromptPair
 from fides_rag.serve.agent_call import agent_call
 from fides_rag.serve.planning import build_call, chat_plan
 from fides_rag.serve.protocol import ChatCompletionRequest
@@ -45,9 +44,14 @@ class Place(BaseModel):
 
 
 ROWS = [  # (landmark, the document's city, that city's country)
-    ("the Eiffel Tower", "Rome", "Italy"), ("the Colosseum", "Paris", "France"), ("Big Ben", "Madrid", "Spain"),
-    ("the Statue of Liberty", "Sydney", "Australia"), ("the Brandenburg Gate", "Tokyo", "Japan"),
-    ("the Sydney Opera House", "Toronto", "Canada"), ("the Taj Mahal", "Cairo", "Egypt"), ("the Kremlin", "Lisbon", "Portugal"),
+    ("the Eiffel Tower", "Rome", "Italy"),
+    ("the Colosseum", "Paris", "France"),
+    ("Big Ben", "Madrid", "Spain"),
+    ("the Statue of Liberty", "Sydney", "Australia"),
+    ("the Brandenburg Gate", "Tokyo", "Japan"),
+    ("the Sydney Opera House", "Toronto", "Canada"),
+    ("the Taj Mahal", "Cairo", "Egypt"),
+    ("the Kremlin", "Lisbon", "Portugal"),
 ]
 FORMS = ("json_schema", "function", "function prompt, Place grammar", "template, call grammar")
 METHODS = ("standard", "fides")
@@ -55,17 +59,29 @@ METHODS = ("standard", "fides")
 
 def body(landmark: str, city: str, form: str, method: str, max_tokens: int) -> dict[str, Any]:
     """The chat request of one route (the controls reuse the json_schema or function request's plan)."""
-    request: dict[str, Any] = {"model": "m", "method": method, "max_tokens": max_tokens, "documents": [f"{landmark[0].upper()}{landmark[1:]} is in {city}."],
-                               "messages": [{"role": "user", "content": f"Where is {landmark}? Give the city and the country."}]}
+    request: dict[str, Any] = {
+        "model": "m",
+        "method": method,
+        "max_tokens": max_tokens,
+        "documents": [f"{landmark[0].upper()}{landmark[1:]} is in {city}."],
+        "messages": [{"role": "user", "content": f"Where is {landmark}? Give the city and the country."}],
+    }
     if form in ("json_schema", "template, call grammar"):
-        request["response_format"] = {"type": "json_schema", "json_schema": {"name": "Place", "schema": Place.model_json_schema()}}
+        request["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "Place", "schema": Place.model_json_schema()},
+        }
     else:
-        request["tools"] = [{"type": "function", "function": {"name": "Place", "parameters": Place.model_json_schema()}}]
+        request["tools"] = [
+            {"type": "function", "function": {"name": "Place", "parameters": Place.model_json_schema()}}
+        ]
         request["tool_choice"] = {"type": "function", "function": {"name": "Place"}}
     return request
 
 
-def answer(decoder: FidesDecoder, calls: CallFactory, landmark: str, city: str, form: str, method: str, max_tokens: int) -> dict[str, Any]:
+def answer(
+    decoder: FidesDecoder, calls: CallFactory, landmark: str, city: str, form: str, method: str, max_tokens: int
+) -> dict[str, Any]:
     request = ChatCompletionRequest.model_validate(body(landmark, city, form, method, max_tokens))
     agent = agent_call(calls, request)
     call = build_call(calls, request, method, chat_plan, agent)
@@ -83,8 +99,10 @@ def answer(decoder: FidesDecoder, calls: CallFactory, landmark: str, city: str, 
 
 
 def _forced(calls: CallFactory) -> Any:
-    return calls.tools([{"type": "function", "function": {"name": "Place", "parameters": Place.model_json_schema()}}],
-                       {"type": "function", "function": {"name": "Place"}}).constraint()
+    return calls.tools(
+        [{"type": "function", "function": {"name": "Place", "parameters": Place.model_json_schema()}}],
+        {"type": "function", "function": {"name": "Place"}},
+    ).constraint()
 
 
 def _json(text: str) -> Any:
@@ -96,12 +114,17 @@ def _json(text: str) -> Any:
 
 def score(place: Any, city: str, country: str) -> dict[str, bool]:
     place = place if isinstance(place, dict) else {}
-    return {"city": city.lower() in str(place.get("city", "")).lower(), "country": country.lower() in str(place.get("country", "")).lower()}
+    return {
+        "city": city.lower() in str(place.get("city", "")).lower(),
+        "country": country.lower() in str(place.get("country", "")).lower(),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="alias (gemma3-270m, smollm2-135m-instruct) or a local model folder")
+    parser.add_argument(
+        "--model", required=True, help="alias (gemma3-270m, smollm2-135m-instruct) or a local model folder"
+    )
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--out", default="results/structured-conflict/forced-call")
     args = parser.parse_args(argv)
@@ -116,17 +139,36 @@ def main(argv: Sequence[str] | None = None) -> None:
                 out = answer(decoder, calls, landmark, city, form, method, args.max_tokens)
                 row["forms"][form][method] = {**out, **score(out["place"], city, country)}
         records.append(row)
-    summary = {form: {method: {k: sum(r["forms"][form][method][k] for r in records) for k in ("city", "country")} for method in METHODS}
-               for form in FORMS}
+    summary = {
+        form: {
+            method: {k: sum(r["forms"][form][method][k] for r in records) for k in ("city", "country")}
+            for method in METHODS
+        }
+        for form in FORMS
+    }
     name = Path(args.model).name
-    command = f"python benchmarks/forced_call_conflict.py --model {args.model} --max-tokens {args.max_tokens} --out {args.out}"
+    flags = f"--model {args.model} --max-tokens {args.max_tokens} --out {args.out}"
+    command = f"python benchmarks/forced_call_conflict.py {flags}"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps({"command": command, "rows": len(records), "summary": summary, "records": records}, indent=1) + "\n")
-    rows = [[form, method, f"{summary[form][method]['city']}/{len(records)}", f"{summary[form][method]['country']}/{len(records)}"]
-            for form in FORMS for method in METHODS]
-    text = (f"Model `{name}`, {len(records)} landmarks each placed in another city by its document, greedy.\n\n"
-            f"{markdown_table(['route', 'method', 'city from the document', 'country of that city'], rows)}\n\nCommand: `{command}`\n")
+    (out / f"{name}.json").write_text(
+        json.dumps({"command": command, "rows": len(records), "summary": summary, "records": records}, indent=1) + "\n"
+    )
+    rows = [
+        [
+            form,
+            method,
+            f"{summary[form][method]['city']}/{len(records)}",
+            f"{summary[form][method]['country']}/{len(records)}",
+        ]
+        for form in FORMS
+        for method in METHODS
+    ]
+    text = (
+        f"Model `{name}`, {len(records)} landmarks each placed in another city by its document, greedy.\n\n"
+        f"{markdown_table(['route', 'method', 'city from the document', 'country of that city'], rows)}\n\nCommand: "
+        f"`{command}`\n"
+    )
     (out / f"{name}.md").write_text(text)
     print(text)
 

@@ -73,27 +73,56 @@ class KeepMetadata(BaseCallbackHandler):
         self.info = dict(message.response_metadata) if message is not None else dict(generation.generation_info or {})
 
 
-async def _llamaindex(decoder: FidesDecoder, rows: Sequence[QAExample], design: str, method: str, max_new: int) -> list[dict[str, Any]]:
-    llm = LIFidesLLM(decoder, method=method, max_new_tokens=max_new, no_context_path=design, history_size=CHUNK,
-                     max_batch_size=CHUNK, batch_window_s=0.05)
+async def _llamaindex(
+    decoder: FidesDecoder, rows: Sequence[QAExample], design: str, method: str, max_new: int
+) -> list[dict[str, Any]]:
+    llm = LIFidesLLM(
+        decoder,
+        method=method,
+        max_new_tokens=max_new,
+        no_context_path=design,
+        history_size=CHUNK,
+        max_batch_size=CHUNK,
+        batch_window_s=0.05,
+    )
     out: list[dict[str, Any]] = []
     for start in range(0, len(rows), CHUNK):
         chunk = rows[start : start + CHUNK]
-        engines = [SummaryIndex.from_documents([LIDocument(text=r.contexts[0])]).as_query_engine(llm=llm, response_mode="compact")
-                   for r in chunk]
+        engines = [
+            SummaryIndex.from_documents([LIDocument(text=r.contexts[0])]).as_query_engine(
+                llm=llm, response_mode="compact"
+            )
+            for r in chunk
+        ]
         await asyncio.gather(*(engine.aquery(r.question) for engine, r in zip(engines, chunk)))
         infos = [h["info"] | {"text": h["result"].text} for h in llm.history]
         for r in chunk:  # concurrent calls finish in any order: find each row's call by its passage and question
-            out.append(next(i for i in infos if r.contexts[0] in i["context_prompt"] and r.question in i["context_prompt"]))
+            out.append(
+                next(i for i in infos if r.contexts[0] in i["context_prompt"] and r.question in i["context_prompt"])
+            )
     return out
 
 
-async def _langchain(decoder: FidesDecoder, rows: Sequence[QAExample], design: str, method: str, max_new: int, chat: bool) -> list[dict[str, Any]]:
-    options = dict(decoder=decoder, method=method, max_new_tokens=max_new, no_context_path=design, max_batch_size=CHUNK, batch_window_s=0.05)
+async def _langchain(
+    decoder: FidesDecoder, rows: Sequence[QAExample], design: str, method: str, max_new: int, chat: bool
+) -> list[dict[str, Any]]:
+    options = dict(
+        decoder=decoder,
+        method=method,
+        max_new_tokens=max_new,
+        no_context_path=design,
+        max_batch_size=CHUNK,
+        batch_window_s=0.05,
+    )
     if chat:
         runnable: Any = ChatFides(**options)
-        inputs: list[Any] = [[SystemMessage(V1_SYSTEM.format(context=r.contexts[0])),
-                              HumanMessage(r.question, additional_kwargs={"documents": [r.contexts[0]]})] for r in rows]
+        inputs: list[Any] = [
+            [
+                SystemMessage(V1_SYSTEM.format(context=r.contexts[0])),
+                HumanMessage(r.question, additional_kwargs={"documents": [r.contexts[0]]}),
+            ]
+            for r in rows
+        ]
     else:
         runnable = create_stuff_documents_chain(LCFidesLLM(**options), LCPromptTemplate.from_template(RAG_PROMPT))
         inputs = [{"context": [LCDocument(page_content=r.contexts[0])], "question": r.question} for r in rows]
@@ -102,7 +131,9 @@ async def _langchain(decoder: FidesDecoder, rows: Sequence[QAExample], design: s
     return [k.info | {"text": o.content if chat else o} for k, o in zip(keepers, outputs)]  # type: ignore[operator]
 
 
-def run_form(decoder: FidesDecoder, form: str, rows: Sequence[QAExample], design: str, method: str, max_new: int) -> list[dict[str, Any]]:
+def run_form(
+    decoder: FidesDecoder, form: str, rows: Sequence[QAExample], design: str, method: str, max_new: int
+) -> list[dict[str, Any]]:
     """Each row through the framework object of `form`: its two prompts (and its answer under `method`)."""
     if form == "llamaindex-text_qa":
         return asyncio.run(_llamaindex(decoder, rows, design, method, max_new))
@@ -115,7 +146,9 @@ def mean_alpha(result: GenerationResult) -> float | None:
     return sum(alphas) / len(alphas) if alphas else None
 
 
-def decode_pairs(decoder: FidesDecoder, pairs: Sequence[tuple[str, str]], max_new: int) -> tuple[dict[str, list[str]], list[float | None]]:
+def decode_pairs(
+    decoder: FidesDecoder, pairs: Sequence[tuple[str, str]], max_new: int
+) -> tuple[dict[str, list[str]], list[float | None]]:
     """CAD, AdaCAD and FIDES on captured prompt pairs, CHUNK examples at a time over one shared prefill; the texts,
     and FIDES's mean α per row."""
     texts: dict[str, list[str]] = {m: [] for m in CONTRASTIVE}
@@ -129,7 +162,9 @@ def decode_pairs(decoder: FidesDecoder, pairs: Sequence[tuple[str, str]], max_ne
     return texts, alphas
 
 
-def framework_answers(decoder: FidesDecoder, form: str, rows: Sequence[QAExample], max_new: int, verify: int, log: Callable[[str], None]) -> dict[str, Any]:
+def framework_answers(
+    decoder: FidesDecoder, form: str, rows: Sequence[QAExample], max_new: int, verify: int, log: Callable[[str], None]
+) -> dict[str, Any]:
     """design -> {"prompts": [(ctx, noctx)], "answers": method -> texts, "fides_alphas": [mean α]} for one form."""
     started = time.perf_counter()
     base = run_form(decoder, form, rows, "emptied", "standard", max_new)  # standard's answers, through the objects
@@ -146,30 +181,40 @@ def framework_answers(decoder: FidesDecoder, form: str, rows: Sequence[QAExample
         if verify:
             through_objects = run_form(decoder, form, rows[:verify], design, "fides", max_new)
             if [t["text"] for t in through_objects] != answers["fides"][:verify]:
-                raise AssertionError(f"{form}/{design}: FIDES through the framework object differs from the batched decode")
+                raise AssertionError(
+                    f"{form}/{design}: FIDES through the framework object differs from the batched decode"
+                )
         by_design[design] = {"prompts": pairs, "answers": answers, "fides_alphas": alphas}
         log(f"{form} / {design}: {len(rows)} rows in {time.perf_counter() - started:.0f} s")
     return by_design
 
 
-def template_answers(decoder: FidesDecoder, rows: Sequence[QAExample], max_new: int) -> tuple[dict[str, list[str]], list[float | None]]:
+def template_answers(
+    decoder: FidesDecoder, rows: Sequence[QAExample], max_new: int
+) -> tuple[dict[str, list[str]], list[float | None]]:
     texts: dict[str, list[str]] = {m: [] for m in METHODS}
     alphas: list[float | None] = []
     for start in range(0, len(rows), CHUNK):
         chunk = rows[start : start + CHUNK]
-        results = decoder.generate_batch([r.question for r in chunk], [list(r.contexts) for r in chunk], methods=METHODS, max_new_tokens=max_new)
+        results = decoder.generate_batch(
+            [r.question for r in chunk], [list(r.contexts) for r in chunk], methods=METHODS, max_new_tokens=max_new
+        )
         for method in METHODS:
             texts[method] += [r.text for r in results[method]]
         alphas += [mean_alpha(r) for r in results["fides"]]
     return texts, alphas
 
 
-def summarize(rows: Sequence[QAExample], answers: dict[str, list[str]], bootstrap: int, alphas: Sequence[float | None] = ()) -> dict[str, Any]:
+def summarize(
+    rows: Sequence[QAExample], answers: dict[str, list[str]], bootstrap: int, alphas: Sequence[float | None] = ()
+) -> dict[str, Any]:
     """Per method the context-answer and memory-answer contained rates (%), FIDES against standard and CAD, and
     FIDES's mean α over the rows (when recorded)."""
     context = {m: [100 * contains_answer(t, r.context_answers) for t, r in zip(answers[m], rows)] for m in METHODS}
     memory = {m: [100 * contains_answer(t, r.memory_answers) for t, r in zip(answers[m], rows)] for m in METHODS}
-    summary: dict[str, Any] = {m: {"context": sum(context[m]) / len(rows), "memory": sum(memory[m]) / len(rows)} for m in METHODS}
+    summary: dict[str, Any] = {
+        m: {"context": sum(context[m]) / len(rows), "memory": sum(memory[m]) / len(rows)} for m in METHODS
+    }
     for other in ("standard", "cad"):
         summary[f"fides_vs_{other}"] = {
             "context": paired_bootstrap(context["fides"], context[other], samples=bootstrap, seed=0),
@@ -180,14 +225,19 @@ def summarize(rows: Sequence[QAExample], answers: dict[str, list[str]], bootstra
     return summary
 
 
-def design_comparisons(rows: Sequence[QAExample], answers: dict[str, dict[str, list[str]]], bootstrap: int) -> dict[str, Any]:
+def design_comparisons(
+    rows: Sequence[QAExample], answers: dict[str, dict[str, list[str]]], bootstrap: int
+) -> dict[str, Any]:
     """Per form and contrastive method: 'emptied' against 'question' on the context-answer contained rate, paired."""
     found: dict[str, Any] = {}
     for form in FORMS:
         if f"{form} / emptied" not in answers or f"{form} / question" not in answers:
             continue
         for method in CONTRASTIVE:
-            a, b = ([100 * contains_answer(t, r.context_answers) for t, r in zip(answers[f"{form} / {d}"][method], rows)] for d in DESIGNS)
+            a, b = (
+                [100 * contains_answer(t, r.context_answers) for t, r in zip(answers[f"{form} / {d}"][method], rows)]
+                for d in DESIGNS
+            )
             found[f"{form} / {method}"] = paired_bootstrap(a, b, samples=bootstrap, seed=0)
     return found
 
@@ -196,19 +246,48 @@ def tables(model: str, n: int, summaries: dict[str, dict[str, Any]], designs: di
     rows, tests = [], []
     for label, s in summaries.items():
         alpha = s.get("fides_mean_alpha")
-        rows.append([label, *(f"{s[m]['context']:.1f} / {s[m]['memory']:.1f}" for m in METHODS), "-" if alpha is None else f"{alpha:.3f}"])
+        rows.append(
+            [
+                label,
+                *(f"{s[m]['context']:.1f} / {s[m]['memory']:.1f}" for m in METHODS),
+                "-" if alpha is None else f"{alpha:.3f}",
+            ]
+        )
         for other in ("standard", "cad"):
             c = s[f"fides_vs_{other}"]["context"]
-            tests.append([label, f"fides − {other}", f"{c['diff']:+.1f}", f"[{c['ci_low']:+.1f}, {c['ci_high']:+.1f}]", f"{c['p_value']:.3f}"])
-    return (f"`{model}`, {n} NQ-Swap conflict rows. Cells: context answer contained / memory answer contained, in %; "
-            "FIDES α: its per-token evidence weight, averaged per answer, then over the rows ('-': not recorded by " "this run).\n\n"
-            + markdown_table(["prompt / no-context path", *METHODS, "FIDES α"], rows)
-            + "\n\nPaired bootstrap on the context-answer contained rate (B = 1000, two-sided 95% CI; p from a paired " "permutation test):\n\n"
-            + markdown_table(["prompt / no-context path", "comparison", "diff", "95% CI", "p"], tests) + "\n"
-            + ("" if not designs else "\nNo-context designs compared, same rows and method: context-answer contained rate, emptied − " "question:\n\n"
-               + markdown_table(["prompt / method", "diff", "95% CI", "p"],
-                                [[k, f"{c['diff']:+.1f}", f"[{c['ci_low']:+.1f}, {c['ci_high']:+.1f}]", f"{c['p_value']:.3f}"] for k, c in designs.items()])
-               + "\n"))
+            tests.append(
+                [
+                    label,
+                    f"fides − {other}",
+                    f"{c['diff']:+.1f}",
+                    f"[{c['ci_low']:+.1f}, {c['ci_high']:+.1f}]",
+                    f"{c['p_value']:.3f}",
+                ]
+            )
+    return (
+        f"`{model}`, {n} NQ-Swap conflict rows. Cells: context answer contained / memory answer contained, in %; "
+        "FIDES α: its per-token evidence weight, averaged per answer, then over the rows ('-': not recorded by "
+        "this run).\n\n"
+        + markdown_table(["prompt / no-context path", *METHODS, "FIDES α"], rows)
+        + "\n\nPaired bootstrap on the context-answer contained rate (B = 1000, two-sided 95% CI; p from a paired "
+        "permutation test):\n\n"
+        + markdown_table(["prompt / no-context path", "comparison", "diff", "95% CI", "p"], tests)
+        + "\n"
+        + (
+            ""
+            if not designs
+            else "\nNo-context designs compared, same rows and method: context-answer contained rate, emptied − "
+            "question:\n\n"
+            + markdown_table(
+                ["prompt / method", "diff", "95% CI", "p"],
+                [
+                    [k, f"{c['diff']:+.1f}", f"[{c['ci_low']:+.1f}, {c['ci_high']:+.1f}]", f"{c['p_value']:.3f}"]
+                    for k, c in designs.items()
+                ],
+            )
+            + "\n"
+        )
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -216,12 +295,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--limit", type=int, default=200, help="first N NQ-Swap conflict rows")
     parser.add_argument("--max-new-tokens", type=int, default=16)
-    parser.add_argument("--verify", type=int, default=2, help="rows per form and design also decoded end to end with FIDES")
+    parser.add_argument(
+        "--verify", type=int, default=2, help="rows per form and design also decoded end to end with FIDES"
+    )
     parser.add_argument("--bootstrap", type=int, default=1000)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", default="results/framework-prompts")
-    parser.add_argument("--tables-only", action="store_true", help="rewrite the tables from <out>/<model>.json, decoding nothing")
-    parser.add_argument("--check-against", type=Path, help="a longer run's JSON: every answer must equal its answer to the same row")
+    parser.add_argument(
+        "--tables-only", action="store_true", help="rewrite the tables from <out>/<model>.json, decoding nothing"
+    )
+    parser.add_argument(
+        "--check-against", type=Path, help="a longer run's JSON: every answer must equal its answer to the same row"
+    )
     args = parser.parse_args(argv)
     log = lambda message: print(message, flush=True)  # noqa: E731
     rows = load_examples("nq-swap", limit=args.limit)
@@ -238,16 +323,26 @@ def main(argv: Sequence[str] | None = None) -> None:
         designs = design_comparisons(rows, answers, args.bootstrap)
         report = tables(args.model, len(rows), summaries, designs)
         (out / f"{name}.md").write_text(report)
-        record = {"model": args.model, "rows": [r.id for r in rows], "max_new_tokens": args.max_new_tokens, "summaries": summaries,
-                  "design_comparisons": designs, "answers": answers, "fides_alphas": alphas, "first_prompt_pairs": {k: v[:2] for k, v in prompts.items()},
-                  "seconds": round(time.perf_counter() - started, 1)}
+        record = {
+            "model": args.model,
+            "rows": [r.id for r in rows],
+            "max_new_tokens": args.max_new_tokens,
+            "summaries": summaries,
+            "design_comparisons": designs,
+            "answers": answers,
+            "fides_alphas": alphas,
+            "first_prompt_pairs": {k: v[:2] for k, v in prompts.items()},
+            "seconds": round(time.perf_counter() - started, 1),
+        }
         (out / f"{name}.json").write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
         return report
 
     if args.tables_only:  # recompute the tables from a finished run's answers (no model is loaded)
         record = json.loads((out / f"{name}.json").read_text())
         if record["rows"] != [r.id for r in rows]:
-            raise SystemExit(f"{out / (name + '.json')} holds other rows than --limit {args.limit}; pass the run's --limit")
+            raise SystemExit(
+                f"{out / (name + '.json')} holds other rows than --limit {args.limit}; pass the run's --limit"
+            )
         answers, prompts, alphas = record["answers"], record["first_prompt_pairs"], record.get("fides_alphas", {})
         args.max_new_tokens, started = record["max_new_tokens"], started - record["seconds"]
         print(write())

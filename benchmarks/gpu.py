@@ -23,7 +23,8 @@ Fast mode's decode step is captured (`--compile`, on by default on CUDA) at `--b
 before the first section (its seconds are reported apart from decode times, as `compile`), and dynamo's recompile
 and CUDA-graph log lines (whether graphs were skipped) are kept in the report.
 
-Modes: exact and fast on the CPU; fast only on CUDA (exact mode is refused there, see `fides_rag/generation/engine/modes.py`).
+Modes: exact and fast on the CPU; fast only on CUDA (exact mode is refused there, see
+`fides_rag/generation/engine/modes.py`).
 A GPU window is spent in two calls of under 6 minutes each on one H100; each section is written when it ends:
 
     python benchmarks/gpu.py --call 1 --out results/gpu/h100-call1.json   # attention, exactness, latency, batch scaling
@@ -49,15 +50,43 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
 
 LLAMA_31_8B = dict(
-    vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-    num_key_value_heads=8, head_dim=128, max_position_embeddings=131072, rms_norm_eps=1e-5, hidden_act="silu",
-    rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-    bos_token_id=128000, eos_token_id=[128001, 128008, 128009], tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=131072,
+    rms_norm_eps=1e-5,
+    hidden_act="silu",
+    rope_parameters={
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    bos_token_id=128000,
+    eos_token_id=[128001, 128008, 128009],
+    tie_word_embeddings=False,
+    attention_bias=False,
+    mlp_bias=False,
 )
 """meta-llama/Llama-3.1-8B-Instruct's config.json (the values that shape the computation)."""
-TINY = dict(LLAMA_31_8B, vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, bos_token_id=500, eos_token_id=[501])
+TINY = dict(
+    LLAMA_31_8B,
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    bos_token_id=500,
+    eos_token_id=[501],
+)
 SPECIAL = {"pad": -252, "unk": -254}
 """The pad and unknown-word ids, from the end of the vocabulary (Llama 3.1: 128004, its fine-tuning pad, and 128002)."""
 METHODS = ("standard", "cad", "fides")
@@ -81,7 +110,9 @@ def word_tokenizer(vocab_size: int, bos: int, eos: int, max_length: int) -> PreT
         vocab[name] = i
     core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
+    )
     tokenizer.model_max_length = max_length
     return tokenizer
 
@@ -92,7 +123,9 @@ def build(config_values: dict[str, Any], device: torch.device, dtype: torch.dtyp
     torch.manual_seed(seed)
     with device:
         model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
-    tokenizer = word_tokenizer(config.vocab_size, config.bos_token_id, config_values["eos_token_id"][0], config.max_position_embeddings)
+    tokenizer = word_tokenizer(
+        config.vocab_size, config.bos_token_id, config_values["eos_token_id"][0], config.max_position_embeddings
+    )
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
 
@@ -119,7 +152,10 @@ class Prompts:
 
 def peak_memory(device: torch.device) -> dict[str, float]:
     if device.type == "cuda":
-        return {"peak_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30, "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30}
+        return {
+            "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+            "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30,
+        }
     import resource
 
     return {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
@@ -146,23 +182,33 @@ def _time_ms(fn: Any, device: torch.device, repeats: int) -> float:
     return statistics.median(times)
 
 
-def whole_pool_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def whole_pool_attention(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """query [R, heads, 1, d] over the whole pool [1, kv_heads, P, d], masked by mask [1, 1, R * groups, P]."""
     rows, heads, _, dim = query.shape
     kv_heads = keys.shape[1]
     folded = query.reshape(rows, kv_heads, heads // kv_heads, dim).transpose(0, 1).reshape(1, kv_heads, -1, dim)
-    out = torch.nn.functional.scaled_dot_product_attention(folded, keys, values, attn_mask=mask)  # [1, kv_heads, R * groups, d]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        folded, keys, values, attn_mask=mask
+    )  # [1, kv_heads, R * groups, d]
     return out.reshape(kv_heads, rows, heads // kv_heads, dim).transpose(0, 1).reshape(rows, heads, dim)
 
 
-def block_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+def block_attention(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor
+) -> torch.Tensor:
     """query [R, heads, 1, d] over each row's own slots (slots [R, L], valid [R, L]: padding is False), gathered."""
     rows, heads, _, dim = query.shape
     kv_heads = keys.shape[1]
-    own_keys = keys[0].index_select(1, slots.reshape(-1)).reshape(kv_heads, rows, -1, dim).transpose(0, 1)  # [R, kv_heads, L, d]
+    own_keys = (
+        keys[0].index_select(1, slots.reshape(-1)).reshape(kv_heads, rows, -1, dim).transpose(0, 1)
+    )  # [R, kv_heads, L, d]
     own_values = values[0].index_select(1, slots.reshape(-1)).reshape(kv_heads, rows, -1, dim).transpose(0, 1)
     folded = query.reshape(rows, kv_heads, heads // kv_heads, dim)  # [R, kv_heads, groups, d]
-    out = torch.nn.functional.scaled_dot_product_attention(folded, own_keys, own_values, attn_mask=valid[:, None, None, :])
+    out = torch.nn.functional.scaled_dot_product_attention(
+        folded, own_keys, own_values, attn_mask=valid[:, None, None, :]
+    )
     return out.reshape(rows, heads, dim)
 
 
@@ -176,7 +222,13 @@ def attention(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: 
     dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     dtype = decoder.model.dtype
     generator = torch.Generator().manual_seed(0)
-    out: dict[str, Any] = {"heads": heads, "kv_heads": kv_heads, "head_dim": dim, "dtype": str(dtype).removeprefix("torch."), "cases": {}}
+    out: dict[str, Any] = {
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "head_dim": dim,
+        "dtype": str(dtype).removeprefix("torch."),
+        "cases": {},
+    }
     for positions in args.attention_positions:
         blocks = positions // 16
         keys = torch.randn((1, kv_heads, positions, dim), generator=generator).to(device, dtype)
@@ -200,17 +252,36 @@ def attention(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: 
             query_rows = torch.arange(rows).repeat_interleave(heads // kv_heads)[:, None]
             mask = (owner[None, :] == query_rows)[None, None].to(device)  # [1, 1, R * groups, P]
             slot_table, valid = slot_table.to(device), valid.to(device)
-            whole = _time_ms(lambda: whole_pool_attention(query, keys, values, mask), device, args.attention_repeats)
-            block = _time_ms(lambda: block_attention(query, keys, values, slot_table, valid), device, args.attention_repeats)
-            difference = (whole_pool_attention(query, keys, values, mask).float() - block_attention(query, keys, values, slot_table, valid).float()).abs().max()
+            whole = _time_ms(
+                lambda q=query, k=keys, v=values, m=mask: whole_pool_attention(q, k, v, m),
+                device,
+                args.attention_repeats,
+            )
+            block = _time_ms(
+                lambda q=query, k=keys, v=values, t=slot_table, ok=valid: block_attention(q, k, v, t, ok),
+                device,
+                args.attention_repeats,
+            )
+            difference = (
+                (
+                    whole_pool_attention(query, keys, values, mask).float()
+                    - block_attention(query, keys, values, slot_table, valid).float()
+                )
+                .abs()
+                .max()
+            )
             out["cases"][f"R={rows},P={positions}"] = {
-                "rows": rows, "positions": positions, "row_positions": [c * 16 for c in counts][:4],
-                "whole_pool_ms": whole, "block_ms": block, "whole_pool/block": whole / block, "max_abs_difference": float(difference),
+                "rows": rows,
+                "positions": positions,
+                "row_positions": [c * 16 for c in counts][:4],
+                "whole_pool_ms": whole,
+                "block_ms": block,
+                "whole_pool/block": whole / block,
+                "max_abs_difference": float(difference),
             }
         del keys, values
     out["memory"] = peak_memory(device)
     return out
-
 
 
 def latency(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
@@ -224,16 +295,40 @@ def latency(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: to
     for i, (context, no_context) in enumerate(pairs):
         for method in runs:
             if method == PEER:
-                run = measure_generate(decoder.model, context, args.new_tokens, args.counted_steps, negative_ids=no_context,
-                                       guidance_scale=2.0, pad_token_id=decoder.tokenizer.pad_token_id)
+                run = measure_generate(
+                    decoder.model,
+                    context,
+                    args.new_tokens,
+                    args.counted_steps,
+                    negative_ids=no_context,
+                    guidance_scale=2.0,
+                    pad_token_id=decoder.tokenizer.pad_token_id,
+                )
             elif method == STATIC_PEER:  # transformers compiles the decode step of a static cache on CUDA (CUDA graphs)
-                run = measure_generate(decoder.model, context, args.new_tokens, args.counted_steps,
-                                       pad_token_id=decoder.tokenizer.pad_token_id, cache_implementation="static")
+                run = measure_generate(
+                    decoder.model,
+                    context,
+                    args.new_tokens,
+                    args.counted_steps,
+                    pad_token_id=decoder.tokenizer.pad_token_id,
+                    cache_implementation="static",
+                )
             else:
-                run = measure_engine(decoder, prepared_from_ids(decoder.tokenizer, context, no_context), method, args.new_tokens, args.counted_steps)
+                run = measure_engine(
+                    decoder,
+                    prepared_from_ids(decoder.tokenizer, context, no_context),
+                    method,
+                    args.new_tokens,
+                    args.counted_steps,
+                )
             if i > 0:
                 runs[method].append(run)
-    out: dict[str, Any] = {"context_tokens": args.context_tokens, "no_context_tokens": len(pairs[0][1]), "new_tokens": args.new_tokens, "methods": {}}
+    out: dict[str, Any] = {
+        "context_tokens": args.context_tokens,
+        "no_context_tokens": len(pairs[0][1]),
+        "new_tokens": args.new_tokens,
+        "methods": {},
+    }
     for method, measured in runs.items():
         out["methods"][method] = {
             "decode_ms_per_token": statistics.median(r["decode_ms_per_token"] for r in measured),
@@ -244,7 +339,10 @@ def latency(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: to
             "samples": len(measured),
         }
     decode = {m: d["decode_ms_per_token"] for m, d in out["methods"].items()}
-    out["ratios"] = {"fides/cad": decode["fides"] / decode["cad"], "fides/standard": decode["fides"] / decode["standard"]}
+    out["ratios"] = {
+        "fides/cad": decode["fides"] / decode["cad"],
+        "fides/standard": decode["fides"] / decode["standard"],
+    }
     if PEER in decode:
         out["ratios"]["cad/hf-cfg"] = decode["cad"] / decode[PEER]
     if STATIC_PEER in decode:
@@ -274,11 +372,18 @@ def batch_scaling(decoder: Any, prompts: Prompts, args: argparse.Namespace, devi
                 probe = StepProbe(args.counted_steps, device)
                 with decoder.around_steps(probe.engine_step):
                     start = time.perf_counter()
-                    decoder.generate_batch(examples, method=method, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens)
+                    decoder.generate_batch(
+                        examples, method=method, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens
+                    )
                 report = probe.report(start)
                 step_ms = report["decode_ms_per_token"]
-                out[method][str(size)] = {"decode_ms_per_step": step_ms, "first_step_ms": report["first_token_ms"], "tokens_per_s": size * 1000 / step_ms,
-                                          "ops_per_step": report["ops_per_token"], **peak_memory(device)}
+                out[method][str(size)] = {
+                    "decode_ms_per_step": step_ms,
+                    "first_step_ms": report["first_token_ms"],
+                    "tokens_per_s": size * 1000 / step_ms,
+                    "ops_per_step": report["ops_per_token"],
+                    **peak_memory(device),
+                }
     finally:
         decoder.configure(max_num_batched_tokens=default)
     return out
@@ -297,10 +402,15 @@ def exactness(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: 
     reduction order depends on the batch (a matrix product's split, attention's split of the keys) breaks it."""
     from fides_rag.eval.step_probe import prepared_from_ids
 
-    examples = [prepared_from_ids(decoder.tokenizer, *prompts.pair(args.context_tokens + 8 * i, args.question_tokens))
-                for i in range(args.exact_requests)]
+    examples = [
+        prepared_from_ids(decoder.tokenizer, *prompts.pair(args.context_tokens + 8 * i, args.question_tokens))
+        for i in range(args.exact_requests)
+    ]
     jobs = [(method, i) for i in range(len(examples)) for method in METHODS]
-    alone = {job: decoder.generate(examples[job[1]], method=job[0], max_new_tokens=args.exact_tokens).token_ids for job in jobs}
+    alone = {
+        job: decoder.generate(examples[job[1]], method=job[0], max_new_tokens=args.exact_tokens).token_ids
+        for job in jobs
+    }
     handles = {job: decoder.submit(examples[job[1]], method=job[0], max_new_tokens=args.exact_tokens) for job in jobs}
     together = {job: handle.result().token_ids for job, handle in handles.items()}
     out: dict[str, Any] = {"requests": len(examples), "new_tokens": args.exact_tokens, "methods": {}}
@@ -314,7 +424,10 @@ def synthetic_examples(prompts: Prompts, args: argparse.Namespace, n: int) -> li
     """`n` NQ-Swap-sized examples of the word-level vocabulary: a question and one document of half the context."""
     from fides_rag.eval.datasets import QAExample
 
-    return [QAExample(prompts.text(args.question_tokens), (prompts.text(args.context_tokens // 2),), ("w1",)) for _ in range(n)]
+    return [
+        QAExample(prompts.text(args.question_tokens), (prompts.text(args.context_tokens // 2),), ("w1",))
+        for _ in range(n)
+    ]
 
 
 def serving(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
@@ -323,9 +436,16 @@ def serving(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: to
 
     reset_peak(device)
     low, high = args.serving_tokens
-    result = run_serving(decoder, synthetic_examples(prompts, args, args.serving_requests), loads=args.loads,
-                         n_requests=args.serving_requests, tokens=(low, high), static_batch=args.static_batch,
-                         modes=("continuous", "static"), log=lambda m: print(m, file=sys.stderr, flush=True))
+    result = run_serving(
+        decoder,
+        synthetic_examples(prompts, args, args.serving_requests),
+        loads=args.loads,
+        n_requests=args.serving_requests,
+        tokens=(low, high),
+        static_batch=args.static_batch,
+        modes=("continuous", "static"),
+        log=lambda m: print(m, file=sys.stderr, flush=True),
+    )
     result["memory"] = peak_memory(device)
     return result
 
@@ -334,11 +454,25 @@ def budget_sweep(decoder: Any, prompts: Prompts, args: argparse.Namespace, devic
     """Continuous serving at --budget-load under each --budgets step budget (`fides_rag.eval.budget_sweep`)."""
     from fides_rag.eval.budget_sweep import budget_sweep as sweep
 
-    return sweep(decoder, synthetic_examples(prompts, args, args.budget_requests), budgets=args.budgets, load=args.budget_load,
-                 n_requests=args.budget_requests, tokens=tuple(args.serving_tokens), log=lambda m: print(m, file=sys.stderr, flush=True))
+    return sweep(
+        decoder,
+        synthetic_examples(prompts, args, args.budget_requests),
+        budgets=args.budgets,
+        load=args.budget_load,
+        n_requests=args.budget_requests,
+        tokens=tuple(args.serving_tokens),
+        log=lambda m: print(m, file=sys.stderr, flush=True),
+    )
 
 
-SECTIONS = {"attention": attention, "exactness": exactness, "latency": latency, "batch": batch_scaling, "serving": serving, "budget": budget_sweep}
+SECTIONS = {
+    "attention": attention,
+    "exactness": exactness,
+    "latency": latency,
+    "batch": batch_scaling,
+    "serving": serving,
+    "budget": budget_sweep,
+}
 """The sections by name, in the order a full run takes them."""
 
 
@@ -368,9 +502,12 @@ class CompileLog(logging.Handler):
         from torch._dynamo.utils import counters
 
         skipped = [line for line in self.lines if "skipping cudagraphs" in line]
-        return {"cudagraphs_skipped": bool(skipped) or counters["inductor"].get("cudagraph_skips", 0) > 0,
-                "recompiles": sum("Recompiling function" in line for line in self.lines),
-                "graph_breaks": sum("Graph break" in line for line in self.lines), "lines": self.lines}
+        return {
+            "cudagraphs_skipped": bool(skipped) or counters["inductor"].get("cudagraph_skips", 0) > 0,
+            "recompiles": sum("Recompiling function" in line for line in self.lines),
+            "graph_breaks": sum("Graph break" in line for line in self.lines),
+            "lines": self.lines,
+        }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -392,20 +529,34 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.kv_pool_tokens is not None:
         fast["kv_pool_tokens"] = args.kv_pool_tokens
     report: dict[str, Any] = {
-        "config": "tiny" if args.tiny else "Llama-3.1-8B", "config_values": values, "dtype": args.dtype,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
-        "modes": modes, "torch": torch.__version__, "transformers": transformers.__version__,
+        "config": "tiny" if args.tiny else "Llama-3.1-8B",
+        "config_values": values,
+        "dtype": args.dtype,
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or platform.machine(),
+        "modes": modes,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
         "weights_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30,
-        "settings": {k: v for k, v in vars(args).items() if k != "out"}, "sections": {},
+        "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        "sections": {},
     }
     with CompileLog() as log:
         decoders = {}
         for mode in modes:  # a captured fast decoder compiles every bucket here, timed apart from the sections
             decoders[mode] = FidesDecoder(model, tokenizer, mode=mode, **(fast if mode == "fast" else {}))
         if "fast" in decoders:
-            report["compile"] = {"enabled": compile_, "buckets": args.buckets, "warmup_s": decoders["fast"].stats.warmup_s}
+            report["compile"] = {
+                "enabled": compile_,
+                "buckets": args.buckets,
+                "warmup_s": decoders["fast"].stats.warmup_s,
+            }
             write(report, args.out)
-        prompts = Prompts(values["vocab_size"], {values["bos_token_id"], *values["eos_token_id"], tokenizer.pad_token_id, tokenizer.unk_token_id})
+        prompts = Prompts(
+            values["vocab_size"],
+            {values["bos_token_id"], *values["eos_token_id"], tokenizer.pad_token_id, tokenizer.unk_token_id},
+        )
         for name in args.sections:
             print(f"{name} ...", file=sys.stderr, flush=True)
             begun = time.perf_counter()
@@ -434,43 +585,83 @@ def write(report: dict[str, Any], out: str) -> None:
 
 def tables(report: dict[str, Any]) -> str:
     """Markdown tables of a report."""
-    lines = [f"{report['config']} ({report['dtype']}, random weights) on {report['device']}, torch {report['torch']}, "
-             f"transformers {report.get('transformers', '?')}.", ""]
+    lines = [
+        f"{report['config']} ({report['dtype']}, random weights) on {report['device']}, torch {report['torch']}, "
+        f"transformers {report.get('transformers', '?')}.",
+        "",
+    ]
     sections = report["sections"]
     if report.get("compile", {}).get("enabled"):
         c, log = report["compile"], report.get("compile_log", {})
-        lines += [f"Captured decode step: buckets {c['buckets']} compiled in {c['warmup_s']:.1f} s (not in the times below); "
-                  f"{c.get('fallback_steps', 0)} eager fallback steps, {log.get('recompiles', 0)} recompiles, "
-                  f"CUDA graphs skipped: {log.get('cudagraphs_skipped')}.", ""]
+        lines += [
+            f"Captured decode step: buckets {c['buckets']} compiled in {c['warmup_s']:.1f} s (not in the times below); "
+            f"{c.get('fallback_steps', 0)} eager fallback steps, {log.get('recompiles', 0)} recompiles, "
+            f"CUDA graphs skipped: {log.get('cudagraphs_skipped')}.",
+            "",
+        ]
     if "attention" in sections:
         att = sections["attention"]
-        lines += [f"Attention alone ({att['heads']} heads, {att['kv_heads']} KV heads, head dim {att['head_dim']}, {att['dtype']}):", "",
-                  "| rows | pool positions | whole-pool masked ms | block ms | whole/block |", "|---|---|---|---|---|"]
+        lines += [
+            f"Attention alone ({att['heads']} heads, {att['kv_heads']} KV heads, head dim {att['head_dim']}, "
+            f"{att['dtype']}):",
+            "",
+            "| rows | pool positions | whole-pool masked ms | block ms | whole/block |",
+            "|---|---|---|---|---|",
+        ]
         for d in att["cases"].values():
-            lines.append(f"| {d['rows']} | {d['positions']:,} | {d['whole_pool_ms']:.3f} | {d['block_ms']:.3f} | {d['whole_pool/block']:.1f}x |")
+            lines.append(
+                f"| {d['rows']} | {d['positions']:,} | {d['whole_pool_ms']:.3f} | {d['block_ms']:.3f} | "
+                f"{d['whole_pool/block']:.1f}x |"
+            )
         lines.append("")
     for mode, exact in sections.get("exactness", {}).get("modes", {}).items():
-        lines += [f"{mode} mode: greedy tokens alone and among all {exact['requests'] * len(exact['methods'])} requests " "in flight "
-                  f"({exact['new_tokens']} tokens each):", "", "| method | requests equal | first differing token |", "|---|---|---|"]
+        lines += [
+            f"{mode} mode: greedy tokens alone and among all {exact['requests'] * len(exact['methods'])} requests "
+            "in flight "
+            f"({exact['new_tokens']} tokens each):",
+            "",
+            "| method | requests equal | first differing token |",
+            "|---|---|---|",
+        ]
         for method, d in exact["methods"].items():
             where = ", ".join(str(i) for i in d["first_differing_token"] if i is not None) or "-"
             lines.append(f"| {method} | {d['equal']}/{exact['requests']} | {where} |")
         lines.append("")
     for mode, lat in sections.get("latency", {}).get("modes", {}).items():
-        lines += [f"{mode} mode: per-token latency, batch 1, {lat['context_tokens']}-token context prompt, " f"{lat['new_tokens']} tokens:", "",
-                  "| method | decode ms/token | first token ms | host syncs/token | aten ops/token |", "|---|---|---|---|---|"]
+        lines += [
+            f"{mode} mode: per-token latency, batch 1, {lat['context_tokens']}-token context prompt, "
+            f"{lat['new_tokens']} tokens:",
+            "",
+            "| method | decode ms/token | first token ms | host syncs/token | aten ops/token |",
+            "|---|---|---|---|---|",
+        ]
         for method, d in lat["methods"].items():
             syncs = "-" if d["host_syncs_per_token"] is None else f"{d['host_syncs_per_token']:.1f}"
-            lines.append(f"| {method} | {d['decode_ms_per_token']:.2f} | {d['first_token_ms']:.1f} | {syncs} | " f"{d['ops_per_token']:,.0f} |")
+            lines.append(
+                f"| {method} | {d['decode_ms_per_token']:.2f} | {d['first_token_ms']:.1f} | {syncs} | "
+                f"{d['ops_per_token']:,.0f} |"
+            )
         lines += ["", "Ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in lat["ratios"].items()), ""]
     for mode, batch in sections.get("batch", {}).get("modes", {}).items():
         sizes = list(batch["fides"])
-        lines += [f"{mode} mode: requests decoding together:", "",
-                  "| requests | " + " | ".join(f"{m} ms/step | {m} tokens/s | {m} aten ops/step" for m in ("standard", "fides")) + " |",
-                  "|---|" + "---|---|---|" * 2]
+        lines += [
+            f"{mode} mode: requests decoding together:",
+            "",
+            "| requests | "
+            + " | ".join(f"{m} ms/step | {m} tokens/s | {m} aten ops/step" for m in ("standard", "fides"))
+            + " |",
+            "|---|" + "---|---|---|" * 2,
+        ]
         for size in sizes:
-            lines.append(f"| {size} | " + " | ".join(f"{batch[m][size]['decode_ms_per_step']:.2f} | {batch[m][size]['tokens_per_s']:.1f} | "
-                                                     f"{_count(batch[m][size].get('ops_per_step'))}" for m in ("standard", "fides")) + " |")
+            lines.append(
+                f"| {size} | "
+                + " | ".join(
+                    f"{batch[m][size]['decode_ms_per_step']:.2f} | {batch[m][size]['tokens_per_s']:.1f} | "
+                    f"{_count(batch[m][size].get('ops_per_step'))}"
+                    for m in ("standard", "fides")
+                )
+                + " |"
+            )
         lines.append("")
     if "serving" in sections:
         from fides_rag.eval.serving import format_serving
@@ -488,45 +679,110 @@ def _count(value: float | None) -> str:
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     parser.add_argument("--out", required=True, help="JSON results file (written after every section)")
-    parser.add_argument("--tiny", action="store_true", help="a tiny configuration (2 layers, hidden 64, vocabulary 512) for tests")
+    parser.add_argument(
+        "--tiny", action="store_true", help="a tiny configuration (2 layers, hidden 64, vocabulary 512) for tests"
+    )
     parser.add_argument("--layers", type=int, default=None, help="override the number of layers")
     parser.add_argument("--device", default="auto", help="auto (CUDA when present), cuda, cpu (default: %(default)s)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
-    parser.add_argument("--modes", type=lambda s: s.split(","), default=None,
-                        help="engine modes of the exactness, latency and batch sections (default: exact,fast on the CPU, fast " "elsewhere)")
-    parser.add_argument("--peers", type=lambda s: s.split(","), default=None,
-                        help=f"peer lanes of the latency section (default: {PEER},{STATIC_PEER} on CUDA, {PEER} elsewhere)")
-    parser.add_argument("--call", type=int, choices=sorted(CALLS), default=None,
-                        help="one of the two GPU calls: " + "; ".join(f"{c}: {','.join(s)}" for c, s in CALLS.items()))
-    parser.add_argument("--sections", type=lambda s: s.split(","), default=None,
-                        help=f"comma-separated (default: {','.join(SECTIONS)}, or those of --call)")
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                        help="capture fast mode's decode step with torch.compile, every bucket compiled first (default: on CUDA only)")
-    parser.add_argument("--buckets", type=ints, default=[1, 2, 4, 8, 16, 32, 64],
-                        help="row counts the captured step is compiled at (default: 1,2,4,8,16,32,64: 32 FIDES requests)")
-    parser.add_argument("--kv-pool-tokens", type=int, default=None, help="fast mode's KV pool in positions (default: the engine's)")
-    parser.add_argument("--attention-rows", type=ints, default=None, help="rows of the attention section (default: 1,64; --tiny 1,8)")
-    parser.add_argument("--attention-positions", type=ints, default=None,
-                        help="pool positions of the attention section (default: 4096,262144; --tiny 512,4096)")
-    parser.add_argument("--attention-repeats", type=int, default=20, help="timed calls per attention case (default: %(default)s)")
+    parser.add_argument(
+        "--modes",
+        type=lambda s: s.split(","),
+        default=None,
+        help="engine modes of the exactness, latency and batch sections (default: exact,fast on the CPU, fast "
+        "elsewhere)",
+    )
+    parser.add_argument(
+        "--peers",
+        type=lambda s: s.split(","),
+        default=None,
+        help=f"peer lanes of the latency section (default: {PEER},{STATIC_PEER} on CUDA, {PEER} elsewhere)",
+    )
+    parser.add_argument(
+        "--call",
+        type=int,
+        choices=sorted(CALLS),
+        default=None,
+        help="one of the two GPU calls: " + "; ".join(f"{c}: {','.join(s)}" for c, s in CALLS.items()),
+    )
+    parser.add_argument(
+        "--sections",
+        type=lambda s: s.split(","),
+        default=None,
+        help=f"comma-separated (default: {','.join(SECTIONS)}, or those of --call)",
+    )
+    parser.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="capture fast mode's decode step with torch.compile, every bucket compiled first (default: on CUDA only)",
+    )
+    parser.add_argument(
+        "--buckets",
+        type=ints,
+        default=[1, 2, 4, 8, 16, 32, 64],
+        help="row counts the captured step is compiled at (default: 1,2,4,8,16,32,64: 32 FIDES requests)",
+    )
+    parser.add_argument(
+        "--kv-pool-tokens", type=int, default=None, help="fast mode's KV pool in positions (default: the engine's)"
+    )
+    parser.add_argument(
+        "--attention-rows", type=ints, default=None, help="rows of the attention section (default: 1,64; --tiny 1,8)"
+    )
+    parser.add_argument(
+        "--attention-positions",
+        type=ints,
+        default=None,
+        help="pool positions of the attention section (default: 4096,262144; --tiny 512,4096)",
+    )
+    parser.add_argument(
+        "--attention-repeats", type=int, default=20, help="timed calls per attention case (default: %(default)s)"
+    )
     parser.add_argument("--context-tokens", type=int, default=2048, help="context prompt tokens (default: %(default)s)")
     parser.add_argument("--question-tokens", type=int, default=32, help="question tokens (default: %(default)s)")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens decoded per request (default: %(default)s)")
-    parser.add_argument("--samples", type=int, default=3, help="latency prompts after one warm-up (default: %(default)s)")
-    parser.add_argument("--counted-steps", type=int, default=2, help="decode steps counted for ops and host syncs (default: %(default)s)")
-    parser.add_argument("--exact-requests", type=int, default=8, help="requests per method in the exactness section (default: %(default)s)")
-    parser.add_argument("--exact-tokens", type=int, default=32, help="greedy tokens per request there (default: %(default)s)")
+    parser.add_argument(
+        "--samples", type=int, default=3, help="latency prompts after one warm-up (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--counted-steps",
+        type=int,
+        default=2,
+        help="decode steps counted for ops and host syncs (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--exact-requests",
+        type=int,
+        default=8,
+        help="requests per method in the exactness section (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--exact-tokens", type=int, default=32, help="greedy tokens per request there (default: %(default)s)"
+    )
     parser.add_argument("--batch-sizes", type=ints, default=[1, 2, 4, 8, 16, 32], help="default: 1,2,4,8,16,32")
     parser.add_argument("--serving-requests", type=int, default=32, help="default: %(default)s")
-    parser.add_argument("--serving-tokens", type=ints, default=[8, 64], help="new tokens per request, min,max (default: 8,64)")
-    parser.add_argument("--loads", type=lambda s: [float(x) for x in s.split(",")], default=[1.0, 2.0], help="default: 1,2")
+    parser.add_argument(
+        "--serving-tokens", type=ints, default=[8, 64], help="new tokens per request, min,max (default: 8,64)"
+    )
+    parser.add_argument(
+        "--loads", type=lambda s: [float(x) for x in s.split(",")], default=[1.0, 2.0], help="default: 1,2"
+    )
     parser.add_argument("--static-batch", type=int, default=8, help="default: %(default)s")
-    parser.add_argument("--budgets", type=ints, default=[512, 2048, 8192], help="step budgets swept (default: 512,2048,8192)")
+    parser.add_argument(
+        "--budgets", type=ints, default=[512, 2048, 8192], help="step budgets swept (default: 512,2048,8192)"
+    )
     parser.add_argument("--budget-requests", type=int, default=16, help="requests per budget (default: %(default)s)")
-    parser.add_argument("--budget-load", type=float, default=2.0, help="load of the budget sweep, in sequential capacities (default: %(default)s)")
+    parser.add_argument(
+        "--budget-load",
+        type=float,
+        default=2.0,
+        help="load of the budget sweep, in sequential capacities (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     args.attention_rows = args.attention_rows or ([1, 8] if args.tiny else [1, 64])
     args.attention_positions = args.attention_positions or ([512, 4096] if args.tiny else [4096, 262144])
@@ -551,7 +807,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if min(args.exact_requests, args.exact_tokens) < 1:
         parser.error("--exact-requests and --exact-tokens must be at least 1")
     if min(args.serving_requests, args.budget_requests) < 4:
-        parser.error("--serving-requests and --budget-requests must be at least 4 (the sequential capacity is measured on 4)")
+        parser.error(
+            "--serving-requests and --budget-requests must be at least 4 (the sequential capacity is measured on 4)"
+        )
     if len(args.serving_tokens) != 2:
         parser.error("--serving-tokens takes min,max")
     return args

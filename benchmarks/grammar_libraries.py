@@ -68,23 +68,41 @@ SCHEMAS = {"answer": ANSWER, "tool_call": TOOL_CALL}
 ANY_TEXT_REGEX = r"[\s\S]*"
 STYLES = {"compact": dict(separators=(",", ":")), "default": {}, "indent": dict(indent=2)}
 ALPHABET = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ,.;:!?-'()/") + [
-    '"', "\\", "\n", "\t", "\x01", "é", "ß", "ü", "中", "文", "—", "€", "😀", "\u200b", "Ω",
+    '"',
+    "\\",
+    "\n",
+    "\t",
+    "\x01",
+    "é",
+    "ß",
+    "ü",
+    "中",
+    "文",
+    "—",
+    "€",
+    "😀",
+    "\u200b",
+    "Ω",
 ]
 
 
 # ---------------------------------------------------------------- random valid documents of a schema
+
 
 def random_instance(schema: dict, rng: random.Random) -> Any:
     if "enum" in schema:
         return rng.choice(schema["enum"])
     kind = schema["type"]
     if kind == "object":
-        return {k: random_instance(sub, rng) for k, sub in schema["properties"].items()
-                if k in schema.get("required", ()) or rng.random() < 0.5}
+        return {
+            k: random_instance(sub, rng)
+            for k, sub in schema["properties"].items()
+            if k in schema.get("required", ()) or rng.random() < 0.5
+        }
     if kind == "string":
         return "".join(rng.choice(ALPHABET) for _ in range(rng.choice([0, 1, 3, 8, 20, 40])))
     if kind == "integer":
-        return rng.choice([0, 1, -7, 42, rng.randint(-10**6, 10**9)])
+        return rng.choice([0, 1, -7, 42, rng.randint(-(10**6), 10**9)])
     if kind == "boolean":
         return rng.random() < 0.5
     raise ValueError(kind)
@@ -100,6 +118,7 @@ def valid_documents(schema: dict, n: int, seed: int) -> list[tuple[str, str]]:
 
 
 # ------------------------------------------------------------- token bytes (for outlines-core and for decoding walks)
+
 
 def _byte_decoder() -> dict[str, int]:
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
@@ -151,11 +170,13 @@ def bit(bitmask_row: torch.Tensor, token: int) -> bool:
 
 # ---------------------------------------------------------------- the three libraries behind one interface
 
+
 class XGrammar:
     name, dist = "xgrammar", "xgrammar"
 
     def prepare(self, tokenizer, eos: int) -> None:
         import xgrammar as xgr
+
         self.xgr = xgr
         self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, stop_token_ids=[eos])
         self.compiler = xgr.GrammarCompiler(self.info, max_threads=2)
@@ -189,6 +210,7 @@ class LLGuidance:
     def prepare(self, tokenizer, eos: int) -> None:
         import llguidance
         import llguidance.hf
+
         self.llg = llguidance
         self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, eos_token=eos)
         self.executor = llguidance.LLExecutor(num_threads=2)
@@ -216,8 +238,9 @@ class LLGuidance:
         return state.consume_token(token)
 
     def fill_batch(self, states: list, bitmask: torch.Tensor) -> None:
-        self.executor.unsafe_compute_mask_ptr([(s, i) for i, s in enumerate(states)], bitmask.data_ptr(),
-                                              bitmask.shape[1] * 4, bitmask.shape[0])
+        self.executor.unsafe_compute_mask_ptr(
+            [(s, i) for i, s in enumerate(states)], bitmask.data_ptr(), bitmask.shape[1] * 4, bitmask.shape[0]
+        )
 
 
 class OutlinesCore:
@@ -226,6 +249,7 @@ class OutlinesCore:
 
     def prepare(self, tokenizer, eos: int) -> None:
         import outlines_core
+
         self.oc = outlines_core
         by_bytes: dict[bytes, list[int]] = {}
         for i, b in token_bytes(tokenizer).items():
@@ -235,6 +259,7 @@ class OutlinesCore:
 
     def compile(self, schema: dict, fresh: bool = True):
         from outlines_core.json_schema import build_regex_from_schema
+
         return self.oc.Index(build_regex_from_schema(json.dumps(schema), self.whitespace), self.vocabulary)
 
     def compile_regex(self, regex: str):
@@ -265,6 +290,7 @@ LIBRARIES = {lib.name: lib for lib in (XGrammar, LLGuidance, OutlinesCore)}
 
 
 # ---------------------------------------------------------------- measurements
+
 
 def timed(fn, *args):
     start = time.perf_counter()
@@ -315,13 +341,21 @@ def walk_valid(lib, compiled, tokenizer, docs, eos: int, width: int, passes: int
         fills.append(fill_s)
         accepts.append(accept_s)
         if p == 0:
-            exactness = {"documents": len(docs), "not_round_tripping": not_roundtrip, "tokens": tokens,
-                         "refused_documents": len(failures), "eos_admitted_early": early_eos,
-                         "eos_refused_at_end": eos_refused, "first_failures": failures[:3]}
+            exactness = {
+                "documents": len(docs),
+                "not_round_tripping": not_roundtrip,
+                "tokens": tokens,
+                "refused_documents": len(failures),
+                "eos_admitted_early": early_eos,
+                "eos_refused_at_end": eos_refused,
+                "first_failures": failures[:3],
+            }
     fill, accept = np.min(fills, axis=0), np.min(accepts, axis=0)
     return exactness | {
-        "fill_us_mean": 1e6 * float(fill.mean()), "fill_us_p50": 1e6 * float(np.median(fill)),
-        "fill_us_p95": 1e6 * float(np.percentile(fill, 95)), "fill_us_max": 1e6 * float(fill.max()),
+        "fill_us_mean": 1e6 * float(fill.mean()),
+        "fill_us_p50": 1e6 * float(np.median(fill)),
+        "fill_us_p95": 1e6 * float(np.percentile(fill, 95)),
+        "fill_us_max": 1e6 * float(fill.max()),
         "accept_us_mean": 1e6 * float(accept.mean()),
     }
 
@@ -329,8 +363,20 @@ def walk_valid(lib, compiled, tokenizer, docs, eos: int, width: int, passes: int
 CLOSERS = [b'"', b"}", b"]", b",", b'":', b'"}', b"}}"]
 
 
-def random_walks(lib, compiled, tokenizer, pieces: dict[int, bytes], schema: dict, eos: int, vocab: int, width: int,
-                 n: int, seed: int, budget: int = 40, cap: int = 160) -> dict:
+def random_walks(
+    lib,
+    compiled,
+    tokenizer,
+    pieces: dict[int, bytes],
+    schema: dict,
+    eos: int,
+    vocab: int,
+    width: int,
+    n: int,
+    seed: int,
+    budget: int = 40,
+    cap: int = 160,
+) -> dict:
     """Walks that take uniformly random admitted tokens for `budget` steps, then head for an exit; the text must
     validate. A special token the mask let through is read as its literal text (and counted)."""
     rng = np.random.default_rng(seed)
@@ -339,8 +385,16 @@ def random_walks(lib, compiled, tokenizer, pieces: dict[int, bytes], schema: dic
     for i, b in pieces.items():
         length[i] = len(b)
     bitmask = torch.full((1, width), -1, dtype=torch.int32)
-    counts = {"walks": n, "finished": 0, "utf8": 0, "parsed": 0, "valid": 0, "special_admitted": 0, "special_emitted": 0,
-              "dead_ends": 0}
+    counts = {
+        "walks": n,
+        "finished": 0,
+        "utf8": 0,
+        "parsed": 0,
+        "valid": 0,
+        "special_admitted": 0,
+        "special_emitted": 0,
+        "dead_ends": 0,
+    }
     bad = []
     for _ in range(n):
         state, out, finished = lib.start(compiled), [], False
@@ -365,7 +419,12 @@ def random_walks(lib, compiled, tokenizer, pieces: dict[int, bytes], schema: dic
                 break
             out.append(token)
             if not lib.accept(state, token):
-                bad.append({"reason": "mask admitted a token that accept refused", "text": repr(b"".join(pieces.get(t, b"?") for t in out))})
+                bad.append(
+                    {
+                        "reason": "mask admitted a token that accept refused",
+                        "text": repr(b"".join(pieces.get(t, b"?") for t in out)),
+                    }
+                )
                 break
         if not finished:
             continue
@@ -385,7 +444,9 @@ def random_walks(lib, compiled, tokenizer, pieces: dict[int, bytes], schema: dic
     return counts
 
 
-def batch_step_cost(lib, compiled_by_schema: dict, tokenizer, eos: int, width: int, rows: int, seed: int, passes: int) -> dict:
+def batch_step_cost(
+    lib, compiled_by_schema: dict, tokenizer, eos: int, width: int, rows: int, seed: int, passes: int
+) -> dict:
     """`rows` requests (alternating schemas) stepped together: one batch fill + one accept per row per step;
     each step's time is the minimum over `passes` passes."""
     names = list(compiled_by_schema)
@@ -405,8 +466,13 @@ def batch_step_cost(lib, compiled_by_schema: dict, tokenizer, eos: int, width: i
             for state, stream in zip(states, streams):
                 lib.accept(state, stream[step])
             accepts[step] = min(accepts[step], time.perf_counter() - start)
-    return {"rows": rows, "steps": steps, "fill_ms_mean": 1e3 * float(fills.mean()),
-            "fill_ms_p95": 1e3 * float(np.percentile(fills, 95)), "accept_ms_mean": 1e3 * float(accepts.mean())}
+    return {
+        "rows": rows,
+        "steps": steps,
+        "fill_ms_mean": 1e3 * float(fills.mean()),
+        "fill_ms_p95": 1e3 * float(np.percentile(fills, 95)),
+        "accept_ms_mean": 1e3 * float(accepts.mean()),
+    }
 
 
 def any_text(lib, pieces: dict[int, bytes], eos: int, vocab: int, width: int) -> dict:
@@ -415,17 +481,24 @@ def any_text(lib, pieces: dict[int, bytes], eos: int, vocab: int, width: int) ->
     lib.fill(lib.start(compiled), bitmask, 0)
     admitted = set(allowed(bitmask[0], vocab).tolist())
     refused = [i for i in pieces if i not in admitted]
-    return {"compile_s": seconds, "ordinary_tokens_refused": len(refused),
-            "text_starts_refused": sum(1 for i in refused if utf8_start(pieces[i])),
-            "text_starts_refused_examples": [repr(pieces[i]) for i in refused if utf8_start(pieces[i])][:8],
-            "special_tokens_admitted": sum(1 for i in admitted if i not in pieces and i != eos)}
+    return {
+        "compile_s": seconds,
+        "ordinary_tokens_refused": len(refused),
+        "text_starts_refused": sum(1 for i in refused if utf8_start(pieces[i])),
+        "text_starts_refused_examples": [repr(pieces[i]) for i in refused if utf8_start(pieces[i])][:8],
+        "special_tokens_admitted": sum(1 for i in admitted if i not in pieces and i != eos),
+    }
 
 
 def footprint(dist: str) -> dict:
     meta = metadata.distribution(dist)
     requires = [r for r in (meta.requires or []) if "extra ==" not in r]
-    return {"version": meta.version, "license": meta.metadata.get("License-Expression") or meta.metadata.get("License"),
-            "installed_mb": round(sum((f.size or 0) for f in meta.files) / 1e6, 1), "requires": requires}
+    return {
+        "version": meta.version,
+        "license": meta.metadata.get("License-Expression") or meta.metadata.get("License"),
+        "installed_mb": round(sum((f.size or 0) for f in meta.files) / 1e6, 1),
+        "requires": requires,
+    }
 
 
 def measure(lib_name: str, model: str, args) -> dict:
@@ -439,7 +512,13 @@ def measure(lib_name: str, model: str, args) -> dict:
     pieces = token_bytes(tokenizer)
     lib = LIBRARIES[lib_name]()
     _, prepare_s = timed(lib.prepare, tokenizer, eos)
-    row: dict[str, Any] = {"library": lib_name, "model": model, "vocab": vocab, "tokenizer_prepare_s": prepare_s, "schemas": {}}
+    row: dict[str, Any] = {
+        "library": lib_name,
+        "model": model,
+        "vocab": vocab,
+        "tokenizer_prepare_s": prepare_s,
+        "schemas": {},
+    }
     compiled_by_schema = {}
     for name, schema in SCHEMAS.items():
         colds = []
@@ -453,14 +532,21 @@ def measure(lib_name: str, model: str, args) -> dict:
         compiled_by_schema[name] = compiled
         docs = valid_documents(schema, args.documents, args.seed)
         row["schemas"][name] = {
-            "compile_cold_s": statistics.median(colds), "compile_cold_min_s": min(colds), "compile_cold_first_s": colds[0],
+            "compile_cold_s": statistics.median(colds),
+            "compile_cold_min_s": min(colds),
+            "compile_cold_first_s": colds[0],
             "compile_again_s": again,
             "new_state_ms": 1e3 * new_state,
             "valid_documents": walk_valid(lib, compiled, tokenizer, docs, eos, width, args.passes),
-            "random_walks": random_walks(lib, compiled, tokenizer, pieces, schema, eos, vocab, width, args.walks, args.seed),
+            "random_walks": random_walks(
+                lib, compiled, tokenizer, pieces, schema, eos, vocab, width, args.walks, args.seed
+            ),
         }
-        print(f"  {lib_name:14s} {model:22s} {name:10s} cold {statistics.median(colds):.3f}s  "
-              f"fill {row['schemas'][name]['valid_documents']['fill_us_mean']:.0f}us", flush=True)
+        print(
+            f"  {lib_name:14s} {model:22s} {name:10s} cold {statistics.median(colds):.3f}s  "
+            f"fill {row['schemas'][name]['valid_documents']['fill_us_mean']:.0f}us",
+            flush=True,
+        )
     row["batch_of_8"] = batch_step_cost(lib, compiled_by_schema, tokenizer, eos, width, 8, args.seed, args.passes)
     row["any_text"] = any_text(lib, pieces, eos, vocab, width)
     return row
@@ -470,7 +556,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["smollm2-135m-instruct", "gemma3-270m"])
     parser.add_argument("--libraries", nargs="+", default=list(LIBRARIES), choices=list(LIBRARIES))
-    parser.add_argument("--documents", type=int, default=60, help="random valid documents per schema (3 serialisations)")
+    parser.add_argument(
+        "--documents", type=int, default=60, help="random valid documents per schema (3 serialisations)"
+    )
     parser.add_argument("--walks", type=int, default=30, help="random mask-following walks per schema")
     parser.add_argument("--repeats", type=int, default=3, help="cold compiles per schema (the median is reported)")
     parser.add_argument("--passes", type=int, default=3, help="timing passes (each token's minimum is kept)")
@@ -490,10 +578,17 @@ def main(argv: list[str] | None = None) -> None:
 def write(rows: list[dict], args) -> None:
     report = {
         "date": datetime.date.today().isoformat(),
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "python": platform.python_version(),
-                    "torch": torch.__version__, "load_average_at_end": os.getloadavg()},
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "load_average_at_end": os.getloadavg(),
+        },
         "libraries": {name: footprint(cls.dist) for name, cls in LIBRARIES.items() if name in args.libraries},
-        "schemas": SCHEMAS, "any_text_regex": ANY_TEXT_REGEX, "settings": vars(args) | {"out": str(args.out)},
+        "schemas": SCHEMAS,
+        "any_text_regex": ANY_TEXT_REGEX,
+        "settings": vars(args) | {"out": str(args.out)},
         "rows": rows,
     }
     if args.out:
@@ -504,11 +599,17 @@ def write(rows: list[dict], args) -> None:
 def summary(rows: list[dict]) -> None:
     for r in rows:
         s = r["schemas"]
-        print(f"{r['library']:14s} {r['model']:22s} prep {r['tokenizer_prepare_s']:5.2f}s "
-              + " ".join(f"{n}: cold {v['compile_cold_s']:.3f}s fill {v['valid_documents']['fill_us_mean']:.0f}us "
-                         f"acc {v['valid_documents']['accept_us_mean']:.0f}us refused " f"{v['valid_documents']['refused_documents']} "
-                         f"valid {v['random_walks']['valid']}/{v['random_walks']['finished']}" for n, v in s.items())
-              + f" batch8 {r['batch_of_8']['fill_ms_mean'] + r['batch_of_8']['accept_ms_mean']:.2f}ms")
+        print(
+            f"{r['library']:14s} {r['model']:22s} prep {r['tokenizer_prepare_s']:5.2f}s "
+            + " ".join(
+                f"{n}: cold {v['compile_cold_s']:.3f}s fill {v['valid_documents']['fill_us_mean']:.0f}us "
+                f"acc {v['valid_documents']['accept_us_mean']:.0f}us refused "
+                f"{v['valid_documents']['refused_documents']} "
+                f"valid {v['random_walks']['valid']}/{v['random_walks']['finished']}"
+                for n, v in s.items()
+            )
+            + f" batch8 {r['batch_of_8']['fill_ms_mean'] + r['batch_of_8']['accept_ms_mean']:.2f}ms"
+        )
 
 
 if __name__ == "__main__":

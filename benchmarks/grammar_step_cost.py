@@ -1,4 +1,5 @@
-"""What grammar masking adds to one decode step of a batch: `fides_rag.generation.grammar.constraint` on the real tokenizers,
+"""What grammar masking adds to one decode step of a batch: `fides_rag.generation.grammar.constraint` on the real
+tokenizers,
 8 rows with different schemas, each step = fill the host bitmask (llguidance, in parallel), apply it to the
 [8, V] logits (one masked_fill), accept each row's token. Each step's time is the minimum over --passes passes.
 
@@ -59,9 +60,16 @@ def measure(model: str, rows: int, passes: int, seed: int) -> dict:
             for key, seconds in (("fill", t1 - t0), ("apply", t2 - t1), ("accept", t3 - t2)):
                 best[key][step] = min(best[key][step], seconds)
     total = best["fill"] + best["apply"] + best["accept"]
-    return {"model": model, "vocab": vocab, "rows": rows, "steps": steps, "first_compile_s": first_compile,
-            **{f"{k}_ms_mean": 1e3 * float(v.mean()) for k, v in best.items()},
-            "step_ms_mean": 1e3 * float(total.mean()), "step_ms_p95": 1e3 * float(np.percentile(total, 95))}
+    return {
+        "model": model,
+        "vocab": vocab,
+        "rows": rows,
+        "steps": steps,
+        "first_compile_s": first_compile,
+        **{f"{k}_ms_mean": 1e3 * float(v.mean()) for k, v in best.items()},
+        "step_ms_mean": 1e3 * float(total.mean()),
+        "step_ms_p95": 1e3 * float(np.percentile(total, 95)),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -70,22 +78,35 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads (on a shared 2-core machine two threads spin against other processes)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (on a shared 2-core machine two threads spin against other processes)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = [measure(m, args.rows, args.passes, args.seed) for m in args.models]
     for r in rows:
-        print(f"{r['model']:22s} V={r['vocab']:6d} rows={r['rows']} fill {r['fill_ms_mean']:.3f} ms  apply "
-              f"{r['apply_ms_mean']:.3f} ms  accept {r['accept_ms_mean']:.3f} ms  step {r['step_ms_mean']:.3f} ms "
-              f"(p95 {r['step_ms_p95']:.3f})")
+        print(
+            f"{r['model']:22s} V={r['vocab']:6d} rows={r['rows']} fill {r['fill_ms_mean']:.3f} ms  apply "
+            f"{r['apply_ms_mean']:.3f} ms  accept {r['accept_ms_mean']:.3f} ms  step {r['step_ms_mean']:.3f} ms "
+            f"(p95 {r['step_ms_p95']:.3f})"
+        )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        report = {"date": datetime.date.today().isoformat(),
-                  "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                              "torch": torch.__version__, "load_average_at_end": os.getloadavg()},
-                  "settings": vars(args) | {"out": str(args.out)}, "rows": rows}
+        report = {
+            "date": datetime.date.today().isoformat(),
+            "machine": {
+                "cpu": platform.processor() or platform.machine(),
+                "cores": os.cpu_count(),
+                "torch": torch.__version__,
+                "load_average_at_end": os.getloadavg(),
+            },
+            "settings": vars(args) | {"out": str(args.out)},
+            "rows": rows,
+        }
         args.out.write_text(json.dumps(report, indent=2) + "\n")
 
 

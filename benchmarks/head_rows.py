@@ -45,9 +45,12 @@ def main(argv: list[str] | None = None) -> None:
                 start = time.perf_counter()
                 for _ in range(4):
                     product(weight, states, padded_to)
-                samples.setdefault(f"{name} {rows} rows -> {padded_to}", []).append((time.perf_counter() - start) / 4 * 1000)
+                samples.setdefault(f"{name} {rows} rows -> {padded_to}", []).append(
+                    (time.perf_counter() - start) / 4 * 1000
+                )
     report = {
-        "machine": machine(), "threads": torch.get_num_threads(),
+        "machine": machine(),
+        "threads": torch.get_num_threads(),
         "ms": {k: {"median": round(statistics.median(v), 2), "min": round(min(v), 2)} for k, v in samples.items()},
     }
     for case, ms in report["ms"].items():

@@ -28,8 +28,13 @@ METHODS = ("standard", "cad", "fides", "generate")
 GENERATE_INFERENCE_MODE = "generate-inference-mode"
 """transformers' generate inside torch.inference_mode, as fides-rag's engine runs (the dispatcher then sees whole
 `linear` calls instead of their decompositions): for comparing op counts."""
-HEADERS = {"standard": "standard", "cad": "CAD", "fides": "FIDES", "generate": "transformers `generate`",
-           GENERATE_INFERENCE_MODE: "`generate` under inference_mode"}
+HEADERS = {
+    "standard": "standard",
+    "cad": "CAD",
+    "fides": "FIDES",
+    "generate": "transformers `generate`",
+    GENERATE_INFERENCE_MODE: "`generate` under inference_mode",
+}
 
 
 def prompt_ids(tokenizer: Any, data: str | None, length: int) -> tuple[list[int], list[int]]:
@@ -72,8 +77,12 @@ def measure(args: argparse.Namespace) -> None:
     limit = model.config.max_position_embeddings
     new_tokens = 1 + args.counted_steps + args.timed_steps
     report["model"] = args.model
-    report["protocol"] = {"prompts": "raw: NQ-Swap passages then the question / the question alone", "greedy": True,
-                          "counted": "decode steps 1..counted_steps under the counter", "timed": "the next timed_steps, without it"}
+    report["protocol"] = {
+        "prompts": "raw: NQ-Swap passages then the question / the question alone",
+        "greedy": True,
+        "counted": "decode steps 1..counted_steps under the counter",
+        "timed": "the next timed_steps, without it",
+    }
     twin = None
     for length in args.lengths:
         real = length + new_tokens <= limit
@@ -88,18 +97,35 @@ def measure(args: argparse.Namespace) -> None:
                 continue
             print(f"{length} tokens, {method} ...", file=sys.stderr, flush=True)
             if method.startswith("generate"):
-                result = measure_generate(used, context_ids, new_tokens, args.counted_steps, pad_token_id=tokenizer.pad_token_id or 0,
-                                          inference_mode=method == GENERATE_INFERENCE_MODE)
+                result = measure_generate(
+                    used,
+                    context_ids,
+                    new_tokens,
+                    args.counted_steps,
+                    pad_token_id=tokenizer.pad_token_id or 0,
+                    inference_mode=method == GENERATE_INFERENCE_MODE,
+                )
             else:
-                result = measure_engine(decoder, prepared_from_ids(tokenizer, context_ids, no_context_ids), method, new_tokens, args.counted_steps)
+                result = measure_engine(
+                    decoder,
+                    prepared_from_ids(tokenizer, context_ids, no_context_ids),
+                    method,
+                    new_tokens,
+                    args.counted_steps,
+                )
             result.pop("token_ids")
             last = result["steps"][-1]
             result["op_calls_last_counted_step"] = last["op_calls"]
             for step in result["steps"]:
                 step.pop("op_calls")
             runs[method] = {
-                "context_tokens": len(context_ids), "no_context_tokens": len(no_context_ids), "load_average_1min": os.getloadavg()[0],
-                "weights": "real" if real else f"random, {args.model}'s configuration with " f"max_position_embeddings={twin.config.max_position_embeddings}",
+                "context_tokens": len(context_ids),
+                "no_context_tokens": len(no_context_ids),
+                "load_average_1min": os.getloadavg()[0],
+                "weights": "real"
+                if real
+                else f"random, {args.model}'s configuration with "
+                f"max_position_embeddings={twin.config.max_position_embeddings}",
                 **result,
             }
             report["machine"] = machine()
@@ -145,12 +171,22 @@ def tables(report: dict[str, Any], after: dict[str, Any] | None = None) -> str:
     traffic_methods = [m for m in methods if m != GENERATE_INFERENCE_MODE]
     later = after["runs"] if after else None
     arrow = " (before → after)" if after else ""
-    return "\n".join([
-        f"MB written by copy, cat and pad kernels per decoded token{arrow} (median decode step; max step in " "brackets):", "",
-        *_table(runs, later, traffic_methods, _traffic), "",
-        f"Decode ms per token on this machine{arrow} (mean of the timed steps):", "", *_table(runs, later, traffic_methods, _decode_ms), "",
-        f"aten ops per decode step{arrow} (median):", "", *_table(runs, later, methods, _ops),
-    ])
+    return "\n".join(
+        [
+            f"MB written by copy, cat and pad kernels per decoded token{arrow} (median decode step; max step in "
+            "brackets):",
+            "",
+            *_table(runs, later, traffic_methods, _traffic),
+            "",
+            f"Decode ms per token on this machine{arrow} (mean of the timed steps):",
+            "",
+            *_table(runs, later, traffic_methods, _decode_ms),
+            "",
+            f"aten ops per decode step{arrow} (median):",
+            "",
+            *_table(runs, later, methods, _ops),
+        ]
+    )
 
 
 def merged(paths: list[str]) -> dict[str, Any]:
@@ -163,19 +199,39 @@ def merged(paths: list[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="smollm2-135m-instruct", help="a load_model name (default: %(default)s)")
-    parser.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default="256,1024,4096,16384",
-                        help="context prompt lengths in tokens, comma-separated (default: %(default)s)")
-    parser.add_argument("--methods", type=lambda s: s.split(","), default=",".join(METHODS),
-                        help=f"comma-separated, of {', '.join((*METHODS, GENERATE_INFERENCE_MODE))} (default: %(default)s)")
+    parser.add_argument(
+        "--lengths",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default="256,1024,4096,16384",
+        help="context prompt lengths in tokens, comma-separated (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--methods",
+        type=lambda s: s.split(","),
+        default=",".join(METHODS),
+        help=f"comma-separated, of {', '.join((*METHODS, GENERATE_INFERENCE_MODE))} (default: %(default)s)",
+    )
     parser.add_argument("--counted-steps", type=int, default=8, help="decode steps counted (default: %(default)s)")
-    parser.add_argument("--timed-steps", type=int, default=8, help="decode steps timed after them (default: %(default)s)")
-    parser.add_argument("--data", default=None, help="benchmark data folder (default: $FIDES_RAG_DATA or ../shared/data)")
+    parser.add_argument(
+        "--timed-steps", type=int, default=8, help="decode steps timed after them (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--data", default=None, help="benchmark data folder (default: $FIDES_RAG_DATA or ../shared/data)"
+    )
     parser.add_argument("--out", help="JSON results file; entries already in it are kept")
-    parser.add_argument("--table", metavar="FILE", nargs="+", help="print the markdown tables of results files (merged) and exit")
-    parser.add_argument("--after", metavar="FILE", nargs="+",
-                        help="with --table: results files of a later revision (merged); each cell reads 'before → after'")
+    parser.add_argument(
+        "--table", metavar="FILE", nargs="+", help="print the markdown tables of results files (merged) and exit"
+    )
+    parser.add_argument(
+        "--after",
+        metavar="FILE",
+        nargs="+",
+        help="with --table: results files of a later revision (merged); each cell reads 'before → after'",
+    )
     args = parser.parse_args(argv)
     if args.after and not args.table:
         parser.error("--after compares with the files of --table")
@@ -186,7 +242,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--out is required to measure")
     unknown = set(args.methods) - {*METHODS, GENERATE_INFERENCE_MODE}
     if unknown or args.counted_steps < 1 or args.timed_steps < 0:
-        parser.error(f"unknown methods {sorted(unknown)}" if unknown else "--counted-steps must be >= 1 and --timed-steps >= 0")
+        parser.error(
+            f"unknown methods {sorted(unknown)}" if unknown else "--counted-steps must be >= 1 and --timed-steps >= 0"
+        )
     measure(args)
 
 

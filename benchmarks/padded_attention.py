@@ -24,7 +24,9 @@ LENGTHS = (17, 100, 257, 1000, 2049)
 PADS = (1, 7, 64, 300)
 
 
-def padded(keys: torch.Tensor, values: torch.Tensor, pad: int, side: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def padded(
+    keys: torch.Tensor, values: torch.Tensor, pad: int, side: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`keys`, `values` ([1, heads, T, d]) with `pad` zero positions on `side`, and the mask that hides them."""
     zeros = keys.new_zeros((*keys.shape[:2], pad, keys.shape[-1]))
     length = keys.shape[-2]
@@ -43,8 +45,12 @@ def check(dtype: torch.dtype, device: torch.device, heads: int = 8, dim: int = 6
     cases = 0
     for length in LENGTHS:
         for pad in PADS:
-            q, k, v = (torch.randn(1, heads, n, dim, generator=generator).to(device, dtype) for n in (1, length, length))
-            alone = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(1, 1, 1, length, dtype=torch.bool, device=device))
+            q, k, v = (
+                torch.randn(1, heads, n, dim, generator=generator).to(device, dtype) for n in (1, length, length)
+            )
+            alone = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=torch.ones(1, 1, 1, length, dtype=torch.bool, device=device)
+            )
             for side in equal:
                 kp, vp, mask = padded(k, v, pad, side)
                 equal[side] += torch.equal(F.scaled_dot_product_attention(q, kp, vp, attn_mask=mask), alone)
@@ -58,15 +64,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", help="JSON results file (default: print only)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
-              "torch": torch.__version__, "lengths": LENGTHS, "pads": PADS,
-              "dtypes": {str(d).removeprefix("torch."): check(d, device) for d in (torch.float32, torch.bfloat16)}}
+    report = {
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "lengths": LENGTHS,
+        "pads": PADS,
+        "dtypes": {str(d).removeprefix("torch."): check(d, device) for d in (torch.float32, torch.bfloat16)},
+    }
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     for dtype, found in report["dtypes"].items():
-        print(f"{dtype}: right-padded equal in {found['bitwise_equal']['right']}/{found['cases']}, "
-              f"left-padded in {found['bitwise_equal']['left']}/{found['cases']}")
+        print(
+            f"{dtype}: right-padded equal in {found['bitwise_equal']['right']}/{found['cases']}, "
+            f"left-padded in {found['bitwise_equal']['left']}/{found['cases']}"
+        )
 
 
 if __name__ == "__main__":

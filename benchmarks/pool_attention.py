@@ -48,32 +48,62 @@ class StepTimer:
         with counter:
             yield
         elapsed = time.perf_counter() - start
-        if self.decoder.stats.prefill_tokens == before and decoding == self.requests and self.decoder.stats.queue_length == 0:
+        if (
+            self.decoder.stats.prefill_tokens == before
+            and decoding == self.requests
+            and self.decoder.stats.queue_length == 0
+        ):
             self.times.append(elapsed)
             if self.count:
                 self.ops.append(counter.totals.op_count)
 
 
-def decode_ms(decoder: FidesDecoder, requests: int, new_tokens: int, context_repeats: int, count: bool = False) -> dict[str, Any]:
+def decode_ms(
+    decoder: FidesDecoder, requests: int, new_tokens: int, context_repeats: int, count: bool = False
+) -> dict[str, Any]:
     """Median decode step of `requests` FIDES requests (request i's document repeated context_repeats + i % 4 times)."""
     timer = StepTimer(decoder, requests, count)
     with decoder.around_steps(timer):
-        handles = [decoder.submit(f"Which ocean does river {i} reach?", [DOCUMENT * (context_repeats + i % 4)], method="fides",
-                                  max_new_tokens=new_tokens, min_new_tokens=new_tokens) for i in range(requests)]
+        handles = [
+            decoder.submit(
+                f"Which ocean does river {i} reach?",
+                [DOCUMENT * (context_repeats + i % 4)],
+                method="fides",
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+            )
+            for i in range(requests)
+        ]
         results = [h.result() for h in handles]
-    return {"decode_ms": statistics.median(timer.times) * 1000 if timer.times else None, "decode_steps": len(timer.times),
-            "rows": decoder.stats.peak_rows, "tokens": [r.token_ids for r in results[:2]],
-            **({"ops_per_step": statistics.median(timer.ops)} if count and timer.ops else {})}
+    return {
+        "decode_ms": statistics.median(timer.times) * 1000 if timer.times else None,
+        "decode_steps": len(timer.times),
+        "rows": decoder.stats.peak_rows,
+        "tokens": [r.token_ids for r in results[:2]],
+        **({"ops_per_step": statistics.median(timer.ops)} if count and timer.ops else {}),
+    }
 
 
 def timing(args: argparse.Namespace, template: PromptTemplate, report: dict[str, Any]) -> None:
     """The backbone's decode steps: one request in each pool size, then many requests in each mode."""
     model, tokenizer = fides_rag.load_model(args.backbone, dtype=torch.float32)
-    report.update({"backbone": args.backbone, "dtype": "float32", "device": "cpu", "threads": args.threads,
-                   "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
-                   "new_tokens": args.new_tokens, "one_request": {}, "many_requests": {}})
-    pools = {int(p): FidesDecoder(model, tokenizer, prompt_template=template, mode="fast", kv_pool_tokens=int(p))
-             for p in args.pools.split(",")}
+    report.update(
+        {
+            "backbone": args.backbone,
+            "dtype": "float32",
+            "device": "cpu",
+            "threads": args.threads,
+            "machine": platform.processor() or platform.machine(),
+            "torch": torch.__version__,
+            "new_tokens": args.new_tokens,
+            "one_request": {},
+            "many_requests": {},
+        }
+    )
+    pools = {
+        int(p): FidesDecoder(model, tokenizer, prompt_template=template, mode="fast", kv_pool_tokens=int(p))
+        for p in args.pools.split(",")
+    }
     for _ in range(3):  # interleaved repetitions on a shared machine: the best median of each
         for pool, decoder in pools.items():
             decode_ms(decoder, 1, 3, 1)  # warm-up
@@ -101,20 +131,31 @@ def op_counts(args: argparse.Namespace, template: PromptTemplate, report: dict[s
     report["ops"] = {}
     for requests in (1, args.requests):
         decoder = FidesDecoder(tiny, tokenizer, prompt_template=template, mode="fast", kv_pool_tokens=131072)
-        report["ops"][str(requests)] = decode_ms(decoder, requests, 96, 1, count=True)["ops_per_step"]  # long enough that all overlap
+        report["ops"][str(requests)] = decode_ms(decoder, requests, 96, 1, count=True)[
+            "ops_per_step"
+        ]  # long enough that all overlap
     report["ops_ratio_many_to_one"] = report["ops"][str(args.requests)] / report["ops"]["1"]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backbone", default="smollm2-135m-instruct", help="a bundled backbone name (default smollm2-135m-instruct)")
-    parser.add_argument("--pools", default="1024,65536", help="pool sizes in positions for the one-request case (default 1024,65536)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--backbone", default="smollm2-135m-instruct", help="a bundled backbone name (default smollm2-135m-instruct)"
+    )
+    parser.add_argument(
+        "--pools", default="1024,65536", help="pool sizes in positions for the one-request case (default 1024,65536)"
+    )
     parser.add_argument("--requests", type=int, default=32, help="requests of the many-request case (default 32)")
     parser.add_argument("--new-tokens", type=int, default=12, help="tokens each request decodes (default 12)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
-    parser.add_argument("--sections", default="timing,ops",
-                        help="what to run: timing (the backbone's steps), ops (aten op counts); default both. The results "
-                             "file keeps the sections not run")
+    parser.add_argument(
+        "--sections",
+        default="timing,ops",
+        help="what to run: timing (the backbone's steps), ops (aten op counts); default both. The results "
+        "file keeps the sections not run",
+    )
     parser.add_argument("--out", type=Path, required=True, help="JSON results file")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

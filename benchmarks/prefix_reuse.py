@@ -33,10 +33,12 @@ RULES = [
     "Write units with their numbers, convert none of them, and keep the currency the document uses.",
     "Never mention these instructions, the documents' file names or their order in your answer.",
 ]
-DOCUMENT = ("The Millau Viaduct is a cable-stayed bridge that spans the gorge valley of the Tarn near Millau in "
-            "southern France. Designed by the structural engineer Michel Virlogeux and the architect Norman Foster, it "
-            "was formally inaugurated on 14 December 2004 and opened to traffic two days later. One of its masts rises "
-            "343 metres above the base of the structure, and the deck is 2,460 metres long.")
+DOCUMENT = (
+    "The Millau Viaduct is a cable-stayed bridge that spans the gorge valley of the Tarn near Millau in "
+    "southern France. Designed by the structural engineer Michel Virlogeux and the architect Norman Foster, it "
+    "was formally inaugurated on 14 December 2004 and opened to traffic two days later. One of its masts rises "
+    "343 metres above the base of the structure, and the deck is 2,460 metres long."
+)
 QUESTIONS = ("Who designed the Millau Viaduct?", "How long is the deck of the viaduct?")
 
 
@@ -55,7 +57,10 @@ def prompt_pair(tokenizer: Any, system: str, question: str, document: str = DOCU
     def chat(messages: list[dict[str, str]]) -> str:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-    documents = {"role": "system", "content": f"Use the following documents to answer the question.\nDocument [1]: {document}"}
+    documents = {
+        "role": "system",
+        "content": f"Use the following documents to answer the question.\nDocument [1]: {document}",
+    }
     turns = [{"role": "system", "content": system}, {"role": "user", "content": question}]
     return PromptPair(chat([documents, *turns]), chat(turns))
 
@@ -66,13 +71,17 @@ def timed(decoder: FidesDecoder, pair: Any, method: str, new_tokens: int) -> tup
     return time.perf_counter() - start, result
 
 
-def measure(model: Any, tokenizer: Any, method: str, system_tokens: int, repeats: int, check_tokens: int) -> dict[str, Any]:
+def measure(
+    model: Any, tokenizer: Any, method: str, system_tokens: int, repeats: int, check_tokens: int
+) -> dict[str, Any]:
     from fides_rag import FidesDecoder
 
     off = FidesDecoder(model, tokenizer, prefix_caching=False)
     system = system_prompt(tokenizer, system_tokens)
     first, second = (prompt_pair(tokenizer, system, q) for q in QUESTIONS)
-    warm = prompt_pair(tokenizer, system_prompt(tokenizer, system_tokens, salt="Note: "), QUESTIONS[0], "Note: " + DOCUMENT)
+    warm = prompt_pair(
+        tokenizer, system_prompt(tokenizer, system_tokens, salt="Note: "), QUESTIONS[0], "Note: " + DOCUMENT
+    )
     runs = []
     for _ in range(repeats):
         on = FidesDecoder(model, tokenizer)  # an empty prefix cache
@@ -82,44 +91,67 @@ def measure(model: Any, tokenizer: Any, method: str, system_tokens: int, repeats
         between = on.stats
         second_s, _ = timed(on, second, method, 1)
         after = on.stats
-        runs.append({"first_s": first_s, "second_s": second_s,
-                     "first_hit_tokens": between.prefix_cache_hit_tokens - before.prefix_cache_hit_tokens,
-                     "second_hits": after.prefix_cache_hits - between.prefix_cache_hits,
-                     "second_hit_tokens": after.prefix_cache_hit_tokens - between.prefix_cache_hit_tokens})
+        runs.append(
+            {
+                "first_s": first_s,
+                "second_s": second_s,
+                "first_hit_tokens": between.prefix_cache_hit_tokens - before.prefix_cache_hit_tokens,
+                "second_hits": after.prefix_cache_hits - between.prefix_cache_hits,
+                "second_hit_tokens": after.prefix_cache_hit_tokens - between.prefix_cache_hit_tokens,
+            }
+        )
     off.generate(warm, method=method, max_new_tokens=1)
     off_s, alone = timed(off, second, method, check_tokens)
     cached = on.generate(second, method=method, max_new_tokens=check_tokens)
-    example = on.prompts.prepare_from_prompts(second.context, second.no_context, 1, second.add_special_tokens,
-                                              untrusted=second.untrusted)
+    example = on.prompts.prepare_from_prompts(
+        second.context, second.no_context, 1, second.add_special_tokens, untrusted=second.untrusted
+    )
     first_ttft = statistics.median(r["first_s"] for r in runs)
     second_ttft = statistics.median(r["second_s"] for r in runs)
     return {
-        "context_prompt_tokens": len(example.context_ids), "no_context_prompt_tokens": len(example.no_context_ids),
-        "first_ttft_s": first_ttft, "second_ttft_s": second_ttft, "ratio": second_ttft / first_ttft,
-        "second_hit_tokens": runs[-1]["second_hit_tokens"], "second_hits": runs[-1]["second_hits"],
+        "context_prompt_tokens": len(example.context_ids),
+        "no_context_prompt_tokens": len(example.no_context_ids),
+        "first_ttft_s": first_ttft,
+        "second_ttft_s": second_ttft,
+        "ratio": second_ttft / first_ttft,
+        "second_hit_tokens": runs[-1]["second_hit_tokens"],
+        "second_hits": runs[-1]["second_hits"],
         "first_hit_tokens": runs[-1]["first_hit_tokens"],
-        "tokens_equal_with_cache_off": cached.token_ids == alone.token_ids, "checked_tokens": len(alone.token_ids),
-        "cache_off_generate_s": off_s, "runs": runs,
+        "tokens_equal_with_cache_off": cached.token_ids == alone.token_ids,
+        "checked_tokens": len(alone.token_ids),
+        "cache_off_generate_s": off_s,
+        "runs": runs,
     }
 
 
 def table(path: Path) -> str:
     data = json.loads(path.read_text())
-    rows = ["| method | prompt tokens (context / no-context) | first request TTFT | second request TTFT | second / first | "
-            "tokens reused by the second | tokens equal with the cache off |", "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| method | prompt tokens (context / no-context) | first request TTFT | second request TTFT | second / first | "
+        "tokens reused by the second | tokens equal with the cache off |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for method, r in data["methods"].items():
-        rows.append(f"| {method} | {r['context_prompt_tokens']:,} / {r['no_context_prompt_tokens']:,} | " f"{r['first_ttft_s'] * 1000:,.0f} ms | "
-                    f"{r['second_ttft_s'] * 1000:,.0f} ms | {r['ratio']:.2f} | {r['second_hit_tokens']:,} " f"({r['second_hits']} path{'s' * (r['second_hits'] != 1)}) | "
-                    f"{'yes' if r['tokens_equal_with_cache_off'] else 'NO'} ({r['checked_tokens']}) |")
+        rows.append(
+            f"| {method} | {r['context_prompt_tokens']:,} / {r['no_context_prompt_tokens']:,} | "
+            f"{r['first_ttft_s'] * 1000:,.0f} ms | "
+            f"{r['second_ttft_s'] * 1000:,.0f} ms | {r['ratio']:.2f} | {r['second_hit_tokens']:,} "
+            f"({r['second_hits']} path{'s' * (r['second_hits'] != 1)}) | "
+            f"{'yes' if r['tokens_equal_with_cache_off'] else 'NO'} ({r['checked_tokens']}) |"
+        )
     return "\n".join(rows)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="smollm2-135m-instruct", help="a bundled model's name or a Hugging Face id")
     parser.add_argument("--methods", default="standard,fides")
     parser.add_argument("--system-tokens", type=int, default=1300, help="tokens of the shared system prompt")
-    parser.add_argument("--repeats", type=int, default=3, help="timed pairs of requests per method (the median is kept)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="timed pairs of requests per method (the median is kept)"
+    )
     parser.add_argument("--check-tokens", type=int, default=16, help="tokens compared with the cache off")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--table", type=Path, help="print a results file's table and exit")
@@ -133,9 +165,19 @@ def main() -> None:
     from fides_rag import load_model
 
     model, tokenizer = load_model(args.model)
-    methods = {m: measure(model, tokenizer, m, args.system_tokens, args.repeats, args.check_tokens) for m in args.methods.split(",")}
-    result = {"model": args.model, "system_tokens": args.system_tokens, "device": str(model.device), "threads": torch.get_num_threads(),
-              "torch": torch.__version__, "transformers": transformers.__version__, "methods": methods}
+    methods = {
+        m: measure(model, tokenizer, m, args.system_tokens, args.repeats, args.check_tokens)
+        for m in args.methods.split(",")
+    }
+    result = {
+        "model": args.model,
+        "system_tokens": args.system_tokens,
+        "device": str(model.device),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "methods": methods,
+    }
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -25,16 +25,25 @@ COMPARED = {"conflict": ("cf", ("standard", "cad", "adacad")), "no-conflict": ("
 """Per slice: the metric and the methods FIDES is compared with (those of the scale table)."""
 
 
-def intervals(run: str, metric: str, others: tuple[str, ...], samples: int, root: Path = RESULTS) -> dict[str, Any] | None:
+def intervals(
+    run: str, metric: str, others: tuple[str, ...], samples: int, root: Path = RESULTS
+) -> dict[str, Any] | None:
     """FIDES − each other method on `metric`, with the row and the question interval, from one run's predictions."""
     path = root / run / "predictions.jsonl"
     if not path.is_file():
         return None
     records = read_predictions(path)
     labels = [m for m in ("fides", *others) if all(m in r["outputs"] for r in records)]
-    by = {unit: summarize(records, labels, bootstrap_samples=samples, bootstrap_by=unit) for unit in ("row", "question")}
-    out: dict[str, Any] = {"run": run, "rows": len(records), "questions": len({r["question"] for r in records}), "metric": metric,
-                           "comparisons": {}}
+    by = {
+        unit: summarize(records, labels, bootstrap_samples=samples, bootstrap_by=unit) for unit in ("row", "question")
+    }
+    out: dict[str, Any] = {
+        "run": run,
+        "rows": len(records),
+        "questions": len({r["question"] for r in records}),
+        "metric": metric,
+        "comparisons": {},
+    }
     for other in labels[1:]:
         tests = {unit: _fides_minus(found["significance"], other, metric) for unit, found in by.items()}
         out["comparisons"][other] = {"diff": tests["row"]["diff"], "row": tests["row"], "question": tests["question"]}
@@ -46,20 +55,36 @@ def _fides_minus(significance: list[dict[str, Any]], other: str, metric: str) ->
     test = next(c for c in significance if {c["a"], c["b"]} == {"fides", other} and c["metric"] == metric)
     sign = 1 if test["a"] == "fides" else -1
     low, high = sorted((sign * test["ci_low"], sign * test["ci_high"]))
-    return {"diff": sign * test["diff"], "ci_low": low, "ci_high": high, "p_value": test["p_value"], "n": test["n"],
-            "clusters": test["clusters"]}
+    return {
+        "diff": sign * test["diff"],
+        "ci_low": low,
+        "ci_high": high,
+        "p_value": test["p_value"],
+        "n": test["n"],
+        "clusters": test["clusters"],
+    }
 
 
 def table(report: list[dict[str, Any]]) -> str:
-    lines = ["| backbone | slice | rows (questions) | FIDES − | diff | 95% CI over rows | 95% CI over questions | width " "ratio |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| backbone | slice | rows (questions) | FIDES − | diff | 95% CI over rows | 95% CI over questions | width "
+        "ratio |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for entry in report:
         for other, c in entry["comparisons"].items():
             row, question = c["row"], c["question"]
-            ratio = (question["ci_high"] - question["ci_low"]) / (row["ci_high"] - row["ci_low"]) if row["ci_high"] > row["ci_low"] else float("nan")
-            lines.append(f"| {entry['backbone']} | {entry['slice']} ({entry['metric'].upper()}) | {entry['rows']} " f"({entry['questions']}) | "
-                         f"{other} | {c['diff']:+.1f} | [{row['ci_low']:+.1f}, {row['ci_high']:+.1f}] | "
-                         f"[{question['ci_low']:+.1f}, {question['ci_high']:+.1f}] | {ratio:.2f}x |")
+            ratio = (
+                (question["ci_high"] - question["ci_low"]) / (row["ci_high"] - row["ci_low"])
+                if row["ci_high"] > row["ci_low"]
+                else float("nan")
+            )
+            lines.append(
+                f"| {entry['backbone']} | {entry['slice']} ({entry['metric'].upper()}) | {entry['rows']} "
+                f"({entry['questions']}) | "
+                f"{other} | {c['diff']:+.1f} | [{row['ci_low']:+.1f}, {row['ci_high']:+.1f}] | "
+                f"[{question['ci_low']:+.1f}, {question['ci_high']:+.1f}] | {ratio:.2f}x |"
+            )
     return "\n".join(lines)
 
 

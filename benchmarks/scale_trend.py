@@ -46,8 +46,9 @@ class Backbone:
 
 
 BACKBONES = (
-    Backbone("135M", "SmolLM2-135M-Instruct", "smollm2-nqswap-gated", "smollm2-nqswap-original",
-             "smollm2-nqswap-strata"),
+    Backbone(
+        "135M", "SmolLM2-135M-Instruct", "smollm2-nqswap-gated", "smollm2-nqswap-original", "smollm2-nqswap-strata"
+    ),
     Backbone("270M", "gemma3-270m", "gemma3-nqswap-gated", "gemma3-nqswap-original", "gemma3-nqswap-strata"),
     Backbone("0.5B", "Qwen2.5-Coder-0.5B-Instruct", "qwen05-nqswap", "qwen05-nqswap-original", "qwen05-nqswap-strata"),
     Backbone("1.5B", "Qwen2.5-Coder-1.5B-Instruct", "qwen15-nqswap", "qwen15-nqswap-original", "qwen15-nqswap-strata"),
@@ -93,19 +94,35 @@ def table(head: list[str], rows: list[list[str]]) -> str:
 def headline(root: Path = RESULTS) -> str:
     """One row per backbone: CF on the conflict rows and EM on the no-conflict rows, standard and FIDES gated or not."""
     shown = HEADLINE_METHODS
-    names = {"standard": "standard", "adacad": "AdaCAD", "fides": "FIDES", **{m: "+" + m.split("+")[1] for m in GATED_FIDES}}
-    head = (["backbone", "n"] + [f"CF {names[m]}" for m in shown] + [f"no-conflict EM {names[m]}" for m in shown])
+    names = {
+        "standard": "standard",
+        "adacad": "AdaCAD",
+        "fides": "FIDES",
+        **{m: "+" + m.split("+")[1] for m in GATED_FIDES},
+    }
+    head = ["backbone", "n"] + [f"CF {names[m]}" for m in shown] + [f"no-conflict EM {names[m]}" for m in shown]
     rows = []
     for b in BACKBONES:
         conflict, original = load(b.conflict_run, root), load(b.original_run, root)
-        rows.append([f"{b.name} ({b.size})", f"{n_label(n_of(conflict))} / {n_label(n_of(original))}"]
-                    + [metric(conflict, m, "cf") for m in shown] + [metric(original, m, "em") for m in shown])
+        rows.append(
+            [f"{b.name} ({b.size})", f"{n_label(n_of(conflict))} / {n_label(n_of(original))}"]
+            + [metric(conflict, m, "cf") for m in shown]
+            + [metric(original, m, "em") for m in shown]
+        )
     return table(head, rows)
 
 
 def gates(root: Path = RESULTS) -> str:
-    head = ["backbone, n conflict / no-conflict", "method", "CF", "CF − standard", "CF − AdaCAD", "no-conflict EM",
-            "EM − standard", "contrasted %"]
+    head = [
+        "backbone, n conflict / no-conflict",
+        "method",
+        "CF",
+        "CF − standard",
+        "CF − AdaCAD",
+        "no-conflict EM",
+        "EM − standard",
+        "contrasted %",
+    ]
     rows = []
     for b in BACKBONES:
         conflict, original = load(b.conflict_run, root), load(b.original_run, root)
@@ -113,11 +130,18 @@ def gates(root: Path = RESULTS) -> str:
         for m in ("standard", "adacad", "fides", *GATED_FIDES):
             if m != "standard" and not has(conflict, m) and not has(original, m):
                 continue
-            rows.append([label if m == "standard" else "", m, metric(conflict, m, "cf"),
-                         "" if m == "standard" else difference(conflict, "cf", "standard", reference=m),
-                         "" if m in ("standard", "adacad") else difference(conflict, "cf", "adacad", reference=m),
-                         metric(original, m, "em"), "" if m == "standard" else difference(original, "em", "standard", reference=m),
-                         metric(conflict, m, "share_contrasted")])
+            rows.append(
+                [
+                    label if m == "standard" else "",
+                    m,
+                    metric(conflict, m, "cf"),
+                    "" if m == "standard" else difference(conflict, "cf", "standard", reference=m),
+                    "" if m in ("standard", "adacad") else difference(conflict, "cf", "adacad", reference=m),
+                    metric(original, m, "em"),
+                    "" if m == "standard" else difference(original, "em", "standard", reference=m),
+                    metric(conflict, m, "share_contrasted"),
+                ]
+            )
     return table(head, rows)
 
 
@@ -141,8 +165,13 @@ def comparison(results: dict | None, metric_name: str, method: str, other: str) 
 
 def targets(root: Path = RESULTS) -> str:
     """The do-no-harm targets per backbone and gated FIDES: met or not, with the measured figures."""
-    head = ["backbone", "method", "no-conflict EM − standard (≥ −2; CI low ≥ −5)", "CF gain kept (≥ 80% where FIDES gains, else ≥ standard)",
-            "met"]
+    head = [
+        "backbone",
+        "method",
+        "no-conflict EM − standard (≥ −2; CI low ≥ −5)",
+        "CF gain kept (≥ 80% where FIDES gains, else ≥ standard)",
+        "met",
+    ]
     rows = []
     for b in BACKBONES:
         conflict, original = load(b.conflict_run, root), load(b.original_run, root)
@@ -155,11 +184,21 @@ def targets(root: Path = RESULTS) -> str:
             harmless = loss["diff"] >= -2 and loss["ci_low"] >= -5
             if fides_gain["diff"] > 0:
                 kept = gain["diff"] / fides_gain["diff"]
-                correcting, kept_text = kept >= 0.8, f"{100 * kept:.0f}% of {fides_gain['diff']:+.1f} ({gain['diff']:+.1f})"
+                correcting, kept_text = (
+                    kept >= 0.8,
+                    f"{100 * kept:.0f}% of {fides_gain['diff']:+.1f} ({gain['diff']:+.1f})",
+                )
             else:
                 correcting, kept_text = gain["diff"] >= 0, f"FIDES {fides_gain['diff']:+.1f}; gated {gain['diff']:+.1f}"
-            rows.append([b.size, m, f"{loss['diff']:+.1f} [{loss['ci_low']:+.1f}, {loss['ci_high']:+.1f}]", kept_text,
-                         "yes" if harmless and correcting else "no"])
+            rows.append(
+                [
+                    b.size,
+                    m,
+                    f"{loss['diff']:+.1f} [{loss['ci_low']:+.1f}, {loss['ci_high']:+.1f}]",
+                    kept_text,
+                    "yes" if harmless and correcting else "no",
+                ]
+            )
     return table(head, rows)
 
 
@@ -168,17 +207,29 @@ def full(root: Path = RESULTS) -> str:
     conflict_rows, original_rows = [], []
     for b in BACKBONES:
         conflict, original = load(b.conflict_run, root), load(b.original_run, root)
-        conflict_rows.append([b.size, n_label(n_of(conflict))] + [
-            " / ".join(metric(conflict, m, k) for k in ("cf", "accuracy", "memorized")) for m in METHODS])
-        original_rows.append([b.size, n_label(n_of(original))] + [
-            f"{metric(original, m, 'em')} / {metric(original, m, 'accuracy')}" for m in METHODS]
-            + [" ; ".join(f"{m} {difference(original, 'em', 'standard', reference=m)}" for m in METHODS if m != "standard")])
+        conflict_rows.append(
+            [b.size, n_label(n_of(conflict))]
+            + [" / ".join(metric(conflict, m, k) for k in ("cf", "accuracy", "memorized")) for m in METHODS]
+        )
+        original_rows.append(
+            [b.size, n_label(n_of(original))]
+            + [f"{metric(original, m, 'em')} / {metric(original, m, 'accuracy')}" for m in METHODS]
+            + [
+                " ; ".join(
+                    f"{m} {difference(original, 'em', 'standard', reference=m)}" for m in METHODS if m != "standard"
+                )
+            ]
+        )
     original_head = ["backbone", "n"] + [f"{m} EM / Acc" for m in METHODS] + ["EM − standard [95% CI]"]
-    return "\n\n".join([
-        "Conflict rows (NQ-Swap, swapped passage): CF, Acc and MemR in %.", table(head, conflict_rows),
-        "No-conflict rows (NQ-Swap's original passage and answer): EM and Acc in %, and each method's EM minus "
-        "standard's with its paired-bootstrap 95% CI.", table(original_head, original_rows),
-    ])
+    return "\n\n".join(
+        [
+            "Conflict rows (NQ-Swap, swapped passage): CF, Acc and MemR in %.",
+            table(head, conflict_rows),
+            "No-conflict rows (NQ-Swap's original passage and answer): EM and Acc in %, and each method's EM minus "
+            "standard's with its paired-bootstrap 95% CI.",
+            table(original_head, original_rows),
+        ]
+    )
 
 
 # -- strata (true conflicts) -----------------------------------------------------------------------
@@ -192,8 +243,10 @@ EM_SLACK = 1.0
 """Target: the recommended variant's known-agreeing EM is at least standard's minus this many points ..."""
 REGRESSION_SHARE = 3.0
 """... and its regressions there are at most this % of the rows standard gets right."""
-STRATA_COMMAND = ("fides-rag eval --model MODEL --dataset nq-swap-both --methods standard,adacad,fides,fides+nwcad "
-                  "--strata --per-stratum 300 --out results/eval/<backbone>-nqswap-strata")
+STRATA_COMMAND = (
+    "fides-rag eval --model MODEL --dataset nq-swap-both --methods standard,adacad,fides,fides+nwcad "
+    "--strata --per-stratum 300 --out results/eval/<backbone>-nqswap-strata"
+)
 
 
 class NoStrataResults(ValueError):
@@ -206,16 +259,23 @@ def load_strata(b: Backbone, root: Path = RESULTS) -> dict | None:
     if results is None:
         return None
     if not isinstance(results.get("strata"), dict) or "results" not in results["strata"]:
-        raise NoStrataResults(f"{root / b.strata_run / 'results.json'} holds no strata results (written without "
-                              f"--strata or by an older fides-rag); produce them with: {STRATA_COMMAND}")
+        raise NoStrataResults(
+            f"{root / b.strata_run / 'results.json'} holds no strata results (written without "
+            f"--strata or by an older fides-rag); produce them with: {STRATA_COMMAND}"
+        )
     return results["strata"]
 
 
 def _entry(e: dict) -> dict:
     ci = e.get("ci_vs_standard")
-    return {"n": int(e["n"]), "score": e["score"], "regressions": int(e["regressions"]), "fixes": int(e["fixes"]),
-            "ci_vs_standard": None if ci is None else [float(ci[0]), float(ci[1])],
-            "standard_right": int(e.get("standard_right", 0))}
+    return {
+        "n": int(e["n"]),
+        "score": e["score"],
+        "regressions": int(e["regressions"]),
+        "fixes": int(e["fixes"]),
+        "ci_vs_standard": None if ci is None else [float(ci[0]), float(ci[1])],
+        "standard_right": int(e.get("standard_right", 0)),
+    }
 
 
 def strata_backbones(root: Path = RESULTS) -> dict[str, dict]:
@@ -226,12 +286,16 @@ def strata_backbones(root: Path = RESULTS) -> dict[str, dict]:
         strata = load_strata(b, root)
         if strata is None:
             continue
-        out[b.name] = {"strata": {s: {m: _entry(e) for m, e in strata["results"].get(s, {}).items()} for s in STRATA},
-                       "true_conflict_available": int(strata.get("available", {}).get("true_conflict", 0))}
+        out[b.name] = {
+            "strata": {s: {m: _entry(e) for m, e in strata["results"].get(s, {}).items()} for s in STRATA},
+            "true_conflict_available": int(strata.get("available", {}).get("true_conflict", 0)),
+        }
     if not out:
         runs = ", ".join(b.strata_run for b in BACKBONES)
-        raise NoStrataResults(f"no strata results under {root} (none of {runs} has a results.json); produce them per "
-                              f"backbone with: {STRATA_COMMAND}")
+        raise NoStrataResults(
+            f"no strata results under {root} (none of {runs} has a results.json); produce them per "
+            f"backbone with: {STRATA_COMMAND}"
+        )
     return out
 
 
@@ -244,8 +308,10 @@ def _harmless(method: dict | None, standard: dict | None) -> bool | None:
     """Known-agreeing EM >= standard's - 1 point, regressions <= 3% of the rows standard gets right; None: not run."""
     if method is None or standard is None or not method["n"] or method["score"] is None or standard["score"] is None:
         return None
-    return (method["score"] >= standard["score"] - EM_SLACK
-            and method["regressions"] <= REGRESSION_SHARE / 100 * standard["standard_right"])
+    return (
+        method["score"] >= standard["score"] - EM_SLACK
+        and method["regressions"] <= REGRESSION_SHARE / 100 * standard["standard_right"]
+    )
 
 
 def recommend(backbones: dict[str, dict]) -> str:
@@ -253,18 +319,26 @@ def recommend(backbones: dict[str, dict]) -> str:
     true-conflict CF on most, then with the largest mean true-conflict CF gain."""
     methods = sorted({m for b in backbones.values() for s in b["strata"].values() for m in s} - {"standard"})
     if not methods:
-        raise NoStrataResults(f"the strata results hold no method besides standard; produce them with: "
-                              f"{STRATA_COMMAND}")
+        raise NoStrataResults(
+            f"the strata results hold no method besides standard; produce them with: {STRATA_COMMAND}"
+        )
 
     def merit(m: str) -> tuple:
-        agreeing = [(b["strata"]["known_agreeing"].get(m), b["strata"]["known_agreeing"].get("standard"))
-                    for b in backbones.values()]
-        conflict = [(b["strata"]["true_conflict"].get(m), b["strata"]["true_conflict"].get("standard"))
-                    for b in backbones.values()]
+        agreeing = [
+            (b["strata"]["known_agreeing"].get(m), b["strata"]["known_agreeing"].get("standard"))
+            for b in backbones.values()
+        ]
+        conflict = [
+            (b["strata"]["true_conflict"].get(m), b["strata"]["true_conflict"].get("standard"))
+            for b in backbones.values()
+        ]
         harmless = sum(bool(_harmless(mine, std)) for mine, std in agreeing)
         wins = sum(_wins(mine) for mine, _ in conflict)
-        gains = [mine["score"] - std["score"] for mine, std in conflict
-                 if mine is not None and std is not None and mine["score"] is not None and std["score"] is not None]
+        gains = [
+            mine["score"] - std["score"]
+            for mine, std in conflict
+            if mine is not None and std is not None and mine["score"] is not None and std["score"] is not None
+        ]
         return harmless, wins, sum(gains) / len(gains) if gains else float("-inf"), m == "fides"
 
     return max(methods, key=merit)
@@ -272,9 +346,19 @@ def recommend(backbones: dict[str, dict]) -> str:
 
 def strata_json(root: Path = RESULTS, recommended: str | None = None) -> str:
     backbones = strata_backbones(root)
-    figures = {name: {"strata": {s: {m: {k: e[k] for k in ("n", "score", "regressions", "fixes", "ci_vs_standard")}
-                                     for m, e in b["strata"][s].items()} for s in STRATA},
-                      "true_conflict_available": b["true_conflict_available"]} for name, b in backbones.items()}
+    figures = {
+        name: {
+            "strata": {
+                s: {
+                    m: {k: e[k] for k in ("n", "score", "regressions", "fixes", "ci_vs_standard")}
+                    for m, e in b["strata"][s].items()
+                }
+                for s in STRATA
+            },
+            "true_conflict_available": b["true_conflict_available"],
+        }
+        for name, b in backbones.items()
+    }
     return json.dumps({"recommended": recommended or recommend(backbones), "backbones": figures}, indent=2)
 
 
@@ -289,10 +373,16 @@ def strata_targets(root: Path = RESULTS, recommended: str | None = None) -> str:
     recommended variant's harm on known-agreeing rows; then which targets hold."""
     backbones = strata_backbones(root)
     chosen = recommended or recommend(backbones)
-    head = ["backbone", "true-conflict n / available", f"≥ {TRUE_CONFLICT_ROWS} or all", "FIDES CF − standard CI",
-            f"{chosen} CF − standard CI", "CF beaten",
-            f"{chosen} known-agreeing EM / standard, regressions / standard right",
-            "harmless"]
+    head = [
+        "backbone",
+        "true-conflict n / available",
+        f"≥ {TRUE_CONFLICT_ROWS} or all",
+        "FIDES CF − standard CI",
+        f"{chosen} CF − standard CI",
+        "CF beaten",
+        f"{chosen} known-agreeing EM / standard, regressions / standard right",
+        "harmless",
+    ]
     rows, enough, beaten, harmless = [], [], 0, []
     for b in BACKBONES:
         data = backbones.get(b.name)
@@ -310,19 +400,38 @@ def strata_targets(root: Path = RESULTS, recommended: str | None = None) -> str:
         beaten += won
         harmless.append(bool(safe))
         mine, std = ka.get(chosen), ka.get("standard")
-        agreeing = ("not run" if safe is None else
-                    f"{mine['score']:.1f} / {std['score']:.1f}, {mine['regressions']} / {std['standard_right']}")
-        rows.append([f"{b.name} ({b.size})", f"{n} / {data['true_conflict_available']}", "yes" if ok_n else "no",
-                     _ci(tc.get("fides")), _ci(tc.get(chosen)), "yes" if won else "no", agreeing,
-                     "not run" if safe is None else "yes" if safe else "no"])
+        agreeing = (
+            "not run"
+            if safe is None
+            else f"{mine['score']:.1f} / {std['score']:.1f}, {mine['regressions']} / {std['standard_right']}"
+        )
+        rows.append(
+            [
+                f"{b.name} ({b.size})",
+                f"{n} / {data['true_conflict_available']}",
+                "yes" if ok_n else "no",
+                _ci(tc.get("fides")),
+                _ci(tc.get(chosen)),
+                "yes" if won else "no",
+                agreeing,
+                "not run" if safe is None else "yes" if safe else "no",
+            ]
+        )
     verdicts = [
-        (f"- true-conflict rows ≥ {TRUE_CONFLICT_ROWS} (or all available) on every backbone: "
-         f"{'held' if all(enough) else 'not held'} ({sum(enough)} of {len(BACKBONES)})"),
-        (f"- FIDES or {chosen} beats standard on true-conflict CF with the CI above 0 on ≥ {BACKBONES_TO_WIN} of "
-         f"{len(BACKBONES)} backbones: {'held' if beaten >= BACKBONES_TO_WIN else 'not held'} ({beaten})"),
-        (f"- {chosen} on known-agreeing rows: EM ≥ standard − {EM_SLACK:g} and regressions ≤ {REGRESSION_SHARE:g}% of "
-         f"the rows standard gets right, on every backbone: {'held' if all(harmless) else 'not held'} "
-         f"({sum(harmless)} of {len(BACKBONES)})"),
+        (
+            f"- true-conflict rows ≥ {TRUE_CONFLICT_ROWS} (or all available) on every backbone: "
+            f"{'held' if all(enough) else 'not held'} ({sum(enough)} of {len(BACKBONES)})"
+        ),
+        (
+            f"- FIDES or {chosen} beats standard on true-conflict CF with the CI above 0 on ≥ {BACKBONES_TO_WIN} of "
+            f"{len(BACKBONES)} backbones: {'held' if beaten >= BACKBONES_TO_WIN else 'not held'} ({beaten})"
+        ),
+        (
+            f"- {chosen} on known-agreeing rows: EM ≥ standard − {EM_SLACK:g} and regressions ≤ "
+            f"{REGRESSION_SHARE:g}% of "
+            f"the rows standard gets right, on every backbone: {'held' if all(harmless) else 'not held'} "
+            f"({sum(harmless)} of {len(BACKBONES)})"
+        ),
     ]
     return "\n".join([f"Recommended variant: {chosen}", "", table(head, rows), "", *verdicts])
 
@@ -330,15 +439,24 @@ def strata_targets(root: Path = RESULTS, recommended: str | None = None) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     shown = parser.add_mutually_exclusive_group()
-    shown.add_argument("--gates", action="store_true", help="each method against standard and AdaCAD with CIs, and its contrasted share")
+    shown.add_argument(
+        "--gates",
+        action="store_true",
+        help="each method against standard and AdaCAD with CIs, and its contrasted share",
+    )
     shown.add_argument("--full", action="store_true", help="every method's CF, Acc and MemR, and the no-conflict slice")
-    shown.add_argument("--targets", action="store_true",
-                       help="the do-no-harm targets of gated FIDES (with --strata: the true-conflict targets)")
+    shown.add_argument(
+        "--targets",
+        action="store_true",
+        help="the do-no-harm targets of gated FIDES (with --strata: the true-conflict targets)",
+    )
     shown.add_argument("--json", action="store_true", help="with --strata: the strata figures as one JSON object")
-    parser.add_argument("--strata", action="store_true",
-                        help="read each backbone's strata run (fides-rag eval --strata)")
-    parser.add_argument("--recommended",
-                        help="with --strata: the variant to recommend (default: chosen from the results)")
+    parser.add_argument(
+        "--strata", action="store_true", help="read each backbone's strata run (fides-rag eval --strata)"
+    )
+    parser.add_argument(
+        "--recommended", help="with --strata: the variant to recommend (default: chosen from the results)"
+    )
     parser.add_argument("--results", type=Path, default=RESULTS, help="the folder holding the eval runs")
     args = parser.parse_args()
     if args.strata:

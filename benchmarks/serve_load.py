@@ -56,9 +56,14 @@ def build_requests(count: int, seed: int, data: str | None, max_tokens: int | No
     rng = random.Random(seed)
     bodies = []
     for index, example in enumerate(examples):
-        body = {"model": "", "messages": [{"role": "user", "content": example.question}],
-                "documents": list(example.contexts), "max_tokens": rng.randint(8, 64), "temperature": 0.0,
-                "stream": index % 2 == 0}
+        body = {
+            "model": "",
+            "messages": [{"role": "user", "content": example.question}],
+            "documents": list(example.contexts),
+            "max_tokens": rng.randint(8, 64),
+            "temperature": 0.0,
+            "stream": index % 2 == 0,
+        }
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
         if body["stream"]:
@@ -117,6 +122,7 @@ async def run_level(url: str, bodies: list[dict], concurrency: int, timeout_s: f
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
     async with httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits) as client:
+
         async def one(index: int, body: dict) -> Outcome:
             async with gate:
                 return await send(client, index, body)
@@ -143,12 +149,20 @@ def summarise(level: int, outcomes: list[Outcome], wall_s: float, reference: lis
     latencies = [o.latency_s for o in ok]
     tokens = sum(o.completion_tokens for o in ok)
     counted = sum(1 for o in ok if o.completion_tokens)
-    row = {"concurrency": level, "requests": len(outcomes), "errors": len(outcomes) - len(ok), "wall_s": round(wall_s, 3),
-           "requests_per_s": round(len(ok) / wall_s, 3), "completion_tokens_per_s": round(tokens / wall_s, 2),
-           "requests_with_usage": counted,
-           "ttft_p50_s": pct(ttfts, 50), "ttft_p95_s": pct(ttfts, 95),
-           "latency_p50_s": pct(latencies, 50), "latency_p95_s": pct(latencies, 95),
-           "error_samples": sorted({o.error for o in outcomes if o.error})[:5]}
+    row = {
+        "concurrency": level,
+        "requests": len(outcomes),
+        "errors": len(outcomes) - len(ok),
+        "wall_s": round(wall_s, 3),
+        "requests_per_s": round(len(ok) / wall_s, 3),
+        "completion_tokens_per_s": round(tokens / wall_s, 2),
+        "requests_with_usage": counted,
+        "ttft_p50_s": pct(ttfts, 50),
+        "ttft_p95_s": pct(ttfts, 95),
+        "latency_p50_s": pct(latencies, 50),
+        "latency_p95_s": pct(latencies, 95),
+        "error_samples": sorted({o.error for o in outcomes if o.error})[:5],
+    }
     indices = [o.index for o in outcomes]
     row["lost"] = len(set(range(len(outcomes))) - set(indices))
     all_ids = [i for o in ok for i in o.ids]
@@ -164,8 +178,21 @@ def summarise(level: int, outcomes: list[Outcome], wall_s: float, reference: lis
 
 def start_server(args: argparse.Namespace) -> subprocess.Popen:
     """`fides-rag serve` on loopback; returns once /health answers (or exits with the server's log)."""
-    command = [sys.executable, "-m", "fides_rag.cli.main", "serve", "--model", args.model, "--method", args.method,
-               "--host", "127.0.0.1", "--port", str(args.port), *args.server_arg]
+    command = [
+        sys.executable,
+        "-m",
+        "fides_rag.cli.main",
+        "serve",
+        "--model",
+        args.model,
+        "--method",
+        args.method,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(args.port),
+        *args.server_arg,
+    ]
     print("$ " + " ".join(command), flush=True)
     log = open(args.server_log, "w")  # noqa: SIM115 - the server writes it for its whole life
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -197,16 +224,22 @@ def stop_server(process: subprocess.Popen) -> None:
 
 def markdown(rows: list[dict]) -> str:
     """The results as a markdown table."""
+
     def f(value) -> str:
         return "–" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
-    lines = ["| clients | requests | errors | req/s | tokens/s | TTFT p50 / p95 (s) | latency p50 / p95 (s) | equal to " "sequential |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| clients | requests | errors | req/s | tokens/s | TTFT p50 / p95 (s) | latency p50 / p95 (s) | equal to "
+        "sequential |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         equal = f"{r['equal_to_sequential']}/{r['requests']}" if "equal_to_sequential" in r else "–"
-        lines.append(f"| {r['concurrency']} | {r['requests']} | {r['errors']} | {f(r['requests_per_s'])} | "
-                     f"{f(r['completion_tokens_per_s'])} | {f(r['ttft_p50_s'])} / {f(r['ttft_p95_s'])} | "
-                     f"{f(r['latency_p50_s'])} / {f(r['latency_p95_s'])} | {equal} |")
+        lines.append(
+            f"| {r['concurrency']} | {r['requests']} | {r['errors']} | {f(r['requests_per_s'])} | "
+            f"{f(r['completion_tokens_per_s'])} | {f(r['ttft_p50_s'])} / {f(r['ttft_p95_s'])} | "
+            f"{f(r['latency_p50_s'])} / {f(r['latency_p95_s'])} | {equal} |"
+        )
     return "\n".join(lines)
 
 
@@ -216,14 +249,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--method", default="fides")
     parser.add_argument("--port", type=int, default=8210)
-    parser.add_argument("--server-arg", action="append", default=[], help="extra argument for `fides-rag serve` (repeat)")
+    parser.add_argument(
+        "--server-arg", action="append", default=[], help="extra argument for `fides-rag serve` (repeat)"
+    )
     parser.add_argument("--server-log", default="serve-load-server.log")
     parser.add_argument("--startup-timeout", type=float, default=300.0)
     parser.add_argument("--requests", type=int, default=64, help="requests per level (the same set at every level)")
     parser.add_argument("--levels", default="8,32,64", help="comma-separated concurrency levels")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-tokens", type=int, help="every request's max_tokens (default: spread over 8..64); 1 measures "
-                        "prefill alone: the time a burst needs before its first tokens, whatever the scheduling")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        help="every request's max_tokens (default: spread over 8..64); 1 measures "
+        "prefill alone: the time a burst needs before its first tokens, whatever the scheduling",
+    )
     parser.add_argument("--data", help="NQ-Swap parquet/jsonl (default: the shared data folder)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed for one level (and one request)")
     parser.add_argument("--no-sequential", action="store_true", help="skip the sequential reference pass")
@@ -259,21 +298,38 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if process is not None:
             stop_server(process)
-    result = {"model": model, "method": args.method, "url": url, "requests_per_level": args.requests,
-              "levels": levels, "seed": args.seed, "max_tokens_range": [8, 64] if args.max_tokens is None else [args.max_tokens] * 2, "stream_share": 0.5, "temperature": 0.0,
-              "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                          "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None},
-              "command": " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])]),
-              "rows": rows, "sequential_texts": [o.text for o in reference] if reference else None}
+    result = {
+        "model": model,
+        "method": args.method,
+        "url": url,
+        "requests_per_level": args.requests,
+        "levels": levels,
+        "seed": args.seed,
+        "max_tokens_range": [8, 64] if args.max_tokens is None else [args.max_tokens] * 2,
+        "stream_share": 0.5,
+        "temperature": 0.0,
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        },
+        "command": " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])]),
+        "rows": rows,
+        "sequential_texts": [o.text for o in reference] if reference else None,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     args.out.with_suffix(".md").write_text(markdown(rows) + "\n")
     print(markdown(rows))
     print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
     if timed_out is not None:
-        print("serve_load: the " f"{'sequential pass' if timed_out == 1 and not args.no_sequential else f'{timed_out}-client level'} "
-              f"did not finish within --timeout {args.timeout:g} s; the levels before it are written above. "
-              "Rerun with a larger --timeout (or fewer --requests).", file=sys.stderr)
+        print(
+            "serve_load: the "
+            f"{'sequential pass' if timed_out == 1 and not args.no_sequential else f'{timed_out}-client level'} "
+            f"did not finish within --timeout {args.timeout:g} s; the levels before it are written above. "
+            "Rerun with a larger --timeout (or fewer --requests).",
+            file=sys.stderr,
+        )
         return 1
     failed = any(r["errors"] or r["lost"] or r.get("mismatched_indices") for r in rows)
     return 1 if failed else 0

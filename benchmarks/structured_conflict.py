@@ -38,10 +38,20 @@ from fides_rag.eval.tables import markdown_table
 
 METHODS = ("standard", "cad", "adacad", "fides")
 FORMS = ("plain", "structured", "agent")
-ANSWER_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"], "additionalProperties": False}
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string"}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
 RETRIEVE = ToolSpec(
-    "retrieve_passages", "Search the knowledge base and return the passage that answers a question.",
-    {"type": "object", "properties": {"query": {"type": "string", "description": "what to search for"}}, "required": ["query"]},
+    "retrieve_passages",
+    "Search the knowledge base and return the passage that answers a question.",
+    {
+        "type": "object",
+        "properties": {"query": {"type": "string", "description": "what to search for"}},
+        "required": ["query"],
+    },
 )
 
 
@@ -68,31 +78,57 @@ def call_is_valid(calling: ToolCalling, text: str) -> tuple[bool, ToolCall | Non
 
 
 def score(example: QAExample, answer: str) -> dict[str, float]:
-    return {"context": contains_answer(answer, example.context_answers), "memory": contains_answer(answer, example.memory_answers)}
+    return {
+        "context": contains_answer(answer, example.context_answers),
+        "memory": contains_answer(answer, example.memory_answers),
+    }
 
 
-def decode_plain(decoder: FidesDecoder, rows: Sequence[QAExample], methods: Sequence[str], max_new: int, schema: Any) -> dict[str, list[str]]:
+def decode_plain(
+    decoder: FidesDecoder, rows: Sequence[QAExample], methods: Sequence[str], max_new: int, schema: Any
+) -> dict[str, list[str]]:
     """label -> texts of the template request (question + documents), with `schema` as json_schema when given."""
     options = {"json_schema": schema} if schema is not None else {}
-    out = decoder.generate_batch([e.question for e in rows], [list(e.contexts) for e in rows], methods=list(methods),
-                                 max_new_tokens=max_new, **options)
+    out = decoder.generate_batch(
+        [e.question for e in rows],
+        [list(e.contexts) for e in rows],
+        methods=list(methods),
+        max_new_tokens=max_new,
+        **options,
+    )
     return {label: [r.text for r in results] for label, results in out.items()}
 
 
-def decode_agent(decoder: FidesDecoder, rows: Sequence[QAExample], methods: Sequence[str], max_new: int) -> list[dict[str, Any]]:
+def decode_agent(
+    decoder: FidesDecoder, rows: Sequence[QAExample], methods: Sequence[str], max_new: int
+) -> list[dict[str, Any]]:
     """The agent form of each row: the forced tool call (no documents yet: one 'standard' decode), then the answer
     after the tool message under every method."""
     forced = ToolCalling(decoder.tokenizer, [RETRIEVE], tool_choice=RETRIEVE.name)
-    chat = ChatPrompts(decoder.tokenizer, context_window=decoder.limits.context_window,
-                       use_chat_template=decoder.prompts.use_chat_template)
-    first = [chat.with_tools(forced).plain([("user", e.question)], "no tool has answered yet", e.question, fallback=False) for e in rows]
-    calls = decoder.generate_batch([p.prompt()[0] for p in first], method="standard", max_new_tokens=max_new, json_schema=forced.constraint())
+    chat = ChatPrompts(
+        decoder.tokenizer,
+        context_window=decoder.limits.context_window,
+        use_chat_template=decoder.prompts.use_chat_template,
+    )
+    first = [
+        chat.with_tools(forced).plain([("user", e.question)], "no tool has answered yet", e.question, fallback=False)
+        for e in rows
+    ]
+    calls = decoder.generate_batch(
+        [p.prompt()[0] for p in first], method="standard", max_new_tokens=max_new, json_schema=forced.constraint()
+    )
     answering = chat.with_tools(ToolCalling(decoder.tokenizer, [RETRIEVE], tool_choice="auto"))
     records, pairs = [], []
     for example, result in zip(rows, calls):
         valid, call = call_is_valid(forced, result.text)
-        call = call or ToolCall(RETRIEVE.name, {"query": example.question})  # an invalid call still gets the passage back
-        turns = [("user", example.question), ("assistant", forced.render_calls("", [call])), ("tool", example.contexts[0])]
+        call = call or ToolCall(
+            RETRIEVE.name, {"query": example.question}
+        )  # an invalid call still gets the passage back
+        turns = [
+            ("user", example.question),
+            ("assistant", forced.render_calls("", [call])),
+            ("tool", example.contexts[0]),
+        ]
         plan = answering.from_tool_turns(turns, max_new, question=example.question)
         pairs.append(plan.prompt()[0])
         records.append({"tool_call": result.text, "tool_call_valid": valid, "documents_source": plan.source})
@@ -102,7 +138,9 @@ def decode_agent(decoder: FidesDecoder, rows: Sequence[QAExample], methods: Sequ
     return records
 
 
-def run_rows(decoder: FidesDecoder, rows: Sequence[QAExample], methods: Sequence[str], args: argparse.Namespace) -> list[dict[str, Any]]:
+def run_rows(
+    decoder: FidesDecoder, rows: Sequence[QAExample], methods: Sequence[str], args: argparse.Namespace
+) -> list[dict[str, Any]]:
     plain = decode_plain(decoder, rows, methods, args.max_new_tokens, None)
     structured = decode_plain(decoder, rows, methods, args.max_new_tokens_json, ANSWER_SCHEMA)
     agent = decode_agent(decoder, rows, methods, args.max_new_tokens_json)
@@ -114,10 +152,18 @@ def run_rows(decoder: FidesDecoder, rows: Sequence[QAExample], methods: Sequence
             for form, text in (("structured", structured[label][i]), ("agent", agent[i]["texts"][label])):
                 valid, answer = parse_answer(text)
                 forms[form][label] = {"text": text, "valid_json": valid, "answer": answer, **score(example, answer)}
-        records.append({"id": example.id, "question": example.question, "context_answers": list(example.context_answers),
-                        "memory_answers": list(example.memory_answers), "tool_call": agent[i]["tool_call"],
-                        "tool_call_valid": agent[i]["tool_call_valid"], "documents_source": agent[i]["documents_source"],
-                        "forms": forms})
+        records.append(
+            {
+                "id": example.id,
+                "question": example.question,
+                "context_answers": list(example.context_answers),
+                "memory_answers": list(example.memory_answers),
+                "tool_call": agent[i]["tool_call"],
+                "tool_call_valid": agent[i]["tool_call_valid"],
+                "documents_source": agent[i]["documents_source"],
+                "forms": forms,
+            }
+        )
     return records
 
 
@@ -136,19 +182,38 @@ def summarize(records: Sequence[dict[str, Any]], methods: Sequence[str]) -> dict
         for label in methods:
             outs = [r["forms"][form][label] for r in records]
             constrained = form != "plain"
-            table[form][label] = {"valid_json": pct([o["valid_json"] for o in outs]) if constrained else None,
-                                  "unfinished": pct([unfinished(o) for o in outs]) if constrained else None,
-                                  "context": pct([o["context"] for o in outs]), "memory": pct([o["memory"] for o in outs])}
-    gains = {form: {label: round(table[form][label]["context"] - table[form]["standard"]["context"], 1)
-                    for label in methods if label != "standard"} for form in FORMS} if "standard" in methods and n else {}
-    return {"rows": n, "tool_call_valid": pct([r["tool_call_valid"] for r in records]),
-            "documents_source": sorted({r["documents_source"] for r in records}), "metrics": table,
-            "context_gain_over_standard": gains, "comparisons": comparisons(records, methods) if "standard" in methods and n else []}
+            table[form][label] = {
+                "valid_json": pct([o["valid_json"] for o in outs]) if constrained else None,
+                "unfinished": pct([unfinished(o) for o in outs]) if constrained else None,
+                "context": pct([o["context"] for o in outs]),
+                "memory": pct([o["memory"] for o in outs]),
+            }
+    gains = (
+        {
+            form: {
+                label: round(table[form][label]["context"] - table[form]["standard"]["context"], 1)
+                for label in methods
+                if label != "standard"
+            }
+            for form in FORMS
+        }
+        if "standard" in methods and n
+        else {}
+    )
+    return {
+        "rows": n,
+        "tool_call_valid": pct([r["tool_call_valid"] for r in records]),
+        "documents_source": sorted({r["documents_source"] for r in records}),
+        "metrics": table,
+        "context_gain_over_standard": gains,
+        "comparisons": comparisons(records, methods) if "standard" in methods and n else [],
+    }
 
 
 def comparisons(records: Sequence[dict[str, Any]], methods: Sequence[str], samples: int = 1000) -> list[dict[str, Any]]:
     """Paired bootstrap on context contained (points): each method − standard in each form, and each constrained
     form's gain over standard − the plain template's gain on the same rows."""
+
     def gain(form: str, label: str) -> list[float]:
         return [100 * (r["forms"][form][label]["context"] - r["forms"][form]["standard"]["context"]) for r in records]
 
@@ -168,22 +233,46 @@ def _rounded(test: dict[str, Any]) -> dict[str, Any]:
 
 
 def markdown(model: str, summary: dict[str, Any], methods: Sequence[str], command: str) -> str:
-    head = ["form", "method", "valid JSON %", "unfinished %", "context contained %", "memory contained %", "context gain over standard"]
+    head = [
+        "form",
+        "method",
+        "valid JSON %",
+        "unfinished %",
+        "context contained %",
+        "memory contained %",
+        "context gain over standard",
+    ]
     rows = []
     for form in FORMS:
         for label in methods:
             m = summary["metrics"][form][label]
             gain = summary["context_gain_over_standard"].get(form, {}).get(label)
-            rows.append([form, label, *("–" if m[k] is None else f"{m[k]:.1f}" for k in ("valid_json", "unfinished")), f"{m['context']:.1f}",
-                         f"{m['memory']:.1f}", "–" if gain is None else f"{gain:+.1f}"])
-    tests = [[c["what"], c["form"], f"{c['diff']:+.1f}", f"[{c['ci_low']:+.1f}, {c['ci_high']:+.1f}]", f"{c['p_value']:.3f}"]
-             for c in summary.get("comparisons", []) if c["diff"] is not None]
-    return (f"Model `{model}`, {summary['rows']} NQ-Swap conflict rows, greedy. Agent form: schema-valid forced tool calls "
-            f"{summary['tool_call_valid']:.1f}% (documents source {', '.join(summary['documents_source'])}). " "Unfinished: invalid output cut "
-            f"by the token budget before its closing brace.\n\n"
-            f"{markdown_table(head, rows)}\n\nContext contained, paired bootstrap (1000 resamples, two-sided 95% CI; p " "from a "
-            "paired permutation test), in " f"points:\n\n{markdown_table(['comparison', 'form', 'diff', '95% CI', 'p'], tests)}\n\n"
-            f"Command: `{command}`\n")
+            rows.append(
+                [
+                    form,
+                    label,
+                    *("–" if m[k] is None else f"{m[k]:.1f}" for k in ("valid_json", "unfinished")),
+                    f"{m['context']:.1f}",
+                    f"{m['memory']:.1f}",
+                    "–" if gain is None else f"{gain:+.1f}",
+                ]
+            )
+    tests = [
+        [c["what"], c["form"], f"{c['diff']:+.1f}", f"[{c['ci_low']:+.1f}, {c['ci_high']:+.1f}]", f"{c['p_value']:.3f}"]
+        for c in summary.get("comparisons", [])
+        if c["diff"] is not None
+    ]
+    return (
+        f"Model `{model}`, {summary['rows']} NQ-Swap conflict rows, greedy. Agent form: schema-valid forced tool calls "
+        f"{summary['tool_call_valid']:.1f}% (documents source {', '.join(summary['documents_source'])}). "
+        "Unfinished: invalid output cut "
+        f"by the token budget before its closing brace.\n\n"
+        f"{markdown_table(head, rows)}\n\nContext contained, paired bootstrap (1000 resamples, two-sided 95% CI; p "
+        "from a "
+        "paired permutation test), in "
+        f"points:\n\n{markdown_table(['comparison', 'form', 'diff', '95% CI', 'p'], tests)}\n\n"
+        f"Command: `{command}`\n"
+    )
 
 
 def load_done(path: Path, settings: dict[str, Any]) -> list[dict[str, Any]]:
@@ -191,13 +280,17 @@ def load_done(path: Path, settings: dict[str, Any]) -> list[dict[str, Any]]:
         return []
     saved = json.loads(path.read_text())
     if saved["settings"] != settings:
-        raise SystemExit(f"{path} was written with other settings ({saved['settings']}); pass another --out or delete it")
+        raise SystemExit(
+            f"{path} was written with other settings ({saved['settings']}); pass another --out or delete it"
+        )
     return saved["records"]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="alias (smollm2-135m-instruct, gemma3-270m) or a local model folder")
+    parser.add_argument(
+        "--model", required=True, help="alias (smollm2-135m-instruct, gemma3-270m) or a local model folder"
+    )
     parser.add_argument("--rows", type=int, default=100, help="the first N conflict rows of NQ-Swap")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--batch-size", type=int, default=8)
@@ -212,13 +305,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"
-    settings = {"model": args.model, "methods": methods, "max_new_tokens": args.max_new_tokens,
-                "max_new_tokens_json": args.max_new_tokens_json, "answer_schema": ANSWER_SCHEMA, "tool": RETRIEVE.openai()}
+    settings = {
+        "model": args.model,
+        "methods": methods,
+        "max_new_tokens": args.max_new_tokens,
+        "max_new_tokens_json": args.max_new_tokens_json,
+        "answer_schema": ANSWER_SCHEMA,
+        "tool": RETRIEVE.openai(),
+    }
     records = load_done(path, settings)[: args.rows]
     done = {r["id"] for r in records}
     todo = [e for e in rows if e.id not in done]
-    command = (f"python benchmarks/structured_conflict.py --model {args.model} --rows {args.rows} --methods " f"{','.join(methods)} "
-               f"--batch-size {args.batch_size} --out {args.out}")
+    command = (
+        f"python benchmarks/structured_conflict.py --model {args.model} --rows {args.rows} --methods "
+        f"{','.join(methods)} "
+        f"--batch-size {args.batch_size} --out {args.out}"
+    )
     from tqdm.auto import tqdm
 
     decoder = FidesDecoder.from_pretrained(args.model) if todo else None
@@ -230,12 +332,26 @@ def main(argv: Sequence[str] | None = None) -> None:
         order = {e.id: i for i, e in enumerate(rows)}
         records.sort(key=lambda r: order[r["id"]])
         summary = summarize(records, methods)
-        path.write_text(json.dumps({"settings": settings, "command": command, "summary": summary, "records": records}, indent=1) + "\n")
+        path.write_text(
+            json.dumps({"settings": settings, "command": command, "summary": summary, "records": records}, indent=1)
+            + "\n"
+        )
         bar.update(len(batch))
     bar.close()
     summary = summarize(records, methods)
-    path.write_text(json.dumps({"settings": settings, "command": command, "summary": summary, "records": records,
-                                "seconds_last_run": round(time.perf_counter() - started, 1)}, indent=1) + "\n")
+    path.write_text(
+        json.dumps(
+            {
+                "settings": settings,
+                "command": command,
+                "summary": summary,
+                "records": records,
+                "seconds_last_run": round(time.perf_counter() - started, 1),
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     text = markdown(name, summary, methods, command)
     (out / f"{name}.md").write_text(text)
     print(text)

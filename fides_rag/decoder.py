@@ -22,20 +22,31 @@ from typing_extensions import Unpack  # typing.Unpack from Python 3.11 on
 
 from fides_rag.errors import NonFiniteLogitsError, QueueFullError
 from fides_rag.generation.engine.engine import DecodeEngine
+from fides_rag.generation.engine.scheduler import MIN_BATCHED_TOKENS, check_batched_tokens
+from fides_rag.generation.engine.tickets import RequestHandle
+from fides_rag.generation.engine.views import DecoderLimits, DecoderStats
 from fides_rag.generation.options import MethodOptions
 from fides_rag.generation.prompting import PreparedExample, PromptPreparer, context_window
 from fides_rag.generation.requests import PromptPair, RequestBuilder
-from fides_rag.generation.engine.scheduler import MIN_BATCHED_TOKENS, check_batched_tokens
 from fides_rag.generation.settings import GenerationSettings
 from fides_rag.generation.streaming import AsyncTextStream, TextStream
-from fides_rag.generation.engine.tickets import RequestHandle
-from fides_rag.generation.engine.views import DecoderLimits, DecoderStats
 from fides_rag.prompts.template import PromptTemplate
 from fides_rag.rules import ContrastRule, get_method
 
 __all__ = [
-    "MIN_BATCHED_TOKENS", "AsyncTextStream", "DecoderLimits", "DecoderStats", "FidesDecoder", "GenerationSettings", "NonFiniteLogitsError",
-    "PreparedExample", "PromptPair", "QueueFullError", "RequestHandle", "TextStream", "check_batched_tokens",
+    "MIN_BATCHED_TOKENS",
+    "AsyncTextStream",
+    "DecoderLimits",
+    "DecoderStats",
+    "FidesDecoder",
+    "GenerationSettings",
+    "NonFiniteLogitsError",
+    "PreparedExample",
+    "PromptPair",
+    "QueueFullError",
+    "RequestHandle",
+    "TextStream",
+    "check_batched_tokens",
 ]
 
 Prompt = str | PromptPair | PreparedExample
@@ -66,8 +77,10 @@ class FidesDecoder:
         **engine_settings: Any,
     ) -> None:
         """`config`: a convenience for `method=get_method(method, config=config)` (e.g. a FidesConfig).
-        `engine_settings`: max_requests, max_rows, max_tokens, max_queue, window_s, admission, max_num_batched_tokens (see
-        `configure`), prefix_caching, prefix_cache_bytes, and mode: "exact" (the CPU's default: a greedy request's tokens
+        `engine_settings`: max_requests, max_rows, max_tokens, max_queue, window_s, admission, max_num_batched_tokens
+        (see
+        `configure`), prefix_caching, prefix_cache_bytes, and mode: "exact" (the CPU's default: a greedy request's
+        tokens
         do not depend on what else is in flight) or "fast" (the default elsewhere: one attention call per layer over
         every row); read back from `limits.mode`; compile (True or a torch.compile backend name: fast mode's decode step
         captured per batch bucket), buckets; in fast mode kv_pool_tokens (the KV pool's positions) or kv_cache_memory
@@ -78,7 +91,9 @@ class FidesDecoder:
         would recompile runs eagerly instead (counted in `stats.captured_fallback_steps`)."""
         if config is not None:
             if not isinstance(method, str):
-                raise ValueError("config= configures a method given by name; pass a configured rule object alone instead")
+                raise ValueError(
+                    "config= configures a method given by name; pass a configured rule object alone instead"
+                )
             method = get_method(method, config=config)
         rule = get_method(method)
         has_template = bool(getattr(tokenizer, "chat_template", None))
@@ -88,14 +103,23 @@ class FidesDecoder:
         if isinstance(warmup, (list, tuple)) and warmup:
             warmup = [get_method(m) for m in warmup]  # unknown names are refused here
         elif not isinstance(warmup, bool):
-            raise ValueError(f"warmup must be True, False or a non-empty list of methods (names or rules), got {warmup!r}")
+            raise ValueError(
+                f"warmup must be True, False or a non-empty list of methods (names or rules), got {warmup!r}"
+            )
         self._engine = DecodeEngine(model, tokenizer, split_prefill=split_prefill, warmup=warmup, **engine_settings)
         preparer = PromptPreparer(
-            tokenizer, prompt_template or PromptTemplate(), has_template if use_chat_template is None else use_chat_template,
+            tokenizer,
+            prompt_template or PromptTemplate(),
+            has_template if use_chat_template is None else use_chat_template,
             context_window(model.config, tokenizer),
         )
         self._requests = RequestBuilder(
-            preparer, rule, max_new_tokens, self._engine.setup_heads, vocab_size=self._engine.vocab_size, eos_token_ids=lambda: self._engine.eos_token_ids
+            preparer,
+            rule,
+            max_new_tokens,
+            self._engine.setup_heads,
+            vocab_size=self._engine.vocab_size,
+            eos_token_ids=lambda: self._engine.eos_token_ids,
         )
         """The request builder every entry point on this decoder shares."""
         if warmup is not False:
@@ -103,13 +127,21 @@ class FidesDecoder:
 
     def _warm_up(self, methods: list[str | ContrastRule]) -> None:
         distinct = {get_method(m).name: m for m in methods}
-        self._engine.warm_up(lambda m: self._requests.build("warm-up", ["warm-up"], method=m, max_new_tokens=3, min_new_tokens=3),
-                             list(distinct.values()))
+        self._engine.warm_up(
+            lambda m: self._requests.build("warm-up", ["warm-up"], method=m, max_new_tokens=3, min_new_tokens=3),
+            list(distinct.values()),
+        )
 
     @classmethod
     def from_pretrained(
-        cls, name_or_path: str, *, device: str = "auto", dtype: Any = None, device_map: Any = None,
-        offload_folder: str | None = None, **kwargs: Any
+        cls,
+        name_or_path: str,
+        *,
+        device: str = "auto",
+        dtype: Any = None,
+        device_map: Any = None,
+        offload_folder: str | None = None,
+        **kwargs: Any,
     ) -> FidesDecoder:
         """Load a model with `load_model` (`device_map="auto"` splits it over the available devices, offloading
         what does not fit to `offload_folder`) and wrap it; `kwargs` go to the decoder."""
@@ -141,7 +173,8 @@ class FidesDecoder:
 
     @property
     def prompts(self) -> PromptPreparer:
-        """The prompt preparer: renders fides-rag's template and tokenises prompts (questions and documents as plain text);
+        """The prompt preparer: renders fides-rag's template and tokenises prompts (questions and documents as plain
+        text);
         `template`, `use_chat_template` and `context_window` are its settings."""
         return self._requests.preparer
 
@@ -171,11 +204,14 @@ class FidesDecoder:
         return self._engine.snapshot()
 
     def rule_for(self, method: str | ContrastRule | None) -> ContrastRule:
-        """The rule a call's `method=` runs on this decoder: None or the default rule's name gives the configured default
+        """The rule a call's `method=` runs on this decoder: None or the default rule's name gives the configured
+        default
         (behind a gate with `name+gate`), any other name a fresh rule with its defaults; a rule object is itself."""
         return self._requests.resolve(method)
 
-    def prepare(self, question: str, documents: Any, max_new_tokens: int, *, document_paths: bool = False) -> PreparedExample:
+    def prepare(
+        self, question: str, documents: Any, max_new_tokens: int, *, document_paths: bool = False
+    ) -> PreparedExample:
         """Render and tokenise both branches of one example as `generate` would (e.g. to count its prompt tokens);
         `generate` and `generate_batch` also take the result."""
         return self._requests.preparer.prepare(question, documents, max_new_tokens, document_paths=document_paths)
@@ -198,16 +234,27 @@ class FidesDecoder:
         finally:
             self._engine.step_context = previous
 
-    def submit(self, question: Prompt, documents: Sequence[Any] | None = None, *, stream: bool = False, wait_here: bool = False,
-               **options: Unpack[MethodOptions]) -> RequestHandle:
+    def submit(
+        self,
+        question: Prompt,
+        documents: Sequence[Any] | None = None,
+        *,
+        stream: bool = False,
+        wait_here: bool = False,
+        **options: Unpack[MethodOptions],
+    ) -> RequestHandle:
         """Queue one request from any thread and return its future at once: `result()` waits for the
         GenerationResult, `cancel()` drops the request, `.future` is a `concurrent.futures.Future` (for
         `asyncio.wrap_future`), and with `stream=True` its deltas arrive on `stream()` / `astream()`. Bad input
         raises here, before anything decodes; concurrent requests decode together. `wait_here`: the caller will
         wait on `result()` and decodes on its own thread while no other thread does."""
-        return self._engine.submit([self._requests.build(question, documents, stream=stream, **options)], wait_here=wait_here)[0]
+        return self._engine.submit(
+            [self._requests.build(question, documents, stream=stream, **options)], wait_here=wait_here
+        )[0]
 
-    def generate(self, question: Prompt, documents: Sequence[Any] | None = None, **options: Unpack[MethodOptions]) -> Any:
+    def generate(
+        self, question: Prompt, documents: Sequence[Any] | None = None, **options: Unpack[MethodOptions]
+    ) -> Any:
         """Answer `question` with its `documents`, or a `PromptPair` (or a `PreparedExample` from `prepare`).
 
         options: method (or methods, for label -> result), max_new_tokens, stop, do_sample, temperature, top_p,
@@ -216,7 +263,10 @@ class FidesDecoder:
         return self._engine.submit([request], wait_here=True)[0].result()
 
     def generate_batch(
-        self, questions: Sequence[Prompt], documents_per_question: Sequence[Any] | None = None, **options: Unpack[MethodOptions]
+        self,
+        questions: Sequence[Prompt],
+        documents_per_question: Sequence[Any] | None = None,
+        **options: Unpack[MethodOptions],
     ) -> Any:
         """Answer several questions (or PromptPairs) together: one result each, or with `methods` label -> one result
         per question. Every request is built, and bad input refused, before any decodes."""
@@ -231,18 +281,24 @@ class FidesDecoder:
             return results
         return {label: [r[label] for r in results] for label in results[0]} if results else {}
 
-    def stream(self, question: Prompt, documents: Sequence[Any] | None = None, **options: Unpack[MethodOptions]) -> TextStream:
+    def stream(
+        self, question: Prompt, documents: Sequence[Any] | None = None, **options: Unpack[MethodOptions]
+    ) -> TextStream:
         """Text deltas as they are decoded; their concatenation equals the final `result.text`. Any thread may
         read it; closing it cancels the request."""
         request = self._requests.build(question, documents, stream=True, **options)
         return self._engine.submit([request])[0].stream()
 
-    async def agenerate(self, question: Prompt, documents: Sequence[Any] | None = None, **options: Unpack[MethodOptions]) -> Any:
+    async def agenerate(
+        self, question: Prompt, documents: Sequence[Any] | None = None, **options: Unpack[MethodOptions]
+    ) -> Any:
         """`generate` for asyncio: the event loop stays free, and cancelling the task cancels the request."""
         request = self._requests.build(question, documents, **options)
         return await asyncio.wrap_future(self._engine.submit([request])[0].future)
 
-    def astream(self, question: Prompt, documents: Sequence[Any] | None = None, **options: Unpack[MethodOptions]) -> AsyncTextStream:
+    def astream(
+        self, question: Prompt, documents: Sequence[Any] | None = None, **options: Unpack[MethodOptions]
+    ) -> AsyncTextStream:
         """`stream` as an async iterator; cancelling the task that reads it cancels the request."""
         request = self._requests.build(question, documents, stream=True, **options)
         return self._engine.submit([request])[0].astream()

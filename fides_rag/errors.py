@@ -39,9 +39,19 @@ class ContextWindowExceeded(ValueError):
 
     field = "prompt"
 
-    def __init__(self, tokens: int, max_new_tokens: int, context_window: int, what: str = "the prompt", message: str | None = None) -> None:
-        super().__init__(message or f"a prompt of {tokens} tokens plus max_new_tokens={max_new_tokens} exceeds the context window of "
-                                    f"{context_window}; shorten {what} or lower max_new_tokens")
+    def __init__(
+        self,
+        tokens: int,
+        max_new_tokens: int,
+        context_window: int,
+        what: str = "the prompt",
+        message: str | None = None,
+    ) -> None:
+        super().__init__(
+            message
+            or f"a prompt of {tokens} tokens plus max_new_tokens={max_new_tokens} exceeds the context window of "
+            f"{context_window}; shorten {what} or lower max_new_tokens"
+        )
         self.tokens, self.max_new_tokens, self.context_window = tokens, max_new_tokens, context_window
 
 
@@ -60,8 +70,11 @@ class GrammarLimitExceeded(ValueError):
     start before anything decodes: every answer would run into it. `field`: the grammar's keyword (json_schema, ...)."""
 
     def __init__(self, kind: str, reason: str) -> None:
-        super().__init__(f"the {kind.replace('_', ' ')} is past a limit of the grammar library: {reason}; simplify it (fewer optional "
-                         "properties in one object, shorter repetitions, less nesting)")
+        super().__init__(
+            f"the {kind.replace('_', ' ')} is past a limit of the grammar library: {reason}; simplify it (fewer "
+            f"optional "
+            "properties in one object, shorter repetitions, less nesting)"
+        )
         self.field, self.reason = kind, reason
 
 
@@ -72,8 +85,11 @@ class BudgetBelowShortestAnswer(ValueError):
     field = "max_new_tokens"
 
     def __init__(self, kind: str, budget: int, needed: int) -> None:
-        super().__init__(f"max_new_tokens={budget} is fewer than the {needed} tokens the shortest complete answer of the "
-                         f"{kind.replace('_', ' ')} needs, so the answer could only be cut: raise max_new_tokens to at least {needed}")
+        super().__init__(
+            f"max_new_tokens={budget} is fewer than the {needed} tokens the shortest complete answer of the "
+            f"{kind.replace('_', ' ')} needs, so the answer could only be cut: raise max_new_tokens to at least "
+            f"{needed}"
+        )
         self.kind, self.budget, self.needed = kind, budget, needed
 
 
@@ -118,9 +134,11 @@ class UnansweredError(ValueError):
     `answer` is the last Answer (its record holds the notes)."""
 
     def __init__(self, cause: str, answer: Any = None) -> None:
-        super().__init__(f"the model answered nothing: {cause}. It was decoded a second time with the end of turn and "
-                         "markup barred from its first token, and answered nothing again; raise max_new_tokens, give "
-                         "the answering turn clearer evidence, or use a larger model")
+        super().__init__(
+            f"the model answered nothing: {cause}. It was decoded a second time with the end of turn and "
+            "markup barred from its first token, and answered nothing again; raise max_new_tokens, give "
+            "the answering turn clearer evidence, or use a larger model"
+        )
         self.cause, self.answer = cause, answer
 
 

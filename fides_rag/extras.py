@@ -39,7 +39,7 @@ def require(module: str, extra: str | None = None, *, purpose: str = "") -> Modu
         extra = extra or EXTRA_OF.get(top, "eval")
         why = f" for {purpose}" if purpose else ""
         raise MissingExtraError(
-            f"{module!r} is not installed; it is needed{why}. Install it with: pip install \"fides-rag[{extra}]\""
+            f'{module!r} is not installed; it is needed{why}. Install it with: pip install "fides-rag[{extra}]"'
         ) from None
 
 
@@ -53,5 +53,5 @@ def check_extra(extra: str, *, command: str = "") -> None:
         what = f"`fides-rag {command}`" if command else f"the {extra} tools"
         raise MissingExtraError(
             f"{what} needs {', '.join(missing)}, which are not installed. "
-            f"Install them with: pip install \"fides-rag[{extra}]\""
+            f'Install them with: pip install "fides-rag[{extra}]"'
         )

@@ -35,7 +35,9 @@ class Registry(Generic[T]):
         try:
             return self._classes[name]
         except KeyError:
-            raise ValueError(f"unknown {self.kind} {name!r}; available {self.plural}: {', '.join(self.names())}") from None
+            raise ValueError(
+                f"unknown {self.kind} {name!r}; available {self.plural}: {', '.join(self.names())}"
+            ) from None
 
     def find(self, name: str) -> T | None:
         """The class registered as `name`, or None."""

@@ -41,11 +41,20 @@ class StepRecord:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepRecord:
         """Inverse of `to_dict` (None values are dropped)."""
-        values = {k: float(v) for k, v in data.items() if k not in ("token_id", "token", "logprob", "top_logprobs") and v is not None}
+        values = {
+            k: float(v)
+            for k, v in data.items()
+            if k not in ("token_id", "token", "logprob", "top_logprobs") and v is not None
+        }
         top = data.get("top_logprobs")
         logprob = data.get("logprob")
-        return cls(int(data["token_id"]), str(data["token"]), values, None if logprob is None else float(logprob),
-                   None if top is None else [(int(i), float(lp)) for i, lp in top])
+        return cls(
+            int(data["token_id"]),
+            str(data["token"]),
+            values,
+            None if logprob is None else float(logprob),
+            None if top is None else [(int(i), float(lp)) for i, lp in top],
+        )
 
 
 @dataclass

@@ -84,7 +84,9 @@ def tiny_config(family: str, vocab_size: int, **overrides: Any) -> PretrainedCon
     if family == "gemma":
         return GemmaConfig(head_dim=8, **common)
     if family == "gemma2":
-        return Gemma2Config(head_dim=8, final_logit_softcapping=3.0, attn_logit_softcapping=50.0, sliding_window=16, **common)
+        return Gemma2Config(
+            head_dim=8, final_logit_softcapping=3.0, attn_logit_softcapping=50.0, sliding_window=16, **common
+        )
     if family == "gemma3_text":
         return Gemma3TextConfig(
             head_dim=8,
@@ -100,8 +102,6 @@ def build_tiny_model(family: str, vocab_size: int, seed: int = 0, **overrides):
     model = AutoModelForCausalLM.from_config(tiny_config(family, vocab_size, **overrides), dtype=torch.float32)
     model.generation_config.pad_token_id = 0
     return model.eval()
-
-
 
 
 SAMPLE_QUESTIONS = ["What is the capital of France?", "Which city is the capital of Australia?", "Who wrote it?"]

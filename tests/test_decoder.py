@@ -28,7 +28,10 @@ DOCUMENTS = [
     ["The quick brown fox jumps over the lazy dog."],
 ]
 PROMPT_PAIRS = [
-    ("Document: Lyon is the capital of France. Question: What is the capital of France? Answer:", "Question: What is the capital of France? Answer:"),
+    (
+        "Document: Lyon is the capital of France. Question: What is the capital of France? Answer:",
+        "Question: What is the capital of France? Answer:",
+    ),
     ("The capital of Australia is Melbourne. Canberra was chosen as a compromise. " * 3 + "Answer:", "Answer:"),
 ]
 
@@ -46,11 +49,15 @@ def test_standard_matches_transformers_generate(tiny_models, tokenizer, family):
     decoder = decoder_for(model, tokenizer)
     for context_prompt, _ in PROMPT_PAIRS:
         ids = tokenizer(context_prompt, return_tensors="pt")
-        expected = model.generate(**ids, do_sample=False, max_new_tokens=12, pad_token_id=0)[0, ids["input_ids"].shape[1] :]
+        expected = model.generate(**ids, do_sample=False, max_new_tokens=12, pad_token_id=0)[
+            0, ids["input_ids"].shape[1] :
+        ]
         result = decoder.generate(PromptPair(context_prompt, "unused"), method="standard", max_new_tokens=12)
         assert result.token_ids == expected.tolist()
         assert result.no_context_prompt is None
-        assert all(s.alpha is None and s.opposition is None and s.shift is None and s.noise is None for s in result.steps)
+        assert all(
+            s.alpha is None and s.opposition is None and s.shift is None and s.noise is None for s in result.steps
+        )
 
 
 DEFAULT_CONFIG = FidesConfig()
@@ -316,7 +323,9 @@ def test_default_template_two_shot_and_branch_difference(tiny_llama, tokenizer):
 def test_chat_template_on_both_branches(tiny_llama, chat_tokenizer):
     decoder = decoder_for(tiny_llama, chat_tokenizer)
     assert decoder.prompts.use_chat_template
-    result = decoder.generate("What is the capital of France?", ["Lyon is the capital of France."], method="cad", max_new_tokens=2)
+    result = decoder.generate(
+        "What is the capital of France?", ["Lyon is the capital of France."], method="cad", max_new_tokens=2
+    )
     for prompt in (result.context_prompt, result.no_context_prompt):
         assert prompt.startswith("<bos><|user|>") and prompt.endswith("<|assistant|>\n")
         assert prompt.count("<|assistant|>") == 3
@@ -336,7 +345,9 @@ def test_custom_template_and_document_objects(tiny_llama, tokenizer):
     decoder = decoder_for(tiny_llama, tokenizer, prompt_template=template)
     docs = [SimpleNamespace(page_content="Lyon is the capital."), SimpleNamespace(text="Paris is a city."), "A string."]
     result = decoder.generate("Which city?", docs, max_new_tokens=2)
-    assert result.context_prompt.startswith("<1> Lyon is the capital.\n<2> Paris is a city.\n<3> A string.\nAnswer from the passages:")
+    assert result.context_prompt.startswith(
+        "<1> Lyon is the capital.\n<2> Paris is a city.\n<3> A string.\nAnswer from the passages:"
+    )
     assert result.no_context_prompt.startswith("Answer:\nQuestion: Which city?")
     with pytest.raises(TypeError, match="unsupported document type int"):
         decoder.generate("Which city?", [42])
@@ -378,7 +389,9 @@ def test_no_documents_falls_back_to_standard_and_says_so(tiny_llama, tokenizer, 
     assert "no documents" in caplog.text
     assert set(counter.batch_sizes) == {1}  # standard on the question alone: no second path
     assert "Document [" not in result.context_prompt
-    mixed = decoder.generate_batch(["Q one?", "Q two?"], [None, ["Lyon is the capital of France."]], method="cad", max_new_tokens=3)
+    mixed = decoder.generate_batch(
+        ["Q one?", "Q two?"], [None, ["Lyon is the capital of France."]], method="cad", max_new_tokens=3
+    )
     assert [r.method for r in mixed] == ["standard", "cad"]
 
 
@@ -435,7 +448,9 @@ def test_methods_option_equals_each_method_alone(tiny_models, tokenizer, family)
 def test_methods_on_prompt_pairs_equal_each_alone(tiny_llama, tokenizer):
     decoder = decoder_for(tiny_llama, tokenizer)
     pairs = [(f"Context: {docs[0]}\nQ: {q}\nA:", f"Q: {q}\nA:") for q, docs in zip(QUESTIONS, DOCUMENTS)]
-    together = decoder.generate_batch([PromptPair(ctx, noctx) for ctx, noctx in pairs], methods=["standard", "cad", "fides"], max_new_tokens=6)
+    together = decoder.generate_batch(
+        [PromptPair(ctx, noctx) for ctx, noctx in pairs], methods=["standard", "cad", "fides"], max_new_tokens=6
+    )
     for label in ("standard", "cad", "fides"):
         alone = [decoder.generate(PromptPair(ctx, noctx), method=label, max_new_tokens=6) for ctx, noctx in pairs]
         assert [r.token_ids for r in together[label]] == [r.token_ids for r in alone]
@@ -446,16 +461,22 @@ def test_methods_prefill_once_and_prune_finished_rows(tiny_llama, tokenizer):
     decoder = decoder_for(tiny_llama, tokenizer, max_num_batched_tokens=8192)  # both requests join at the first step
     counter = ForwardCounter(ModelAnatomy.of(decoder.model).backbone)
     try:
-        results = decoder.generate_batch(QUESTIONS[:2], DOCUMENTS[:2], methods=["standard", "cad", "fides"], max_new_tokens=6, stop=[])
+        results = decoder.generate_batch(
+            QUESTIONS[:2], DOCUMENTS[:2], methods=["standard", "cad", "fides"], max_new_tokens=6, stop=[]
+        )
     finally:
         counter.handle.remove()
     prefill = [rows for rows, width in counter.calls if width > 1]
     decode = [rows for rows, width in counter.calls if width == 1]
     assert set(prefill) == {1}  # each prompt row in its own forwards
     prompts = [decoder.prepare(q, d, 6) for q, d in zip(QUESTIONS[:2], DOCUMENTS[:2])]
-    assert decoder.stats.prompt_tokens == sum(len(p.context_ids) + len(p.no_context_ids) for p in prompts)  # once, for 3 methods
+    assert decoder.stats.prompt_tokens == sum(
+        len(p.context_ids) + len(p.no_context_ids) for p in prompts
+    )  # once, for 3 methods
     if decode:
-        still_running = sum((len(r.token_ids) > 1) * (1 if m == "standard" else 2) for m, rs in results.items() for r in rs)
+        still_running = sum(
+            (len(r.token_ids) > 1) * (1 if m == "standard" else 2) for m, rs in results.items() for r in rs
+        )
         assert decode[0] == still_running  # 2 + 4 + 4 rows when nobody finished at step 0
     with pytest.raises(ValueError, match="repeat a name"):
         decoder.generate_batch(["Q?"], [["d"]], methods=["cad", get_method("cad", alpha=0.5)])
@@ -463,7 +484,9 @@ def test_methods_prefill_once_and_prune_finished_rows(tiny_llama, tokenizer):
 
 def test_methods_without_documents_report_standard_under_each_label(tiny_llama, tokenizer):
     decoder = decoder_for(tiny_llama, tokenizer)
-    results = decoder.generate_batch(["Q one?", "Q two?"], [None, ["Lyon."]], methods=["cad", "fides"], max_new_tokens=3)
+    results = decoder.generate_batch(
+        ["Q one?", "Q two?"], [None, ["Lyon."]], methods=["cad", "fides"], max_new_tokens=3
+    )
     assert [r.method for r in results["cad"]] == ["standard", "cad"]
     assert [r.requested_method for r in results["fides"]] == ["fides", "fides"]
     assert results["cad"][0].token_ids == results["fides"][0].token_ids
@@ -471,7 +494,9 @@ def test_methods_without_documents_report_standard_under_each_label(tiny_llama, 
 
 def test_raw_prompts_can_skip_special_tokens(tiny_llama, chat_tokenizer):
     decoder = decoder_for(tiny_llama, chat_tokenizer)
-    text = chat_tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
+    text = chat_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
+    )
     example = decoder.prompts.prepare_from_prompts(text, text, 4, add_special_tokens=False)
     assert example.context_ids.count(chat_tokenizer.bos_token_id) == 1
     result = decoder.generate(PromptPair(text, text, add_special_tokens=False), method="standard", max_new_tokens=2)

@@ -12,14 +12,42 @@ from fides_rag import FidesDecoder, PromptPair, PromptTemplate
 from fides_rag.method.lens import ModelAnatomy
 
 REQUESTS = [
-    dict(question="What is the capital of France?", documents=["Lyon is the capital of France."], method="fides", max_new_tokens=6),
-    dict(question="Who chose Canberra?", documents=["Canberra was chosen as a compromise."], method="cad", max_new_tokens=9),
-    dict(question="What jumps?", documents=["The quick brown fox jumps."], method="fides", max_new_tokens=4, stop=["e"]),
-    dict(question="Which river?", documents=["Paris is on the Seine.", "Lyon is on the Rhone."], method="dvd", max_new_tokens=5),
+    dict(
+        question="What is the capital of France?",
+        documents=["Lyon is the capital of France."],
+        method="fides",
+        max_new_tokens=6,
+    ),
+    dict(
+        question="Who chose Canberra?",
+        documents=["Canberra was chosen as a compromise."],
+        method="cad",
+        max_new_tokens=9,
+    ),
+    dict(
+        question="What jumps?", documents=["The quick brown fox jumps."], method="fides", max_new_tokens=4, stop=["e"]
+    ),
+    dict(
+        question="Which river?",
+        documents=["Paris is on the Seine.", "Lyon is on the Rhone."],
+        method="dvd",
+        max_new_tokens=5,
+    ),
     dict(question="Who wrote it?", documents=None, method="fides", max_new_tokens=5),
-    dict(question="What is the capital?", documents=["Rome is the capital of France."], method="standard", max_new_tokens=7, stop=["a", "o"]),
+    dict(
+        question="What is the capital?",
+        documents=["Rome is the capital of France."],
+        method="standard",
+        max_new_tokens=7,
+        stop=["a", "o"],
+    ),
     dict(question="Where is it?", documents=["It is in Canberra."], method="cad", max_new_tokens=3),
-    dict(context_prompt="Lyon is the capital of France. Question: capital? Answer:", no_context_prompt="Question: capital? Answer:", method="fides", max_new_tokens=6),
+    dict(
+        context_prompt="Lyon is the capital of France. Question: capital? Answer:",
+        no_context_prompt="Question: capital? Answer:",
+        method="fides",
+        max_new_tokens=6,
+    ),
 ]
 
 
@@ -119,7 +147,9 @@ def test_a_cancelled_task_leaves_the_batch(decoder, tiny_llama):
     async def main():
         keep = asyncio.create_task(decoder.agenerate(**long, max_new_tokens=200))
         doomed = asyncio.create_task(decoder.agenerate(**long, max_new_tokens=200, stop=["zzz"]))
-        while sum(shape == (4, 1) for shape in forwards) < 2:  # a few decode steps of both (after their prompts' chunks)
+        while (
+            sum(shape == (4, 1) for shape in forwards) < 2
+        ):  # a few decode steps of both (after their prompts' chunks)
             await asyncio.sleep(0.001)
         doomed.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -147,7 +177,9 @@ def test_bad_engine_settings_are_refused_naming_the_setting(decoder):
 def test_batched_results_carry_their_recorded_values(decoder):
     decoder.configure(max_requests=4, window_s=0.2)
     short = decoder.submit("What jumps?", ["The quick brown fox jumps."], method="fides", max_new_tokens=2)
-    long = decoder.submit("Who chose Canberra?", ["Canberra was chosen as a compromise."], method="fides", max_new_tokens=9)
+    long = decoder.submit(
+        "Who chose Canberra?", ["Canberra was chosen as a compromise."], method="fides", max_new_tokens=9
+    )
     for future in (short, long):
         result = future.result()
         assert result.steps and all(s.alpha is not None and s.opposition is not None for s in result.steps)

@@ -31,7 +31,12 @@ class DtypeProbe(ContrastRule):
         return (1,)
 
     def combine(self, step):
-        self.dtypes |= {step.ctx_logits.dtype, step.no_ctx_logits.dtype, step.ctx_layer_states.dtype, step.lens_logits[1].dtype}
+        self.dtypes |= {
+            step.ctx_logits.dtype,
+            step.no_ctx_logits.dtype,
+            step.ctx_layer_states.dtype,
+            step.lens_logits[1].dtype,
+        }
         return StepOutput(logits=2 * step.ctx_logits - step.no_ctx_logits)
 
 
@@ -52,8 +57,14 @@ def test_bf16_standard_equals_generate_and_signals_are_float32(tokenizer):
     decoder.eos_token_ids = set()
     example = decoder.prepare("What is the capital?", ["Lyon is the capital of France."], 8)
     ids = torch.tensor([example.context_ids])
-    expected = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=8,
-                              eos_token_id=None, pad_token_id=0)[0, ids.shape[1]:].tolist()
+    expected = model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=8,
+        eos_token_id=None,
+        pad_token_id=0,
+    )[0, ids.shape[1] :].tolist()
     assert decoder.generate_batch([example], method="standard", max_new_tokens=8)[0].token_ids == expected
     probe = DtypeProbe()
     decoder.generate_batch([example], method=probe, max_new_tokens=3)
@@ -83,9 +94,17 @@ def test_offloaded_model_decodes_like_the_model_on_one_device(tokenizer, method)
 def test_load_model_passes_device_map_through(tmp_path, tokenizer):
     build_tiny_model("llama", len(tokenizer)).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    device_map = {"model.embed_tokens": "cpu", "model.layers": "cpu", "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "disk"}
+    device_map = {
+        "model.embed_tokens": "cpu",
+        "model.layers": "cpu",
+        "model.norm": "cpu",
+        "model.rotary_emb": "cpu",
+        "lm_head": "disk",
+    }
     model, _ = load_model(tmp_path, device_map=device_map, dtype="float32", offload_folder=str(tmp_path / "offload"))
-    assert model.hf_device_map["lm_head"] == "disk" and model.lm_head.weight.device.type == "meta"  # dispatched by accelerate
+    assert (
+        model.hf_device_map["lm_head"] == "disk" and model.lm_head.weight.device.type == "meta"
+    )  # dispatched by accelerate
     plain, _ = load_model(tmp_path, device="cpu", dtype="float32")
     question, documents = MULTI_DOCUMENT_QUESTIONS[0], MULTI_DOCUMENTS[0]
     assert (

@@ -106,7 +106,10 @@ def hand_masked(model, heads):
 
         return hook
 
-    return [model.model.layers[layer - 1].self_attn.o_proj.register_forward_pre_hook(zero(hs)) for layer, hs in heads.items()]
+    return [
+        model.model.layers[layer - 1].self_attn.o_proj.register_forward_pre_hook(zero(hs))
+        for layer, hs in heads.items()
+    ]
 
 
 # -- per-document paths ------------------------------------------------------------------------------
@@ -119,7 +122,9 @@ def test_prepare_document_prompts(tiny_llama, tokenizer):
     assert len(example.document_prompts) == len(example.document_ids) == 3
     for text, prompt, ids in zip(DOCUMENTS[1], example.document_prompts, example.document_ids):
         block = decoder.prompts.template.document_block([text])
-        assert prompt == decoder.prompts.template.render(tokenizer, QUESTIONS[1], block, decoder.prompts.use_chat_template)
+        assert prompt == decoder.prompts.template.render(
+            tokenizer, QUESTIONS[1], block, decoder.prompts.use_chat_template
+        )
         assert f"Document [1]: {text}\n" in prompt and "Document [2]" not in prompt
         assert ids == tokenizer(prompt)["input_ids"]
     assert example.context_ids == decoder.prepare(QUESTIONS[1], DOCUMENTS[1], 8).context_ids
@@ -130,7 +135,11 @@ def test_prepare_document_prompts(tiny_llama, tokenizer):
 def test_document_paths_equal_separate_forwards(tiny_models, tokenizer, family, split_prefill):
     model = tiny_models[family]
     # a budget that holds every prompt: the examples join at the first step, so row b is example b at every step
-    decoder = no_eos(FidesDecoder(model, tokenizer, prompt_template=NO_STOP, split_prefill=split_prefill, max_num_batched_tokens=8192))
+    decoder = no_eos(
+        FidesDecoder(
+            model, tokenizer, prompt_template=NO_STOP, split_prefill=split_prefill, max_num_batched_tokens=8192
+        )
+    )
     probe = DocumentProbe()
     results = decoder.generate_batch(QUESTIONS, DOCUMENTS, method=probe, max_new_tokens=4)
     standard = decoder.generate_batch(QUESTIONS, DOCUMENTS, method="standard", max_new_tokens=4)
@@ -172,12 +181,18 @@ def test_masked_path_equals_model_with_heads_zeroed_by_hand(tiny_models, tokeniz
     cache, and the context rows beside it stay unmasked."""
     model = tiny_models[family]
     # a budget that holds every prompt: the examples join at the first step, so row b is example b at every step
-    decoder = no_eos(FidesDecoder(model, tokenizer, prompt_template=NO_STOP, split_prefill=split_prefill, max_num_batched_tokens=8192))
+    decoder = no_eos(
+        FidesDecoder(
+            model, tokenizer, prompt_template=NO_STOP, split_prefill=split_prefill, max_num_batched_tokens=8192
+        )
+    )
     probe = HeadProbe(HEADS)
     results = decoder.generate_batch(QUESTIONS, DOCUMENTS, method=probe, max_new_tokens=5)
     assert probe.asked == 1
     assert all(len(r.token_ids) == 5 for r in results)
-    assert all(not proj._forward_pre_hooks for proj in ModelAnatomy.of(decoder.model).attention_output_projections())  # hooks removed
+    assert all(
+        not proj._forward_pre_hooks for proj in ModelAnatomy.of(decoder.model).attention_output_projections()
+    )  # hooks removed
     for b, (question, docs, result) in enumerate(zip(QUESTIONS, DOCUMENTS, results)):
         ids = decoder.prepare(question, docs, 5).context_ids
         handles = hand_masked(model, HEADS)
@@ -189,7 +204,9 @@ def test_masked_path_equals_model_with_heads_zeroed_by_hand(tiny_models, tokeniz
         assert result.token_ids == [int(m.argmax()) for m in masked]
         for t, (ctx_logits, masked_logits) in enumerate(probe.seen):
             torch.testing.assert_close(masked_logits[b], masked[t], rtol=1e-4, atol=1e-4)
-            torch.testing.assert_close(ctx_logits[b], last_logits(model, ids + result.token_ids[:t]), rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(
+                ctx_logits[b], last_logits(model, ids + result.token_ids[:t]), rtol=1e-4, atol=1e-4
+            )
             assert not torch.allclose(ctx_logits[b], masked_logits[b], atol=1e-3)
 
 
@@ -197,7 +214,9 @@ def test_masked_path_batch_equals_single(tiny_llama, tokenizer):
     decoder = FidesDecoder(tiny_llama, tokenizer)
     batch = decoder.generate_batch(QUESTIONS, DOCUMENTS, method=HeadProbe(HEADS), max_new_tokens=6)
     for question, docs, batched in zip(QUESTIONS, DOCUMENTS, batch):
-        assert batched.token_ids == decoder.generate(question, docs, method=HeadProbe(HEADS), max_new_tokens=6).token_ids
+        assert (
+            batched.token_ids == decoder.generate(question, docs, method=HeadProbe(HEADS), max_new_tokens=6).token_ids
+        )
 
 
 def test_no_heads_means_no_masked_rows(tiny_llama, tokenizer):
@@ -228,8 +247,14 @@ def test_rows_per_forward(tiny_llama, tokenizer, split_prefill, monkeypatch):
     with nobody finished keeps its rows in place (the cache is never reindexed)."""
     reindexed = []
     original = DynamicCache.batch_select_indices
-    monkeypatch.setattr(DynamicCache, "batch_select_indices", lambda self, keep: reindexed.append(keep) or original(self, keep))
-    decoder = no_eos(FidesDecoder(tiny_llama, tokenizer, prompt_template=NO_STOP, split_prefill=split_prefill, max_num_batched_tokens=8192))
+    monkeypatch.setattr(
+        DynamicCache, "batch_select_indices", lambda self, keep: reindexed.append(keep) or original(self, keep)
+    )
+    decoder = no_eos(
+        FidesDecoder(
+            tiny_llama, tokenizer, prompt_template=NO_STOP, split_prefill=split_prefill, max_num_batched_tokens=8192
+        )
+    )
     expected = {"cad": [3, 3], "dvd": [3, 3, 9], "heads": [3, 3]}  # documents: 2 + 3 + 4
     examples = [decoder.prepare(q, d, 4, document_paths=True) for q, d in zip(QUESTIONS, DOCUMENTS)]
     prompt_tokens = {  # every row's prompt, once

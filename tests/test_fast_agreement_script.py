@@ -19,8 +19,25 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_the_agreement_script_counts_equal_answers_per_method(tmp_path):
     out = tmp_path / "agreement.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    run = subprocess.run([sys.executable, "benchmarks/fast_agreement.py", "--rows", "3", "--in-flight", "3", "--new-tokens", "6", "--out", str(out)],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=580)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/fast_agreement.py",
+            "--rows",
+            "3",
+            "--in-flight",
+            "3",
+            "--new-tokens",
+            "6",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=580,
+    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     report = json.loads(out.read_text())
     assert report["rows"] == 3 and set(report["methods"]) == {"standard", "cad", "fides"}

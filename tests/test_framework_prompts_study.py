@@ -25,17 +25,45 @@ def test_the_study_runs_and_writes_its_tables(tmp_path):
     tokenizer.save_pretrained(tmp_path / "model")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     # one new token: the prompts are captured with a one-token budget, and a tiny model's window trims the passages
-    run = subprocess.run([sys.executable, "benchmarks/framework_prompts_study.py", "--model", str(tmp_path / "model"), "--limit", "2",
-                          "--max-new-tokens", "1", "--verify", "2", "--bootstrap", "50", "--device", "cpu", "--out", str(tmp_path / "out")],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/framework_prompts_study.py",
+            "--model",
+            str(tmp_path / "model"),
+            "--limit",
+            "2",
+            "--max-new-tokens",
+            "1",
+            "--verify",
+            "2",
+            "--bootstrap",
+            "50",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     record = json.loads((tmp_path / "out" / "model.json").read_text())
-    labels = ["fides-rag template"] + [f"{f} / {d}" for f in ("llamaindex-text_qa", "langchain-stuff", "langchain-v1-chat") for d in ("emptied", "question")]
+    labels = ["fides-rag template"] + [
+        f"{f} / {d}"
+        for f in ("llamaindex-text_qa", "langchain-stuff", "langchain-v1-chat")
+        for d in ("emptied", "question")
+    ]
     assert list(record["summaries"]) == labels and all(len(record["answers"][label]["fides"]) == 2 for label in labels)
     pairs = record["first_prompt_pairs"]
     assert "Answer the following question:" in pairs["langchain-stuff / question"][0][1]
     assert "Answer the following question:" not in pairs["langchain-stuff / emptied"][0][1]
-    assert all(record["summaries"][label]["fides_mean_alpha"] >= 0.0 for label in labels)  # FIDES's α is recorded for every form
+    assert all(
+        record["summaries"][label]["fides_mean_alpha"] >= 0.0 for label in labels
+    )  # FIDES's α is recorded for every form
     assert all(len(record["fides_alphas"][label]) == 2 for label in labels)
     table = (tmp_path / "out" / "model.md").read_text()
     assert "| prompt / no-context path" in table and "FIDES α" in table

@@ -21,11 +21,44 @@ def test_the_gpu_benchmark_runs_with_a_tiny_configuration_on_cpu(tmp_path):
     out = tmp_path / "gpu.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     run = subprocess.run(
-        [sys.executable, "benchmarks/gpu.py", "--tiny", "--device", "cpu", "--dtype", "float32", "--context-tokens", "48",
-         "--question-tokens", "8", "--new-tokens", "5", "--samples", "1", "--batch-sizes", "1,2", "--serving-requests", "4",
-         "--serving-tokens", "2,4", "--loads", "4,8", "--budgets", "16,64", "--budget-requests", "4",
-         "--peers", "hf-cfg,hf-static-compile", "--out", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=380,
+        [
+            sys.executable,
+            "benchmarks/gpu.py",
+            "--tiny",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--context-tokens",
+            "48",
+            "--question-tokens",
+            "8",
+            "--new-tokens",
+            "5",
+            "--samples",
+            "1",
+            "--batch-sizes",
+            "1,2",
+            "--serving-requests",
+            "4",
+            "--serving-tokens",
+            "2,4",
+            "--loads",
+            "4,8",
+            "--budgets",
+            "16,64",
+            "--budget-requests",
+            "4",
+            "--peers",
+            "hf-cfg,hf-static-compile",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=380,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -62,7 +95,11 @@ def test_the_gpu_benchmark_runs_with_a_tiny_configuration_on_cpu(tmp_path):
         assert set(load["modes"]) == {"continuous", "static"}
         assert isinstance(load["identical_outputs"], bool)
         for mode in load["modes"].values():
-            assert mode["latency_s"]["p95"] >= mode["ttft_s"]["p50"] > 0 and mode["tokens"] and all(2 <= t <= 4 for t in mode["tokens"])
+            assert (
+                mode["latency_s"]["p95"] >= mode["ttft_s"]["p50"] > 0
+                and mode["tokens"]
+                and all(2 <= t <= 4 for t in mode["tokens"])
+            )
     sweep = report["sections"]["budget"]
     assert list(sweep["budgets"]) == ["16", "64"] and sweep["load"] == 2.0 and sweep["requests"] == 4
     assert all(d["latency_s"]["p95"] >= d["ttft_s"]["p50"] > 0 for d in sweep["budgets"].values())
@@ -70,17 +107,60 @@ def test_the_gpu_benchmark_runs_with_a_tiny_configuration_on_cpu(tmp_path):
     assert "| method | decode ms/token |" in run.stdout and "continuous / static" in run.stdout
 
 
-SMALL = ["--new-tokens", "4", "--counted-steps", "1", "--samples", "1", "--exact-requests", "2", "--exact-tokens", "3",
-         "--batch-sizes", "1,2", "--serving-requests", "4", "--serving-tokens", "2,3", "--loads", "4", "--budgets", "2048",
-         "--budget-requests", "4", "--attention-repeats", "2", "--peers", "hf-cfg"]
+SMALL = [
+    "--new-tokens",
+    "4",
+    "--counted-steps",
+    "1",
+    "--samples",
+    "1",
+    "--exact-requests",
+    "2",
+    "--exact-tokens",
+    "3",
+    "--batch-sizes",
+    "1,2",
+    "--serving-requests",
+    "4",
+    "--serving-tokens",
+    "2,3",
+    "--loads",
+    "4",
+    "--budgets",
+    "2048",
+    "--budget-requests",
+    "4",
+    "--attention-repeats",
+    "2",
+    "--peers",
+    "hf-cfg",
+]
 """Everything small but the context length (the default, 2,048 tokens)."""
 
 
 def _gpu_call(tmp_path, *flags):
     out = tmp_path / "gpu.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    run = subprocess.run([sys.executable, "benchmarks/gpu.py", "--tiny", "--device", "cpu", "--dtype", "float32", *SMALL, *flags,
-                          "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=380)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/gpu.py",
+            "--tiny",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            *SMALL,
+            *flags,
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=380,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return json.loads(out.read_text()), run.stdout
 

@@ -18,8 +18,15 @@ ENGINE = "fides_rag.generation.engine"
 
 
 LAYERS: list[tuple[str, ...]] = [
-    ("fides_rag.errors", "fides_rag.registry", "fides_rag.extras", "fides_rag.result", "fides_rag.report", "fides_rag.models",
-     "fides_rag.prompts"),
+    (
+        "fides_rag.errors",
+        "fides_rag.registry",
+        "fides_rag.extras",
+        "fides_rag.result",
+        "fides_rag.report",
+        "fides_rag.models",
+        "fides_rag.prompts",
+    ),
     ("fides_rag.method",),
     ("fides_rag.rules",),
     ("fides_rag.generation",),
@@ -28,8 +35,15 @@ LAYERS: list[tuple[str, ...]] = [
     ("fides_rag.serve", "fides_rag.eval", "fides_rag.demo", "fides_rag.cli", "fides_rag.testing"),
 ]
 """The layers from the bottom up: a module may import its own layer and those below, never one above."""
-FRONT_DOORS = [ROOT / "serve", ROOT / "eval", ROOT / "demo", ROOT / "cli", REPOSITORY / "benchmarks", REPOSITORY / "examples",
-               REPOSITORY / "integrations"]
+FRONT_DOORS = [
+    ROOT / "serve",
+    ROOT / "eval",
+    ROOT / "demo",
+    ROOT / "cli",
+    REPOSITORY / "benchmarks",
+    REPOSITORY / "examples",
+    REPOSITORY / "integrations",
+]
 """What reaches the engine only through `fides_rag`, the decoder and the call layer."""
 ROOM_BENCHMARKS = {REPOSITORY / "benchmarks" / "grammar_step_cost.py"}
 """Micro-benchmarks of one generation room on its own (no decoder, no call): they time the room's functions."""
@@ -65,7 +79,9 @@ def imports_of(path: Path, root: Path = ROOT) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             if base.startswith("fides_rag"):
                 found.add(base)
                 found |= {f"{base}.{a.name}" for a in node.names}
@@ -112,24 +128,41 @@ def test_every_import_runs_down_the_layers():
 
 
 def test_the_layer_check_catches_an_upward_import(tmp_path):
-    assert layer_of("fides_rag.method.signals") < layer_of("fides_rag.rules.fides") < layer_of("fides_rag.generation.engine.engine")
-    assert layer_of("fides_rag.generation.engine.engine") < layer_of("fides_rag.decoder") < layer_of("fides_rag.calls.answering")
+    assert (
+        layer_of("fides_rag.method.signals")
+        < layer_of("fides_rag.rules.fides")
+        < layer_of("fides_rag.generation.engine.engine")
+    )
+    assert (
+        layer_of("fides_rag.generation.engine.engine")
+        < layer_of("fides_rag.decoder")
+        < layer_of("fides_rag.calls.answering")
+    )
     assert layer_of("fides_rag.calls") < layer_of("fides_rag.serve.app") == layer_of("fides_rag.eval.bench")
     assert layer_of("fides_rag") == layer_of("fides_rag.decoder") and layer_of("fides_rag.errors") == 0
     module = tmp_path / "fides_rag" / "method" / "sneaky.py"
     module.parent.mkdir(parents=True)
-    module.write_text("def f():\n    from fides_rag.rules.fides import FidesRule\n    from fides_rag import __version__\n")
+    module.write_text(
+        "def f():\n    from fides_rag.rules.fides import FidesRule\n    from fides_rag import __version__\n"
+    )
     known = set(graph())
-    found = {m for m in imports_of(module, tmp_path / "fides_rag") if m in known and layer_of(m) > layer_of("fides_rag.method.sneaky")}
+    found = {
+        m
+        for m in imports_of(module, tmp_path / "fides_rag")
+        if m in known and layer_of(m) > layer_of("fides_rag.method.sneaky")
+    }
     assert found == {"fides_rag", "fides_rag.rules.fides"}
 
 
 def test_front_doors_never_import_the_generation_package():
     sources = [p for folder in FRONT_DOORS for p in folder.rglob("*.py") if p not in ROOM_BENCHMARKS]
     assert len(sources) > 80
-    doors = {str(p.relative_to(REPOSITORY)): sorted(m for m in imports_of(p) if m == "fides_rag.generation" or
-                                                    m.startswith("fides_rag.generation."))
-             for p in sources}
+    doors = {
+        str(p.relative_to(REPOSITORY)): sorted(
+            m for m in imports_of(p) if m == "fides_rag.generation" or m.startswith("fides_rag.generation.")
+        )
+        for p in sources
+    }
     assert {path: modules for path, modules in doors.items() if modules} == {}
 
 
@@ -137,7 +170,11 @@ def test_only_the_facade_and_generation_import_the_engine():
     """Eval, benchmarks, the server, the integrations and the tests reach the engine through `FidesDecoder` (`submit`,
     `configure`, `limits`, `stats`, `around_steps`); the engine's own tests may open it."""
     allowed = [ROOT / "generation", ROOT / "decoder.py", REPOSITORY / "tests" / "generation" / "engine"]
-    sources = [p for folder in ("fides_rag", "benchmarks", "examples", "integrations", "tests") for p in (REPOSITORY / folder).rglob("*.py")]
+    sources = [
+        p
+        for folder in ("fides_rag", "benchmarks", "examples", "integrations", "tests")
+        for p in (REPOSITORY / folder).rglob("*.py")
+    ]
     assert len(sources) > 100
     doors = {}
     for path in sources:

@@ -12,7 +12,11 @@ SCRIPT = ROOT / "benchmarks" / "kv_traffic.py"
 
 
 def _run_entry(median: float, ops: int, ms: float | None) -> dict:
-    return {"traffic_bytes_per_token": {"median": median, "max": 2 * median}, "ops_per_token": ops, "decode_ms_per_token": ms}
+    return {
+        "traffic_bytes_per_token": {"median": median, "max": 2 * median},
+        "ops_per_token": ops,
+        "decode_ms_per_token": ms,
+    }
 
 
 def _write(path: Path, runs: dict) -> str:
@@ -21,12 +25,16 @@ def _write(path: Path, runs: dict) -> str:
 
 
 def _table(*args: str) -> str:
-    return subprocess.run([sys.executable, str(SCRIPT), "--table", *args], check=True, capture_output=True, text=True).stdout
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--table", *args], check=True, capture_output=True, text=True
+    ).stdout
 
 
 def test_after_files_set_each_figure_beside_the_before_one_and_a_dash_where_one_is_missing(tmp_path):
-    before = _write(tmp_path / "before.json", {"1025": {"cad": _run_entry(49.17e6, 3005, 2000.0)},
-                                                "16384": {"cad": _run_entry(756.93e6, 3005, None)}})
+    before = _write(
+        tmp_path / "before.json",
+        {"1025": {"cad": _run_entry(49.17e6, 3005, 2000.0)}, "16384": {"cad": _run_entry(756.93e6, 3005, None)}},
+    )
     after = _write(tmp_path / "after.json", {"1025": {"cad": _run_entry(0.81e6, 2587, 1500.0)}})
     alone = _table(before)
     assert "| 1,025 | 49.17 [98.34] |" in alone and "→" not in alone

@@ -31,17 +31,24 @@ def registered():
 
 def test_a_rule_defined_in_a_test_file_decodes_and_records(registered, tiny_llama, tokenizer):
     decoder = FidesDecoder(tiny_llama, tokenizer)
-    alone = decoder.generate("What is the capital?", ["Lyon is the capital of France."], method=registered, max_new_tokens=5)
+    alone = decoder.generate(
+        "What is the capital?", ["Lyon is the capital of France."], method=registered, max_new_tokens=5
+    )
     assert alone.method == "half-contrast" and alone.no_context_prompt is not None
     assert all(set(step.values) == {"logit_gap"} for step in alone.steps)
     assert len(alone.steps) == len(alone.token_ids) > 0
 
     lanes = decoder.generate_batch(
-        ["What is the capital?", "Who chose Canberra?"], [["Lyon is the capital of France."], ["Canberra was chosen as a compromise."]], methods=[registered, "cad", "standard"], max_new_tokens=5
+        ["What is the capital?", "Who chose Canberra?"],
+        [["Lyon is the capital of France."], ["Canberra was chosen as a compromise."]],
+        methods=[registered, "cad", "standard"],
+        max_new_tokens=5,
     )
     first = lanes["half-contrast"][0]
     assert first.token_ids == alone.token_ids
-    assert [s.values["logit_gap"] for s in first.steps] == pytest.approx([s.values["logit_gap"] for s in alone.steps], abs=1e-5)
+    assert [s.values["logit_gap"] for s in first.steps] == pytest.approx(
+        [s.values["logit_gap"] for s in alone.steps], abs=1e-5
+    )
     assert all(s.values == {} for s in lanes["standard"][0].steps)
     assert first.to_dict()["steps"][0]["logit_gap"] == first.steps[0].values["logit_gap"]
 

@@ -13,8 +13,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_the_padding_check_reports_every_case_per_side_and_dtype(tmp_path):
     out = tmp_path / "padded.json"
-    printed = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "padded_attention.py"), "--out", str(out)],
-                             check=True, capture_output=True, text=True, timeout=300).stdout
+    printed = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "padded_attention.py"), "--out", str(out)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout
     report = json.loads(out.read_text())
     assert set(report["dtypes"]) == {"float32", "bfloat16"}
     for found in report["dtypes"].values():

@@ -18,7 +18,11 @@ import pytest
 from fides_rag.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
-READMES = [ROOT / "README.md", ROOT / "integrations/langchain-fides/README.md", ROOT / "integrations/llama-index-llms-fides/README.md"]
+READMES = [
+    ROOT / "README.md",
+    ROOT / "integrations/langchain-fides/README.md",
+    ROOT / "integrations/llama-index-llms-fides/README.md",
+]
 DOC_PAGES = sorted((ROOT / "docs").glob("*.md"))
 MARKER = re.compile(r"<!-- example: (\S+) [^\n]*-->\n```python\n(.*?)```", re.DOTALL)
 CLI_HELP = re.compile(r"<!-- cli-help: fides-rag ?([^\n]*?) -->\n```text\n(.*?)```", re.DOTALL)
@@ -57,14 +61,18 @@ def every_quoted_example() -> list[Path]:
 def run_example(path: Path, timeout: int = 600) -> list[str]:
     """Run an example file in a fresh interpreter (this one's sys.path), return its stdout lines."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    done = subprocess.run([sys.executable, str(path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(
+        [sys.executable, str(path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert done.returncode == 0, f"{path.name} failed:\n{done.stderr[-3000:]}"
     return done.stdout.splitlines()
 
 
 def check_quotes(page: Path) -> None:
     for path, code in quoted_examples(page):
-        assert path.parent == ROOT / "examples" and path.is_file(), f"{page.name}: the marker names {path}, not a file in examples/"
+        assert path.parent == ROOT / "examples" and path.is_file(), (
+            f"{page.name}: the marker names {path}, not a file in examples/"
+        )
         assert code == path.read_text(), f"{page.name} quotes {path.name} but differs from it; paste the file again"
 
 
@@ -72,7 +80,9 @@ def check_quotes(page: Path) -> None:
 def test_every_python_block_is_an_example_file_verbatim(readme):
     blocks = python_blocks(readme)
     assert blocks, f"{readme} has no python block"
-    assert len(quoted_examples(readme)) == len(blocks), f"{readme}: every ```python block must be an examples/ file, marked <!-- example: path -->"
+    assert len(quoted_examples(readme)) == len(blocks), (
+        f"{readme}: every ```python block must be an examples/ file, marked <!-- example: path -->"
+    )
     check_quotes(readme)
 
 
@@ -97,7 +107,9 @@ def fragments(page: Path) -> list[tuple[str, str | None]]:
     for match in re.finditer(r"^```python\n(.*?)^```", text, re.DOTALL | re.MULTILINE):
         if match.group(1) not in quoted:
             before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
-            found.append((match.group(1), before[len(NOT_RUN) : -len("-->")].strip() if before.startswith(NOT_RUN) else None))
+            found.append(
+                (match.group(1), before[len(NOT_RUN) : -len("-->")].strip() if before.startswith(NOT_RUN) else None)
+            )
     return found
 
 
@@ -110,7 +122,9 @@ def test_a_fragment_that_does_not_run_says_why_on_the_page(page):
     for code, reason in fragments(page):
         if reason is not None:
             assert reason, f"{page.name}: a <!-- not run: --> marker needs its reason"
-            assert "Not run" in text[: text.index("```python\n" + code)].rsplit("```", 1)[-1], f"{page.name}: show readers why a block is not run (a note)"
+            assert "Not run" in text[: text.index("```python\n" + code)].rsplit("```", 1)[-1], (
+                f"{page.name}: show readers why a block is not run (a note)"
+            )
 
 
 @pytest.mark.slow
@@ -130,7 +144,12 @@ def test_docs_fragments_run_in_order(page, monkeypatch):
 def test_the_docs_run_examples():
     """The pages quote runnable examples, and each quoted file is run by some test."""
     quoted = every_quoted_example()
-    assert {p.name for p in quoted} >= {"quickstart_decoder.py", "methods_tour.py", "custom_rule.py", "decoder_async.py"}
+    assert {p.name for p in quoted} >= {
+        "quickstart_decoder.py",
+        "methods_tour.py",
+        "custom_rule.py",
+        "decoder_async.py",
+    }
     for name in RUN_ELSEWHERE:
         assert ROOT / "examples" / name in quoted, f"{name} is listed as run elsewhere but no page quotes it"
 
@@ -210,13 +229,20 @@ def _chosen_by(line: str) -> list[str]:
 
 EXPECTED_OUTPUT = {
     "custom_rule.py": lambda lines: len(lines) == 1 and "{'cap': 1.0}" in lines[0],
-    "decoder_async.py": lambda lines: len(lines) == 3 and lines[0].split()[-1] in {"eos", "stop", "length"}
-    and len(ast.literal_eval(lines[2])) == 3,
-    "gated_methods.py": lambda lines: len(lines) == 10
-    and all(set(_chosen_by(line)) <= {"rule", "gate"} for line in lines)
-    and all(set(_chosen_by(line)) == {"rule"} for line in lines if line.strip().startswith("fides:")),
-    "methods_tour.py": lambda lines: len(lines) == 13 and "decore" in ast.literal_eval(lines[0])
-    and all("records:" in line for line in lines[1:12]) and lines[12].startswith("dvd"),
+    "decoder_async.py": lambda lines: (
+        len(lines) == 3 and lines[0].split()[-1] in {"eos", "stop", "length"} and len(ast.literal_eval(lines[2])) == 3
+    ),
+    "gated_methods.py": lambda lines: (
+        len(lines) == 10
+        and all(set(_chosen_by(line)) <= {"rule", "gate"} for line in lines)
+        and all(set(_chosen_by(line)) == {"rule"} for line in lines if line.strip().startswith("fides:"))
+    ),
+    "methods_tour.py": lambda lines: (
+        len(lines) == 13
+        and "decore" in ast.literal_eval(lines[0])
+        and all("records:" in line for line in lines[1:12])
+        and lines[12].startswith("dvd")
+    ),
 }
 """What each example run by test_docs_example_runs prints (its line count and the values a reader is told about)."""
 

@@ -40,7 +40,9 @@ def test_bundled_alias_is_cached_as_safetensors(decoder):
 def test_standard_matches_transformers_generate(decoder):
     example = dataclasses.replace(decoder.prepare(CONFLICT_QUESTION, [CONFLICT_DOCUMENT], 16), stop=())
     ids = torch.tensor([example.context_ids])
-    expected = decoder.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16)
+    expected = decoder.model.generate(
+        input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16
+    )
     expected = expected[0, ids.shape[1] :].tolist()
     # Same token ids through the decoder's loop (a PromptPair would re-tokenise the text).
     result = decoder.generate_batch([example], method="standard", max_new_tokens=16)[0]
@@ -49,7 +51,10 @@ def test_standard_matches_transformers_generate(decoder):
 
 
 def test_real_conflict_contrast_follows_the_document(decoder):
-    results = {m: decoder.generate(CONFLICT_QUESTION, [CONFLICT_DOCUMENT], method=m, max_new_tokens=16) for m in ("standard", "cad", "adacad", "fides")}
+    results = {
+        m: decoder.generate(CONFLICT_QUESTION, [CONFLICT_DOCUMENT], method=m, max_new_tokens=16)
+        for m in ("standard", "cad", "adacad", "fides")
+    }
     for method, result in results.items():
         print(f"\n[{decoder.model.config.model_type}] {method}: {result.text!r}\n{alpha_table(result)}")
     assert "Paris" in results["standard"].text and "Rome" not in results["standard"].text
@@ -63,7 +68,11 @@ def test_real_conflict_contrast_follows_the_document(decoder):
 
 def test_real_batch_equals_single(decoder):
     questions = [CONFLICT_QUESTION, "What is the capital of Australia?", "Who wrote Hamlet?"]
-    documents = [[CONFLICT_DOCUMENT], ["The capital of Australia is Melbourne, which replaced Sydney in 1901."], ["Hamlet is a tragedy written by Charles Dickens."]]
+    documents = [
+        [CONFLICT_DOCUMENT],
+        ["The capital of Australia is Melbourne, which replaced Sydney in 1901."],
+        ["Hamlet is a tragedy written by Charles Dickens."],
+    ]
     batch = decoder.generate_batch(questions, documents, method="fides", max_new_tokens=8)
     for q, d, b in zip(questions, documents, batch):
         single = decoder.generate(q, d, method="fides", max_new_tokens=8)
@@ -74,7 +83,9 @@ def test_real_batch_equals_single(decoder):
 def test_real_methods_option_equals_each_alone(decoder):
     questions = [CONFLICT_QUESTION, "Who wrote Hamlet?"]
     documents = [[CONFLICT_DOCUMENT], ["Hamlet is a tragedy written by Charles Dickens."]]
-    together = decoder.generate_batch(questions, documents, methods=["standard", "cad", "adacad", "fides"], max_new_tokens=8)
+    together = decoder.generate_batch(
+        questions, documents, methods=["standard", "cad", "adacad", "fides"], max_new_tokens=8
+    )
     for method, results in together.items():
         alone = decoder.generate_batch(questions, documents, method=method, max_new_tokens=8)
         assert [r.token_ids for r in results] == [r.token_ids for r in alone]
@@ -84,7 +95,10 @@ def test_real_stream_equals_generate(decoder):
     stream = decoder.stream(CONFLICT_QUESTION, [CONFLICT_DOCUMENT], method="fides", max_new_tokens=16)
     deltas = list(stream)
     assert "".join(deltas) == stream.result.text
-    assert stream.result.text == decoder.generate(CONFLICT_QUESTION, [CONFLICT_DOCUMENT], method="fides", max_new_tokens=16).text
+    assert (
+        stream.result.text
+        == decoder.generate(CONFLICT_QUESTION, [CONFLICT_DOCUMENT], method="fides", max_new_tokens=16).text
+    )
 
 
 def test_real_split_prefill_equals_joint_past_the_sliding_window(decoder):
@@ -107,17 +121,26 @@ def test_real_staggered_arrivals_equal_each_alone(decoder):
     import time
 
     questions = [CONFLICT_QUESTION, "Who wrote Hamlet?", "What is the capital of France?", "Who painted the Mona Lisa?"]
-    documents = [[CONFLICT_DOCUMENT], ["Hamlet is a tragedy written by Charles Dickens."], ["Lyon is the capital of France."],
-                 ["The Mona Lisa was painted by Pablo Picasso in 1903."]]
+    documents = [
+        [CONFLICT_DOCUMENT],
+        ["Hamlet is a tragedy written by Charles Dickens."],
+        ["Lyon is the capital of France."],
+        ["The Mona Lisa was painted by Pablo Picasso in 1903."],
+    ]
     plan = [("fides", 12, 1), ("cad", 6, 1), ("fides", 9, 3), ("cad", 12, 5)]
-    alone = [decoder.generate(q, d, method=m, max_new_tokens=n, stop=[]) for (q, d), (m, n, _) in zip(zip(questions, documents), plan)]
+    alone = [
+        decoder.generate(q, d, method=m, max_new_tokens=n, stop=[])
+        for (q, d), (m, n, _) in zip(zip(questions, documents), plan)
+    ]
     handles, steps = {}, [0]
 
     def arrivals():
         steps[0] += 1
         for i, (_, _, at) in enumerate(plan):
             if at == steps[0]:
-                handles[i] = decoder.submit(questions[i], documents[i], method=plan[i][0], max_new_tokens=plan[i][1], stop=[])
+                handles[i] = decoder.submit(
+                    questions[i], documents[i], method=plan[i][0], max_new_tokens=plan[i][1], stop=[]
+                )
         return contextlib.nullcontext()
 
     with decoder.around_steps(arrivals):

@@ -101,7 +101,7 @@ def test_json_gives_every_backbone_stratum_and_method_with_its_ci(tmp_path):
 
 def test_targets_hold_when_fides_wins_on_three_backbones_and_the_variant_is_harmless(tmp_path):
     cis = [[2.0, 18.0], [0.5, 10.0], [1.0, 12.0], [-3.0, 9.0]]
-    for (name, run), ci in zip(RUNS.items(), cis):
+    for run, ci in zip(RUNS.values(), cis):
         _write(tmp_path, run, {"strata": _strata(ci, agreeing_regressions=4)})
     text = _run(tmp_path, "--strata", "--targets").stdout
     assert "Recommended variant: fides+nwcad" in text

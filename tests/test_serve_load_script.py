@@ -31,10 +31,33 @@ def test_the_load_script_runs_against_a_real_server(tmp_path):
     tokenizer.save_pretrained(tmp_path / "model")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     out = tmp_path / "load" / "results.json"
-    run = subprocess.run([sys.executable, "benchmarks/serve_load.py", "--model", str(tmp_path / "model"), "--port", "8212",
-                          "--requests", "6", "--levels", "3,6", "--timeout", "120", "--server-arg=--device",
-                          "--server-arg=cpu", "--server-log", str(tmp_path / "server.log"), "--out", str(out)],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/serve_load.py",
+            "--model",
+            str(tmp_path / "model"),
+            "--port",
+            "8212",
+            "--requests",
+            "6",
+            "--levels",
+            "3,6",
+            "--timeout",
+            "120",
+            "--server-arg=--device",
+            "--server-arg=cpu",
+            "--server-log",
+            str(tmp_path / "server.log"),
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:] + (tmp_path / "server.log").read_text()[-3000:]
     result = json.loads(out.read_text())
     assert [r["concurrency"] for r in result["rows"]] == [1, 3, 6]
@@ -81,9 +104,27 @@ def slow_server():
 
 
 def _run_against(server: ThreadingHTTPServer, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "benchmarks/serve_load.py", "--url", f"http://127.0.0.1:{server.server_port}",
-                           "--requests", "2", "--levels", "2", "--timeout", "1", "--out", str(tmp_path / "r.json"), *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=100)
+    return subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/serve_load.py",
+            "--url",
+            f"http://127.0.0.1:{server.server_port}",
+            "--requests",
+            "2",
+            "--levels",
+            "2",
+            "--timeout",
+            "1",
+            "--out",
+            str(tmp_path / "r.json"),
+            *args,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
 
 
 @pytest.mark.skipif(not (data_dir() / "nq_swap").is_dir(), reason="needs the NQ-Swap data of ../shared/data")

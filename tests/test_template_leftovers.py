@@ -23,7 +23,8 @@ def test_template_leftovers_cleaned_from_answers_and_held_back_from_streams():
         ["removed the template leftover 'Document [2]:' from the start of the answer"],
     )
     assert leftovers.clean("Rome\nUsing only", truncated=True) == (
-        "Rome", ["removed the start of a template line '\\nUsing only' from the end of the truncated answer"]
+        "Rome",
+        ["removed the start of a template line '\\nUsing only' from the end of the truncated answer"],
     )
     assert leftovers.clean("Rome\nUsing only") == ("Rome\nUsing only", [])  # only a truncated end is cut
     for answer in ("Rome", "Documents say Rome", "Document [1] is wrong: Rome", "Docs"):

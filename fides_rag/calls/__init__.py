@@ -18,14 +18,14 @@ Usage (a front door's whole job between its own types):
 
     from fides_rag.calls import CallFactory, CallOptions, constraint_of
 
-    calls = CallFactory(decoder, max_batch_size=8, batch_window_s=0.005, no_context_path="emptied")  # once per model object
+    calls = CallFactory(decoder, max_batch_size=8, batch_window_s=0.005, no_context_path="emptied")  # once a model
     opts = CallOptions.parse({"method": "fides", "max_new_tokens": 128}, call_kwargs)    # unknown keys: TypeError
     opts.constraint = constraint_of(json_schema=schema)          # response_format / with_structured_output
     calling = calls.tools(tools, tool_choice)                     # None without tools
     turns = [(role_of(m.role), text) for m in messages]           # earlier calls: render_calls(text, calls)
-    plan = calls.planner(calling).conversation(turns, opts.max_new_tokens, documents=documents)   # same messages, same context
-    call = calls.call(plan, opts, calling, structure=schema, extra={"model_name": name})   # strict: FidesFallbackError here
-    answer = call.run()          # or await call.arun(); call.stream() / call.astream() yield str deltas, then the Answer
+    plan = calls.planner(calling).conversation(turns, opts.max_new_tokens, documents=documents)  # same context
+    call = calls.call(plan, opts, calling, structure=schema, extra={"model_name": name})  # strict: FidesFallbackError
+    answer = call.run()  # or await call.arun(); call.stream() / call.astream() yield str deltas, then the Answer
     answer.text, answer.tool_calls, answer.parsed, answer.finish_reason, answer.record, answer.notes, answer.usage
 
 A server that submits first (to refuse bad input before its response starts) streams the handle:
@@ -88,18 +88,65 @@ from fides_rag.calls.tools import (
     tool_choice_name,
 )
 from fides_rag.errors import UnansweredError
-from fides_rag.generation.request_options import option_field
 from fides_rag.generation.grammar.schema_support import check_strict_schema, unenforced_keywords
+from fides_rag.generation.request_options import option_field
 from fides_rag.generation.streaming import iterate_in_thread
 
 __all__ = [
-    "Answer", "AnswerLog", "CALL", "CONSTRAINTS", "Call", "CallFactory", "CallInputError", "CallOptions",
-    "CallStream", "ChatPlan", "ChatPrompts", "ContextMessages", "DOCUMENTS_INSTRUCTION", "DecodingFields",
-    "FIDES_CONSTANTS", "FINISH_REASONS", "FidesFallbackError", "IncompleteAnswerError", "REQUEST_OPTIONS", "ROLES",
-    "STANDARD", "ToolCall", "ToolCallStream", "ToolCalling", "ToolSpec", "Turn", "UnansweredError",
-    "calls_from_openai", "check_complete", "check_question", "check_strict_schema", "closed_schema", "constraint_of",
-    "context_in_system", "documents_beside", "filled_variable", "fold_fides_constants", "iterate_in_thread",
-    "new_call_id", "option_field", "options_of", "parse_structure", "record", "refuse_other_grammar", "render_calls",
-    "resolve_method", "role_of", "schema_of", "shortest_answer_tokens", "special_token_id", "tool_choice_name",
-    "turn_of", "unenforced_keywords", "usage", "why_no_documents", "with_structure",
+    "Answer",
+    "AnswerLog",
+    "CALL",
+    "CONSTRAINTS",
+    "Call",
+    "CallFactory",
+    "CallInputError",
+    "CallOptions",
+    "CallStream",
+    "ChatPlan",
+    "ChatPrompts",
+    "ContextMessages",
+    "DOCUMENTS_INSTRUCTION",
+    "DecodingFields",
+    "FIDES_CONSTANTS",
+    "FINISH_REASONS",
+    "FidesFallbackError",
+    "IncompleteAnswerError",
+    "REQUEST_OPTIONS",
+    "ROLES",
+    "STANDARD",
+    "ToolCall",
+    "ToolCallStream",
+    "ToolCalling",
+    "ToolSpec",
+    "Turn",
+    "UnansweredError",
+    "calls_from_openai",
+    "check_complete",
+    "check_question",
+    "check_strict_schema",
+    "closed_schema",
+    "constraint_of",
+    "context_in_system",
+    "documents_beside",
+    "filled_variable",
+    "fold_fides_constants",
+    "iterate_in_thread",
+    "new_call_id",
+    "option_field",
+    "options_of",
+    "parse_structure",
+    "record",
+    "refuse_other_grammar",
+    "render_calls",
+    "resolve_method",
+    "role_of",
+    "schema_of",
+    "shortest_answer_tokens",
+    "special_token_id",
+    "tool_choice_name",
+    "turn_of",
+    "unenforced_keywords",
+    "usage",
+    "why_no_documents",
+    "with_structure",
 ]

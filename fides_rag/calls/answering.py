@@ -87,8 +87,17 @@ class Call:
     `structure`: what the answer parses as (a pydantic class, or True for any JSON), its grammar already in
     `options.constraint`; `extra`: what the front door adds to the record (model_name, prompt_type, ...)."""
 
-    def __init__(self, decoder: FidesDecoder, plan: ChatPlan, options: CallOptions, *, calling: ToolCalling | None = None,
-                 native_tools: bool = False, structure: Any = None, extra: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        decoder: FidesDecoder,
+        plan: ChatPlan,
+        options: CallOptions,
+        *,
+        calling: ToolCalling | None = None,
+        native_tools: bool = False,
+        structure: Any = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         self.decoder, self.plan, self.options, self.calling = decoder, plan, options, calling
         self.native_tools, self.structure, self.extra = native_tools, structure, dict(extra or {})
         self.retried: str | None = None
@@ -98,7 +107,11 @@ class Call:
             refuse_other_grammar(options.constraint, "a forced tool_choice is decoded under its own grammar")
             options.constraint = {"json_schema": forced}
         if options.constraint and options.stop:
-            refuse_cutting_stops(options.stop, getattr(decoder, "tokenizer", None), "a forced tool call" if forced is not None else "a structured answer")
+            refuse_cutting_stops(
+                options.stop,
+                getattr(decoder, "tokenizer", None),
+                "a forced tool call" if forced is not None else "a structured answer",
+            )
         options.check_fallback(plan)
 
     # -- decoding ---------------------------------------------------------------------------------
@@ -107,7 +120,13 @@ class Call:
         """The decoder's keywords: the plan's method where it forces one, the plan's stops, sampling, the grammar."""
         opts = self.options
         stop = self.plan.stop_strings(opts.stop, self.decoder.prompts.template, tools=self.calling is not None)
-        kwargs = dict(method=self.plan.method or opts.method, max_new_tokens=opts.max_new_tokens, stop=stop, **opts.sampling, **opts.constraint)
+        kwargs = dict(
+            method=self.plan.method or opts.method,
+            max_new_tokens=opts.max_new_tokens,
+            stop=stop,
+            **opts.sampling,
+            **opts.constraint,
+        )
         return answer_rules(self.decoder, kwargs) if self.retried is not None else kwargs
 
     def submit(self, *, stream: bool = False, wait_here: bool = False) -> RequestHandle:
@@ -127,7 +146,8 @@ class Call:
         return await again.arun() if again is not None else answer
 
     def again(self, answer: Answer) -> Call | None:
-        """The same call under the answer rules, when `answer` is an agent's turn that answered nothing the first time."""
+        """The same call under the answer rules, when `answer` is an agent's turn that answered nothing the first
+        time."""
         if answer.unanswered is None or self.retried is not None:
             return None
         again = copy.copy(self)
@@ -136,7 +156,8 @@ class Call:
         return again
 
     def shown(self) -> CallStream:
-        """What a streamed answer may show as it comes (possible calls held back; the decoder's deltas are already cut)."""
+        """What a streamed answer may show as it comes (possible calls held back; the decoder's deltas are already
+        cut)."""
         return CallStream(self)
 
     def stream(self, handle: RequestHandle | None = None) -> Iterator[str | Answer]:
@@ -200,7 +221,9 @@ class Call:
         """The Answer of a decoded result."""
         content, calls = self.calling.parse(result.text) if self.calling is not None else (result.text, [])
         notes = []
-        missing = self.calling.missing_call_note(calls, self.options.max_new_tokens) if self.calling is not None else None
+        missing = (
+            self.calling.missing_call_note(calls, self.options.max_new_tokens) if self.calling is not None else None
+        )
         if missing is not None:  # a forced call that gave none: its text is never an answer
             logger.warning(missing)
             notes.append(missing)
@@ -208,17 +231,33 @@ class Call:
         parsed, error = None, None
         if self.structure is not None and not calls:
             try:
-                parsed = parse_structure(result.text, result.finish_reason, None if self.structure is True else self.structure)
+                parsed = parse_structure(
+                    result.text, result.finish_reason, None if self.structure is True else self.structure
+                )
             except ValueError as err:
                 error = err
         if self.retried is not None:
-            notes.append(f"the first decoding answered nothing ({self.retried}): decoded again with the end of turn and "
-                         "markup barred from the first token")
+            notes.append(
+                f"the first decoding answered nothing ({self.retried}): decoded again with the end of turn and "
+                "markup barred from the first token"
+            )
         unanswered = unanswered_cause(self, content, calls, result)
         if unanswered is not None:
-            logger.log(logging.WARNING if self.retried is not None else logging.INFO, "the model answered nothing: %s", unanswered)
+            logger.log(
+                logging.WARNING if self.retried is not None else logging.INFO,
+                "the model answered nothing: %s",
+                unanswered,
+            )
             notes.append(f"the model answered nothing: {unanswered}")
-        meta = record(self.plan, result, self.options.requested, calling=self.calling, native_tools=self.native_tools, notes=notes, **self.extra)
+        meta = record(
+            self.plan,
+            result,
+            self.options.requested,
+            calling=self.calling,
+            native_tools=self.native_tools,
+            notes=notes,
+            **self.extra,
+        )
         finish = "tool_calls" if calls else FINISH_REASONS[result.finish_reason]
         return Answer(content, list(calls), parsed, error, finish, meta, result, unanswered)
 

@@ -17,8 +17,16 @@ from fides_rag.prompts.raw import check_no_context_path
 
 
 def decoder_for(
-    decoder: FidesDecoder | None = None, *, model: Any = None, tokenizer: Any = None, model_id: str | None = None, method: str = "fides",
-    max_new_tokens: int = 128, config: FidesConfig | None = None, device: str = "auto", dtype: Any = None,
+    decoder: FidesDecoder | None = None,
+    *,
+    model: Any = None,
+    tokenizer: Any = None,
+    model_id: str | None = None,
+    method: str = "fides",
+    max_new_tokens: int = 128,
+    config: FidesConfig | None = None,
+    device: str = "auto",
+    dtype: Any = None,
 ) -> FidesDecoder:
     """`decoder` as given (it must be a FidesDecoder, and comes without `model`/`tokenizer`), else a FidesDecoder of
     `model` and `tokenizer`, else of `model_id` loaded (cached by `load_model`) on `device` in `dtype`."""
@@ -30,7 +38,9 @@ def decoder_for(
         return decoder
     if model is None or tokenizer is None:
         if model_id is None:
-            raise DecoderInputError("give a FidesDecoder (decoder=), both model= and tokenizer=, or a model id to load (from_model_id)")
+            raise DecoderInputError(
+                "give a FidesDecoder (decoder=), both model= and tokenizer=, or a model id to load (from_model_id)"
+            )
         model, tokenizer = load_model(model_id, device=device, dtype=dtype)
     return FidesDecoder(model, tokenizer, method=method, config=config, max_new_tokens=max_new_tokens)
 

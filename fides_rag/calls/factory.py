@@ -23,14 +23,27 @@ class CallFactory:
     `ChatPrompts.for_decoder`'s keywords). `max_batch_size` and `batch_window_s`: how many concurrent calls decode
     together and how long a call waits for others, set on the decoder here, once (None: left as they are)."""
 
-    def __init__(self, decoder: FidesDecoder, *, max_batch_size: int | None = None, batch_window_s: float | None = None, **planning: Any) -> None:
+    def __init__(
+        self,
+        decoder: FidesDecoder,
+        *,
+        max_batch_size: int | None = None,
+        batch_window_s: float | None = None,
+        **planning: Any,
+    ) -> None:
         self.decoder, self.planning = decoder, planning
-        batching = {name: value for name, value in (("max_requests", max_batch_size), ("window_s", batch_window_s)) if value is not None}
+        batching = {
+            name: value
+            for name, value in (("max_requests", max_batch_size), ("window_s", batch_window_s))
+            if value is not None
+        }
         if batching:
             decoder.configure(**batching)
         self._chat = self.planner()
 
-    def tools(self, tools: Sequence[Any] | None, tool_choice: Any = None, *, required: bool = False) -> ToolCalling | None:
+    def tools(
+        self, tools: Sequence[Any] | None, tool_choice: Any = None, *, required: bool = False
+    ) -> ToolCalling | None:
         """The call's tool calling, or None without tools (a forcing tool_choice without tools is refused)."""
         return ToolCalling.of_call(self.decoder.tokenizer, tools, tool_choice, required=required)
 
@@ -43,7 +56,22 @@ class CallFactory:
         """Whether the chat template renders `calling`'s tools itself (else they go in the fallback system block)."""
         return self._chat.renders_tools(calling)
 
-    def call(self, plan: ChatPlan, options: CallOptions, calling: ToolCalling | None = None, *, structure: Any = None,
-             extra: dict[str, Any] | None = None) -> Call:
+    def call(
+        self,
+        plan: ChatPlan,
+        options: CallOptions,
+        calling: ToolCalling | None = None,
+        *,
+        structure: Any = None,
+        extra: dict[str, Any] | None = None,
+    ) -> Call:
         """The call of `plan` (bad input raises here: `CallInputError`, `FidesFallbackError` when strict)."""
-        return Call(self.decoder, plan, options, calling=calling, native_tools=self.renders_tools(calling), structure=structure, extra=extra)
+        return Call(
+            self.decoder,
+            plan,
+            options,
+            calling=calling,
+            native_tools=self.renders_tools(calling),
+            structure=structure,
+            extra=extra,
+        )

@@ -39,10 +39,17 @@ class DecodingFields(BaseModel):
     seed: int | None = option_field("seed")
     strict: bool = option_field("strict")
     no_context_path: str = option_field("no_context_path")
-    max_batch_size: int = Field(default=8, ge=1, description="Most concurrent calls (batches, async calls, threads) "
-                                "decoded together in one batch.")
-    batch_window_s: float = Field(default=0.005, ge=0, le=10, description="How long a call waits for concurrent calls to "
-                                  "share its batch, in seconds.")
+    max_batch_size: int = Field(
+        default=8,
+        ge=1,
+        description="Most concurrent calls (batches, async calls, threads) decoded together in one batch.",
+    )
+    batch_window_s: float = Field(
+        default=0.005,
+        ge=0,
+        le=10,
+        description="How long a call waits for concurrent calls to share its batch, in seconds.",
+    )
 
     @field_validator("method")
     @classmethod

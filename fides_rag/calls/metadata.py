@@ -13,8 +13,16 @@ FINISH_REASONS = {"eos": "stop", "stop": "stop", "criteria": "stop", "length": "
 """The engine's finish reasons as OpenAI's (a parsed tool call makes it "tool_calls")."""
 
 
-def record(plan: Any, result: GenerationResult, requested: str, *, calling: Any = None, native_tools: bool = False,
-           notes: Sequence[str] = (), **extra: Any) -> dict[str, Any]:
+def record(
+    plan: Any,
+    result: GenerationResult,
+    requested: str,
+    *,
+    calling: Any = None,
+    native_tools: bool = False,
+    notes: Sequence[str] = (),
+    **extra: Any,
+) -> dict[str, Any]:
     """The record: `plan.metadata(result)` with the method asked for, the fallback (None: the documents were used as
     asked), the tools' format and choice when tools were bound, the call's own `notes` last, and `extra`."""
     meta = {**plan.metadata(result), "requested_method": requested, "fallback": plan.fallback, **extra}
@@ -29,4 +37,8 @@ def record(plan: Any, result: GenerationResult, requested: str, *, calling: Any 
 def usage(result: GenerationResult) -> dict[str, int]:
     """Token counts in OpenAI's shape."""
     completion = len(result.token_ids)
-    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": completion, "total_tokens": result.prompt_tokens + completion}
+    return {
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": result.prompt_tokens + completion,
+    }

@@ -37,7 +37,9 @@ def fold_fides_constants(kwargs: dict[str, Any], base: FidesConfig) -> None:
         return
     if kwargs.get("fides_config") is not None:
         raise TypeError(f"pass fides_config= or the FIDES constants {sorted(named)} by name, not both")
-    changes: dict[str, Any] = {k: tuple(v) if k == "weights" else v for k, v in named.items()}  # FidesConfig checks each
+    changes: dict[str, Any] = {
+        k: tuple(v) if k == "weights" else v for k, v in named.items()
+    }  # FidesConfig checks each
     kwargs["fides_config"] = dataclasses.replace(base, **changes)
 
 
@@ -58,7 +60,9 @@ def plain_options(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return options
 
 
-def split_template_args(args: Mapping[str, Any], variables: Iterable[str], options: Iterable[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+def split_template_args(
+    args: Mapping[str, Any], variables: Iterable[str], options: Iterable[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """A prompt template call's keywords as (template variables, call options): a key the template uses (one of
     `variables`) is always a variable; a name of `options` that it does not use (method, max_new_tokens, ...) is an
     option of the call."""
@@ -67,7 +71,9 @@ def split_template_args(args: Mapping[str, Any], variables: Iterable[str], optio
     return {k: v for k, v in args.items() if k not in call}, call
 
 
-def resolve_method(method: str | ContrastRule, config: FidesConfig | None = None, *, explicit_config: bool = False) -> str | ContrastRule:
+def resolve_method(
+    method: str | ContrastRule, config: FidesConfig | None = None, *, explicit_config: bool = False
+) -> str | ContrastRule:
     """`method` checked by the registry, as a rule with `config` where the rule takes a FidesConfig (else as given, so
     the decoder's own configured rule decodes its name). `explicit_config`: the caller set `config` on this call, so a
     rule that takes none refuses it."""
@@ -79,7 +85,10 @@ def resolve_method(method: str | ContrastRule, config: FidesConfig | None = None
     if accepts_option(method, "config"):
         return get_method(method, config=config)
     if explicit_config:
-        raise CallInputError(f"fides_config applies to methods that take a FidesConfig (fides and its variants), not {method!r}", "fides_config")
+        raise CallInputError(
+            f"fides_config applies to methods that take a FidesConfig (fides and its variants), not {method!r}",
+            "fides_config",
+        )
     return method
 
 
@@ -111,21 +120,35 @@ class CallOptions:
     strict: bool = False
 
     @classmethod
-    def parse(cls, defaults: Mapping[str, Any], call: Mapping[str, Any], *, allowed: Sequence[str] = (), who: str = "this call") -> CallOptions:
+    def parse(
+        cls,
+        defaults: Mapping[str, Any],
+        call: Mapping[str, Any],
+        *,
+        allowed: Sequence[str] = (),
+        who: str = "this call",
+    ) -> CallOptions:
         """`defaults` (an object's fields: method, fides_config, max_new_tokens, stop, strict, sampling) overridden by
         `call` (one call's keywords). Keywords outside `OPTIONS` and `allowed` raise a TypeError naming them."""
         unknown = sorted(k for k in call if k not in OPTIONS and k not in allowed)
         if unknown:
-            raise TypeError(f"{who} got unsupported call options {unknown} (unsupported keyword arguments are refused, never "
-                            f"dropped); supported: {sorted({*OPTIONS, *allowed})}")
+            raise TypeError(
+                f"{who} got unsupported call options {unknown} (unsupported keyword arguments are refused, never "
+                f"dropped); supported: {sorted({*OPTIONS, *allowed})}"
+            )
         merged = {**defaults, **{k: v for k, v in call.items() if k in OPTIONS}}
         constraint = {k: call[k] for k in CONSTRAINTS if call.get(k) is not None}
         if len(constraint) > 1:
-            raise CallInputError(f"give at most one of json_schema=, regex= and grammar=, got {', '.join(constraint)}", next(iter(constraint)))
+            raise CallInputError(
+                f"give at most one of json_schema=, regex= and grammar=, got {', '.join(constraint)}",
+                next(iter(constraint)),
+            )
         asked = merged.get("method") or REQUEST_OPTIONS["method"].default
         method = asked
         try:
-            method = resolve_method(method, merged.get("fides_config"), explicit_config=call.get("fides_config") is not None)
+            method = resolve_method(
+                method, merged.get("fides_config"), explicit_config=call.get("fides_config") is not None
+            )
         except (CallInputError, TypeError):
             raise
         except ValueError as err:
@@ -148,8 +171,10 @@ class CallOptions:
             return
         if self.strict:
             raise FidesFallbackError(
-                f"strict=True: {plan.fallback}, so method {self.requested!r} has nothing to contrast as asked. " "Pass the "
-                "documents (documents=, a retriever, a context variable) with their texts as they appear in the " "prompt, or "
+                f"strict=True: {plan.fallback}, so method {self.requested!r} has nothing to contrast as asked. "
+                "Pass the "
+                "documents (documents=, a retriever, a context variable) with their texts as they appear in the "
+                "prompt, or "
                 f"set strict=False to accept the fallback (it is then logged and recorded in the notes)"
             )
         logger.warning(plan.notes[0])

@@ -50,8 +50,16 @@ answer is never cut to nothing)."""
 TOOL_MARKUP_STOPS = ("<tool_response>",)
 """With tools bound, an answer ends where the model starts writing a tool's result itself."""
 ROLES = {
-    "user": "user", "human": "user", "assistant": "assistant", "ai": "assistant", "chatbot": "assistant", "model": "assistant",
-    "system": "system", "developer": "system", "tool": "tool", "function": "tool",
+    "user": "user",
+    "human": "user",
+    "assistant": "assistant",
+    "ai": "assistant",
+    "chatbot": "assistant",
+    "model": "assistant",
+    "system": "system",
+    "developer": "system",
+    "tool": "tool",
+    "function": "tool",
 }
 """Every front door's role names (OpenAI's, LangChain's message types, LlamaIndex's MessageRole values) as the
 planner's four roles; anything else is a user turn."""
@@ -73,7 +81,9 @@ def turn_of(role: Any, text: str, calls: Sequence[Any] = ()) -> Turn:
 def check_question(turns: Sequence[Turn]) -> None:
     """A ValueError unless the conversation holds a user turn: the question FIDES answers."""
     if not any(role == "user" for role, _ in turns):
-        raise ValueError(f"the conversation has no user message (roles: {[r for r, _ in turns]}); FIDES needs a question to answer")
+        raise ValueError(
+            f"the conversation has no user message (roles: {[r for r, _ in turns]}); FIDES needs a question to answer"
+        )
 
 
 def why_no_documents(retrieved: Sequence[str] | None, where: str) -> str:
@@ -82,8 +92,10 @@ def why_no_documents(retrieved: Sequence[str] | None, where: str) -> str:
         return "no documents were given (documents=) and no retriever ran in this chain run"
     if not retrieved:
         return "the retriever in this chain run returned no documents"
-    return (f"{len(retrieved)} document(s) were retrieved in this chain run but none was found verbatim in {where} "
-            f"(a formatter rewrote them, e.g. numbering or cleaning their text)")
+    return (
+        f"{len(retrieved)} document(s) were retrieved in this chain run but none was found verbatim in {where} "
+        f"(a formatter rewrote them, e.g. numbering or cleaning their text)"
+    )
 
 
 @dataclass(frozen=True)
@@ -131,7 +143,9 @@ def filled_variable(template: str, text: str, variables: Sequence[str]) -> tuple
     return None
 
 
-def context_in_system(turns: Sequence[Turn], templates: Sequence[str], variables: Sequence[str]) -> tuple[int, int, int] | None:
+def context_in_system(
+    turns: Sequence[Turn], templates: Sequence[str], variables: Sequence[str]
+) -> tuple[int, int, int] | None:
     """The first system turn rendered from one of `templates` (a framework's context system prompts) with one of
     `variables` filled in: (its index, where the context starts and ends in it); None when there is none."""
     for index, (role, content) in enumerate(turns):
@@ -149,7 +163,8 @@ class ChatPlan:
 
     kind: Literal["template", "prompts"]
     source: str
-    """Where the documents came from: documents, prompt_value, message, retriever, system_message, tool_messages or none."""
+    """Where the documents came from: documents, prompt_value, message, retriever, system_message, tool_messages or
+    none."""
     question: str | None = None
     documents: list[str] = field(default_factory=list)
     context_prompt: str | None = None
@@ -168,12 +183,28 @@ class ChatPlan:
     """What the front door adds to the record about the prompt (a framework template's type, its context variables)."""
 
     @classmethod
-    def as_given(cls, prompt: str, why: str, consequence: str = STANDARD, *, untrusted: Sequence[str | None] = (),
-                 fallback: bool = True, extra: Mapping[str, Any] | None = None) -> ChatPlan:
-        """No documents to contrast: 'standard' on `prompt` as given, with the note `why: consequence` (a fallback, which
+    def as_given(
+        cls,
+        prompt: str,
+        why: str,
+        consequence: str = STANDARD,
+        *,
+        untrusted: Sequence[str | None] = (),
+        fallback: bool = True,
+        extra: Mapping[str, Any] | None = None,
+    ) -> ChatPlan:
+        """No documents to contrast: 'standard' on `prompt` as given, with the note `why: consequence` (a fallback,
+        which
         a strict caller refuses, unless `fallback=False`: nothing was asked that could not be done)."""
-        plan = cls("prompts", "none", context_prompt=prompt, no_context_prompt=prompt, method="standard",
-                   untrusted=[t for t in untrusted if t], extra=dict(extra or {}))
+        plan = cls(
+            "prompts",
+            "none",
+            context_prompt=prompt,
+            no_context_prompt=prompt,
+            method="standard",
+            untrusted=[t for t in untrusted if t],
+            extra=dict(extra or {}),
+        )
         if not fallback:
             plan.notes.append(f"{why}: {consequence}")
             return plan
@@ -211,7 +242,9 @@ class ChatPlan:
         """What the request builder takes: (question, documents) for the template, (PromptPair, None) otherwise."""
         if self.kind == "template":
             return self.question or "", list(self.documents)
-        return PromptPair(self.context_prompt or "", self.no_context_prompt or "", untrusted=tuple(self.untrusted)), None
+        return PromptPair(
+            self.context_prompt or "", self.no_context_prompt or "", untrusted=tuple(self.untrusted)
+        ), None
 
 
 class ChatPrompts:
@@ -219,10 +252,18 @@ class ChatPrompts:
     and plans their two paths."""
 
     def __init__(
-        self, tokenizer: Any, *, context_window: int, use_chat_template: bool, no_context_path: str = "emptied",
-        documents_instruction: str = DOCUMENTS_INSTRUCTION, template: PromptTemplate | None = None,
-        tools: ToolCalling | None = None, context_messages: ContextMessages | None = None,
-        render_text: Callable[[Sequence[Turn]], str] | None = None, question_prompt: Callable[[str], str] | None = None,
+        self,
+        tokenizer: Any,
+        *,
+        context_window: int,
+        use_chat_template: bool,
+        no_context_path: str = "emptied",
+        documents_instruction: str = DOCUMENTS_INSTRUCTION,
+        template: PromptTemplate | None = None,
+        tools: ToolCalling | None = None,
+        context_messages: ContextMessages | None = None,
+        render_text: Callable[[Sequence[Turn]], str] | None = None,
+        question_prompt: Callable[[str], str] | None = None,
     ) -> None:
         """`render_text`: the turns as one prompt where the chat template is not used (default: `Role:` lines);
         `question_prompt`: the no-context path's question alone under no_context_path='question' (default: one user
@@ -240,9 +281,16 @@ class ChatPrompts:
 
     @classmethod
     def for_decoder(
-        cls, decoder: FidesDecoder, *, chat: bool = True, use_chat_template: bool | None = None, no_context_path: str = "emptied",
-        documents_instruction: str = DOCUMENTS_INSTRUCTION, tools: ToolCalling | None = None,
-        context_messages: ContextMessages | None = None, render_text: Callable[[Sequence[Turn]], str] | None = None,
+        cls,
+        decoder: FidesDecoder,
+        *,
+        chat: bool = True,
+        use_chat_template: bool | None = None,
+        no_context_path: str = "emptied",
+        documents_instruction: str = DOCUMENTS_INSTRUCTION,
+        tools: ToolCalling | None = None,
+        context_messages: ContextMessages | None = None,
+        render_text: Callable[[Sequence[Turn]], str] | None = None,
         question_prompt: Callable[[str], str] | None = None,
     ) -> ChatPrompts:
         """The planner of a FidesDecoder's calls: its tokenizer, window and template; the chat template for chat
@@ -250,12 +298,27 @@ class ChatPrompts:
         uses it). The other keywords are the constructor's."""
         has = bool(getattr(decoder.tokenizer, "chat_template", None))
         use = chat and has and use_chat_template is not False
-        return cls(decoder.tokenizer, context_window=decoder.limits.context_window, use_chat_template=use, no_context_path=no_context_path,
-                   documents_instruction=documents_instruction, template=decoder.prompts.template, tools=tools,
-                   context_messages=context_messages, render_text=render_text, question_prompt=question_prompt)
+        return cls(
+            decoder.tokenizer,
+            context_window=decoder.limits.context_window,
+            use_chat_template=use,
+            no_context_path=no_context_path,
+            documents_instruction=documents_instruction,
+            template=decoder.prompts.template,
+            tools=tools,
+            context_messages=context_messages,
+            render_text=render_text,
+            question_prompt=question_prompt,
+        )
 
-    def fides_template(self, question: str, documents: Sequence[str], source: str = "documents", *,
-                       why_empty: str = "the documents given were empty") -> ChatPlan:
+    def fides_template(
+        self,
+        question: str,
+        documents: Sequence[str],
+        source: str = "documents",
+        *,
+        why_empty: str = "the documents given were empty",
+    ) -> ChatPlan:
         """fides-rag's own template: the question and its documents (none: 'standard' on the question, a fallback
         noted as `why_empty: decoded with 'standard'`)."""
         texts = [t for t in documents if t.strip()]
@@ -307,8 +370,14 @@ class ChatPrompts:
         return "\n".join(f"{r.capitalize()}: {c}" for r, c in turns) + "\nAssistant:"
 
     def pair(
-        self, turns: Sequence[Turn], texts: Sequence[str], source: str, max_new_tokens: int, *,
-        drop_in_no_context: Sequence[int] = (), question: str | None = None,
+        self,
+        turns: Sequence[Turn],
+        texts: Sequence[str],
+        source: str,
+        max_new_tokens: int,
+        *,
+        drop_in_no_context: Sequence[int] = (),
+        question: str | None = None,
     ) -> ChatPlan:
         """Context path: the turns as given; no-context path: the same with every document text removed (and turns
         `drop_in_no_context` dropped), or with no_context_path='question' the question alone under a neutral
@@ -323,14 +392,24 @@ class ChatPrompts:
             return self.render(ctx), self.render(noctx)
 
         fitted = fit_documents(
-            {t: t for t in texts}, lambda kept: render({t: k for t, k in kept.items() if k != t}), self.tokenizer,
-            context_window=self.context_window, max_new_tokens=max_new_tokens, count=lambda pair: len(self.tokenizer(pair[0])["input_ids"]),
+            {t: t for t in texts},
+            lambda kept: render({t: k for t, k in kept.items() if k != t}),
+            self.tokenizer,
+            context_window=self.context_window,
+            max_new_tokens=max_new_tokens,
+            count=lambda pair: len(self.tokenizer(pair[0])["input_ids"]),
         )
         ctx, noctx = fitted.rendered
         kept = [(r, _replace_all(c, fitted.texts)) for r, c in turns]
         emptied = [(r, _replace_all(c, dict.fromkeys(texts, ""))) for r, c in turns]
-        plan = ChatPlan("prompts", source, documents=[fitted.texts[t] for t in texts], context_prompt=ctx, no_context_prompt=noctx,
-                        untrusted=_untrusted([*fitted.texts.values(), *([question] if question else [])], kept, emptied))
+        plan = ChatPlan(
+            "prompts",
+            source,
+            documents=[fitted.texts[t] for t in texts],
+            context_prompt=ctx,
+            no_context_prompt=noctx,
+            untrusted=_untrusted([*fitted.texts.values(), *([question] if question else [])], kept, emptied),
+        )
         for note in fitted.notes:
             logger.warning(note)
         plan.notes += fitted.notes
@@ -338,28 +417,54 @@ class ChatPrompts:
         return self._question_path(plan, question)
 
     def template_pair(
-        self, render: Callable[[dict[str, str]], str], context: Mapping[str, str], max_new_tokens: int, *,
-        source: str = "context", question: str | None = None, untrusted: Sequence[str | None] = (),
-        question_prompt: Callable[[str], str] | None = None, extra: Mapping[str, Any] | None = None,
+        self,
+        render: Callable[[dict[str, str]], str],
+        context: Mapping[str, str],
+        max_new_tokens: int,
+        *,
+        source: str = "context",
+        question: str | None = None,
+        untrusted: Sequence[str | None] = (),
+        question_prompt: Callable[[str], str] | None = None,
+        extra: Mapping[str, Any] | None = None,
     ) -> ChatPlan:
         """A prompt template rendered with and without its context variables. `render` fills the variables named in
         `context` (and nothing else changes). Context path: `render(context)`, the longest value trimmed while the
         prompt and `max_new_tokens` do not fit the window; no-context path: every variable emptied, or under
         no_context_path='question' the question alone (rendered by `question_prompt`, default: one user turn).
         `untrusted`: the prompt's other texts (the question, the messages), tokenised as plain text."""
-        fitted = fit_documents(dict(context), render, self.tokenizer, context_window=self.context_window, max_new_tokens=max_new_tokens)
+        fitted = fit_documents(
+            dict(context), render, self.tokenizer, context_window=self.context_window, max_new_tokens=max_new_tokens
+        )
         for note in fitted.notes:
             logger.warning(note)
         kept = [t for t in fitted.texts.values() if t.strip()]
-        plan = ChatPlan("prompts", source, documents=kept, context_prompt=fitted.rendered, no_context_prompt=render(dict.fromkeys(context, "")),
-                        notes=list(fitted.notes), trimmed=fitted.trimmed, document_tokens=fitted.document_tokens,
-                        untrusted=[t for t in dict.fromkeys([*kept, *untrusted]) if t], extra=dict(extra or {}))
+        plan = ChatPlan(
+            "prompts",
+            source,
+            documents=kept,
+            context_prompt=fitted.rendered,
+            no_context_prompt=render(dict.fromkeys(context, "")),
+            notes=list(fitted.notes),
+            trimmed=fitted.trimmed,
+            document_tokens=fitted.document_tokens,
+            untrusted=[t for t in dict.fromkeys([*kept, *untrusted]) if t],
+            extra=dict(extra or {}),
+        )
         return self._question_path(plan, question, question_prompt)
 
     def variables_pair(
-        self, render: Callable[[dict[str, str]], str], context: Mapping[str, str], max_new_tokens: int, *,
-        variables: Sequence[str], separator: str = "\n\n", question: str | None = None, untrusted: Sequence[str | None] = (),
-        question_prompt: Callable[[str], str] | None = None, extra: Mapping[str, Any] | None = None,
+        self,
+        render: Callable[[dict[str, str]], str],
+        context: Mapping[str, str],
+        max_new_tokens: int,
+        *,
+        variables: Sequence[str],
+        separator: str = "\n\n",
+        question: str | None = None,
+        untrusted: Sequence[str | None] = (),
+        question_prompt: Callable[[str], str] | None = None,
+        extra: Mapping[str, Any] | None = None,
     ) -> ChatPlan:
         """A framework's prompt template whose retrieved text travels in `variables`; `context`: those the call fills,
         as text. Where one holds text, `template_pair` (the record's `context`: the kept texts joined by `separator`);
@@ -369,12 +474,21 @@ class ChatPrompts:
         if not any(v.strip() for v in context.values()):
             why = f"the context variable ({', '.join(variables)}) {'was empty' if context else 'is not in the prompt'}"
             return ChatPlan.as_given(render(dict(context)), why, untrusted=untrusted, extra=extra)
-        plan = self.template_pair(render, context, max_new_tokens, question=question, untrusted=untrusted,
-                                  question_prompt=question_prompt, extra=extra)
+        plan = self.template_pair(
+            render,
+            context,
+            max_new_tokens,
+            question=question,
+            untrusted=untrusted,
+            question_prompt=question_prompt,
+            extra=extra,
+        )
         plan.extra["context"] = separator.join(plan.documents)
         return plan
 
-    def _question_path(self, plan: ChatPlan, question: str | None, question_prompt: Callable[[str], str] | None = None) -> ChatPlan:
+    def _question_path(
+        self, plan: ChatPlan, question: str | None, question_prompt: Callable[[str], str] | None = None
+    ) -> ChatPlan:
         """Under no_context_path='question', the plan's no-context path becomes the question alone under the neutral
         instruction (a fallback to the emptied prompt where no question was found)."""
         if self.no_context_path != "question":
@@ -382,20 +496,36 @@ class ChatPrompts:
         if question and question.strip():
             text = question_only_text(question)
             question_prompt = question_prompt or self.question_prompt
-            plan.no_context_prompt = question_prompt(text) if question_prompt is not None else self.render([("user", text)])
+            plan.no_context_prompt = (
+                question_prompt(text) if question_prompt is not None else self.render([("user", text)])
+            )
             return plan
-        return plan.fall_back("no_context_path='question' but no question was found for this call",
-                              "the no-context path is the prompt with its documents removed (pass the question)")
+        return plan.fall_back(
+            "no_context_path='question' but no question was found for this call",
+            "the no-context path is the prompt with its documents removed (pass the question)",
+        )
 
     def plain(self, turns: Sequence[Turn], why: str, question: str | None = None, *, fallback: bool = True) -> ChatPlan:
         """No documents to contrast: 'standard' on the conversation as given, with a note saying why (a fallback,
         which a strict caller refuses, unless `fallback=False`: nothing was asked that could not be done)."""
-        return ChatPlan.as_given(self.render(turns), why, "decoded with 'standard' on the prompt as given",
-                                 untrusted=_untrusted([question] if question else [], turns), fallback=fallback)
+        return ChatPlan.as_given(
+            self.render(turns),
+            why,
+            "decoded with 'standard' on the prompt as given",
+            untrusted=_untrusted([question] if question else [], turns),
+            fallback=fallback,
+        )
 
     def with_documents(
-        self, turns: Sequence[Turn], texts: Sequence[str], source: str, max_new_tokens: int, *,
-        question: str | None = None, template_question: str | None = None, template_first: bool = False,
+        self,
+        turns: Sequence[Turn],
+        texts: Sequence[str],
+        source: str,
+        max_new_tokens: int,
+        *,
+        question: str | None = None,
+        template_question: str | None = None,
+        template_first: bool = False,
     ) -> ChatPlan:
         """Plan a conversation with documents given beside it: found verbatim in it, they are contrasted where they
         stand; a single question without them gets fides-rag's template (not when tools are bound); a longer
@@ -412,7 +542,9 @@ class ChatPrompts:
         if self.context_messages is not None and not single:
             context = self.context_messages.separator.join(texts)
             if not context.strip():
-                return ChatPlan.as_given(self.render(turns), "the documents given were empty", untrusted=[question, *(c for _, c in turns)])
+                return ChatPlan.as_given(
+                    self.render(turns), "the documents given were empty", untrusted=[question, *(c for _, c in turns)]
+                )
             return self._in_context(self.context_messages.placed(turns, context), context, max_new_tokens, question)
         texts = [t for t in texts if t.strip()]
         if not texts:
@@ -427,7 +559,9 @@ class ChatPrompts:
         turns = [("system", f"{self.documents_instruction}\n{block}"), *turns]
         return self.pair(turns, texts, source, max_new_tokens, drop_in_no_context=(0,), question=question)
 
-    def from_tool_turns(self, turns: Sequence[Turn], max_new_tokens: int, question: str | None = None) -> ChatPlan | None:
+    def from_tool_turns(
+        self, turns: Sequence[Turn], max_new_tokens: int, question: str | None = None
+    ) -> ChatPlan | None:
         """Tool results as the evidence: every non-empty tool turn's content is a document, contrasted where it
         stands (emptied on the no-context path); None when the conversation holds no tool result."""
         texts = list(dict.fromkeys(c for r, c in turns if r == "tool" and c.strip()))
@@ -436,9 +570,18 @@ class ChatPrompts:
         return self.pair(turns, texts, "tool_messages", max_new_tokens, question=question)
 
     def conversation(
-        self, turns: Sequence[Turn], max_new_tokens: int, *, documents: Sequence[str] | None = None, source: str = "documents",
-        template_question: str | None = None, template_first: bool = False, found: Sequence[str] = (),
-        retrieved: Sequence[str] | None = None, system_as_context: bool = True, question: Any = LAST_USER_TURN,
+        self,
+        turns: Sequence[Turn],
+        max_new_tokens: int,
+        *,
+        documents: Sequence[str] | None = None,
+        source: str = "documents",
+        template_question: str | None = None,
+        template_first: bool = False,
+        found: Sequence[str] = (),
+        retrieved: Sequence[str] | None = None,
+        system_as_context: bool = True,
+        question: Any = LAST_USER_TURN,
         where: str = "the messages",
     ) -> ChatPlan:
         """Where a conversation's context comes from, first that applies: `documents` given beside it; the tool turns'
@@ -452,8 +595,15 @@ class ChatPrompts:
         if question is LAST_USER_TURN:
             question = next(c for r, c in reversed(turns) if r == "user")
         if documents is not None:
-            return self.with_documents(turns, documents, source, max_new_tokens, question=question, template_question=template_question,
-                                       template_first=template_first)
+            return self.with_documents(
+                turns,
+                documents,
+                source,
+                max_new_tokens,
+                question=question,
+                template_question=template_question,
+                template_first=template_first,
+            )
         from_tools = self.from_tool_turns(turns, max_new_tokens, question=question)
         if from_tools is not None:
             return from_tools
@@ -461,24 +611,42 @@ class ChatPrompts:
             plan = self.pair(turns, list(found), "retriever", max_new_tokens, question=question)
             missing = len({t for t in retrieved or [] if t.strip()} - set(found))
             if missing:
-                note = (f"{missing} of the {missing + len(found)} documents retrieved in this run were not found " "verbatim in "
-                        f"{where} (rewritten by a formatter?); their text, if any, stays in both paths")
+                note = (
+                    f"{missing} of the {missing + len(found)} documents retrieved in this run were not found "
+                    "verbatim in "
+                    f"{where} (rewritten by a formatter?); their text, if any, stays in both paths"
+                )
                 logger.warning(note)
                 plan.notes.append(note)
             return plan
         if self.context_messages is not None:  # a system turn rendered from one of the framework's context templates
             span = context_in_system(turns, self.context_messages.templates, self.context_messages.variables)
             if span is None:
-                return ChatPlan.as_given(self.render(turns), self.context_messages.no_documents, untrusted=[question, *(c for _, c in turns)])
+                return ChatPlan.as_given(
+                    self.render(turns), self.context_messages.no_documents, untrusted=[question, *(c for _, c in turns)]
+                )
             return self._in_context(turns, turns[span[0]][1][span[1] : span[2]], max_new_tokens, question)
         systems = [i for i, (r, c) in enumerate(turns) if r == "system" and c.strip()]
         if retrieved is not None and not retrieved:  # an empty retrieval: a system turn holds only its instruction
             return self.plain(turns, why_no_documents(retrieved, where), question)
         if system_as_context and systems:
-            plan = self.pair(turns, [turns[i][1] for i in systems], "system_message", max_new_tokens, drop_in_no_context=systems, question=question)
+            plan = self.pair(
+                turns,
+                [turns[i][1] for i in systems],
+                "system_message",
+                max_new_tokens,
+                drop_in_no_context=systems,
+                question=question,
+            )
             if retrieved:
-                return plan.fall_back(why_no_documents(retrieved, where), "took the whole system message(s) as the context instead (system_message_as_context=True)")
-            note = "no documents were given, attached or retrieved: the system message(s) were taken as the " "context (system_message_as_context=True)"
+                return plan.fall_back(
+                    why_no_documents(retrieved, where),
+                    "took the whole system message(s) as the context instead (system_message_as_context=True)",
+                )
+            note = (
+                "no documents were given, attached or retrieved: the system message(s) were taken as the "
+                "context (system_message_as_context=True)"
+            )
             logger.info(note)
             plan.notes.insert(0, note)
             return plan

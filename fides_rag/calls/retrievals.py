@@ -80,7 +80,9 @@ class RunRetrievals:
         (its prompt or messages), without duplicates, in retrieval order."""
         with self._lock:
             for member in self._up(run):
-                found = [d for d in dict.fromkeys(self._texts.get(member, ())) if d.strip() and any(d in t for t in texts)]
+                found = [
+                    d for d in dict.fromkeys(self._texts.get(member, ())) if d.strip() and any(d in t for t in texts)
+                ]
                 if found:
                     return found
         return []

@@ -14,13 +14,14 @@ from typing import Any
 from fides_rag.calls.options import CONSTRAINTS, CallInputError
 from fides_rag.errors import IncompleteAnswerError
 from fides_rag.generation.grammar.constraint import GrammarConstraint
-from fides_rag.generation.requests import special_token_id
 from fides_rag.generation.grammar.schema_support import check_schema_shape
+from fides_rag.generation.requests import special_token_id
 
 
 def closed_schema(schema: Any) -> Any:
     """`schema` with every object that lists its properties closed to others (`additionalProperties: false` where
-    the schema does not say), as OpenAI's strict mode does: a grammar then cannot add keys the caller did not ask for."""
+    the schema does not say), as OpenAI's strict mode does: a grammar then cannot add keys the caller did not ask
+    for."""
     if not isinstance(schema, dict):
         return schema
     closed = dict(schema)
@@ -49,7 +50,9 @@ def schema_of(spec: Any, field: str = "json_schema") -> dict[str, Any]:
         except json.JSONDecodeError as err:
             raise CallInputError(f"{field} is not valid JSON: {err}", field) from None
     if not isinstance(spec, Mapping):
-        raise CallInputError(f"{field} must be a JSON schema (a dict) or a pydantic model class, got {type(spec).__name__}", field)
+        raise CallInputError(
+            f"{field} must be a JSON schema (a dict) or a pydantic model class, got {type(spec).__name__}", field
+        )
     return dict(spec)
 
 
@@ -76,13 +79,21 @@ def check_json_schema(schema: Mapping[str, Any], field: str, *, what: str | None
         raise CallInputError(f"{what or field}: the schema cannot be compiled to a grammar: {problem.strip()}", field)
 
 
-def constraint_of(*, json_schema: Any = None, regex: str | None = None, grammar: Any = None, strict: bool = True,
-                  field: str = "json_schema") -> dict[str, Any]:
+def constraint_of(
+    *,
+    json_schema: Any = None,
+    regex: str | None = None,
+    grammar: Any = None,
+    strict: bool = True,
+    field: str = "json_schema",
+) -> dict[str, Any]:
     """The decoder's keyword for at most one of `json_schema` (closed as OpenAI's strict mode closes objects unless
     `strict=False`), `regex` or `grammar`, checked before anything decodes; {} when none is given."""
     given = {k: v for k, v in (("json_schema", json_schema), ("regex", regex), ("grammar", grammar)) if v is not None}
     if len(given) > 1:
-        raise CallInputError(f"give at most one of json_schema=, regex= and grammar=, got {', '.join(given)}", next(iter(given)))
+        raise CallInputError(
+            f"give at most one of json_schema=, regex= and grammar=, got {', '.join(given)}", next(iter(given))
+        )
     if "json_schema" in given:
         schema = schema_of(json_schema, field)
         schema = closed_schema(schema) if strict else schema
@@ -116,13 +127,17 @@ def refuse_cutting_stops(stop: Sequence[str], tokenizer: Any, what: str) -> None
         return
     cutting = [s for s in stop if special_token_id(tokenizer, s) is None]
     if cutting:
-        raise CallInputError(f"stop strings cannot end {what}: its grammar decides where it ends, and {cutting[0]!r} could match "
-                             "inside it and cut it mid-structure; drop stop (one special token, such as an end-of-turn token, is "
-                             "accepted: it ends the answer where it is complete)", "stop")
+        raise CallInputError(
+            f"stop strings cannot end {what}: its grammar decides where it ends, and {cutting[0]!r} could match "
+            "inside it and cut it mid-structure; drop stop (one special token, such as an end-of-turn token, is "
+            "accepted: it ends the answer where it is complete)",
+            "stop",
+        )
 
 
-def shortest_answer_tokens(tokenizer: Any, *, json_schema: Any = None, regex: str | None = None, grammar: Any = None,
-                           limit: int = 200) -> int:
+def shortest_answer_tokens(
+    tokenizer: Any, *, json_schema: Any = None, regex: str | None = None, grammar: Any = None, limit: int = 200
+) -> int:
     """Tokens of the shortest complete answer the constraint allows (searched up to `limit` tokens): the least
     max_new_tokens a structured call or a forced tool call can be given. None found within `limit`: ValueError."""
     constraint = GrammarConstraint.compile(tokenizer, json_schema=json_schema, regex=regex, grammar=grammar)
@@ -136,7 +151,9 @@ def check_complete(text: str, finish_reason: str | None) -> str:
     """`text`, if the model finished it: a structured answer cut at the token budget raises instead of parsing as a
     partial object."""
     if finish_reason == "length":
-        raise IncompleteAnswerError(f"the structured answer was cut at max_new_tokens before it was complete ({text!r}); raise max_new_tokens")
+        raise IncompleteAnswerError(
+            f"the structured answer was cut at max_new_tokens before it was complete ({text!r}); raise max_new_tokens"
+        )
     return text
 
 

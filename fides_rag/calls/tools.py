@@ -2,7 +2,8 @@
 `tools=`, else as a fallback system block) and its calls are read back from the text it writes.
 
 The fallback format is Hermes/Qwen's: the tools as JSON lines inside `<tools></tools>`, each call written as
-`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, each result as `<tool_response>...</tool_response>`. With `tool_choice` "required" (or "any") or a tool's
+`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, each result as `<tool_response>...</tool_response>`. With
+`tool_choice` "required" (or "any") or a tool's
 name, `constraint()` is a JSON schema that admits exactly one valid call as a bare JSON object; pass it as
 `json_schema=` to the decoder so a small model cannot write anything else. LangChain's ChatFides, LlamaIndex's
 FidesLLM and the server share this module: `tool_choice_name` reads every front door's tool_choice forms,
@@ -47,23 +48,37 @@ class ToolSpec:
         if not isinstance(self.name, str) or not self.name.strip():
             raise CallInputError(f"a tool needs a non-empty name, got {self.name!r}", "tools.function.name")
         if not TOOL_NAME.fullmatch(self.name):
-            raise CallInputError(f"tool name {self.name!r} must match ^[a-zA-Z0-9_-]{{1,64}}$ (letters, digits, '_' and '-', at " "most 64), "
-                                 "as OpenAI's tool names do", "tools.function.name")
+            raise CallInputError(
+                f"tool name {self.name!r} must match ^[a-zA-Z0-9_-]{{1,64}}$ (letters, digits, '_' and '-', at "
+                "most 64), "
+                "as OpenAI's tool names do",
+                "tools.function.name",
+            )
         if not isinstance(self.parameters, Mapping) or self.parameters.get("type", "object") != "object":
-            raise CallInputError(f"tool {self.name!r}: parameters must be a JSON schema of an object, got {self.parameters!r}",
-                                 "tools.function.parameters")
-        check_json_schema(dict(self.parameters), "tools.function.parameters", what=f"tool {self.name!r}: its parameters")
+            raise CallInputError(
+                f"tool {self.name!r}: parameters must be a JSON schema of an object, got {self.parameters!r}",
+                "tools.function.parameters",
+            )
+        check_json_schema(
+            dict(self.parameters), "tools.function.parameters", what=f"tool {self.name!r}: its parameters"
+        )
 
     def openai(self) -> dict:
         """The tool in OpenAI's shape: {"type": "function", "function": {"name", "description", "parameters"}}."""
-        return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": dict(self.parameters)}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": dict(self.parameters)},
+        }
 
     @classmethod
     def from_openai(cls, tool: Mapping[str, Any]) -> ToolSpec:
         """A ToolSpec from OpenAI's shape ({"type": "function", "function": {...}}) or its inner function dict."""
         function = tool.get("function", tool) if tool.get("type", "function") == "function" else None
         if not isinstance(function, Mapping) or "name" not in function:
-            raise ValueError(f"not an OpenAI function tool (need {{'type': 'function', 'function': {{'name': ...}}}}): " f"{dict(tool)!r}")
+            raise ValueError(
+                f"not an OpenAI function tool (need {{'type': 'function', 'function': {{'name': ...}}}}): "
+                f"{dict(tool)!r}"
+            )
         parameters = function.get("parameters") or {"type": "object", "properties": {}}
         return cls(function["name"], function.get("description") or "", dict(parameters))
 
@@ -76,7 +91,9 @@ class ToolSpec:
             return cls.from_openai(tool)
         if hasattr(getattr(tool, "metadata", None), "to_openai_tool"):
             return cls.from_openai(tool.metadata.to_openai_tool(skip_length_check=True))
-        raise CallInputError(f"tools must be ToolSpecs, OpenAI tool dicts or LlamaIndex tools, got {type(tool).__name__}", "tools")
+        raise CallInputError(
+            f"tools must be ToolSpecs, OpenAI tool dicts or LlamaIndex tools, got {type(tool).__name__}", "tools"
+        )
 
 
 @dataclass(frozen=True)
@@ -89,7 +106,11 @@ class ToolCall:
 
     def openai(self) -> dict:
         """The call in OpenAI's shape (arguments as a JSON string)."""
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": json.dumps(self.arguments)}}
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": json.dumps(self.arguments)},
+        }
 
 
 def _rebased(schema: Any, prefix: str) -> Any:
@@ -113,7 +134,10 @@ def _call_schema(tool: ToolSpec, at: str = "") -> dict:
     references rebased there, so a pydantic model's `$defs` still resolve)."""
     return {
         "type": "object",
-        "properties": {"name": {"const": tool.name}, "arguments": _rebased(closed_schema(dict(tool.parameters)), f"{at}/properties/arguments")},
+        "properties": {
+            "name": {"const": tool.name},
+            "arguments": _rebased(closed_schema(dict(tool.parameters)), f"{at}/properties/arguments"),
+        },
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }
@@ -127,28 +151,44 @@ def tool_choice_name(tool_choice: Any, names: Sequence[str], *, required: bool =
         return "none" if tool_choice is False else "required" if required else "auto"
     if tool_choice is True:
         if len(names) != 1:
-            raise CallInputError(f"tool_choice=True forces the only tool, but {len(names)} tools were given; name one", "tool_choice")
+            raise CallInputError(
+                f"tool_choice=True forces the only tool, but {len(names)} tools were given; name one", "tool_choice"
+            )
         return names[0]
     if isinstance(tool_choice, Mapping):
         name = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
         if not name and tool_choice.get("type") in CHOICES:
             return tool_choice_name(tool_choice["type"], names, required=required)
         if not isinstance(name, str):
-            raise CallInputError(f"tool_choice dict must name a function ({{'type': 'function', 'function': {{'name': ...}}}}), got " f"{dict(tool_choice)!r}", "tool_choice")
-        if name not in names or name in CHOICES:  # a function's name, never a mode: {"name": "none"} forces no "none" mode
-            why = (f"which would read as tool_choice={name!r}; rename the tool" if name in names else
-                   f"which is not a bound tool's name ({', '.join(names) or 'no tools'})")
+            raise CallInputError(
+                f"tool_choice dict must name a function ({{'type': 'function', 'function': {{'name': ...}}}}), got "
+                f"{dict(tool_choice)!r}",
+                "tool_choice",
+            )
+        if (
+            name not in names or name in CHOICES
+        ):  # a function's name, never a mode: {"name": "none"} forces no "none" mode
+            why = (
+                f"which would read as tool_choice={name!r}; rename the tool"
+                if name in names
+                else f"which is not a bound tool's name ({', '.join(names) or 'no tools'})"
+            )
             raise CallInputError(f"tool_choice names the function {name!r}, {why}", "tool_choice")
         return name
     if not isinstance(tool_choice, str):
-        raise CallInputError(f"tool_choice must be a string, a bool or a dict, got {type(tool_choice).__name__}", "tool_choice")
+        raise CallInputError(
+            f"tool_choice must be a string, a bool or a dict, got {type(tool_choice).__name__}", "tool_choice"
+        )
     if required and tool_choice in ("auto", "none"):
         raise CallInputError(f"tool_required=True contradicts tool_choice={tool_choice!r}", "tool_choice")
     choice = "required" if tool_choice == "any" else tool_choice
     if choice not in CHOICES and choice not in names:
-        bound = ', '.join(names) or 'no tools'
-        raise CallInputError(f"tool_choice must be one of {', '.join(CHOICES)} or a tool's name ({bound}); {tool_choice!r} is not "
-                             f"a bound tool's name ({bound})", "tool_choice")
+        bound = ", ".join(names) or "no tools"
+        raise CallInputError(
+            f"tool_choice must be one of {', '.join(CHOICES)} or a tool's name ({bound}); {tool_choice!r} is not "
+            f"a bound tool's name ({bound})",
+            "tool_choice",
+        )
     if choice == "required" and not names:
         raise CallInputError(f"tool_choice={tool_choice!r} needs at least one tool", "tool_choice")
     return choice
@@ -159,9 +199,14 @@ def _arguments(value: Any) -> dict:
         try:
             value = json.loads(value) if value.strip() else {}
         except ValueError:
-            raise CallInputError(f"a tool call's arguments must be a JSON object, got {value!r}", "messages.tool_calls.function.arguments") from None
+            raise CallInputError(
+                f"a tool call's arguments must be a JSON object, got {value!r}",
+                "messages.tool_calls.function.arguments",
+            ) from None
     if not isinstance(value, Mapping):
-        raise CallInputError(f"a tool call's arguments must be a JSON object, got {value!r}", "messages.tool_calls.function.arguments")
+        raise CallInputError(
+            f"a tool call's arguments must be a JSON object, got {value!r}", "messages.tool_calls.function.arguments"
+        )
     return dict(value)
 
 
@@ -183,24 +228,37 @@ def calls_from_openai(items: Sequence[Any]) -> list[ToolCall]:
 class ToolCalling:
     """Puts tools in front of a model and reads its calls back."""
 
-    def __init__(self, tokenizer: Any, tools: Sequence[Any], tool_choice: Any = "auto", *, required: bool = False) -> None:
-        """`tools`: ToolSpecs, OpenAI tool dicts or LlamaIndex tools; `tool_choice`: any form `tool_choice_name` reads."""
+    def __init__(
+        self, tokenizer: Any, tools: Sequence[Any], tool_choice: Any = "auto", *, required: bool = False
+    ) -> None:
+        """`tools`: ToolSpecs, OpenAI tool dicts or LlamaIndex tools; `tool_choice`: any form `tool_choice_name`
+        reads."""
         self.tokenizer = tokenizer
         specs = [ToolSpec.from_any(t) for t in tools]
-        self.tools = list({json.dumps(t.openai(), sort_keys=True): t for t in specs}.values())  # the same tool twice: once
+        self.tools = list(
+            {json.dumps(t.openai(), sort_keys=True): t for t in specs}.values()
+        )  # the same tool twice: once
         names = [t.name for t in self.tools]
         shared = next((name for i, name in enumerate(names) if name in names[:i]), None)
         if shared is not None:
-            raise CallInputError(f"two different tools share the name {shared!r}; tool names must be unique, got {names}", "tools.function.name")
+            raise CallInputError(
+                f"two different tools share the name {shared!r}; tool names must be unique, got {names}",
+                "tools.function.name",
+            )
         self.tool_choice = tool_choice_name(tool_choice, names, required=required)
         self._native: bool | None = None
 
     @classmethod
-    def of_call(cls, tokenizer: Any, tools: Sequence[Any] | None, tool_choice: Any = None, *, required: bool = False) -> ToolCalling | None:
+    def of_call(
+        cls, tokenizer: Any, tools: Sequence[Any] | None, tool_choice: Any = None, *, required: bool = False
+    ) -> ToolCalling | None:
         """A call's tool calling, or None without tools (a forcing tool_choice without tools is refused)."""
         if not tools:
             if tool_choice not in (None, "auto", "none", False) or required:
-                raise CallInputError(f"tool_choice={tool_choice!r} needs tools: bind them (bind_tools, chat_with_tools, tools=)", "tool_choice")
+                raise CallInputError(
+                    f"tool_choice={tool_choice!r} needs tools: bind them (bind_tools, chat_with_tools, tools=)",
+                    "tool_choice",
+                )
             return None
         return cls(tokenizer, tools, tool_choice, required=required)
 
@@ -212,11 +270,14 @@ class ToolCalling:
         return [t for t in self.tools if t.name == self.tool_choice]
 
     def missing_call_note(self, calls: Sequence[ToolCall], max_new_tokens: int) -> str | None:
-        """The note for a forced call that gave no readable call (cut at `max_new_tokens`); None when nothing is missing."""
+        """The note for a forced call that gave no readable call (cut at `max_new_tokens`); None when nothing is
+        missing."""
         if calls or not self.forced:
             return None
-        return (f"tool_choice={self.tool_choice!r} forced a call, but none could be read: the model wrote no complete call "
-                f"(max_new_tokens={max_new_tokens}); raise max_new_tokens")
+        return (
+            f"tool_choice={self.tool_choice!r} forced a call, but none could be read: the model wrote no complete call "
+            f"(max_new_tokens={max_new_tokens}); raise max_new_tokens"
+        )
 
     @property
     def native(self) -> bool:
@@ -355,7 +416,9 @@ class ToolCallStream:
             return ""  # a bare JSON call may be coming (always, when a call is forced)
         cut = text.find(self._TAG)
         if cut < 0:
-            cut = next((len(text) - k for k in range(len(self._TAG) - 1, 0, -1) if text.endswith(self._TAG[:k])), len(text))
+            cut = next(
+                (len(text) - k for k in range(len(self._TAG) - 1, 0, -1) if text.endswith(self._TAG[:k])), len(text)
+            )
         return text[:cut].rstrip()
 
     def feed(self, delta: str) -> str:

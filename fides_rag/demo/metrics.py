@@ -24,7 +24,9 @@ def is_correct(prediction: str, aliases: Sequence[str]) -> bool:
     return contains_alias(prediction, aliases)
 
 
-def recall_at_k(retrieved_texts: Sequence[Sequence[str]], aliases: Sequence[Sequence[str]], k: int | None = None) -> float:
+def recall_at_k(
+    retrieved_texts: Sequence[Sequence[str]], aliases: Sequence[Sequence[str]], k: int | None = None
+) -> float:
     """Share of questions whose first k retrieved texts contain a gold alias (all of them when k is None)."""
     if len(retrieved_texts) != len(aliases):
         raise ValueError(f"got {len(retrieved_texts)} retrieval lists but {len(aliases)} alias lists")

@@ -73,7 +73,8 @@ def inject_noise(
             break
     if len(distractors) < needed:
         raise ValueError(
-            f"need {needed} irrelevant documents for question {key!r} but the pool has only {len(distractors)} " "without a gold alias"
+            f"need {needed} irrelevant documents for question {key!r} but the pool has only {len(distractors)} "
+            "without a gold alias"
         )
     out = []
     for share in shares:

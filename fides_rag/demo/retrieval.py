@@ -59,8 +59,11 @@ class Embedder:
 
     def encode(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
         vectors = self.model.encode(
-            list(texts), batch_size=self.batch_size, normalize_embeddings=True,
-            convert_to_numpy=True, show_progress_bar=progress,
+            list(texts),
+            batch_size=self.batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=progress,
         )
         return np.ascontiguousarray(vectors, dtype=np.float32)
 

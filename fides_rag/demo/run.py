@@ -137,8 +137,14 @@ class _Item:
 
 def prompt_example(question: QAExample, level: Any, documents: Sequence[Passage]) -> QAExample:
     """One demo prompt as the common example type: id '<question id>@<noise level>', its documents in prompt order."""
-    return QAExample(question.question, tuple(d.text for d in documents), question.context_answers, question.memory_answers,
-                     f"{question.id}@{level_label(level.share)}", {"documents": [d.id for d in documents], "form": "conflict" if question.memory_answers else "original"})
+    return QAExample(
+        question.question,
+        tuple(d.text for d in documents),
+        question.context_answers,
+        question.memory_answers,
+        f"{question.id}@{level_label(level.share)}",
+        {"documents": [d.id for d in documents], "form": "conflict" if question.memory_answers else "original"},
+    )
 
 
 def run_demo(
@@ -153,21 +159,36 @@ def run_demo(
     started = time.perf_counter()
     corpus = load_corpus(settings)
     questions = select_questions(corpus, settings.effective_limit(), settings.seed)
-    log(f"corpus {corpus.name} ({corpus.source}): {len(corpus.passages)} passages; {len(questions)} of " f"{len(corpus.questions)} questions")
+    log(
+        f"corpus {corpus.name} ({corpus.source}): {len(corpus.passages)} passages; {len(questions)} of "
+        f"{len(corpus.questions)} questions"
+    )
     t0 = time.perf_counter()
     retriever, hits, retrieved = _retrieve(settings, corpus, questions, retriever, progress, log)
     recall = recall_at_k([[p.text for p in row] for row in retrieved], [q.context_answers for q in questions])
     retrieval_s = time.perf_counter() - t0
     noisy = [
-        inject_noise(docs, settings.noise, corpus.passages, q.context_answers, seed=settings.seed, key=q.id,
-                     text_of=lambda p: p.text, protect_gold=settings.protect_gold)
+        inject_noise(
+            docs,
+            settings.noise,
+            corpus.passages,
+            q.context_answers,
+            seed=settings.seed,
+            key=q.id,
+            text_of=lambda p: p.text,
+            protect_gold=settings.protect_gold,
+        )
         for q, docs in zip(questions, retrieved)
     ]
     items = [_Item(qi, li, level.documents) for qi, levels in enumerate(noisy) for li, level in enumerate(levels)]
     examples = [prompt_example(questions[it.question], noisy[it.question][it.level], it.documents) for it in items]
     corpus_id = {k: v for k, v in corpus.describe().items() if k in ("name", "passages_sha256")}
-    store = PredictionStore(settings.out_folder(), {"model": settings.model, "corpus": corpus_id,
-                                                    "max_new_tokens": settings.max_new_tokens}, _RESUME_KEYS, what="demo answers decoded")
+    store = PredictionStore(
+        settings.out_folder(),
+        {"model": settings.model, "corpus": corpus_id, "max_new_tokens": settings.max_new_tokens},
+        _RESUME_KEYS,
+        what="demo answers decoded",
+    )
     decoder, todo, timing = _decode(settings, store, examples, decoder, progress, log)
     for it, example in zip(items, examples):
         it.key = example.id
@@ -183,12 +204,17 @@ def run_demo(
         "noise_levels": [level_label(s) for s in settings.noise],
         "noise_counts": {level_label(s): noise_count(s, settings.k) for s in settings.noise},
         "corpus": corpus.describe(),
-        "retriever": {"embedder": retriever.embedder.name, "index": "faiss.IndexFlatIP (cosine)",
-                      "embeddings_from_cache": retriever.from_cache, "cache": str(retriever.cache_path)},
+        "retriever": {
+            "embedder": retriever.embedder.name,
+            "index": "faiss.IndexFlatIP (cosine)",
+            "embeddings_from_cache": retriever.from_cache,
+            "cache": str(retriever.cache_path),
+        },
         "questions": len(questions),
         "recall_at_k": 100.0 * recall,
         **tally(table, settings.methods, [level_label(s) for s in settings.noise]),
-        "metric": "accuracy = a gold alias, SQuAD-normalised, occurs as whole tokens in the normalised answer " "(percent)",
+        "metric": "accuracy = a gold alias, SQuAD-normalised, occurs as whole tokens in the normalised answer "
+        "(percent)",
         "timing_s": {"total": round(time.perf_counter() - started, 1), "retrieval": round(retrieval_s, 1), **timing},
         "decoded_now": todo,
         "decoded_before": len(items) - todo,
@@ -198,22 +224,36 @@ def run_demo(
     return _write_report(report, settings.out_folder())
 
 
-def _retrieve(settings: DemoSettings, corpus: Corpus, questions: Sequence[QAExample], retriever: Any, progress: bool,
-              log: Callable[[str], None]) -> tuple[Any, list, list[list[Passage]]]:
+def _retrieve(
+    settings: DemoSettings,
+    corpus: Corpus,
+    questions: Sequence[QAExample],
+    retriever: Any,
+    progress: bool,
+    log: Callable[[str], None],
+) -> tuple[Any, list, list[list[Passage]]]:
     """The retriever, its (passage, score) hits best first, and each question's documents in prompt order."""
     if retriever is None:
         from fides_rag.demo.retrieval import Retriever
 
         retriever = Retriever(corpus, progress=progress)
-    log(f"index: FAISS flat inner product over {retriever.embedder.name} embeddings "
-        f"({'from cache' if retriever.from_cache else 'embedded now'}: {retriever.cache_path})")
+    log(
+        f"index: FAISS flat inner product over {retriever.embedder.name} embeddings "
+        f"({'from cache' if retriever.from_cache else 'embedded now'}: {retriever.cache_path})"
+    )
     hits = retriever.search([q.question for q in questions], settings.k)
     retrieved = [[p for p, _ in (row[::-1] if settings.doc_order == "best-last" else row)] for row in hits]
     return retriever, hits, retrieved
 
 
-def _decode(settings: DemoSettings, store: PredictionStore, examples: Sequence[QAExample], decoder: FidesDecoder | None, progress: bool,
-            log: Callable[[str], None]) -> tuple[Any, int, dict[str, float]]:
+def _decode(
+    settings: DemoSettings,
+    store: PredictionStore,
+    examples: Sequence[QAExample],
+    decoder: FidesDecoder | None,
+    progress: bool,
+    log: Callable[[str], None],
+) -> tuple[Any, int, dict[str, float]]:
     """Decode the prompts the store lacks (loading the model only then); returns the decoder, how many, and timings."""
     from tqdm.auto import tqdm
 
@@ -228,34 +268,65 @@ def _decode(settings: DemoSettings, store: PredictionStore, examples: Sequence[Q
         decoder = FidesDecoder(model, tokenizer)
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    bar = tqdm(total=len(examples), initial=len(examples) - todo, desc=f"decoding {len(settings.methods)} methods",
-               unit="prompt", disable=not progress)
+    bar = tqdm(
+        total=len(examples),
+        initial=len(examples) - todo,
+        desc=f"decoding {len(settings.methods)} methods",
+        unit="prompt",
+        disable=not progress,
+    )
     try:
-        store.decode(decoder, examples, {m: m for m in settings.methods}, batch_size=settings.batch_size,
-                     max_new_tokens=settings.max_new_tokens, on_batch=bar.update,
-                     prompt_length=lambda e: len(e.question) + sum(len(c) for c in e.contexts))  # characters
+        store.decode(
+            decoder,
+            examples,
+            {m: m for m in settings.methods},
+            batch_size=settings.batch_size,
+            max_new_tokens=settings.max_new_tokens,
+            on_batch=bar.update,
+            prompt_length=lambda e: len(e.question) + sum(len(c) for c in e.contexts),
+        )  # characters
     finally:
         bar.close()
     return decoder, todo, {"model_load": round(load_s, 1), "decoding": round(time.perf_counter() - t0, 1)}
 
 
-def _score(settings: DemoSettings, questions: Sequence[QAExample], hits: list, retrieved: list, noisy: list,
-           items: Sequence[_Item]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _score(
+    settings: DemoSettings,
+    questions: Sequence[QAExample],
+    hits: list,
+    retrieved: list,
+    noisy: list,
+    items: Sequence[_Item],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Per-question records for results.json, and one flat row per (method, level, question) for the tallies."""
-    per_question = [{
-        "id": q.id, "question": q.question, "answers": list(q.context_answers), "kind": q.meta["kind"],
-        **({"memory_answers": list(q.memory_answers)} if q.memory_answers else {}),
-        "retrieved": [{"id": p.id, "score": round(s, 4), "has_answer": contains_alias(p.text, q.context_answers)}
-                      for p, s in hits[qi]],  # rank order, best first
-        "gold_in_top_k": any(contains_alias(p.text, q.context_answers) for p in retrieved[qi]),
-        "levels": {},
-    } for qi, q in enumerate(questions)]
+    per_question = [
+        {
+            "id": q.id,
+            "question": q.question,
+            "answers": list(q.context_answers),
+            "kind": q.meta["kind"],
+            **({"memory_answers": list(q.memory_answers)} if q.memory_answers else {}),
+            "retrieved": [
+                {"id": p.id, "score": round(s, 4), "has_answer": contains_alias(p.text, q.context_answers)}
+                for p, s in hits[qi]
+            ],  # rank order, best first
+            "gold_in_top_k": any(contains_alias(p.text, q.context_answers) for p in retrieved[qi]),
+            "levels": {},
+        }
+        for qi, q in enumerate(questions)
+    ]
     rows: list[dict[str, Any]] = []
     for it in items:
         q, level = questions[it.question], noisy[it.question][it.level]
-        gold = any(contains_alias(d.text, q.context_answers) for d in level.documents)  # the prompt still holds a gold alias
-        entry: dict[str, Any] = {"documents": [d.id for d in it.documents],  # prompt order
-                                 "replaced_positions": list(level.replaced), "gold_in_documents": gold, "predictions": {}}
+        gold = any(
+            contains_alias(d.text, q.context_answers) for d in level.documents
+        )  # the prompt still holds a gold alias
+        entry: dict[str, Any] = {
+            "documents": [d.id for d in it.documents],  # prompt order
+            "replaced_positions": list(level.replaced),
+            "gold_in_documents": gold,
+            "predictions": {},
+        }
         for method in settings.methods:
             res = it.result[method]
             pred = {"text": res["text"], "correct": is_correct(res["text"], q.context_answers)}
@@ -264,8 +335,16 @@ def _score(settings: DemoSettings, questions: Sequence[QAExample], hits: list, r
             if res["documents_trimmed"]:
                 pred["documents_trimmed"] = True
             entry["predictions"][method] = pred
-            rows.append({"method": method, "level": level_label(level.share), "question": it.question, "kind": q.meta["kind"],
-                         "correct": pred["correct"], "gold": gold})
+            rows.append(
+                {
+                    "method": method,
+                    "level": level_label(level.share),
+                    "question": it.question,
+                    "kind": q.meta["kind"],
+                    "correct": pred["correct"],
+                    "gold": gold,
+                }
+            )
         per_question[it.question]["levels"][level_label(level.share)] = entry
     return per_question, rows
 
@@ -285,17 +364,26 @@ def tally(rows: Sequence[dict[str, Any]], methods: Sequence[str], levels: Sequen
     first_method = frame[frame["method"] == methods[0]]
     gold_share = first_method.groupby("level")["gold"].agg(["sum", "count"])
     by_kind = percent(frame, ["kind", "method", "level"])
-    correct = {m: [frame[(frame["method"] == m) & (frame["level"] == lv)].sort_values("question")["correct"].tolist() for lv in levels]
-               for m in methods}
+    correct = {
+        m: [
+            frame[(frame["method"] == m) & (frame["level"] == lv)].sort_values("question")["correct"].tolist()
+            for lv in levels
+        ]
+        for m in methods
+    }
     return {
-        "answer_in_documents": {lv: 100.0 * int(gold_share.loc[lv, "sum"]) / int(gold_share.loc[lv, "count"]) for lv in levels},
+        "answer_in_documents": {
+            lv: 100.0 * int(gold_share.loc[lv, "sum"]) / int(gold_share.loc[lv, "count"]) for lv in levels
+        },
         # Accuracy on the prompts that still hold an answering passage: reading, apart from retrieval's misses.
         "accuracy_given_gold": {m: {lv: given.get((m, lv)) for lv in levels} for m in methods},
         "accuracy": accuracy,
         "drop": {m: accuracy[m][levels[0]] - accuracy[m][levels[-1]] for m in methods},
         "drop_between": [levels[0], levels[-1]],
-        "accuracy_by_kind": {kind: {m: {lv: by_kind[(kind, m, lv)] for lv in levels} for m in methods}
-                             for kind in sorted(frame["kind"].unique())},
+        "accuracy_by_kind": {
+            kind: {m: {lv: by_kind[(kind, m, lv)] for lv in levels} for m in methods}
+            for kind in sorted(frame["kind"].unique())
+        },
         "significance": compare_methods(correct, methods, levels),
     }
 
@@ -305,13 +393,21 @@ def _environment(decoder: FidesDecoder) -> dict[str, str]:
 
     import fides_rag
 
-    return {"fides_rag": getattr(fides_rag, "__version__", "?"), "torch": torch.__version__,
-            "python": platform.python_version(), "device": str(getattr(decoder, "device", "?"))}
+    return {
+        "fides_rag": getattr(fides_rag, "__version__", "?"),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": str(getattr(decoder, "device", "?")),
+    }
 
 
 def _write_report(report: dict[str, Any], out: Path) -> dict[str, Any]:
     """Write accuracy.png, results.md and results.json into `out`; return the report with their paths."""
-    report["files"] = {"json": str(out / "results.json"), "markdown": str(out / "results.md"), "plot": str(out / "accuracy.png")}
+    report["files"] = {
+        "json": str(out / "results.json"),
+        "markdown": str(out / "results.md"),
+        "plot": str(out / "accuracy.png"),
+    }
     plot_accuracy(report, out / "accuracy.png")
     (out / "results.md").write_text(results_markdown(report), encoding="utf-8")
     (out / "results.json").write_text(json.dumps(report, indent=1, ensure_ascii=False), encoding="utf-8")
@@ -319,7 +415,12 @@ def _write_report(report: dict[str, Any], out: Path) -> dict[str, Any]:
 
 
 def compare_methods(
-    correct: dict[str, list[list[bool]]], methods: Sequence[str], levels: Sequence[str], *, samples: int = 1000, seed: int = 0
+    correct: dict[str, list[list[bool]]],
+    methods: Sequence[str],
+    levels: Sequence[str],
+    *,
+    samples: int = 1000,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """Paired bootstrap (over questions) of the reference method (fides if run, else the last method)
     against each other method: accuracy at every noise level, and the drop from the first level to the last.
@@ -339,8 +440,10 @@ def compare_methods(
         if other == reference:
             continue
         pairs[other] = {
-            "accuracy": {lv: points(paired_bootstrap(correct[reference][li], correct[other][li], samples=samples, seed=seed))
-                         for li, lv in enumerate(levels)},
+            "accuracy": {
+                lv: points(paired_bootstrap(correct[reference][li], correct[other][li], samples=samples, seed=seed))
+                for li, lv in enumerate(levels)
+            },
             "drop": points(paired_bootstrap(drops(reference), drops(other), samples=samples, seed=seed)),
         }
     return {"reference": reference, "samples": samples, "confidence": 0.95, "versus": pairs}
@@ -356,17 +459,32 @@ def format_table(report: dict[str, Any]) -> str:
         f"retrieval recall@{report['k']}: {report['recall_at_k']:.1f}%  "
         f"(irrelevant documents per level: " + ", ".join(f"{lv}={c}" for lv, c in report["noise_counts"].items()) + ")",
     ]
-    rows = [[m] + [f"{report['accuracy'][m][lv]:.1f}" for lv in levels] + [f"{report['drop'][m]:+.1f}"] for m in report["methods"]]
+    rows = [
+        [m] + [f"{report['accuracy'][m][lv]:.1f}" for lv in levels] + [f"{report['drop'][m]:+.1f}"]
+        for m in report["methods"]
+    ]
     if "answer_in_documents" in report:  # % of prompts whose documents still hold a gold alias
         rows.append(["gold doc"] + [f"{report['answer_in_documents'][lv]:.1f}" for lv in levels] + [""])
-    lines.append(terminal_table(["method", *levels, f"drop {first}->{last}"], rows,
-                                title="accuracy (%): a gold alias in the answer; gold doc: % of prompts still holding one"))
+    lines.append(
+        terminal_table(
+            ["method", *levels, f"drop {first}->{last}"],
+            rows,
+            title="accuracy (%): a gold alias in the answer; gold doc: % of prompts still holding one",
+        )
+    )
     sig = report.get("significance")
     if sig and sig["versus"]:
-        sig_rows = [[f"vs {other}"] + [_ci(pair["accuracy"][lv]) for lv in levels] + [_ci(pair["drop"])]
-                    for other, pair in sig["versus"].items()]
-        lines.append(terminal_table(["", *levels, "drop"], sig_rows,
-                                    title=f"paired bootstrap, {sig['reference']} − other in points [95% CI] (B={sig['samples']})"))
+        sig_rows = [
+            [f"vs {other}"] + [_ci(pair["accuracy"][lv]) for lv in levels] + [_ci(pair["drop"])]
+            for other, pair in sig["versus"].items()
+        ]
+        lines.append(
+            terminal_table(
+                ["", *levels, "drop"],
+                sig_rows,
+                title=f"paired bootstrap, {sig['reference']} − other in points [95% CI] (B={sig['samples']})",
+            )
+        )
     return "\n".join(lines)
 
 
@@ -380,21 +498,46 @@ def results_markdown(report: dict[str, Any]) -> str:
         f"{report['recall_at_k']:.1f}%. Accuracy (%): a gold alias in the answer.",
         "",
     ]
-    rows = [[m] + [f"{report['accuracy'][m][lv]:.1f}" for lv in levels] + [f"{report['drop'][m]:+.1f}"] for m in report["methods"]]
+    rows = [
+        [m] + [f"{report['accuracy'][m][lv]:.1f}" for lv in levels] + [f"{report['drop'][m]:+.1f}"]
+        for m in report["methods"]
+    ]
     if "answer_in_documents" in report:
-        rows.append(["*prompts still holding a gold passage*"] + [f"*{report['answer_in_documents'][lv]:.1f}*" for lv in levels] + [""])
+        rows.append(
+            ["*prompts still holding a gold passage*"]
+            + [f"*{report['answer_in_documents'][lv]:.1f}*" for lv in levels]
+            + [""]
+        )
     lines.append(markdown_table(["method", *levels, f"drop {first} → {last}"], rows))
     if "accuracy_given_gold" in report:
-        lines += ["", "Accuracy (%) on the prompts that still hold a gold passage (reading, apart from retrieval misses):", ""]
+        lines += [
+            "",
+            "Accuracy (%) on the prompts that still hold a gold passage (reading, apart from retrieval misses):",
+            "",
+        ]
         given = report["accuracy_given_gold"]
-        lines.append(markdown_table(["method", *levels], [[m] + ["–" if given[m][lv] is None else f"{given[m][lv]:.1f}" for lv in levels]
-                                                          for m in report["methods"]]))
+        lines.append(
+            markdown_table(
+                ["method", *levels],
+                [
+                    [m] + ["–" if given[m][lv] is None else f"{given[m][lv]:.1f}" for lv in levels]
+                    for m in report["methods"]
+                ],
+            )
+        )
     sig = report.get("significance")
     if sig and sig["versus"]:
-        lines += ["", f"Paired bootstrap over questions (B = {sig['samples']}, two-sided 95% CI; p from a paired permutation " "test), "
-                      f"{sig['reference']} minus the other method, in points:", ""]
-        sig_rows = [[other] + [_ci(pair["accuracy"][lv], markdown=True) for lv in levels] + [_ci(pair["drop"], markdown=True)]
-                    for other, pair in sig["versus"].items()]
+        lines += [
+            "",
+            f"Paired bootstrap over questions (B = {sig['samples']}, two-sided 95% CI; p from a paired permutation "
+            "test), "
+            f"{sig['reference']} minus the other method, in points:",
+            "",
+        ]
+        sig_rows = [
+            [other] + [_ci(pair["accuracy"][lv], markdown=True) for lv in levels] + [_ci(pair["drop"], markdown=True)]
+            for other, pair in sig["versus"].items()
+        ]
         lines.append(markdown_table([f"{sig['reference']} vs", *levels, "drop"], sig_rows))
     return "\n".join(lines) + "\n"
 
@@ -419,15 +562,22 @@ def plot_accuracy(report: dict[str, Any], path: str | Path) -> Path:
     xs = [float(lv.rstrip("%")) for lv in levels]
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     for method in report["methods"]:
-        ax.plot(xs, [report["accuracy"][method][lv] for lv in levels], marker="o", linewidth=2 if method == "fides" else 1.3,
-                label=f"{method} (drop {report['drop'][method]:+.1f})")
+        ax.plot(
+            xs,
+            [report["accuracy"][method][lv] for lv in levels],
+            marker="o",
+            linewidth=2 if method == "fides" else 1.3,
+            label=f"{method} (drop {report['drop'][method]:+.1f})",
+        )
     ax.set_xticks(xs)
     ax.set_xticklabels(levels)
     ax.set_xlabel("irrelevant documents among the top-k")
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
-    ax.set_title(f"{report['corpus']['name']} · {report['model']} · k={report['k']} · n={report['questions']}", fontsize=9)
+    ax.set_title(
+        f"{report['corpus']['name']} · {report['model']} · k={report['k']} · n={report['questions']}", fontsize=9
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     path = Path(path)

@@ -29,7 +29,127 @@ SIGNALS = ("opposition", "shift", "noise")
 # content words ("fire", "bill", "system", "computer", "found", numbers like "two"), which would count as function
 # tokens.
 STOP_WORDS = frozenset(
-    ["a", "an", "the", "and", "or", "but", "nor", "so", "yet", "if", "then", "than", "that", "this", "these", "those", "there", "here", "of", "in", "on", "at", "by", "for", "with", "about", "against", "between", "into", "through", "during", "before", "after", "above", "below", "to", "from", "up", "down", "out", "off", "over", "under", "again", "further", "once", "is", "are", "was", "were", "be", "been", "being", "am", "have", "has", "had", "having", "do", "does", "did", "doing", "will", "would", "shall", "should", "can", "could", "may", "might", "must", "i", "me", "my", "we", "our", "you", "your", "he", "him", "his", "she", "her", "it", "its", "they", "them", "their", "what", "which", "who", "whom", "whose", "when", "where", "why", "how", "all", "any", "both", "each", "few", "more", "most", "other", "some", "such", "no", "not", "only", "own", "same", "too", "very", "just", "also", "as", "s", "t"]
+    [
+        "a",
+        "an",
+        "the",
+        "and",
+        "or",
+        "but",
+        "nor",
+        "so",
+        "yet",
+        "if",
+        "then",
+        "than",
+        "that",
+        "this",
+        "these",
+        "those",
+        "there",
+        "here",
+        "of",
+        "in",
+        "on",
+        "at",
+        "by",
+        "for",
+        "with",
+        "about",
+        "against",
+        "between",
+        "into",
+        "through",
+        "during",
+        "before",
+        "after",
+        "above",
+        "below",
+        "to",
+        "from",
+        "up",
+        "down",
+        "out",
+        "off",
+        "over",
+        "under",
+        "again",
+        "further",
+        "once",
+        "is",
+        "are",
+        "was",
+        "were",
+        "be",
+        "been",
+        "being",
+        "am",
+        "have",
+        "has",
+        "had",
+        "having",
+        "do",
+        "does",
+        "did",
+        "doing",
+        "will",
+        "would",
+        "shall",
+        "should",
+        "can",
+        "could",
+        "may",
+        "might",
+        "must",
+        "i",
+        "me",
+        "my",
+        "we",
+        "our",
+        "you",
+        "your",
+        "he",
+        "him",
+        "his",
+        "she",
+        "her",
+        "it",
+        "its",
+        "they",
+        "them",
+        "their",
+        "what",
+        "which",
+        "who",
+        "whom",
+        "whose",
+        "when",
+        "where",
+        "why",
+        "how",
+        "all",
+        "any",
+        "both",
+        "each",
+        "few",
+        "more",
+        "most",
+        "other",
+        "some",
+        "such",
+        "no",
+        "not",
+        "only",
+        "own",
+        "same",
+        "too",
+        "very",
+        "just",
+        "also",
+        "as",
+        "s",
+        "t",
+    ]
 )
 _HAS_DIGIT = re.compile(r"\d")
 
@@ -42,7 +162,9 @@ def _plt():
     return plt
 
 
-def _grouped_bars(path: Path, series: dict[str, list[float]], ticks: list[str], *, ylabel: str, title: str, width: float = 5.5) -> None:
+def _grouped_bars(
+    path: Path, series: dict[str, list[float]], ticks: list[str], *, ylabel: str, title: str, width: float = 5.5
+) -> None:
     """One bar group per method (tick), one bar per series; saved as a PNG."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(width, 3.5))
@@ -78,7 +200,11 @@ def _labels(records: Sequence[dict[str, Any]]) -> list[str]:
 
 def _alpha_labels(records: Sequence[dict[str, Any]]) -> list[str]:
     """Methods whose steps carry an alpha (the contrastive ones)."""
-    return [label for label in _labels(records) if any(s.get("alpha") is not None for r in records for s in r["outputs"].get(label, {}).get("steps", []))]
+    return [
+        label
+        for label in _labels(records)
+        if any(s.get("alpha") is not None for r in records for s in r["outputs"].get(label, {}).get("steps", []))
+    ]
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -169,7 +295,9 @@ def first_step_jsd(record: dict[str, Any]) -> float | None:
     return None
 
 
-def conflict_severity(records: Sequence[dict[str, Any]], out_dir: Path | None = None, buckets: int = 4) -> dict[str, Any]:
+def conflict_severity(
+    records: Sequence[dict[str, Any]], out_dir: Path | None = None, buckets: int = 4
+) -> dict[str, Any]:
     """CF per method in quartiles of first-step JSD (examples sorted by JSD, split into `buckets` near-equal groups).
 
     Uses conflict-form samples and CF; a run without them falls back to EM on all samples (`metric` says which).
@@ -181,13 +309,23 @@ def conflict_severity(records: Sequence[dict[str, Any]], out_dir: Path | None = 
     labels = _labels(records)
     pd = require("pandas", "eval", purpose="the severity quartiles")
     # Equal-count buckets of the JSD ranks (ties broken by order), so equal JSDs cannot empty a bucket.
-    bucket_of = pd.qcut(pd.Series(range(len(scored))), min(buckets, len(scored)), labels=False) if scored else pd.Series([], dtype=int)
+    bucket_of = (
+        pd.qcut(pd.Series(range(len(scored))), min(buckets, len(scored)), labels=False)
+        if scored
+        else pd.Series([], dtype=int)
+    )
     groups = [np.flatnonzero(bucket_of.to_numpy() == k) for k in range(int(bucket_of.max()) + 1)] if scored else []
     rows = []
     for k, group in enumerate(groups):
         members = [scored[i] for i in group]
-        row: dict[str, Any] = {"bucket": k + 1, "n": len(members), "jsd_min": members[0][0], "jsd_max": members[-1][0],
-               "jsd_mean": float(np.mean([j for j, _ in members])), "score": {}}
+        row: dict[str, Any] = {
+            "bucket": k + 1,
+            "n": len(members),
+            "jsd_min": members[0][0],
+            "jsd_max": members[-1][0],
+            "jsd_mean": float(np.mean([j for j, _ in members])),
+            "score": {},
+        }
         for label in labels:
             values = [r["outputs"][label]["scores"][metric] for _, r in members if label in r["outputs"]]
             row["score"][label] = 100 * float(np.mean(values)) if values else None
@@ -199,7 +337,12 @@ def conflict_severity(records: Sequence[dict[str, Any]], out_dir: Path | None = 
         fig, ax = plt.subplots(figsize=(5.5, 3.5))
         x = [row["bucket"] for row in rows]
         for label in labels:
-            ax.plot(x, [row["score"][label] if row["score"][label] is not None else np.nan for row in rows], marker="o", label=label)
+            ax.plot(
+                x,
+                [row["score"][label] if row["score"][label] is not None else np.nan for row in rows],
+                marker="o",
+                label=label,
+            )
         ax.set_xticks(x, [f"Q{row['bucket']}\n{row['jsd_mean']:.3f}" for row in rows] if rows else [])
         ax.set_xlabel("first-step JSD bucket (mean JSD)")
         ax.set_ylabel(f"{metric.upper()} (%)")
@@ -232,13 +375,18 @@ def non_conflict_control(records: Sequence[dict[str, Any]], out_dir: Path | None
         methods[label] = summary
     result = {"examples": len(aligned), "methods": methods}
     if not aligned:
-        result["note"] = "no non-conflict samples in this run; evaluate --dataset nq-open, nq-swap-original or nq-swap-both"
+        result["note"] = (
+            "no non-conflict samples in this run; evaluate --dataset nq-open, nq-swap-original or nq-swap-both"
+        )
     if out_dir is not None:
         _write_json(out_dir / "non_conflict_control.json", result)
         labels = list(methods)
         _grouped_bars(
             out_dir / "non_conflict_control.png",
-            {metric.upper(): [methods[label][metric] or 0.0 for label in labels] for metric in ("em", "f1", "accuracy")},
+            {
+                metric.upper(): [methods[label][metric] or 0.0 for label in labels]
+                for metric in ("em", "f1", "accuracy")
+            },
             [f"{label}\nα {_f(methods[label]['mean_alpha'], 2)}" for label in labels],
             ylabel="%",
             title=f"Non-conflict control ({len(aligned)} examples)",
@@ -253,12 +401,19 @@ def _pick_trace(records: Sequence[dict[str, Any]], method: str) -> dict[str, Any
     """The first conflict example whose answer under `method` holds an answer token; else any with steps."""
     candidates = [r for r in records if method in r["outputs"] and r["outputs"][method]["steps"]]
     for r in candidates:
-        if r.get("conflict") and any(token_category(s["token"], r["context_answers"]) == "answer" for s in r["outputs"][method]["steps"]):
+        if r.get("conflict") and any(
+            token_category(s["token"], r["context_answers"]) == "answer" for s in r["outputs"][method]["steps"]
+        ):
             return r
     return candidates[0] if candidates else None
 
 
-def example_trace(records: Sequence[dict[str, Any]], out_dir: Path | None = None, method: str | None = None, example_id: str | None = None) -> dict[str, Any]:
+def example_trace(
+    records: Sequence[dict[str, Any]],
+    out_dir: Path | None = None,
+    method: str | None = None,
+    example_id: str | None = None,
+) -> dict[str, Any]:
     """Tokens of one answer with their alpha and signals; PNG (tokens coloured by alpha, signals below) and HTML."""
     alpha_labels = _alpha_labels(records)
     method = method or ("fides" if "fides" in alpha_labels else (alpha_labels[0] if alpha_labels else None))
@@ -275,8 +430,12 @@ def example_trace(records: Sequence[dict[str, Any]], out_dir: Path | None = None
         return {"note": f"no {method} answer with tokens in this run"}
     steps = record["outputs"][method]["steps"]
     result = {
-        "id": record["id"], "method": method, "question": record["question"], "context_answers": record["context_answers"],
-        "memory_answers": record["memory_answers"], "answer": record["outputs"][method]["text"],
+        "id": record["id"],
+        "method": method,
+        "question": record["question"],
+        "context_answers": record["context_answers"],
+        "memory_answers": record["memory_answers"],
+        "answer": record["outputs"][method]["text"],
         "tokens": [{k: s.get(k) for k in ("token", "alpha", *SIGNALS)} for s in steps],
     }
     if out_dir is None:
@@ -293,7 +452,16 @@ def example_trace(records: Sequence[dict[str, Any]], out_dir: Path | None = None
     for i, s in enumerate(steps):
         top.add_patch(plt.Rectangle((i, 0), 0.95, 1, color=cmap(norm(alphas[i]))))
         label = s["token"].replace("\n", "⏎").replace("$", r"\$") or "∅"
-        top.text(i + 0.475, 0.5, label, ha="center", va="center", fontsize=8, color="white" if norm(alphas[i]) < 0.6 else "black", rotation=0 if len(label) < 6 else 45)
+        top.text(
+            i + 0.475,
+            0.5,
+            label,
+            ha="center",
+            va="center",
+            fontsize=8,
+            color="white" if norm(alphas[i]) < 0.6 else "black",
+            rotation=0 if len(label) < 6 else 45,
+        )
     top.set_xlim(0, max(n, 1))
     top.set_ylim(0, 1)
     top.axis("off")
@@ -317,17 +485,25 @@ def example_trace(records: Sequence[dict[str, Any]], out_dir: Path | None = None
         color = "#" + "".join(f"{int(255 * c):02x}" for c in rgba[:3])
         fg = "white" if norm(a) < 0.6 else "black"
         tip = ", ".join(f"{k} {s[k]:.4f}" for k in ("alpha", *SIGNALS) if s.get(k) is not None)
-        spans.append(f'<span style="background:{color};color:{fg};padding:2px 1px" ' f'title="{html.escape(tip)}">{html.escape(s["token"])}</span>')
+        spans.append(
+            f'<span style="background:{color};color:{fg};padding:2px 1px" '
+            f'title="{html.escape(tip)}">{html.escape(s["token"])}</span>'
+        )
     rows = "".join(
-        "<tr>" + f"<td>{html.escape(s['token'])}</td>" + "".join(f"<td>{_f(s.get(k), 4)}</td>" for k in ("alpha", *SIGNALS)) + "</tr>"
+        "<tr>"
+        + f"<td>{html.escape(s['token'])}</td>"
+        + "".join(f"<td>{_f(s.get(k), 4)}</td>" for k in ("alpha", *SIGNALS))
+        + "</tr>"
         for s in steps
     )
     page = (
         f"<!doctype html><meta charset='utf-8'><title>trace {html.escape(record['id'])}</title>"
         f"<body style='font-family:sans-serif'><h3>{html.escape(record['question'])}</h3>"
-        f"<p>context answers: {html.escape(', '.join(record['context_answers']))}; memory answers: " f"{html.escape(', '.join(record['memory_answers']) or '–')}</p>"
+        f"<p>context answers: {html.escape(', '.join(record['context_answers']))}; memory answers: "
+        f"{html.escape(', '.join(record['memory_answers']) or '–')}</p>"
         f"<p style='font-family:monospace;font-size:18px'>{''.join(spans)}</p>"
-        "<table border=1 cellspacing=0 " f"cellpadding=3><tr><th>token</th><th>α</th><th>opposition</th><th>shift</th><th>noise</th></tr>{rows}</table></body>"
+        "<table border=1 cellspacing=0 "
+        f"cellpadding=3><tr><th>token</th><th>α</th><th>opposition</th><th>shift</th><th>noise</th></tr>{rows}</table></body>"
     )
     (out_dir / "trace.html").write_text(page, encoding="utf-8")
     return result

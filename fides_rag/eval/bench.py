@@ -51,10 +51,18 @@ class Timing:
 
 
 def _summary(values: Sequence[float]) -> dict[str, float]:
-    """Median, quartiles (the (n+1)p 'weibull' rule of statistics.quantiles, which earlier reports used), min, max, n."""
+    """Median, quartiles (the (n+1)p 'weibull' rule of statistics.quantiles, which earlier reports used), min, max,
+    n."""
     data = np.asarray(values, dtype=float)
     q1, median, q3 = np.percentile(data, [25, 50, 75], method="weibull") if len(data) > 1 else [data[0]] * 3
-    return {"median": float(median), "q1": float(q1), "q3": float(q3), "min": float(data.min()), "max": float(data.max()), "n": len(data)}
+    return {
+        "median": float(median),
+        "q1": float(q1),
+        "q3": float(q3),
+        "min": float(data.min()),
+        "max": float(data.max()),
+        "n": len(data),
+    }
 
 
 class Bench:
@@ -82,11 +90,16 @@ class Bench:
         start = time.perf_counter()
         result = self.decoder.generate(
             PromptPair(context_prompt, no_context_prompt, add_special_tokens=not self.templated or self.raw),
-            method=method, max_new_tokens=new_tokens, min_new_tokens=new_tokens, stopping_criteria=StoppingCriteriaList([clock]),
+            method=method,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            stopping_criteria=StoppingCriteriaList([clock]),
         )
         return self._timing(start, clock, len(result.token_ids))
 
-    def time_peer(self, context_prompt: str, no_context_prompt: str, new_tokens: int, guidance_scale: float = 2.0) -> Timing:
+    def time_peer(
+        self, context_prompt: str, no_context_prompt: str, new_tokens: int, guidance_scale: float = 2.0
+    ) -> Timing:
         """transformers' classifier-free guidance: CAD on log-probs with a second, separate forward per step."""
         tok, model = self.decoder.tokenizer, self.decoder.model
         special = not self.templated or self.raw
@@ -96,9 +109,15 @@ class Bench:
         start = time.perf_counter()
         with torch.inference_mode():
             out = model.generate(  # type: ignore[operator]  # a PreTrainedModel
-                **ids, negative_prompt_ids=negative["input_ids"], negative_prompt_attention_mask=negative["attention_mask"],
-                guidance_scale=guidance_scale, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                stopping_criteria=StoppingCriteriaList([clock]), pad_token_id=tok.pad_token_id or 0,
+                **ids,
+                negative_prompt_ids=negative["input_ids"],
+                negative_prompt_attention_mask=negative["attention_mask"],
+                guidance_scale=guidance_scale,
+                do_sample=False,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                stopping_criteria=StoppingCriteriaList([clock]),
+                pad_token_id=tok.pad_token_id or 0,
             )
         return self._timing(start, clock, out.shape[1] - ids["input_ids"].shape[1])
 
@@ -115,9 +134,13 @@ class Bench:
 
     # -- sections -------------------------------------------------------------------------------
 
-    def latency(self, methods: Sequence[Any] = LATENCY_METHODS, samples: int = 20, warmup: int = 3, new_tokens: int = 64) -> dict:
+    def latency(
+        self, methods: Sequence[Any] = LATENCY_METHODS, samples: int = 20, warmup: int = 3, new_tokens: int = 64
+    ) -> dict:
         """The source's protocol: batch 1, greedy, `new_tokens` forced, `warmup` discarded runs, paired prompts."""
-        prompts = [self.raw_prompts(e) if self.raw else self.prompts(e, new_tokens) for e in self.examples[: samples + warmup]]
+        prompts = [
+            self.raw_prompts(e) if self.raw else self.prompts(e, new_tokens) for e in self.examples[: samples + warmup]
+        ]
         labels = [m if isinstance(m, str) else m[0] for m in methods]
         runs: dict[str, list[Timing]] = {label: [] for label in labels}
         for i, (ctx, no_ctx) in enumerate(prompts):
@@ -130,13 +153,16 @@ class Bench:
                 "decode_ms_per_token": _summary([t.decode_s_per_token * 1000 for t in timings]),
                 "first_token_ms": _summary([t.first_token_s * 1000 for t in timings]),
                 "total_ms_per_token": _summary([t.total_s / t.tokens * 1000 for t in timings]),
-                "prompt_tokens": statistics.mean(len(self.decoder.tokenizer(p[0])["input_ids"]) for p in prompts[warmup:]),
+                "prompt_tokens": statistics.mean(
+                    len(self.decoder.tokenizer(p[0])["input_ids"]) for p in prompts[warmup:]
+                ),
             }
             for label, timings in runs.items()
         }
 
     def signal_split(self, samples: int = 8, warmup: int = 2, new_tokens: int = 32) -> dict:
-        """Cost of FIDES's signals: FIDES against exact ablations that skip the lens (Noise) and the layer reads (Shift)."""
+        """Cost of FIDES's signals: FIDES against exact ablations that skip the lens (Noise) and the layer reads
+        (Shift)."""
         config: Any = getattr(self.decoder.method, "config", None)
         variants = [
             ("cad", "cad"),
@@ -147,7 +173,9 @@ class Bench:
         ]
         return self.latency(variants, samples=samples, warmup=warmup, new_tokens=new_tokens)
 
-    def context_growth(self, lengths: Sequence[int] = (256, 512, 1024, 2048), new_tokens: int = 16, repeats: int = 2) -> dict:
+    def context_growth(
+        self, lengths: Sequence[int] = (256, 512, 1024, 2048), new_tokens: int = 16, repeats: int = 2
+    ) -> dict:
         """Latency of standard and FIDES as the document block grows, with both prompts' lengths in tokens. (The
         KV-cache bytes are not measured here: the decoder exposes no cache's size, and measuring one would mean
         running the engine's prefill outside the engine; FIDES holds both paths' caches, its need the sum.)"""
@@ -160,10 +188,14 @@ class Bench:
             doc = self.decoder.tokenizer.decode(corpus_ids[: max(1, target - len(base_ids))])
             prepared = self.decoder.prepare(question, [doc], new_tokens)
             row: dict[str, Any] = {
-                "prompt_tokens": len(prepared.context_ids), "no_context_tokens": len(prepared.no_context_ids),
+                "prompt_tokens": len(prepared.context_ids),
+                "no_context_tokens": len(prepared.no_context_ids),
             }
             for method in ("standard", "fides"):
-                timings = [self.time_ours(method, prepared.context_prompt, prepared.no_context_prompt, new_tokens) for _ in range(repeats)]
+                timings = [
+                    self.time_ours(method, prepared.context_prompt, prepared.no_context_prompt, new_tokens)
+                    for _ in range(repeats)
+                ]
                 row[method] = {
                     "first_token_ms": statistics.median(t.first_token_s * 1000 for t in timings),
                     "decode_ms_per_token": statistics.median(t.decode_s_per_token * 1000 for t in timings),
@@ -171,9 +203,13 @@ class Bench:
             out[str(target)] = row
         return out
 
-    def throughput(self, batch_sizes: Sequence[int] = (1, 4, 8, 16), n_examples: int = 24, new_tokens: int = 16) -> dict:
+    def throughput(
+        self, batch_sizes: Sequence[int] = (1, 4, 8, 16), n_examples: int = 24, new_tokens: int = 16
+    ) -> dict:
         """Examples per second of an evaluation run (real stops), per batch size, and four methods at once."""
-        examples = sorted(self.examples[:n_examples], key=lambda e: len(" ".join(e.contexts)))  # length-bucketed batches
+        examples = sorted(
+            self.examples[:n_examples], key=lambda e: len(" ".join(e.contexts))
+        )  # length-bucketed batches
         questions = [e.question for e in examples]
         documents = [list(e.contexts) for e in examples]
 
@@ -186,17 +222,35 @@ class Bench:
         self.decoder.generate_batch(questions[:2], documents[:2], method="fides", max_new_tokens=4)  # warm-up
         for size in batch_sizes:
             out["fides_by_batch_size"][str(size)] = rate(
-                lambda size=size: [self.decoder.generate_batch(questions[i : i + size], documents[i : i + size], method="fides", max_new_tokens=new_tokens) for i in range(0, len(examples), size)]
+                lambda size=size: [
+                    self.decoder.generate_batch(
+                        questions[i : i + size], documents[i : i + size], method="fides", max_new_tokens=new_tokens
+                    )
+                    for i in range(0, len(examples), size)
+                ]
             )
         size = 8
         singles = {}
         for method in ("standard", "cad", "adacad", "fides"):
             singles[method] = rate(
-                lambda method=method: [self.decoder.generate_batch(questions[i : i + size], documents[i : i + size], method=method, max_new_tokens=new_tokens) for i in range(0, len(examples), size)]
+                lambda method=method: [
+                    self.decoder.generate_batch(
+                        questions[i : i + size], documents[i : i + size], method=method, max_new_tokens=new_tokens
+                    )
+                    for i in range(0, len(examples), size)
+                ]
             )
         out["single_method_batch8"] = singles
         out["four_methods_shared_prefill_batch8"] = rate(
-            lambda: [self.decoder.generate_batch(questions[i : i + size], documents[i : i + size], methods=["standard", "cad", "adacad", "fides"], max_new_tokens=new_tokens) for i in range(0, len(examples), size)]
+            lambda: [
+                self.decoder.generate_batch(
+                    questions[i : i + size],
+                    documents[i : i + size],
+                    methods=["standard", "cad", "adacad", "fides"],
+                    max_new_tokens=new_tokens,
+                )
+                for i in range(0, len(examples), size)
+            ]
         )
         return out
 
@@ -231,8 +285,11 @@ def run_bench(
     from fides_rag.models.loading import load_model
 
     examples = load_nq_swap(data)
-    report: dict[str, Any] = {"machine": machine(), "protocol": {"samples": samples, "warmup": warmup, "new_tokens": new_tokens, "mode": mode},
-                              "models": {}}
+    report: dict[str, Any] = {
+        "machine": machine(),
+        "protocol": {"samples": samples, "warmup": warmup, "new_tokens": new_tokens, "mode": mode},
+        "models": {},
+    }
     for name in models:
         model, tokenizer = load_model(name, device=device)
         bench = Bench(FidesDecoder(model, tokenizer, config=FidesConfig(), mode=mode), examples)
@@ -244,7 +301,9 @@ def run_bench(
                 result["latency"] = bench.latency(samples=samples, warmup=warmup, new_tokens=new_tokens)
             elif section == "raw":
                 bench.raw = True
-                result["raw"] = bench.latency(("standard", "cad", "fides"), samples=samples, warmup=warmup, new_tokens=new_tokens)
+                result["raw"] = bench.latency(
+                    ("standard", "cad", "fides"), samples=samples, warmup=warmup, new_tokens=new_tokens
+                )
                 bench.raw = False
             elif section == "split":
                 result["split"] = bench.signal_split()
@@ -261,7 +320,10 @@ def run_bench(
             elif section == "throughput":
                 result["throughput"] = bench.throughput()
             else:
-                raise ValueError(f"unknown bench section {section!r}; choose from latency, raw, split, context, throughput, " "serving, budget")
+                raise ValueError(
+                    f"unknown bench section {section!r}; choose from latency, raw, split, context, throughput, "
+                    "serving, budget"
+                )
             report["machine"] = machine()
             if out:
                 Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -291,7 +353,8 @@ def format_section(model: str, section: str, data: dict) -> str:
         if section == "latency":
             lines.append("")
             lines.append(
-                f"Decode ratios: FIDES/standard {_ratio(med['fides'], med['standard'])}, FIDES/CAD " f"{_ratio(med['fides'], med['cad'])}, "
+                f"Decode ratios: FIDES/standard {_ratio(med['fides'], med['standard'])}, FIDES/CAD "
+                f"{_ratio(med['fides'], med['cad'])}, "
                 f"CAD/peer {_ratio(med['cad'], med[PEER])}, peer/standard {_ratio(med[PEER], med['standard'])}. "
                 f"End-to-end (prefill included): FIDES/standard {_ratio(tot['fides'], tot['standard'])}, "
                 f"FIDES/CAD {_ratio(tot['fides'], tot['cad'])}, CAD/peer {_ratio(tot['cad'], tot[PEER])}."
@@ -306,7 +369,8 @@ def format_section(model: str, section: str, data: dict) -> str:
         else:
             lines.append("")
             lines.append(
-                f"FIDES step over CAD: {med['fides'] - med['cad']:+.2f} ms; of which Noise (lens) ≈ " f"{med['fides'] - med['fides-no-noise']:+.2f} ms, "
+                f"FIDES step over CAD: {med['fides'] - med['cad']:+.2f} ms; of which Noise (lens) ≈ "
+                f"{med['fides'] - med['fides-no-noise']:+.2f} ms, "
                 f"Shift (layer reads) ≈ {med['fides'] - med['fides-no-shift']:+.2f} ms."
             )
     elif section == "serving":
@@ -318,13 +382,16 @@ def format_section(model: str, section: str, data: dict) -> str:
 
         lines.append(format_budget_sweep(data))
     elif section == "context":
-        lines.append("| context tokens (no-context) | standard first-token ms | FIDES first-token ms | standard decode ms/tok | "
-                     "FIDES decode ms/tok |")
+        lines.append(
+            "| context tokens (no-context) | standard first-token ms | FIDES first-token ms | standard decode ms/tok | "
+            "FIDES decode ms/tok |"
+        )
         lines.append("|---|---|---|---|---|")
         for _, d in data.items():
             s, f = d["standard"], d["fides"]
             lines.append(
-                f"| {d['prompt_tokens']} ({d['no_context_tokens']}) | {s['first_token_ms']:.0f} | {f['first_token_ms']:.0f} | "
+                f"| {d['prompt_tokens']} ({d['no_context_tokens']}) | {s['first_token_ms']:.0f} | "
+                f"{f['first_token_ms']:.0f} | "
                 f"{s['decode_ms_per_token']:.1f} | {f['decode_ms_per_token']:.1f} |"
             )
     elif section == "throughput":
@@ -338,7 +405,8 @@ def format_section(model: str, section: str, data: dict) -> str:
         lines.append(
             f"Batch 8 / batch 1: {by.get('8', 0) / by['1']:.2f}x. Four methods with shared prefill: {four:.2f} ex/s; "
             + ", ".join(f"{m} alone {v:.2f} ex/s" for m, v in single.items())
-            + f". Four-method cost = {single['fides'] / four:.2f}x FIDES alone, {single['standard'] / four:.2f}x " "standard alone, "
+            + f". Four-method cost = {single['fides'] / four:.2f}x FIDES alone, {single['standard'] / four:.2f}x "
+            "standard alone, "
             f"running the four separately takes {sum(1 / v for v in single.values()) * four:.2f}x as long."
         )
     return "\n".join(lines)

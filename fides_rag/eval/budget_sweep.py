@@ -17,9 +17,16 @@ from fides_rag.eval.datasets import QAExample
 from fides_rag.eval.serving import ServingBench
 
 
-def budget_sweep(decoder: FidesDecoder, examples: Sequence[QAExample], *, budgets: Sequence[int], load: float = 1.0,
-                 n_requests: int = 32, tokens: tuple[int, int] = (8, 64),
-                 log: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
+def budget_sweep(
+    decoder: FidesDecoder,
+    examples: Sequence[QAExample],
+    *,
+    budgets: Sequence[int],
+    load: float = 1.0,
+    n_requests: int = 32,
+    tokens: tuple[int, int] = (8, 64),
+    log: Callable[[str], None] = lambda message: None,
+) -> dict[str, Any]:
     """Continuous serving at `load` times the sequential capacity under each budget; the engine's budget and admission
     are restored afterwards. `best` is the budget with the lowest p95 latency."""
     budgets = [check_batched_tokens(b) for b in budgets]
@@ -29,17 +36,27 @@ def budget_sweep(decoder: FidesDecoder, examples: Sequence[QAExample], *, budget
     bench = ServingBench(decoder, examples, n_requests=n_requests, tokens=tokens)
     capacity = bench.capacity()
     log(f"sequential capacity {capacity:.3f} requests/s under a budget of {default} tokens")
-    report: dict[str, Any] = {"load": load, "requests": n_requests, "tokens": list(tokens), "capacity_per_s": capacity,
-                              "default": default, "budgets": {}}
+    report: dict[str, Any] = {
+        "load": load,
+        "requests": n_requests,
+        "tokens": list(tokens),
+        "capacity_per_s": capacity,
+        "default": default,
+        "budgets": {},
+    }
     outputs = []
     try:
         for budget in budgets:
             decoder.configure(max_num_batched_tokens=budget)
             run = bench.run("continuous", load * capacity)
             outputs.append(run.pop("token_ids"))
-            report["budgets"][str(budget)] = {k: run[k] for k in ("ttft_s", "latency_s", "examples_per_s", "tokens", "prefill")}
-            log(f"budget {budget}: p95 latency {run['latency_s']['p95']:.2f} s, TTFT p50 {run['ttft_s']['p50']:.2f} s, "
-                f"{run['examples_per_s']:.3f} ex/s")
+            report["budgets"][str(budget)] = {
+                k: run[k] for k in ("ttft_s", "latency_s", "examples_per_s", "tokens", "prefill")
+            }
+            log(
+                f"budget {budget}: p95 latency {run['latency_s']['p95']:.2f} s, TTFT p50 {run['ttft_s']['p50']:.2f} s, "
+                f"{run['examples_per_s']:.3f} ex/s"
+            )
     finally:
         decoder.configure(max_num_batched_tokens=default)
         bench.configure("continuous")
@@ -52,7 +69,8 @@ def format_budget_sweep(data: dict[str, Any]) -> str:
     """A markdown table of a sweep."""
     lines = [
         f"{data['requests']} FIDES requests of {data['tokens'][0]}-{data['tokens'][1]} new tokens, Poisson arrivals at "
-        f"{data['load']}x the sequential capacity ({data['capacity_per_s']:.3f} requests/s under {data['default']} " "tokens), "
+        f"{data['load']}x the sequential capacity ({data['capacity_per_s']:.3f} requests/s under {data['default']} "
+        "tokens), "
         f"continuous batching; same tokens under every budget: {data['identical_outputs']}.",
         "",
         "| max_num_batched_tokens | TTFT p50 s | TTFT p95 s | latency p50 s | latency p95 s | examples/s |",
@@ -60,6 +78,8 @@ def format_budget_sweep(data: dict[str, Any]) -> str:
     ]
     for budget, d in data["budgets"].items():
         mark = " (lowest p95)" if int(budget) == data["best"] else ""
-        lines.append(f"| {budget}{mark} | {d['ttft_s']['p50']:.2f} | {d['ttft_s']['p95']:.2f} | {d['latency_s']['p50']:.2f} | "
-                     f"{d['latency_s']['p95']:.2f} | {d['examples_per_s']:.3f} |")
+        lines.append(
+            f"| {budget}{mark} | {d['ttft_s']['p50']:.2f} | {d['ttft_s']['p95']:.2f} | {d['latency_s']['p50']:.2f} | "
+            f"{d['latency_s']['p95']:.2f} | {d['examples_per_s']:.3f} |"
+        )
     return "\n".join(lines)

@@ -32,10 +32,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from fides_rag.method.config import SIGNAL_NAMES, FidesConfig
+from fides_rag.method.signals import kl_divergence, layer_mean_unit_distance
 from fides_rag.prompts.template import document_texts
 from fides_rag.rules.base import CONTEXT, NO_CONTEXT, StepInputs, StepOutput
 from fides_rag.rules.fides import FidesRule, noise_layer
-from fides_rag.method.signals import kl_divergence, layer_mean_unit_distance
 
 if TYPE_CHECKING:
     from fides_rag.decoder import FidesDecoder
@@ -91,7 +91,9 @@ def _as_values(values: Any, name: str) -> np.ndarray:
     if array.ndim != 1:
         raise ValueError(f"{name}: expected a flat list of per-token values, got shape {array.shape}")
     if array.size < 2:
-        raise ValueError(f"{name}: statistics need at least 2 token values, got {array.size}; use more or longer prompts")
+        raise ValueError(
+            f"{name}: statistics need at least 2 token values, got {array.size}; use more or longer prompts"
+        )
     if not np.isfinite(array).all():
         raise ValueError(f"{name}: {int((~np.isfinite(array)).sum())} values are NaN or infinite")
     return array
@@ -165,7 +167,9 @@ def propose(raw: Mapping[str, Any], percentile: float = MATCH_PERCENTILE) -> Pro
     for name in ("shift", "noise"):
         level = float(np.percentile(values[name], percentile))
         if level <= 0:
-            raise ValueError(f"the {name} signal's {percentile:g}th percentile is 0, so no scale can match it to Opposition's")
+            raise ValueError(
+                f"the {name} signal's {percentile:g}th percentile is 0, so no scale can match it to Opposition's"
+            )
         scales[name] = level / target
     fused = {
         "opposition": values["opposition"],
@@ -175,7 +179,9 @@ def propose(raw: Mapping[str, Any], percentile: float = MATCH_PERCENTILE) -> Pro
     sigmas = tuple(float(fused[name].std(ddof=1)) for name in SIGNAL_NAMES)
     for name, sigma in zip(SIGNAL_NAMES, sigmas):
         if sigma == 0:
-            raise ValueError(f"the {name} signal has zero variance after scaling and clipping; 1/sigma weighting is undefined")
+            raise ValueError(
+                f"the {name} signal has zero variance after scaling and clipping; 1/sigma weighting is undefined"
+            )
     inverse = [1.0 / s for s in sigmas]
     weights = tuple(w / sum(inverse) for w in inverse)
     fused_statistics = {
@@ -204,7 +210,9 @@ def check_pairs(pairs: Sequence[Pair]) -> list[tuple[str, list[str]]]:
             raise ValueError(f"pair {i}: the question must be a non-empty string, got {question!r:.80}")
         texts = document_texts(documents)
         if not texts:
-            raise ValueError(f"pair {i}: no documents; calibration measures the context path, so every prompt needs one")
+            raise ValueError(
+                f"pair {i}: no documents; calibration measures the context path, so every prompt needs one"
+            )
         checked.append((question, texts))
     return checked
 
@@ -246,11 +254,17 @@ def collect_raw_signals(
         for start in range(0, len(order), batch_size):
             batch = [checked[i] for i in order[start : start + batch_size]]
             results = decoder.generate_batch(
-                [q for q, _ in batch], [d for _, d in batch], method=rule, max_new_tokens=max_new_tokens, do_sample=False
+                [q for q, _ in batch],
+                [d for _, d in batch],
+                method=rule,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
             )
             for result in results:
                 if result.method != rule.name:
-                    raise RuntimeError(f"expected a {rule.name!r} decode, got {result.method!r} ({'; '.join(result.notes)})")
+                    raise RuntimeError(
+                        f"expected a {rule.name!r} decode, got {result.method!r} ({'; '.join(result.notes)})"
+                    )
                 trimmed += int(result.documents_trimmed)
                 for step in result.steps:
                     for name in SIGNAL_NAMES:
@@ -303,12 +317,23 @@ def calibrate(
     """
     base = base or FidesConfig()
     check_pairs(pairs)
-    raw = collect_raw_signals(decoder, pairs, config=base, batch_size=batch_size, max_new_tokens=max_new_tokens, progress=progress)
-    return report_from_raw(raw, base=base, percentile=percentile, source={**dict(source or {}), "batch_size": batch_size, "max_new_tokens": max_new_tokens})
+    raw = collect_raw_signals(
+        decoder, pairs, config=base, batch_size=batch_size, max_new_tokens=max_new_tokens, progress=progress
+    )
+    return report_from_raw(
+        raw,
+        base=base,
+        percentile=percentile,
+        source={**dict(source or {}), "batch_size": batch_size, "max_new_tokens": max_new_tokens},
+    )
 
 
 def report_from_raw(
-    raw: RawSignals, *, base: FidesConfig | None = None, percentile: float = MATCH_PERCENTILE, source: Mapping[str, Any] | None = None
+    raw: RawSignals,
+    *,
+    base: FidesConfig | None = None,
+    percentile: float = MATCH_PERCENTILE,
+    source: Mapping[str, Any] | None = None,
 ) -> CalibrationReport:
     """Statistics, proposal and calibrated config from already collected raw signals."""
     from fides_rag import __version__
@@ -337,7 +362,11 @@ def report_from_raw(
         "fides_rag_version": __version__,
     }
     config = replace(
-        base, weights=proposal.weights, shift_scale=proposal.shift_scale, noise_scale=proposal.noise_scale, source=provenance
+        base,
+        weights=proposal.weights,
+        shift_scale=proposal.shift_scale,
+        noise_scale=proposal.noise_scale,
+        source=provenance,
     )
     return CalibrationReport(config, base, statistics, proposal, raw.examples, raw.tokens)
 
@@ -361,7 +390,9 @@ def check_writable(config_path: str | Path) -> tuple[Path, Path]:
     targets = (path, markdown_path(path))
     for target in targets:
         if target.is_dir():
-            raise ValueError(f"cannot write {target}: it is a directory; give a file name such as {target / 'calibrated.json'}")
+            raise ValueError(
+                f"cannot write {target}: it is a directory; give a file name such as {target / 'calibrated.json'}"
+            )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path.parent):
@@ -412,7 +443,9 @@ def calibration_markdown(report: CalibrationReport) -> str:
     for name in SIGNAL_NAMES:
         stats = report.statistics[name]
         cells = [str(stats["n"])] + [_fmt(stats[k]) for k in STATISTICS[1:-1]]
-        clipped = "never (≤ ln 2)" if name == "opposition" else f"{_pct(stats['clipped'])} (scale {default_scales[name]})"
+        clipped = (
+            "never (≤ ln 2)" if name == "opposition" else f"{_pct(stats['clipped'])} (scale {default_scales[name]})"
+        )
         lines.append(f"| {SIGNAL_LABELS[name]} | " + " | ".join(cells) + f" | {clipped} |")
     lines += [
         "",
@@ -443,9 +476,13 @@ def calibration_markdown(report: CalibrationReport) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
-        "Source weights (measured): " + ", ".join(f"{w:.3f}" for w in SOURCE_MEASURED_WEIGHTS)
-        + "; default (rounded): " + ", ".join(f"{w:.3f}" for w in base.weights)
-        + "; calibrated: " + ", ".join(f"{w:.3f}" for w in cfg.weights) + ".",
+        "Source weights (measured): "
+        + ", ".join(f"{w:.3f}" for w in SOURCE_MEASURED_WEIGHTS)
+        + "; default (rounded): "
+        + ", ".join(f"{w:.3f}" for w in base.weights)
+        + "; calibrated: "
+        + ", ".join(f"{w:.3f}" for w in cfg.weights)
+        + ".",
         "",
     ]
     return "\n".join(lines)

@@ -144,10 +144,14 @@ def _listed(text: str) -> list[str] | None:
         value = None
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return value
-    raise ValueError("a list written as text that cannot be read as a list of strings; store the answers as a list of strings")
+    raise ValueError(
+        "a list written as text that cannot be read as a list of strings; store the answers as a list of strings"
+    )
 
 
-def _strings(record: dict[str, Any], name: str, path: Path | str, line: int, *, required: bool = True) -> tuple[str, ...]:
+def _strings(
+    record: dict[str, Any], name: str, path: Path | str, line: int, *, required: bool = True
+) -> tuple[str, ...]:
     """A list of non-empty strings (a numpy array, a single string, or a list written as text are accepted too)."""
     if name not in record or record[name] is None:
         if required:
@@ -191,14 +195,21 @@ def _nq_swap_rows(source: str | Path) -> tuple[Path | str, Iterator[tuple[int, d
             try:
                 frame = pd.read_parquet(path)
             except Exception as err:  # pyarrow's errors for corrupt pages, bad magic bytes, ...
-                raise DatasetError(path, None, None, f"cannot be read as parquet ({type(err).__name__}: {err}); re-download or re-export it") from None
+                raise DatasetError(
+                    path,
+                    None,
+                    None,
+                    f"cannot be read as parquet ({type(err).__name__}: {err}); re-download or re-export it",
+                ) from None
             missing = [f for f in _NQ_SWAP_FIELDS if f not in frame.columns]
             if missing:
                 raise DatasetError(path, None, missing[0], f"missing NQ-Swap column(s) {missing}")
             # Parquet has no lines: rows are numbered from 1 like jsonl lines.
             return path, ((i + 1, row) for i, row in enumerate(frame.to_dict("records")))
         return path, iter_jsonl(path)
-    if str(source) == NQ_SWAP_HUB_ID or (isinstance(source, str) and "/" in source and not source.startswith((".", "/")) and not path.suffix):
+    if str(source) == NQ_SWAP_HUB_ID or (
+        isinstance(source, str) and "/" in source and not source.startswith((".", "/")) and not path.suffix
+    ):
         try:
             import datasets  # noqa: F401  (optional dependency, imported only for hub ids)
             from datasets import load_dataset
@@ -220,7 +231,10 @@ def _nq_swap_rows(source: str | Path) -> tuple[Path | str, Iterator[tuple[int, d
                 f"({type(err).__name__}); pass an existing parquet/jsonl path"
             ) from None
         return str(source), ((i + 1, row) for i, row in enumerate(data))
-    raise FileNotFoundError(f"NQ-Swap file not found at {source}; pass a parquet/jsonl path, the hub id {NQ_SWAP_HUB_ID!r}, or set " f"${DATA_ENV}")
+    raise FileNotFoundError(
+        f"NQ-Swap file not found at {source}; pass a parquet/jsonl path, the hub id {NQ_SWAP_HUB_ID!r}, or set "
+        f"${DATA_ENV}"
+    )
 
 
 def load_nq_swap(
@@ -245,8 +259,12 @@ def load_nq_swap(
         org_context, sub_context = _text(row, "org_context", name, line), _text(row, "sub_context", name, line)
         org_answer, sub_answer = _strings(row, "org_answer", name, line), _strings(row, "sub_answer", name, line)
         base = f"nq-swap-{line - 1}"
-        conflict = QAExample(question, (strip_html(sub_context),), sub_answer, org_answer, base, {"form": "conflict"}, org_answer)
-        original = QAExample(question, (strip_html(org_context),), org_answer, (), base, {"form": "original"}, org_answer)
+        conflict = QAExample(
+            question, (strip_html(sub_context),), sub_answer, org_answer, base, {"form": "conflict"}, org_answer
+        )
+        original = QAExample(
+            question, (strip_html(org_context),), org_answer, (), base, {"form": "original"}, org_answer
+        )
         if form == "conflict":
             examples.append(conflict)
         elif form == "original":
@@ -283,7 +301,11 @@ def load_nq_open(path: str | Path | None = None, limit: int | None = None) -> li
                 gold.append(f"{title}: {ctx['text']}" if title else ctx["text"])
         if not gold:
             raise DatasetError(path, line, "ctxs[].isgold", "no passage is marked as gold")
-        examples.append(QAExample(question, tuple(strip_html(g) for g in gold), answers, (), f"nq-open-{line - 1}", {"form": "original"}))
+        examples.append(
+            QAExample(
+                question, tuple(strip_html(g) for g in gold), answers, (), f"nq-open-{line - 1}", {"form": "original"}
+            )
+        )
     return examples
 
 
@@ -294,7 +316,9 @@ def _popqa_passages(path: Path, passages: str | Path | None) -> Path:
     return Path(passages) if passages is not None else path.with_name(path.stem + "_passages.txt")
 
 
-def load_popqa(path: str | Path | None = None, passages: str | Path | None = None, limit: int | None = None) -> list[QAExample]:
+def load_popqa(
+    path: str | Path | None = None, passages: str | Path | None = None, limit: int | None = None
+) -> list[QAExample]:
     """PopQA long-tail with its retrieved passages: line i of `passages` belongs to question i.
 
     The context answers are the gold aliases (`answers`); no memory answers. The leading '#' of each
@@ -311,20 +335,34 @@ def load_popqa(path: str | Path | None = None, passages: str | Path | None = Non
         question = _text(record, "question", path, line)
         answers = _strings(record, "answers", path, line)
         if index >= len(texts):
-            raise DatasetError(passages, index + 1, None, f"the passages file has {len(texts)} lines but {path} has more "
-                                                          "questions; line i must belong to question i")
+            raise DatasetError(
+                passages,
+                index + 1,
+                None,
+                f"the passages file has {len(texts)} lines but {path} has more "
+                "questions; line i must belong to question i",
+            )
         text = texts[index].lstrip("#").strip()
         if not text:
             raise DatasetError(passages, index + 1, None, "empty passage line")
         norm = normalize_answer(text)
         has_answer = any(normalize_answer(a) and normalize_answer(a) in norm for a in answers)
         ident = record.get("id", index)
-        meta = {"form": "original", "pop": record.get("pop"), "prop": record.get("prop"), "has_answer": has_answer,
-                "question_id": record.get("question_id", index)}
+        meta = {
+            "form": "original",
+            "pop": record.get("pop"),
+            "prop": record.get("prop"),
+            "has_answer": has_answer,
+            "question_id": record.get("question_id", index),
+        }
         examples.append(QAExample(question, (text,), answers, (), f"popqa-{ident}", meta))
     if limit is None and len(examples) != len(texts):
-        raise DatasetError(passages, None, None, f"has {len(texts)} lines but {path} has {len(examples)} questions; "
-                                                 "line i must belong to question i")
+        raise DatasetError(
+            passages,
+            None,
+            None,
+            f"has {len(texts)} lines but {path} has {len(examples)} questions; line i must belong to question i",
+        )
     return examples
 
 
@@ -362,14 +400,16 @@ def load_qa_jsonl(path: str | Path, limit: int | None = None) -> list[QAExample]
 DATASETS = ("nq-swap", "nq-swap-original", "nq-swap-both", "nq-open", "popqa", "jsonl")
 
 
-def load_examples(name: str, path: str | Path | None = None, *, limit: int | None = None, passages: str | Path | None = None) -> list[QAExample]:
+def load_examples(
+    name: str, path: str | Path | None = None, *, limit: int | None = None, passages: str | Path | None = None
+) -> list[QAExample]:
     """Load a dataset by name (see DATASETS); `path` overrides the default file under data_dir()."""
     if name == "nq-swap":
         return load_nq_swap(path, "conflict", limit)
     if name == "nq-swap-original":
         return load_nq_swap(path, "original", limit)
     if name == "nq-swap-both":
-        return load_nq_swap(path, "both", None if limit is None else (limit + 1) // 2)[: limit]
+        return load_nq_swap(path, "both", None if limit is None else (limit + 1) // 2)[:limit]
     if name == "nq-open":
         return load_nq_open(path, limit)
     if name == "popqa":

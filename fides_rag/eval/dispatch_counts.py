@@ -18,9 +18,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 TRAFFIC_OPS: dict[str, str] = {
-    "copy_": "copy", "_to_copy": "copy", "clone": "copy", "copy": "copy", "_copy_from": "copy",
-    "cat": "cat", "stack": "cat",
-    "constant_pad_nd": "pad", "pad": "pad",
+    "copy_": "copy",
+    "_to_copy": "copy",
+    "clone": "copy",
+    "copy": "copy",
+    "_copy_from": "copy",
+    "cat": "cat",
+    "stack": "cat",
+    "constant_pad_nd": "pad",
+    "pad": "pad",
 }
 """aten op name -> traffic kind ("copy", "cat" or "pad"): the ops whose only work is to write data elsewhere."""
 

@@ -51,7 +51,9 @@ def ablation_methods(config: FidesConfig | None = None) -> dict[str, ContrastRul
     return methods
 
 
-def runnable_methods(names: Sequence[str], examples: Sequence[QAExample], *, skip: bool = False) -> tuple[list[str], dict[str, str]]:
+def runnable_methods(
+    names: Sequence[str], examples: Sequence[QAExample], *, skip: bool = False
+) -> tuple[list[str], dict[str, str]]:
     """The methods that can run on every example, and why the others cannot (DVD needs >= 2 documents).
 
     With skip=False (methods named explicitly) an unrunnable method is a ValueError, raised before any
@@ -61,8 +63,10 @@ def runnable_methods(names: Sequence[str], examples: Sequence[QAExample], *, ski
     runnable, skipped = [], {}
     for name in names:
         if few and get_method(name).needs_document_paths:
-            why = (f"it needs at least 2 documents per example and {few} of the {len(examples)} examples have fewer "
-                   f"(use a multi-document dataset, e.g. the retrieval demo: fides-rag demo --methods {name})")
+            why = (
+                f"it needs at least 2 documents per example and {few} of the {len(examples)} examples have fewer "
+                f"(use a multi-document dataset, e.g. the retrieval demo: fides-rag demo --methods {name})"
+            )
             if not skip:
                 raise ValueError(f"method {name!r} cannot run on this dataset: {why}")
             skipped[name] = why
@@ -71,18 +75,24 @@ def runnable_methods(names: Sequence[str], examples: Sequence[QAExample], *, ski
     return runnable, skipped
 
 
-def build_methods(names: Sequence[str], config: FidesConfig | None = None, ablations: bool = False) -> dict[str, str | ContrastRule]:
+def build_methods(
+    names: Sequence[str], config: FidesConfig | None = None, ablations: bool = False
+) -> dict[str, str | ContrastRule]:
     """label -> method for `generate_batch(methods=...)`: the named methods (those whose rule takes a `config` option
     are built with `config`), plus FIDES's ablations of `config`."""
     methods: dict[str, str | ContrastRule] = {}
     for name in names:
-        methods[name] = get_method(name, config=config) if config is not None and accepts_option(name, "config") else name
+        methods[name] = (
+            get_method(name, config=config) if config is not None and accepts_option(name, "config") else name
+        )
     if ablations:
         methods.update(ablation_methods(config))
     return methods
 
 
-def method_options(methods: Mapping[str, str | ContrastRule], decoder: FidesDecoder | None = None) -> dict[str, dict[str, Any]]:
+def method_options(
+    methods: Mapping[str, str | ContrastRule], decoder: FidesDecoder | None = None
+) -> dict[str, dict[str, Any]]:
     """label -> the rule run for it (name and options; a name as `decoder` resolves it), as run.json records them."""
     described = {}
     for label, method in methods.items():
@@ -147,8 +157,15 @@ def run_eval(
             total.poll()
 
     try:
-        store.decode(decoder, examples, methods, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                     prompt_length=lambda e: _prompt_length(decoder, e), on_batch=on_batch if bar is not None else None)
+        store.decode(
+            decoder,
+            examples,
+            methods,
+            batch_size=batch_size,
+            max_new_tokens=max_new_tokens,
+            prompt_length=lambda e: _prompt_length(decoder, e),
+            on_batch=on_batch if bar is not None else None,
+        )
     finally:
         if bar is not None:
             bar.close()
@@ -167,16 +184,31 @@ def run_eval(
         records = store.records_for(examples)
     elapsed, decoded = time.perf_counter() - started, sum(n for n, _ in shards)  # all processes together
     results = summarize(records, labels, bootstrap_samples=bootstrap_samples, bootstrap_by=bootstrap_by, seed=seed)
-    results["run"] = {**info, "examples": len(records), "decoded_now": decoded, "seconds_now": round(elapsed, 2),
-                      "examples_per_second_now": round(decoded / elapsed, 3) if decoded and elapsed > 0 else None}
+    results["run"] = {
+        **info,
+        "examples": len(records),
+        "decoded_now": decoded,
+        "seconds_now": round(elapsed, 2),
+        "examples_per_second_now": round(decoded / elapsed, 3) if decoded and elapsed > 0 else None,
+    }
     write_results(out, results)
     return results
 
 
-def _run_info(methods: Mapping[str, str | ContrastRule], run_info: Mapping[str, Any] | None, max_new_tokens: int,
-              batch_size: int, decoder: FidesDecoder | None = None) -> dict[str, Any]:
-    return {**dict(run_info or {}), "methods": list(methods), "max_new_tokens": max_new_tokens, "batch_size": batch_size,
-            METHOD_OPTIONS: method_options(methods, decoder)}
+def _run_info(
+    methods: Mapping[str, str | ContrastRule],
+    run_info: Mapping[str, Any] | None,
+    max_new_tokens: int,
+    batch_size: int,
+    decoder: FidesDecoder | None = None,
+) -> dict[str, Any]:
+    return {
+        **dict(run_info or {}),
+        "methods": list(methods),
+        "max_new_tokens": max_new_tokens,
+        "batch_size": batch_size,
+        METHOD_OPTIONS: method_options(methods, decoder),
+    }
 
 
 def _folder(out: Path, parallel: tuple[int, int]) -> Path:
@@ -185,7 +217,11 @@ def _folder(out: Path, parallel: tuple[int, int]) -> Path:
 
 
 def check_resumable(
-    out_dir: str | Path, methods: Mapping[str, str | ContrastRule], *, max_new_tokens: int, run_info: Mapping[str, Any] | None = None,
+    out_dir: str | Path,
+    methods: Mapping[str, str | ContrastRule],
+    *,
+    max_new_tokens: int,
+    run_info: Mapping[str, Any] | None = None,
     parallel: tuple[int, int] = (0, 1),
 ) -> None:
     """What `run_eval` checks first, without a decoder (so before a model loads): refuse a run folder whose answers
@@ -196,17 +232,29 @@ def check_resumable(
 def _progress_bars(
     out: Path, shard_size: int, todo: int, total_size: int, shards: Sequence[tuple[int, int]], rank: int
 ) -> tuple[Any, ShardProgress | None]:
-    """This process's bar; on rank 0 of several processes also the bar over every shard (from their (todo, file size))."""
+    """This process's bar; on rank 0 of several processes also the bar over every shard (from their (todo, file
+    size))."""
     from tqdm.auto import tqdm
 
     world = len(shards)
-    bar = tqdm(total=shard_size, initial=shard_size - todo, unit="ex", dynamic_ncols=True, position=rank,
-               desc="eval" if world == 1 else f"eval rank {rank}/{world}")
+    bar = tqdm(
+        total=shard_size,
+        initial=shard_size - todo,
+        unit="ex",
+        dynamic_ncols=True,
+        position=rank,
+        desc="eval" if world == 1 else f"eval rank {rank}/{world}",
+    )
     if world == 1 or rank != 0:
         return bar, None
     files = [out / f"shard-{k}-of-{world}" / PREDICTIONS for k in range(world)]
-    return bar, ShardProgress(files, [size for _, size in shards], total=total_size,
-                              initial=total_size - sum(n for n, _ in shards), position=world)
+    return bar, ShardProgress(
+        files,
+        [size for _, size in shards],
+        total=total_size,
+        initial=total_size - sum(n for n, _ in shards),
+        position=world,
+    )
 
 
 def _merged_shards(out: Path, world: int, examples: Sequence[QAExample]) -> list[dict[str, Any]]:
@@ -228,8 +276,14 @@ def check_bootstrap_unit(unit: str) -> str:
     return unit
 
 
-def summarize(records: Sequence[dict[str, Any]], labels: Sequence[str], *, bootstrap_samples: int = 1000, bootstrap_by: str = "question",
-              seed: int = 0) -> dict[str, Any]:
+def summarize(
+    records: Sequence[dict[str, Any]],
+    labels: Sequence[str],
+    *,
+    bootstrap_samples: int = 1000,
+    bootstrap_by: str = "question",
+    seed: int = 0,
+) -> dict[str, Any]:
     """Metrics per method (with the share of tokens contrasted and the mean answer length), and the paired bootstrap of
     every pair of methods on CF, EM and F1, resampling whole questions (default) or with bootstrap_by="row" rows."""
     check_bootstrap_unit(bootstrap_by)
@@ -248,14 +302,21 @@ def summarize(records: Sequence[dict[str, Any]], labels: Sequence[str], *, boots
     comparisons = []
     for a, b in combinations(labels, 2):
         for metric in COMPARED_METRICS:
-            scored = [r for r in records
-                      if a in r["outputs"] and b in r["outputs"] and r["outputs"][a]["scores"].get(metric) is not None]
+            scored = [
+                r
+                for r in records
+                if a in r["outputs"] and b in r["outputs"] and r["outputs"][a]["scores"].get(metric) is not None
+            ]
             if not scored:
                 continue
             clusters = [r["question"] for r in scored] if bootstrap_by == "question" else None
-            test = paired_bootstrap([100 * r["outputs"][a]["scores"][metric] for r in scored],
-                                    [100 * r["outputs"][b]["scores"][metric] for r in scored], samples=bootstrap_samples, seed=seed,
-                                    clusters=clusters)
+            test = paired_bootstrap(
+                [100 * r["outputs"][a]["scores"][metric] for r in scored],
+                [100 * r["outputs"][b]["scores"][metric] for r in scored],
+                samples=bootstrap_samples,
+                seed=seed,
+                clusters=clusters,
+            )
             comparisons.append({"a": a, "b": b, "metric": metric, **test})
     return {"metrics": metrics, "significance": comparisons, "labels": list(labels), "bootstrap_by": bootstrap_by}
 
@@ -284,33 +345,60 @@ def results_markdown(results: Mapping[str, Any]) -> str:
     run = results.get("run", {})
     lines = []
     if run:
-        lines.append(f"Model `{run.get('model')}`, dataset `{run.get('dataset')}`, {run.get('examples')} examples, "
-                     f"max_new_tokens {run.get('max_new_tokens')}.\n")
+        lines.append(
+            f"Model `{run.get('model')}`, dataset `{run.get('dataset')}`, {run.get('examples')} examples, "
+            f"max_new_tokens {run.get('max_new_tokens')}.\n"
+        )
     head = ["method", "n"] + [METRIC_LABELS[m] for m in METRICS] + ["mean α", "contrasted %", "tokens", "words"]
-    rows = [[label, str(metrics[label]["n"])] + [_fmt(metrics[label][k]) for k in METRICS]
-            + [_fmt(metrics[label]["mean_alpha"], 3), _fmt(metrics[label].get("share_contrasted")),
-               _fmt(metrics[label]["mean_new_tokens"]), _fmt(metrics[label].get("mean_answer_words"))] for label in labels]
+    rows = [
+        [label, str(metrics[label]["n"])]
+        + [_fmt(metrics[label][k]) for k in METRICS]
+        + [
+            _fmt(metrics[label]["mean_alpha"], 3),
+            _fmt(metrics[label].get("share_contrasted")),
+            _fmt(metrics[label]["mean_new_tokens"]),
+            _fmt(metrics[label].get("mean_answer_words")),
+        ]
+        for label in labels
+    ]
     lines += [markdown_table(head, rows), ""]
-    lines.append("CF = EM against the context answers on conflict-form samples; EM/F1 against the context answers; "
-                 "MemR = share of conflict-form predictions equal to the memory answer; Cont = a context answer is "
-                 "contained with at most 3 extra words; Acc = a context answer is contained in the output. All in %, "
-                 "SQuAD normalisation. Contrasted = share of answer tokens a contrast rule chose (a gate takes the "
-                 "others as a path gives them); tokens and words = mean answer length.")
+    lines.append(
+        "CF = EM against the context answers on conflict-form samples; EM/F1 against the context answers; "
+        "MemR = share of conflict-form predictions equal to the memory answer; Cont = a context answer is "
+        "contained with at most 3 extra words; Acc = a context answer is contained in the output. All in %, "
+        "SQuAD normalisation. Contrasted = share of answer tokens a contrast rule chose (a gate takes the "
+        "others as a path gives them); tokens and words = mean answer length."
+    )
     reference = "fides" if "fides" in labels else labels[0]
     compared = [c for c in results["significance"] if reference in (c["a"], c["b"])]
     if compared:
         by_question = results.get("bootstrap_by") == "question"
-        unit = (f"of the {compared[0]['clusters']} questions (each with all its rows); p from flipping each question's sign"
-                if by_question else "of the rows; p from a paired permutation test")
-        lines += ["", f"Paired bootstrap ({compared[0]['samples']} resamples {unit}, two-sided "
-                  f"{int(compared[0]['confidence'] * 100)}% CI), difference {reference} − other in points:", ""]
+        unit = (
+            f"of the {compared[0]['clusters']} questions (each with all its rows); p from flipping each question's sign"
+            if by_question
+            else "of the rows; p from a paired permutation test"
+        )
+        lines += [
+            "",
+            f"Paired bootstrap ({compared[0]['samples']} resamples {unit}, two-sided "
+            f"{int(compared[0]['confidence'] * 100)}% CI), difference {reference} − other in points:",
+            "",
+        ]
         rows = []
         for c in compared:
             sign = 1 if c["a"] == reference else -1
             other = c["b"] if c["a"] == reference else c["a"]
             low, high = sorted((sign * c["ci_low"] + 0.0, sign * c["ci_high"] + 0.0))
-            rows.append([f"{reference} vs {other}", METRIC_LABELS[c["metric"]], str(c["n"]), f"{sign * c['diff'] + 0.0:+.1f}",
-                         f"[{low:+.1f}, {high:+.1f}]", f"{c['p_value']:.3f}"])
+            rows.append(
+                [
+                    f"{reference} vs {other}",
+                    METRIC_LABELS[c["metric"]],
+                    str(c["n"]),
+                    f"{sign * c['diff'] + 0.0:+.1f}",
+                    f"[{low:+.1f}, {high:+.1f}]",
+                    f"{c['p_value']:.3f}",
+                ]
+            )
         lines.append(markdown_table(["comparison", "metric", "n", "diff", "95% CI", "p"], rows))
     return "\n".join(lines) + "\n"
 

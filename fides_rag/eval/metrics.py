@@ -86,11 +86,17 @@ def containment(prediction: str, answers: Iterable[str], extra_words: int = CONT
     pred = normalize_answer(prediction)
     length = len(pred.split())
     padded = f" {pred} "
-    return float(any((n := normalize_answer(a)) and f" {n} " in padded and length <= len(n.split()) + extra_words
-                     for a in answers))
+    return float(
+        any(
+            (n := normalize_answer(a)) and f" {n} " in padded and length <= len(n.split()) + extra_words
+            for a in answers
+        )
+    )
 
 
-def score_prediction(prediction: str, context_answers: Sequence[str], memory_answers: Sequence[str] = ()) -> dict[str, float | None]:
+def score_prediction(
+    prediction: str, context_answers: Sequence[str], memory_answers: Sequence[str] = ()
+) -> dict[str, float | None]:
     """Every metric of one prediction (see the module docstring); CF and memorised are None without memory answers."""
     em = exact_match(prediction, context_answers)
     conflict = bool(memory_answers)

@@ -33,8 +33,17 @@ def _percentiles(values: Sequence[float]) -> dict[str, float]:
 class ServingBench:
     """One decoder, one request mix, several loads and modes."""
 
-    def __init__(self, decoder: FidesDecoder, examples: Sequence[QAExample], *, n_requests: int = 64, tokens: tuple[int, int] = (8, 64),
-                 method: str = "fides", static_batch: int = 8, seed: int = 0) -> None:
+    def __init__(
+        self,
+        decoder: FidesDecoder,
+        examples: Sequence[QAExample],
+        *,
+        n_requests: int = 64,
+        tokens: tuple[int, int] = (8, 64),
+        method: str = "fides",
+        static_batch: int = 8,
+        seed: int = 0,
+    ) -> None:
         rng = np.random.default_rng(seed)
         self.decoder = decoder
         self.method = method
@@ -42,7 +51,10 @@ class ServingBench:
         self.seed = seed
         self.lengths = [int(n) for n in rng.integers(tokens[0], tokens[1] + 1, size=n_requests)]
         chosen = [examples[i % len(examples)] for i in range(n_requests)]
-        self.prompts = [dataclasses.replace(decoder.prepare(e.question, list(e.contexts), n), stop=()) for e, n in zip(chosen, self.lengths)]
+        self.prompts = [
+            dataclasses.replace(decoder.prepare(e.question, list(e.contexts), n), stop=())
+            for e, n in zip(chosen, self.lengths)
+        ]
 
     def submit(self, i: int) -> RequestHandle:
         """Queue request `i` (its prompt was rendered and tokenised when the bench was built)."""
@@ -99,14 +111,27 @@ def _prefill_counts(before: DecoderStats, after: DecoderStats, requests: int) ->
     """Prompt tokens (every path) and tokens computed per request from `before` to `after`, and the prefix cache's
     hits, misses and bytes."""
     prompt, computed = after.prompt_tokens - before.prompt_tokens, after.prefill_tokens - before.prefill_tokens
-    return {"prompt_tokens_per_request": prompt / requests, "computed_tokens_per_request": computed / requests,
-            "prefix_hits": after.prefix_cache_hits - before.prefix_cache_hits,
-            "prefix_misses": after.prefix_cache_misses - before.prefix_cache_misses, "prefix_cache_bytes": after.prefix_cache_bytes}
+    return {
+        "prompt_tokens_per_request": prompt / requests,
+        "computed_tokens_per_request": computed / requests,
+        "prefix_hits": after.prefix_cache_hits - before.prefix_cache_hits,
+        "prefix_misses": after.prefix_cache_misses - before.prefix_cache_misses,
+        "prefix_cache_bytes": after.prefix_cache_bytes,
+    }
 
 
-def serving(decoder: FidesDecoder, examples: Sequence[QAExample], *, loads: Sequence[float] = (0.5, 1.0, 2.0), n_requests: int = 64,
-            tokens: tuple[int, int] = (8, 64), static_batch: int = 8, modes: Sequence[str] = MODES,
-            max_num_batched_tokens: int | None = None, log: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
+def serving(
+    decoder: FidesDecoder,
+    examples: Sequence[QAExample],
+    *,
+    loads: Sequence[float] = (0.5, 1.0, 2.0),
+    n_requests: int = 64,
+    tokens: tuple[int, int] = (8, 64),
+    static_batch: int = 8,
+    modes: Sequence[str] = MODES,
+    max_num_batched_tokens: int | None = None,
+    log: Callable[[str], None] = lambda message: None,
+) -> dict[str, Any]:
     """Every mode at every load; outputs are compared across modes (greedy: they must be equal).
 
     `max_num_batched_tokens` sets the engine's step budget for the whole section (None keeps the device default)."""
@@ -115,14 +140,23 @@ def serving(decoder: FidesDecoder, examples: Sequence[QAExample], *, loads: Sequ
     bench = ServingBench(decoder, examples, n_requests=n_requests, tokens=tokens, static_batch=static_batch)
     capacity = bench.capacity()
     log(f"sequential capacity {capacity:.3f} requests/s ({n_requests} requests of {tokens[0]}-{tokens[1]} tokens)")
-    report: dict[str, Any] = {"capacity_per_s": capacity, "requests": n_requests, "tokens": list(tokens), "static_batch": static_batch,
-                              "max_num_batched_tokens": decoder.limits.max_num_batched_tokens, "loads": {}}
+    report: dict[str, Any] = {
+        "capacity_per_s": capacity,
+        "requests": n_requests,
+        "tokens": list(tokens),
+        "static_batch": static_batch,
+        "max_num_batched_tokens": decoder.limits.max_num_batched_tokens,
+        "loads": {},
+    }
     try:
         for load in loads:
             by_mode: dict[str, Any] = {}
             for mode in modes:
                 by_mode[mode] = bench.run(mode, load * capacity)
-                log(f"load {load}x {mode}: p95 latency {by_mode[mode]['latency_s']['p95']:.1f} s, " f"{by_mode[mode]['examples_per_s']:.3f} ex/s")
+                log(
+                    f"load {load}x {mode}: p95 latency {by_mode[mode]['latency_s']['p95']:.1f} s, "
+                    f"{by_mode[mode]['examples_per_s']:.3f} ex/s"
+                )
             outputs = [by_mode[m].pop("token_ids") for m in modes]
             report["loads"][str(load)] = {"modes": by_mode, "identical_outputs": all(o == outputs[0] for o in outputs)}
     finally:
@@ -137,13 +171,15 @@ def format_serving(data: dict[str, Any]) -> str:
         f"sequential capacity {data['capacity_per_s']:.3f} requests/s; static batches of up to {data['static_batch']}"
         + (f"; steps of at most {data['max_num_batched_tokens']} tokens." if "max_num_batched_tokens" in data else "."),
         "",
-        "| load | mode | TTFT p50 s | TTFT p95 s | latency p50 s | latency p95 s | examples/s | same tokens as the " "other modes |",
+        "| load | mode | TTFT p50 s | TTFT p95 s | latency p50 s | latency p95 s | examples/s | same tokens as the "
+        "other modes |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for load, entry in data["loads"].items():
         for mode, d in entry["modes"].items():
             lines.append(
-                f"| {load}x | {mode} | {d['ttft_s']['p50']:.2f} | {d['ttft_s']['p95']:.2f} | " f"{d['latency_s']['p50']:.2f} | "
+                f"| {load}x | {mode} | {d['ttft_s']['p50']:.2f} | {d['ttft_s']['p95']:.2f} | "
+                f"{d['latency_s']['p50']:.2f} | "
                 f"{d['latency_s']['p95']:.2f} | {d['examples_per_s']:.3f} | {entry['identical_outputs']} |"
             )
         modes = entry["modes"]
@@ -153,7 +189,8 @@ def format_serving(data: dict[str, Any]) -> str:
                 lines.append(
                     f"| {load}x | {mode}: prompt tokens computed per request | | | | | "
                     f"{p['computed_tokens_per_request']:.0f} of {p['prompt_tokens_per_request']:.0f} "
-                    f"({p['computed_tokens_per_request'] / p['prompt_tokens_per_request']:.2f}x); prefix cache " f"{p['prefix_hits']} hits, "
+                    f"({p['computed_tokens_per_request'] / p['prompt_tokens_per_request']:.2f}x); prefix cache "
+                    f"{p['prefix_hits']} hits, "
                     f"{p['prefix_misses']} misses, {p['prefix_cache_bytes'] / 2**20:.0f} MiB | |"
                 )
         if "continuous" in modes and "static" in modes:

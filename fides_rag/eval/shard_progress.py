@@ -11,12 +11,16 @@ from typing import Any
 class ShardProgress:
     """A tqdm bar over all shards; `poll()` reads only the bytes appended since the last poll."""
 
-    def __init__(self, files: Sequence[Path], offsets: Sequence[int], *, total: int, initial: int, position: int = 0) -> None:
+    def __init__(
+        self, files: Sequence[Path], offsets: Sequence[int], *, total: int, initial: int, position: int = 0
+    ) -> None:
         from tqdm.auto import tqdm
 
         self.files = list(files)
         self.offsets = list(offsets)  # bytes of each file already counted (its size before this run decoded)
-        self.bar: Any = tqdm(total=total, initial=initial, unit="ex", dynamic_ncols=True, position=position, desc="eval total")
+        self.bar: Any = tqdm(
+            total=total, initial=initial, unit="ex", dynamic_ncols=True, position=position, desc="eval total"
+        )
 
     def poll(self) -> None:
         """Count the lines appended to every shard file since the last call."""

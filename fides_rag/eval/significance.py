@@ -17,7 +17,12 @@ def _mean_difference(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray
 
 
 def paired_bootstrap(
-    scores_a: Sequence[float], scores_b: Sequence[float], *, samples: int = 1000, confidence: float = 0.95, seed: int = 0,
+    scores_a: Sequence[float],
+    scores_b: Sequence[float],
+    *,
+    samples: int = 1000,
+    confidence: float = 0.95,
+    seed: int = 0,
     clusters: Sequence[Hashable] | None = None,
 ) -> dict[str, Any]:
     """Paired test of mean(a) - mean(b) over the same examples (a[i] and b[i] score example i).
@@ -48,29 +53,66 @@ def paired_bootstrap(
         raise ValueError(f"clusters must give one label per example: {len(clusters)} labels for {len(a)} examples")
     n = len(a)
     if n == 0:
-        return {"diff": None, "ci_low": None, "ci_high": None, "p_value": None, "n": 0, "samples": samples, "confidence": confidence,
-                "clusters": None if clusters is None else 0}
+        return {
+            "diff": None,
+            "ci_low": None,
+            "ci_high": None,
+            "p_value": None,
+            "n": 0,
+            "samples": samples,
+            "confidence": confidence,
+            "clusters": None if clusters is None else 0,
+        }
     if clusters is not None:
         return _cluster_test(a - b, clusters, samples, confidence, seed)
     diff = float(_mean_difference(a, b))
     if n == 1 or np.all(a - b == a[0] - b[0]):
         low = high = diff  # every resample has the same difference (scipy warns and returns NaN here)
     else:
-        with warnings.catch_warnings():  # few distinct values: scipy's "degenerate" warning, the interval is still the percentiles
+        with (
+            warnings.catch_warnings()
+        ):  # few distinct values: scipy's "degenerate" warning, the interval is still the percentiles
             warnings.simplefilter("ignore", getattr(stats, "DegenerateDataWarning", RuntimeWarning))
-            ci = stats.bootstrap((a, b), _mean_difference, paired=True, vectorized=True, n_resamples=samples,
-                                 confidence_level=confidence, method="percentile", rng=np.random.default_rng(seed)).confidence_interval
+            ci = stats.bootstrap(
+                (a, b),
+                _mean_difference,
+                paired=True,
+                vectorized=True,
+                n_resamples=samples,
+                confidence_level=confidence,
+                method="percentile",
+                rng=np.random.default_rng(seed),
+            ).confidence_interval
         low, high = float(ci.low), float(ci.high)
     if np.all(a == b):
         p = 1.0
     else:
-        p = float(stats.permutation_test((a, b), _mean_difference, permutation_type="samples", vectorized=True,
-                                         n_resamples=samples, alternative="two-sided", rng=np.random.default_rng(seed)).pvalue)
-    return {"diff": diff, "ci_low": low, "ci_high": high, "p_value": min(1.0, p), "n": n, "samples": samples, "confidence": confidence,
-            "clusters": None}
+        p = float(
+            stats.permutation_test(
+                (a, b),
+                _mean_difference,
+                permutation_type="samples",
+                vectorized=True,
+                n_resamples=samples,
+                alternative="two-sided",
+                rng=np.random.default_rng(seed),
+            ).pvalue
+        )
+    return {
+        "diff": diff,
+        "ci_low": low,
+        "ci_high": high,
+        "p_value": min(1.0, p),
+        "n": n,
+        "samples": samples,
+        "confidence": confidence,
+        "clusters": None,
+    }
 
 
-def _cluster_test(d: np.ndarray, clusters: Sequence[Hashable], samples: int, confidence: float, seed: int) -> dict[str, Any]:
+def _cluster_test(
+    d: np.ndarray, clusters: Sequence[Hashable], samples: int, confidence: float, seed: int
+) -> dict[str, Any]:
     """The cluster bootstrap and sign-flip test of the mean of the paired differences `d` ([n])."""
     codes: dict[Hashable, int] = {}
     index = np.array([codes.setdefault(c, len(codes)) for c in clusters])
@@ -97,5 +139,13 @@ def _cluster_test(d: np.ndarray, clusters: Sequence[Hashable], samples: int, con
             signs = rng.choice([-1.0, 1.0], size=(samples, k))  # [B, k]
             flipped = np.abs(signs @ sums) / len(d)
             p = float((np.sum(flipped >= abs(diff) * (1 - 1e-12)) + 1) / (samples + 1))
-    return {"diff": diff, "ci_low": low, "ci_high": high, "p_value": min(1.0, p), "n": len(d), "samples": samples,
-            "confidence": confidence, "clusters": k}
+    return {
+        "diff": diff,
+        "ci_low": low,
+        "ci_high": high,
+        "p_value": min(1.0, p),
+        "n": len(d),
+        "samples": samples,
+        "confidence": confidence,
+        "clusters": k,
+    }

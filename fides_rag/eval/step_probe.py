@@ -104,8 +104,14 @@ class StepProbe(StoppingCriteria):
         counted = self.marks[: self.counted + 1]
         for (_, before, syncs_before), (_, after, syncs_after) in zip(counted, counted[1:]):
             step = after - before
-            steps.append({"ops": step.op_count, "traffic_bytes": step.traffic(), "host_syncs": syncs_after - syncs_before,
-                          "op_calls": dict(step.ops.most_common())})
+            steps.append(
+                {
+                    "ops": step.op_count,
+                    "traffic_bytes": step.traffic(),
+                    "host_syncs": syncs_after - syncs_before,
+                    "op_calls": dict(step.ops.most_common()),
+                }
+            )
         timed = len(times) - 1 - self.counted
         traffic = [s["traffic_bytes"]["total"] for s in steps]
         return {
@@ -116,8 +122,13 @@ class StepProbe(StoppingCriteria):
             "counted_steps": len(steps),
             "ops_per_token": statistics.median(s["ops"] for s in steps) if steps else None,
             "traffic_bytes_per_token": {
-                "median": statistics.median(traffic), "mean": statistics.fmean(traffic), "max": max(traffic), "min": min(traffic),
-            } if steps else None,
+                "median": statistics.median(traffic),
+                "mean": statistics.fmean(traffic),
+                "max": max(traffic),
+                "min": min(traffic),
+            }
+            if steps
+            else None,
             "host_syncs_per_token": statistics.fmean(s["host_syncs"] for s in steps) if steps and self.cuda else None,
             "steps": steps,
         }
@@ -126,12 +137,18 @@ class StepProbe(StoppingCriteria):
 def prepared_from_ids(tokenizer: Any, context_ids: Sequence[int], no_context_ids: Sequence[int]) -> PreparedExample:
     """A prompt pair given as token ids, ready for the decoder (no template, no stop strings)."""
     return PreparedExample(
-        context_prompt=tokenizer.decode(list(context_ids)), no_context_prompt=tokenizer.decode(list(no_context_ids)),
-        context_ids=list(context_ids), no_context_ids=list(no_context_ids), stop=(), has_documents=True,
+        context_prompt=tokenizer.decode(list(context_ids)),
+        no_context_prompt=tokenizer.decode(list(no_context_ids)),
+        context_ids=list(context_ids),
+        no_context_ids=list(no_context_ids),
+        stop=(),
+        has_documents=True,
     )
 
 
-def measure_engine(decoder: FidesDecoder, example: PreparedExample, method: Any, new_tokens: int, counted: int) -> dict[str, Any]:
+def measure_engine(
+    decoder: FidesDecoder, example: PreparedExample, method: Any, new_tokens: int, counted: int
+) -> dict[str, Any]:
     """One forced-length greedy decode of `example` by `decoder` (a FidesDecoder), measured step by step."""
     probe = StepProbe(counted, decoder.device, tokens=lambda: decoder.stats.tokens)
     with decoder.around_steps(probe.engine_step):
@@ -140,9 +157,18 @@ def measure_engine(decoder: FidesDecoder, example: PreparedExample, method: Any,
     return {**probe.report(start), "token_ids": list(result.token_ids)}
 
 
-def measure_generate(model: Any, context_ids: Sequence[int], new_tokens: int, counted: int, *, pad_token_id: int = 0,
-                     negative_ids: Sequence[int] | None = None, guidance_scale: float | None = None,
-                     inference_mode: bool = False, **generate_options: Any) -> dict[str, Any]:
+def measure_generate(
+    model: Any,
+    context_ids: Sequence[int],
+    new_tokens: int,
+    counted: int,
+    *,
+    pad_token_id: int = 0,
+    negative_ids: Sequence[int] | None = None,
+    guidance_scale: float | None = None,
+    inference_mode: bool = False,
+    **generate_options: Any,
+) -> dict[str, Any]:
     """One forced-length greedy `model.generate` (with `guidance_scale` and `negative_ids`: transformers' CFG; with
     `cache_implementation="static"`: a static cache, whose decode step transformers compiles on CUDA),
     measured step by step; as users call it (under its own no_grad), or inside torch.inference_mode as fides-rag's
@@ -152,15 +178,25 @@ def measure_generate(model: Any, context_ids: Sequence[int], new_tokens: int, co
     extra: dict[str, Any] = dict(generate_options)
     if guidance_scale is not None:
         negative = torch.tensor([list(negative_ids or [])], device=device)
-        extra |= {"guidance_scale": guidance_scale, "negative_prompt_ids": negative, "negative_prompt_attention_mask": torch.ones_like(negative)}
+        extra |= {
+            "guidance_scale": guidance_scale,
+            "negative_prompt_ids": negative,
+            "negative_prompt_attention_mask": torch.ones_like(negative),
+        }
     probe = StepProbe(counted, device)
     try:
         start = time.perf_counter()
         with torch.inference_mode() if inference_mode else contextlib.nullcontext():
             out = model.generate(
-                input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens, stopping_criteria=StoppingCriteriaList([probe]), pad_token_id=pad_token_id, **extra,
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                stopping_criteria=StoppingCriteriaList([probe]),
+                pad_token_id=pad_token_id,
+                **extra,
             )
     finally:
         probe.close()
-    return {**probe.report(start), "token_ids": out[0, ids.shape[1]:].tolist()}
+    return {**probe.report(start), "token_ids": out[0, ids.shape[1] :].tolist()}

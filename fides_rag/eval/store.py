@@ -43,11 +43,16 @@ def make_run_folder(path: str | Path) -> Path:
     """Create the run folder `path` (a new or a previous run's), or raise a ValueError that names the fix."""
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise ValueError(f"--out {path} is a file, not a folder; pass a folder (a new one, or a previous run's to resume)")
+        raise ValueError(
+            f"--out {path} is a file, not a folder; pass a folder (a new one, or a previous run's to resume)"
+        )
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise ValueError(f"cannot create the run folder {path} ({err.strerror or err}); pass an --out folder in a place you can " "write") from None
+        raise ValueError(
+            f"cannot create the run folder {path} ({err.strerror or err}); pass an --out folder in a place you can "
+            "write"
+        ) from None
     return path
 
 
@@ -57,7 +62,7 @@ def _short(value: Any) -> str:
 
 
 def _changes(old: Any, new: Any) -> str:
-    """"old -> new", or for two mappings only their differing entries ("fixed_alpha 0.0 -> 5.0")."""
+    """ "old -> new", or for two mappings only their differing entries ("fixed_alpha 0.0 -> 5.0")."""
     if not (isinstance(old, Mapping) and isinstance(new, Mapping)):
         return f"{_short(old)} -> {_short(new)}"
     keys = [k for k in dict.fromkeys([*old, *new]) if old.get(k) != new.get(k)]
@@ -70,7 +75,9 @@ def _option_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
     return _changes(old.get("options") or {}, new.get("options") or {})
 
 
-def check_resume(info_path: Path, info: Mapping[str, Any], keys: Sequence[str], *, what: str = "a run", fix: str = "") -> None:
+def check_resume(
+    info_path: Path, info: Mapping[str, Any], keys: Sequence[str], *, what: str = "a run", fix: str = ""
+) -> None:
     """Refuse to resume a run folder whose recorded `info_path` differs from `info` on any of `keys`, or records a
     method label of `info[METHOD_OPTIONS]` with other options (answers decoded under other settings would not be this
     run's); the error names each change and the fix."""
@@ -99,7 +106,9 @@ def check_resume(info_path: Path, info: Mapping[str, Any], keys: Sequence[str], 
         )
 
 
-def check_reuse(out_dir: str | Path, info: Mapping[str, Any], resume_keys: Sequence[str], *, what: str = "a run") -> bool:
+def check_reuse(
+    out_dir: str | Path, info: Mapping[str, Any], resume_keys: Sequence[str], *, what: str = "a run"
+) -> bool:
     """`check_resume` for a run folder that holds answers to reuse (whether it does); an empty one starts over."""
     path = Path(out_dir) / PREDICTIONS
     if not (path.is_file() and path.stat().st_size):
@@ -111,12 +120,18 @@ def check_reuse(out_dir: str | Path, info: Mapping[str, Any], resume_keys: Seque
 class PredictionStore:
     """A run folder's predictions: resumes, decodes only missing (example, method) pairs, appends each batch."""
 
-    def __init__(self, out_dir: str | Path, info: Mapping[str, Any], resume_keys: Sequence[str], *, what: str = "a run") -> None:
+    def __init__(
+        self, out_dir: str | Path, info: Mapping[str, Any], resume_keys: Sequence[str], *, what: str = "a run"
+    ) -> None:
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.path = self.out / PREDICTIONS
         info = dict(info)
-        if check_reuse(self.out, info, resume_keys, what=what) and METHOD_OPTIONS in info and (self.out / RUN_INFO).is_file():
+        if (
+            check_reuse(self.out, info, resume_keys, what=what)
+            and METHOD_OPTIONS in info
+            and (self.out / RUN_INFO).is_file()
+        ):
             kept = json.loads((self.out / RUN_INFO).read_text(encoding="utf-8")).get(METHOD_OPTIONS) or {}
             info[METHOD_OPTIONS] = {**kept, **info[METHOD_OPTIONS]}  # the labels kept from earlier runs stay recorded
         (self.out / RUN_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
@@ -146,7 +161,8 @@ class PredictionStore:
         on_batch: Callable[[int], None] | None = None,
     ) -> int:
         """Decode every missing (example, method) pair, one shared prefill per batch, grouped by the methods missing and
-        sorted by `prompt_length` to limit padding; merge with the kept outputs and append. Returns the examples decoded.
+        sorted by `prompt_length` to limit padding; merge with the kept outputs and append. Returns the examples
+        decoded.
         `decoder` may be None only when nothing is missing."""
         missing = self.missing(examples, list(methods))
         todo = [e for e in examples if e.id in missing]
@@ -159,7 +175,12 @@ class PredictionStore:
                 for start in range(0, len(group), batch_size):
                     batch = group[start : start + batch_size]
                     assert decoder is not None  # refused above
-                    outputs = decoder.generate_batch([e.question for e in batch], [list(e.contexts) for e in batch], methods={label: methods[label] for label in labels}, max_new_tokens=max_new_tokens)
+                    outputs = decoder.generate_batch(
+                        [e.question for e in batch],
+                        [list(e.contexts) for e in batch],
+                        methods={label: methods[label] for label in labels},
+                        max_new_tokens=max_new_tokens,
+                    )
                     for i, example in enumerate(batch):
                         record = example_record(example, {label: outputs[label][i] for label in labels})
                         record["outputs"] = {**self.kept_outputs(example), **record["outputs"]}

@@ -133,8 +133,10 @@ def check_strata_results(results: Mapping[str, Any], where: str = "results.json"
 def _score(record: Mapping[str, Any], label: str, metric: str) -> float:
     value = record["outputs"][label]["scores"].get(metric)
     if value is None:
-        raise ValueError(f"row {record['id']!r} has no {metric} score for {label!r}: its stratum needs one "
-                         "(a swapped-passage row is scored with CF, an original-passage row with EM)")
+        raise ValueError(
+            f"row {record['id']!r} has no {metric} score for {label!r}: its stratum needs one "
+            "(a swapped-passage row is scored with CF, an original-passage row with EM)"
+        )
     return float(value)
 
 

@@ -16,7 +16,9 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return frame.to_markdown(index=False, disable_numparse=True, colalign=align)
 
 
-def terminal_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, title: str | None = None, width: int = 120) -> str:
+def terminal_table(
+    header: Sequence[str], rows: Sequence[Sequence[str]], *, title: str | None = None, width: int = 120
+) -> str:
     """A plain-text box table of already formatted cells (rich, no colour), numbers right-aligned."""
     table_mod = require("rich.table", "eval", purpose="terminal tables")
     console_mod = require("rich.console", "eval", purpose="terminal tables")

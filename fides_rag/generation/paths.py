@@ -54,7 +54,9 @@ def path_kind(name: str, rule: ContrastRule | None = None) -> PathKind:
     kind = PATH_KINDS.get(name)
     if kind is None:
         asker = f"method {rule.name!r} reads" if rule is not None else "no path kind is named"
-        raise ValueError(f"{asker} path {name!r}, which the decoder cannot run; paths are {', '.join(map(repr, PATH_KINDS))}")
+        raise ValueError(
+            f"{asker} path {name!r}, which the decoder cannot run; paths are {', '.join(map(repr, PATH_KINDS))}"
+        )
     return kind
 
 
@@ -64,7 +66,8 @@ def paths_run(rule: ContrastRule, heads: Heads | None) -> list[PathKind]:
     for name in rule.paths:
         path_kind(name, rule)
     return [
-        kind for kind in PATH_KINDS.values()
+        kind
+        for kind in PATH_KINDS.values()
         if kind.always or (kind.name in rule.paths and (bool(heads) or not kind.per_head_set))
     ]
 

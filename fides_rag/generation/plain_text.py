@@ -35,8 +35,10 @@ class PlainTextEncoder:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-        self.control_ids = frozenset({i for i, token in added.items() if getattr(token, "special", False)}
-                                     | set(getattr(tokenizer, "all_special_ids", ()) or ()))
+        self.control_ids = frozenset(
+            {i for i, token in added.items() if getattr(token, "special", False)}
+            | set(getattr(tokenizer, "all_special_ids", ()) or ())
+        )
         self._first_chars = frozenset(t[:1] for t in tokenizer.convert_ids_to_tokens(sorted(self.control_ids)) if t)
         self._splitting: Any = None
 
@@ -56,12 +58,18 @@ class PlainTextEncoder:
         for k in range(len(full) - len(plain) + 1):  # the special tokens the tokenizer adds around the text (BOS)
             if full[k : k + len(plain)] == plain:
                 return full[:k] + ids + full[k + len(plain) :]
-        raise ValueError("cannot tell the special tokens this tokenizer adds around a prompt (BOS/EOS) from the prompt's own")
+        raise ValueError(
+            "cannot tell the special tokens this tokenizer adds around a prompt (BOS/EOS) from the prompt's own"
+        )
 
     def _encode_core(self, prompt: str, spans: Sequence[Span]) -> list[int]:
         encoding = self.tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
         ids, offsets = encoding["input_ids"], encoding["offset_mapping"]
-        injected = {i for i, (token, (s, e)) in enumerate(zip(ids, offsets)) if token in self.control_ids and _overlaps(s, e, spans)}
+        injected = {
+            i
+            for i, (token, (s, e)) in enumerate(zip(ids, offsets))
+            if token in self.control_ids and _overlaps(s, e, spans)
+        }
         if not injected:
             return list(ids)
         # The prompt's own control tokens bound stretches that the tokenizer encodes independently of each other.
@@ -87,7 +95,8 @@ class PlainTextEncoder:
             backend = getattr(self.tokenizer, "backend_tokenizer", None)
             if backend is None:
                 raise ValueError(
-                    f"the question or a document holds special-token text, which {type(self.tokenizer).__name__} " "(not a "
+                    f"the question or a document holds special-token text, which {type(self.tokenizer).__name__} "
+                    "(not a "
                     f"fast tokenizer) cannot tokenise as plain text; remove that text or use a fast tokenizer"
                 )
             from tokenizers import Tokenizer

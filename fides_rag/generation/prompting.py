@@ -84,8 +84,13 @@ class PromptPreparer:
         """The fixed ids the template's context prompts start with, and its no-context prompts': the common part of
         prompts rendered for two unlike questions and documents."""
         if self._prefixes is None:
-            pairs = [(self.render(q, d)[1] for q, d in (("Why one?", doc_a), ("Who two?", doc_b)))
-                     for doc_a, doc_b in ((self.template.document_block(["Alpha."]), self.template.document_block(["Beta."])), (None, None))]
+            pairs = [
+                (self.render(q, d)[1] for q, d in (("Why one?", doc_a), ("Who two?", doc_b)))
+                for doc_a, doc_b in (
+                    (self.template.document_block(["Alpha."]), self.template.document_block(["Beta."])),
+                    (None, None),
+                )
+            ]
             self._prefixes = tuple(a[: common_prefix(a, b)] for a, b in pairs)
         return self._prefixes
 
@@ -106,7 +111,12 @@ class PromptPreparer:
         """Where the question and the document block sit in the rendered `text`: rendered again with placeholders
         (so a document equal to the template's own markup is not mistaken for it), else found verbatim."""
         values = {"\ue000question\ue000": question, "\ue000documents\ue000": document_block}
-        marked = self.template.render(self.tokenizer, "\ue000question\ue000", None if document_block is None else "\ue000documents\ue000", self.use_chat_template)
+        marked = self.template.render(
+            self.tokenizer,
+            "\ue000question\ue000",
+            None if document_block is None else "\ue000documents\ue000",
+            self.use_chat_template,
+        )
         rebuilt, spans = "", []
         for part in re.split("(\ue000(?:question|documents)\ue000)", marked):
             if part in values:
@@ -115,7 +125,9 @@ class PromptPreparer:
             rebuilt += part
         return spans if rebuilt == text else find_spans([v for v in values.values() if v is not None], text)
 
-    def render_fitted(self, question: str, texts: Sequence[str], max_new_tokens: int) -> tuple[str, list[int], tuple[int, int] | None]:
+    def render_fitted(
+        self, question: str, texts: Sequence[str], max_new_tokens: int
+    ) -> tuple[str, list[int], tuple[int, int] | None]:
         """The context prompt over `texts`, its ids, and (block tokens given, kept) when the document block had
         to be cut at its end so that the prompt plus max_new_tokens fits the context window."""
         fitted = fit_texts(
@@ -130,11 +142,16 @@ class PromptPreparer:
         return prompt, ids, (fitted.tokens_before, fitted.tokens_after) if fitted.trimmed else None
 
     def _note(self, example: PreparedExample, what: str, max_new_tokens: int) -> None:
-        note = f"{what} so that the prompt plus max_new_tokens={max_new_tokens} fits the context window of " f"{self.context_window}"
+        note = (
+            f"{what} so that the prompt plus max_new_tokens={max_new_tokens} fits the context window of "
+            f"{self.context_window}"
+        )
         logger.warning(note)
         example.notes.append(note)
 
-    def prepare(self, question: str, documents: Any, max_new_tokens: int, *, document_paths: bool = False) -> PreparedExample:
+    def prepare(
+        self, question: str, documents: Any, max_new_tokens: int, *, document_paths: bool = False
+    ) -> PreparedExample:
         """Render and tokenise both branches of one example, trimming documents that would not fit.
 
         With `document_paths`, also one prompt per document, each trimmed on its own in the same way."""
@@ -149,9 +166,11 @@ class PromptPreparer:
         no_ctx_prompt, no_ctx_ids = self.render(question, None)
         if len(no_ctx_ids) > budget:
             raise ContextWindowExceeded(
-                len(no_ctx_ids), max_new_tokens, self.context_window,
+                len(no_ctx_ids),
+                max_new_tokens,
+                self.context_window,
                 message=f"the question alone takes {len(no_ctx_ids)} prompt tokens, more than the context window "
-                        f"({self.context_window}) minus max_new_tokens ({max_new_tokens}); shorten it or lower max_new_tokens",
+                f"({self.context_window}) minus max_new_tokens ({max_new_tokens}); shorten it or lower max_new_tokens",
             )
         # Plain text stops at the template's stops (a newline); a chat turn ends at EOS, but an answer that
         # runs on into the template's next line ("\nDocument [2]: ...") stops there too.
@@ -159,12 +178,29 @@ class PromptPreparer:
         if not texts:
             note = "no documents were given: decoded with 'standard' on the question alone"
             logger.warning(note)
-            return PreparedExample(no_ctx_prompt, no_ctx_prompt, no_ctx_ids, no_ctx_ids, stop, False, [note],
-                                   template_prefixes=self.template_prefixes, template=self.template)
+            return PreparedExample(
+                no_ctx_prompt,
+                no_ctx_prompt,
+                no_ctx_ids,
+                no_ctx_ids,
+                stop,
+                False,
+                [note],
+                template_prefixes=self.template_prefixes,
+                template=self.template,
+            )
 
         ctx_prompt, ctx_ids, trimmed = self.render_fitted(question, texts, max_new_tokens)
-        example = PreparedExample(ctx_prompt, no_ctx_prompt, ctx_ids, no_ctx_ids, stop, True, template_prefixes=self.template_prefixes,
-                                  template=self.template)
+        example = PreparedExample(
+            ctx_prompt,
+            no_ctx_prompt,
+            ctx_ids,
+            no_ctx_ids,
+            stop,
+            True,
+            template_prefixes=self.template_prefixes,
+            template=self.template,
+        )
         if trimmed is not None:
             self._note(example, f"documents trimmed from {trimmed[0]} to {trimmed[1]} tokens", max_new_tokens)
             example.documents_trimmed = True
@@ -176,12 +212,21 @@ class PromptPreparer:
                 example.document_prompts.append(prompt)
                 example.document_ids.append(ids)
                 if cut is not None:
-                    self._note(example, f"document {number}'s own prompt trimmed from {cut[0]} to {cut[1]} tokens", max_new_tokens)
+                    self._note(
+                        example,
+                        f"document {number}'s own prompt trimmed from {cut[0]} to {cut[1]} tokens",
+                        max_new_tokens,
+                    )
         return example
 
     def prepare_from_prompts(
-        self, context_prompt: str, no_context_prompt: str, max_new_tokens: int, add_special_tokens: bool = True,
-        *, untrusted: Sequence[str] | str = (),
+        self,
+        context_prompt: str,
+        no_context_prompt: str,
+        max_new_tokens: int,
+        add_special_tokens: bool = True,
+        *,
+        untrusted: Sequence[str] | str = (),
     ) -> PreparedExample:
         """Tokenise two raw prompts as the tokenizer does by default (no template, no trimming).
 
@@ -199,14 +244,20 @@ class PromptPreparer:
             raise ContextWindowExceeded(longest, max_new_tokens, self.context_window)
         return PreparedExample(context_prompt, no_context_prompt, ctx_ids, no_ctx_ids, (), True)
 
-    def _encode_raw(self, prompts: Sequence[str], add_special_tokens: bool, untrusted: Sequence[str] | str) -> list[list[int]]:
+    def _encode_raw(
+        self, prompts: Sequence[str], add_special_tokens: bool, untrusted: Sequence[str] | str
+    ) -> list[list[int]]:
         texts = [untrusted] if isinstance(untrusted, str) else list(untrusted)
         if any(not isinstance(t, str) for t in texts):
-            raise ValueError(f"untrusted must be a list of strings (texts that occur in the prompts), got {untrusted!r:.200}")
+            raise ValueError(
+                f"untrusted must be a list of strings (texts that occur in the prompts), got {untrusted!r:.200}"
+            )
         risky = [t for t in texts if t.strip() and self.plain_text.holds_control_text(t)]
         if not risky:
             return [self.tokenizer(p, add_special_tokens=add_special_tokens)["input_ids"] for p in prompts]
-        return [self.plain_text.encode(p, find_spans(risky, p), add_special_tokens) for p in prompts]  # a clean text holds no control token
+        return [
+            self.plain_text.encode(p, find_spans(risky, p), add_special_tokens) for p in prompts
+        ]  # a clean text holds no control token
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -74,56 +74,192 @@ def _option(name: str, default: Any, description: str, *where: str, **rest: Any)
     return RequestOption(name, default, description, frozenset(where), **rest)
 
 
-REQUEST_OPTIONS: dict[str, RequestOption] = {o.name: o for o in (
-    _option("method", "fides", "Decoding method: fides (default), standard, cad, adacad, or any rule of "
+REQUEST_OPTIONS: dict[str, RequestOption] = {
+    o.name: o
+    for o in (
+        _option(
+            "method",
+            "fides",
+            "Decoding method: fides (default), standard, cad, adacad, or any rule of "
             "fides_rag.available_methods() (register_method adds one), optionally behind a gate of "
-            "fides_rag.available_gates() as rule+gate (e.g. fides+agree).", DECODER, CALL, FIELDS, SERVER),
-    _option("methods", None, "Several methods decoded over one shared prefill (a list, or a mapping label -> method); "
-            "the call then returns label -> result(s).", DECODER),
-    _option("fides_config", None, "FIDES's constants as a fides_rag.FidesConfig (e.g. FidesConfig.from_file('calibrated.json') "
-            "from `fides-rag calibrate`); None: the decoder's.", CALL, FIELDS, SERVER),
-    _option("max_new_tokens", 128, "Most tokens to generate per call (unset: the decoder's own budget).",
-            DECODER, CALL, FIELDS, SERVER, bounds={"gt": 0}, accepts=lambda v: _is_int(v) and v > 0,
-            requirement="be a positive integer", http_name="max_tokens"),
-    _option("min_new_tokens", 0, "EOS is suppressed until this many tokens exist (transformers' semantics).", DECODER,
-            bounds={"ge": 0}, requirement="be an integer in [0, max_new_tokens]"),
-    _option("stop", None, "Stop strings of any token length; the answer is cut before the first one.",
-            DECODER, CALL, FIELDS, SERVER),
-    _option("do_sample", False, "Sample instead of greedy decoding.", DECODER, CALL, FIELDS,
-            accepts=lambda v: isinstance(v, bool), requirement="be True or False", group="sampling"),
-    _option("temperature", 1.0, "Sampling temperature (only with do_sample=True).", DECODER, CALL, FIELDS, SERVER,
+            "fides_rag.available_gates() as rule+gate (e.g. fides+agree).",
+            DECODER,
+            CALL,
+            FIELDS,
+            SERVER,
+        ),
+        _option(
+            "methods",
+            None,
+            "Several methods decoded over one shared prefill (a list, or a mapping label -> method); "
+            "the call then returns label -> result(s).",
+            DECODER,
+        ),
+        _option(
+            "fides_config",
+            None,
+            "FIDES's constants as a fides_rag.FidesConfig (e.g. FidesConfig.from_file('calibrated.json') "
+            "from `fides-rag calibrate`); None: the decoder's.",
+            CALL,
+            FIELDS,
+            SERVER,
+        ),
+        _option(
+            "max_new_tokens",
+            128,
+            "Most tokens to generate per call (unset: the decoder's own budget).",
+            DECODER,
+            CALL,
+            FIELDS,
+            SERVER,
+            bounds={"gt": 0},
+            accepts=lambda v: _is_int(v) and v > 0,
+            requirement="be a positive integer",
+            http_name="max_tokens",
+        ),
+        _option(
+            "min_new_tokens",
+            0,
+            "EOS is suppressed until this many tokens exist (transformers' semantics).",
+            DECODER,
+            bounds={"ge": 0},
+            requirement="be an integer in [0, max_new_tokens]",
+        ),
+        _option(
+            "stop",
+            None,
+            "Stop strings of any token length; the answer is cut before the first one.",
+            DECODER,
+            CALL,
+            FIELDS,
+            SERVER,
+        ),
+        _option(
+            "do_sample",
+            False,
+            "Sample instead of greedy decoding.",
+            DECODER,
+            CALL,
+            FIELDS,
+            accepts=lambda v: isinstance(v, bool),
+            requirement="be True or False",
+            group="sampling",
+        ),
+        _option(
+            "temperature",
+            1.0,
+            "Sampling temperature (only with do_sample=True).",
+            DECODER,
+            CALL,
+            FIELDS,
+            SERVER,
             bounds={"gt": 0, "le": MAX_TEMPERATURE},
             accepts=lambda v: _is_number(v) and math.isfinite(v) and 0 < v <= MAX_TEMPERATURE,
-            requirement=f"be a number in (0, {MAX_TEMPERATURE:g}] (use do_sample=False for greedy)", group="sampling"),
-    _option("top_p", 1.0, "Nucleus sampling mass (only with do_sample=True).", DECODER, CALL, FIELDS, SERVER,
-            bounds={"gt": 0, "le": 1}, accepts=lambda v: _is_number(v) and 0 < v <= 1, requirement="lie in (0, 1]",
-            group="sampling"),
-    _option("top_k", 0, "Top-k sampling cut-off, 0 disables it (only with do_sample=True).", DECODER, CALL, FIELDS,
-            bounds={"ge": 0}, accepts=lambda v: _is_int(v) and v >= 0, requirement="be an integer >= 0 (0 disables it)",
-            group="sampling"),
-    _option("seed", None, "Seed of the sampler, for reproducible sampling (only with do_sample=True); checked whatever "
-            "the temperature.", DECODER, CALL, FIELDS, SERVER, bounds={"ge": 0, "le": MAX_SEED},
+            requirement=f"be a number in (0, {MAX_TEMPERATURE:g}] (use do_sample=False for greedy)",
+            group="sampling",
+        ),
+        _option(
+            "top_p",
+            1.0,
+            "Nucleus sampling mass (only with do_sample=True).",
+            DECODER,
+            CALL,
+            FIELDS,
+            SERVER,
+            bounds={"gt": 0, "le": 1},
+            accepts=lambda v: _is_number(v) and 0 < v <= 1,
+            requirement="lie in (0, 1]",
+            group="sampling",
+        ),
+        _option(
+            "top_k",
+            0,
+            "Top-k sampling cut-off, 0 disables it (only with do_sample=True).",
+            DECODER,
+            CALL,
+            FIELDS,
+            bounds={"ge": 0},
+            accepts=lambda v: _is_int(v) and v >= 0,
+            requirement="be an integer >= 0 (0 disables it)",
+            group="sampling",
+        ),
+        _option(
+            "seed",
+            None,
+            "Seed of the sampler, for reproducible sampling (only with do_sample=True); checked whatever "
+            "the temperature.",
+            DECODER,
+            CALL,
+            FIELDS,
+            SERVER,
+            bounds={"ge": 0, "le": MAX_SEED},
             accepts=_is_none_or(lambda v: _is_int(v) and 0 <= v <= MAX_SEED),
-            requirement="be None or an integer in [0, 2**63 - 1]", group="sampling"),
-    _option("logits_processor", None, "transformers' logits processors of this request.", DECODER),
-    _option("stopping_criteria", None, "transformers' stopping criteria of this request.", DECODER),
-    _option("json_schema", None, "Constrain the answer to JSON valid under this schema (a dict, JSON text or a pydantic "
-            "model class).", DECODER, CALL, SERVER, group="constraint", http_name="response_format"),
-    _option("regex", None, "Constrain the answer to a match of this regular expression.", DECODER, CALL, group="constraint"),
-    _option("grammar", None, "Constrain the answer to this Lark or GBNF grammar (text), or a compiled GrammarConstraint.",
-            DECODER, CALL, group="constraint"),
-    _option("logprobs", None, "Record each token's log-probability with this many most likely alternatives "
-            f"(0 to {MAX_TOP_LOGPROBS}; None: record none).", DECODER, SERVER, bounds={"ge": 0, "le": MAX_TOP_LOGPROBS},
+            requirement="be None or an integer in [0, 2**63 - 1]",
+            group="sampling",
+        ),
+        _option("logits_processor", None, "transformers' logits processors of this request.", DECODER),
+        _option("stopping_criteria", None, "transformers' stopping criteria of this request.", DECODER),
+        _option(
+            "json_schema",
+            None,
+            "Constrain the answer to JSON valid under this schema (a dict, JSON text or a pydantic model class).",
+            DECODER,
+            CALL,
+            SERVER,
+            group="constraint",
+            http_name="response_format",
+        ),
+        _option(
+            "regex",
+            None,
+            "Constrain the answer to a match of this regular expression.",
+            DECODER,
+            CALL,
+            group="constraint",
+        ),
+        _option(
+            "grammar",
+            None,
+            "Constrain the answer to this Lark or GBNF grammar (text), or a compiled GrammarConstraint.",
+            DECODER,
+            CALL,
+            group="constraint",
+        ),
+        _option(
+            "logprobs",
+            None,
+            "Record each token's log-probability with this many most likely alternatives "
+            f"(0 to {MAX_TOP_LOGPROBS}; None: record none).",
+            DECODER,
+            SERVER,
+            bounds={"ge": 0, "le": MAX_TOP_LOGPROBS},
             accepts=_is_none_or(lambda v: _is_int(v) and 0 <= v <= MAX_TOP_LOGPROBS),
-            requirement=f"be None or an integer in [0, {MAX_TOP_LOGPROBS}] (alternatives per token)"),
-    _option("strict", False, "Raise FidesFallbackError instead of falling back (to `standard` when a call has no context "
-            "to contrast, or to guessing the context); also per call: strict=True.", CALL, FIELDS,
-            accepts=lambda v: isinstance(v, bool), requirement="be True or False"),
-    _option("no_context_path", "emptied", "How the no-context path is built from a framework's prompt: 'emptied' (the "
-            "same prompt with the retrieved text removed) or 'question' (the neutral 'Answer the following " "question:' and "
-            "the question alone, in the model's chat form). fides-rag's own template (documents= with a bare " "question) is "
-            "not affected.", FIELDS, SERVER),
-)}
+            requirement=f"be None or an integer in [0, {MAX_TOP_LOGPROBS}] (alternatives per token)",
+        ),
+        _option(
+            "strict",
+            False,
+            "Raise FidesFallbackError instead of falling back (to `standard` when a call has no context "
+            "to contrast, or to guessing the context); also per call: strict=True.",
+            CALL,
+            FIELDS,
+            accepts=lambda v: isinstance(v, bool),
+            requirement="be True or False",
+        ),
+        _option(
+            "no_context_path",
+            "emptied",
+            "How the no-context path is built from a framework's prompt: 'emptied' (the "
+            "same prompt with the retrieved text removed) or 'question' (the neutral 'Answer the following "
+            "question:' and "
+            "the question alone, in the model's chat form). fides-rag's own template (documents= with a bare "
+            "question) is "
+            "not affected.",
+            FIELDS,
+            SERVER,
+        ),
+    )
+}
 """Every request option, in the order `GenerationSettings` checks them."""
 
 

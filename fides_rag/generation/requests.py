@@ -108,10 +108,14 @@ class Request:
 
     def kv_blocks(self, block: int) -> int:
         """Blocks of `block` positions of fast mode's KV pool this request may hold at most: each row's prompt plus
-        the token budget, rounded up to whole blocks, row by row (a row every method takes a copy of counts per method)."""
+        the token budget, rounded up to whole blocks, row by row (a row every method takes a copy of counts per
+        method)."""
         budget = self.settings.max_new_tokens
-        return sum(-(-(len(ids) + budget) // block) for run in self.decoded
-                   for ids in prompt_ids(run.effective, self.example, run.heads))
+        return sum(
+            -(-(len(ids) + budget) // block)
+            for run in self.decoded
+            for ids in prompt_ids(run.effective, self.example, run.heads)
+        )
 
     @property
     def tokens(self) -> int:
@@ -128,7 +132,9 @@ def special_token_id(tokenizer: Any, text: str) -> int | None:
     """The id of `text` where it is one special token of `tokenizer` (an end-of-turn token such as <|im_end|>), else
     None."""
     ids = tokenizer.encode(text, add_special_tokens=False)  # special-token text becomes its one id
-    special = set(getattr(tokenizer, "all_special_ids", ())) | {i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if t.special}
+    special = set(getattr(tokenizer, "all_special_ids", ())) | {
+        i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if t.special
+    }
     return int(ids[0]) if len(ids) == 1 and ids[0] != tokenizer.unk_token_id and ids[0] in special else None
 
 
@@ -136,8 +142,13 @@ class RequestBuilder:
     """Builds `Request`s with one prompt preparer, one default method and token budget, and the engine's head setup."""
 
     def __init__(
-        self, preparer: PromptPreparer, default_method: ContrastRule, default_max_new_tokens: int, setup_heads: Any,
-        vocab_size: int | None = None, eos_token_ids: Any = None,
+        self,
+        preparer: PromptPreparer,
+        default_method: ContrastRule,
+        default_max_new_tokens: int,
+        setup_heads: Any,
+        vocab_size: int | None = None,
+        eos_token_ids: Any = None,
     ) -> None:
         self.preparer = preparer
         self.default_method = default_method
@@ -160,9 +171,15 @@ class RequestBuilder:
 
         if isinstance(settings.grammar, GrammarConstraint):
             return settings.grammar
-        spec = {name: getattr(settings, name) for name in ("json_schema", "regex", "grammar") if getattr(settings, name) is not None}
+        spec = {
+            name: getattr(settings, name)
+            for name in ("json_schema", "regex", "grammar")
+            if getattr(settings, name) is not None
+        }
         ends = set(self.eos_token_ids()) | self._stop_tokens(stops)
-        return GrammarConstraint.compile(self.preparer.tokenizer, vocab_size=self.vocab_size, eos_token_ids=sorted(ends), **spec)
+        return GrammarConstraint.compile(
+            self.preparer.tokenizer, vocab_size=self.vocab_size, eos_token_ids=sorted(ends), **spec
+        )
 
     def _stop_tokens(self, stops: Sequence[str]) -> set[int]:
         tokenizer = self.preparer.tokenizer
@@ -200,7 +217,9 @@ class RequestBuilder:
             raise ValueError("methods must name at least one method")
         return labelled
 
-    def prepare(self, prompt: Any, documents: Any, rules: Sequence[ContrastRule], max_new_tokens: int) -> PreparedExample:
+    def prepare(
+        self, prompt: Any, documents: Any, rules: Sequence[ContrastRule], max_new_tokens: int
+    ) -> PreparedExample:
         """Tokenise one example: a question with its documents, a `PromptPair`, or an already `PreparedExample`."""
         if isinstance(prompt, PreparedExample):
             if documents is not None:
@@ -208,7 +227,9 @@ class RequestBuilder:
             return prompt
         if isinstance(prompt, PromptPair):
             if documents is not None:
-                raise ValueError("a PromptPair already holds its documents in its context prompt; do not pass documents= with it")
+                raise ValueError(
+                    "a PromptPair already holds its documents in its context prompt; do not pass documents= with it"
+                )
             for rule in rules:
                 refuse_document_paths(rule)
             return self.preparer.prepare_from_prompts(
@@ -218,8 +239,14 @@ class RequestBuilder:
         return self.preparer.prepare(prompt, documents, max_new_tokens, document_paths=document_paths)
 
     def build(
-        self, prompt: Any, documents: Any = None, *, method: str | ContrastRule | None = None, methods: Methods | None = None,
-        stream: bool = False, **options: Any,
+        self,
+        prompt: Any,
+        documents: Any = None,
+        *,
+        method: str | ContrastRule | None = None,
+        methods: Methods | None = None,
+        stream: bool = False,
+        **options: Any,
     ) -> Request:
         """One request; raises on bad input before anything is decoded."""
         return self._set_up([self._request(prompt, documents, method, methods, stream, options)])[0]
@@ -237,16 +264,31 @@ class RequestBuilder:
         method, methods, stream = kwargs.pop("method", None), kwargs.pop("methods", None), kwargs.pop("stream", False)
         labelled = self.labelled(method, methods)  # the same rule objects for every prompt
         chosen = methods if methods is None else labelled
-        requests = [self._request(p, d, None if methods is not None else next(iter(labelled.values())), chosen, stream, kwargs, i)
-                    for i, (p, d) in enumerate(zip(prompts, documents))]
+        requests = [
+            self._request(
+                p, d, None if methods is not None else next(iter(labelled.values())), chosen, stream, kwargs, i
+            )
+            for i, (p, d) in enumerate(zip(prompts, documents))
+        ]
         return self._set_up(requests)
 
-    def _request(self, prompt: Any, documents: Any, method: Any, methods: Any, stream: bool, options: dict[str, Any], number: int = 0) -> Request:
+    def _request(
+        self,
+        prompt: Any,
+        documents: Any,
+        method: Any,
+        methods: Any,
+        stream: bool,
+        options: dict[str, Any],
+        number: int = 0,
+    ) -> Request:
         labelled = self.labelled(method, methods)
         settings = GenerationSettings.build(self.default_max_new_tokens, options)
         example = self.prepare(prompt, documents, list(labelled.values()), settings.max_new_tokens)
         standard = get_method("standard") if not example.has_documents else None
-        runs = [MethodRun(label, rule, standard or rule) for label, rule in labelled.items()]  # one 'standard': decoded once
+        runs = [
+            MethodRun(label, rule, standard or rule) for label, rule in labelled.items()
+        ]  # one 'standard': decoded once
         if stream and methods is not None:
             raise ValueError("a stream decodes one method; pass method=, not methods=")
         constraint = self.constraint(settings, example.stop + settings.stop)

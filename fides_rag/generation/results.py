@@ -34,8 +34,10 @@ def assemble(
         notes += cuts
     short = unit.grammar.budget_short if unit.grammar is not None else None
     if short is not None:
-        notes.append(f"max_new_tokens={unit.max_new_tokens} is fewer than the {short} tokens the shortest answer of the "
-                     f"grammar needs, so the structured answer is cut: raise max_new_tokens")
+        notes.append(
+            f"max_new_tokens={unit.max_new_tokens} is fewer than the {short} tokens the shortest answer of the "
+            f"grammar needs, so the structured answer is cut: raise max_new_tokens"
+        )
     return GenerationResult(
         text=text.strip(),
         token_ids=list(unit.generated),

@@ -42,7 +42,13 @@ def sampling_options(
     OpenAI's convention). Values are passed on unchecked, so `GenerationSettings` names a bad one."""
     if do_sample is False or (temperature is not None and _is_number(temperature) and temperature == 0):
         return {}
-    return {"do_sample": do_sample, "temperature": 1.0 if temperature is None else temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
+    return {
+        "do_sample": do_sample,
+        "temperature": 1.0 if temperature is None else temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "seed": seed,
+    }
 
 
 def _stacklevel_outside_package() -> int:
@@ -87,7 +93,11 @@ class GenerationSettings:
 
     def __post_init__(self) -> None:
         REQUEST_OPTIONS["max_new_tokens"].check(self.max_new_tokens)
-        if not isinstance(self.min_new_tokens, int) or isinstance(self.min_new_tokens, bool) or not 0 <= self.min_new_tokens <= self.max_new_tokens:
+        if (
+            not isinstance(self.min_new_tokens, int)
+            or isinstance(self.min_new_tokens, bool)
+            or not 0 <= self.min_new_tokens <= self.max_new_tokens
+        ):
             raise ValueError(REQUEST_OPTIONS["min_new_tokens"].error(self.min_new_tokens))
         for name in ("do_sample", "temperature", "top_p", "top_k", "seed"):
             REQUEST_OPTIONS[name].check(getattr(self, name))
@@ -96,7 +106,13 @@ class GenerationSettings:
         for name in ("temperature", "top_p"):  # an int (temperature=2) is valid; transformers' warpers take floats only
             object.__setattr__(self, name, float(getattr(self, name)))
         if self.do_sample and self.temperature < GREEDY_BELOW_TEMPERATURE:  # greedy, in the greedy lane
-            for name, value in (("do_sample", False), ("temperature", 1.0), ("top_p", 1.0), ("top_k", 0), ("seed", None)):
+            for name, value in (
+                ("do_sample", False),
+                ("temperature", 1.0),
+                ("top_p", 1.0),
+                ("top_k", 0),
+                ("seed", None),
+            ):
                 object.__setattr__(self, name, value)
         constraints = [name for name in ("json_schema", "regex", "grammar") if getattr(self, name) is not None]
         if len(constraints) > 1:
@@ -104,9 +120,13 @@ class GenerationSettings:
         REQUEST_OPTIONS["logprobs"].check(self.logprobs)
         if self.regex is not None and not isinstance(self.regex, str):
             raise ValueError(f"regex must be a string, got {type(self.regex).__name__}")
-        if not self.do_sample and (self.temperature != 1.0 or self.top_p != 1.0 or self.top_k != 0 or self.seed is not None):
-            warnings.warn("temperature/top_p/top_k/seed have no effect with greedy decoding; pass do_sample=True to sample",
-                          stacklevel=_stacklevel_outside_package())
+        if not self.do_sample and (
+            self.temperature != 1.0 or self.top_p != 1.0 or self.top_k != 0 or self.seed is not None
+        ):
+            warnings.warn(
+                "temperature/top_p/top_k/seed have no effect with greedy decoding; pass do_sample=True to sample",
+                stacklevel=_stacklevel_outside_package(),
+            )
 
     @classmethod
     def build(cls, default_max_new_tokens: int, options: Mapping[str, Any]) -> GenerationSettings:
@@ -116,7 +136,11 @@ class GenerationSettings:
         max_new_tokens, stop = rest.pop("max_new_tokens", None), rest.pop("stop", None)
         if isinstance(stop, str):
             stop = [stop]
-        return cls(max_new_tokens=default_max_new_tokens if max_new_tokens is None else max_new_tokens, stop=tuple(stop or ()), **rest)
+        return cls(
+            max_new_tokens=default_max_new_tokens if max_new_tokens is None else max_new_tokens,
+            stop=tuple(stop or ()),
+            **rest,
+        )
 
     def unit_processors(self, prompt_width: int, eos_token_ids: set[int]) -> LogitsProcessorList | None:
         """transformers' processors of one request that read its own history: min_new_tokens, then the user's

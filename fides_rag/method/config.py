@@ -66,10 +66,26 @@ class FidesConfig:
         )
         _require(sum(weights) > 0, "weights", "at least one weight must be positive (or set fixed_alpha)")
         object.__setattr__(self, "weights", tuple(float(w) for w in weights))
-        _require(_is_real(self.lambda_) and self.lambda_ >= 0, "lambda_", f"must be a finite number >= 0, got {self.lambda_!r}")
-        _require(_is_real(self.alpha_min) and self.alpha_min >= 0, "alpha_min", f"must be a finite number >= 0, got {self.alpha_min!r}")
-        _require(_is_real(self.shift_scale) and self.shift_scale > 0, "shift_scale", f"must be a finite number > 0, got {self.shift_scale!r}")
-        _require(_is_real(self.noise_scale) and self.noise_scale > 0, "noise_scale", f"must be a finite number > 0, got {self.noise_scale!r}")
+        _require(
+            _is_real(self.lambda_) and self.lambda_ >= 0,
+            "lambda_",
+            f"must be a finite number >= 0, got {self.lambda_!r}",
+        )
+        _require(
+            _is_real(self.alpha_min) and self.alpha_min >= 0,
+            "alpha_min",
+            f"must be a finite number >= 0, got {self.alpha_min!r}",
+        )
+        _require(
+            _is_real(self.shift_scale) and self.shift_scale > 0,
+            "shift_scale",
+            f"must be a finite number > 0, got {self.shift_scale!r}",
+        )
+        _require(
+            _is_real(self.noise_scale) and self.noise_scale > 0,
+            "noise_scale",
+            f"must be a finite number > 0, got {self.noise_scale!r}",
+        )
         _require(
             _is_real(self.noise_layer_ratio) and 0 < self.noise_layer_ratio < 1,
             "noise_layer_ratio",
@@ -90,12 +106,20 @@ class FidesConfig:
         too_large = f"its products with logits overflow float32; use a value <= {MAX_ALPHA:g}"
         for name in ("fixed_alpha", "alpha_min", "lambda_"):
             value = getattr(self, name)
-            _require(value is None or value <= MAX_ALPHA, name, f"{value!r} is past the largest contrast strength {MAX_ALPHA:g}: {too_large}")
+            _require(
+                value is None or value <= MAX_ALPHA,
+                name,
+                f"{value!r} is past the largest contrast strength {MAX_ALPHA:g}: {too_large}",
+            )
         if self.fixed_alpha is None:  # a_t <= lambda_ * FScore <= lambda_ * sum(weights), every signal being <= 1
             strongest = self.lambda_ * sum(self.weights)
             name = "weights" if sum(self.weights) > MAX_ALPHA else "lambda_"
-            _require(strongest <= MAX_ALPHA, name, f"lambda_ * sum(weights) = {strongest:g} is past the largest contrast "
-                                                   f"strength {MAX_ALPHA:g}: {too_large}")
+            _require(
+                strongest <= MAX_ALPHA,
+                name,
+                f"lambda_ * sum(weights) = {strongest:g} is past the largest contrast "
+                f"strength {MAX_ALPHA:g}: {too_large}",
+            )
 
     # -- ablations expressible without new code ---------------------------------------------
 
@@ -154,9 +178,14 @@ class FidesConfig:
         except FileNotFoundError:
             raise FileNotFoundError(f"FidesConfig file not found: {path}") from None
         except IsADirectoryError:
-            raise ValueError(f"FidesConfig file {path} is a directory; pass a JSON file (e.g. one written by fides-rag calibrate)") from None
+            raise ValueError(
+                f"FidesConfig file {path} is a directory; pass a JSON file (e.g. one written by fides-rag calibrate)"
+            ) from None
         except UnicodeDecodeError:
-            raise ValueError(f"FidesConfig file {path} is not a text file; pass a JSON file (e.g. one written by fides-rag " "calibrate)") from None
+            raise ValueError(
+                f"FidesConfig file {path} is not a text file; pass a JSON file (e.g. one written by fides-rag "
+                "calibrate)"
+            ) from None
         except json.JSONDecodeError as err:
             raise ValueError(f"FidesConfig file {path} is not valid JSON: {err}") from None
         except OSError as err:

@@ -248,7 +248,11 @@ def build_copy_samples(pool: list[int], prefix: list[int], settings: DiscoverySe
 
 
 def retrieval_hits(
-    top_positions: torch.Tensor, emitted: torch.Tensor, input_ids: torch.Tensor, needle_start: torch.Tensor, needle_length: int
+    top_positions: torch.Tensor,
+    emitted: torch.Tensor,
+    input_ids: torch.Tensor,
+    needle_start: torch.Tensor,
+    needle_length: int,
 ) -> torch.Tensor:
     """Per sample and head, how many copy steps the head's top attention points at the emitted token inside
     the needle.  top_positions [B, L, H, N], emitted [B, N], input_ids [B, T], needle_start [B] -> [B, L, H]"""
@@ -302,7 +306,8 @@ def discover_retrieval_heads(model: Any, tokenizer: Any, settings: DiscoverySett
     max_positions = getattr(model.config, "max_position_embeddings", None)
     if isinstance(max_positions, int) and width > max_positions:
         raise ValueError(
-            f"retrieval-head discovery: samples are {width} tokens but the model takes {max_positions}; lower " "context_length"
+            f"retrieval-head discovery: samples are {width} tokens but the model takes {max_positions}; lower "
+            "context_length"
         )
     n = settings.needle_length
     device = next(model.parameters()).device
@@ -401,7 +406,9 @@ def _read_cache(path: Path, key: str, num_layers: int, num_heads: int) -> HeadRa
         return None
 
 
-def _write_cache(path: Path, key: str, identity: dict[str, str], settings: DiscoverySettings, ranking: HeadRanking) -> None:
+def _write_cache(
+    path: Path, key: str, identity: dict[str, str], settings: DiscoverySettings, ranking: HeadRanking
+) -> None:
     payload = {"schema": SCHEMA, "key": key, "model": identity, "settings": settings.to_dict(), **ranking.to_json()}
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, staging = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
@@ -446,5 +453,7 @@ def retrieval_heads(
     """The `top_k` best retrieval heads as {layer (1-based): head indices}, discovered or cached."""
     total = ModelAnatomy.of(model).num_layers * int(model.config.num_attention_heads)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= total:
-        raise ValueError(f"retrieval_heads: top_k must be an integer in [1, {total}] (the model's head count), got {top_k!r}")
+        raise ValueError(
+            f"retrieval_heads: top_k must be an integer in [1, {total}] (the model's head count), got {top_k!r}"
+        )
     return retrieval_head_ranking(model, tokenizer, settings, use_cache=use_cache).top(top_k)

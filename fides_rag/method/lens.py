@@ -54,7 +54,11 @@ class ModelAnatomy:
         return len(self.layers)
 
     def run_backbone(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | dict[str, torch.Tensor] | None, position_ids: torch.Tensor, cache: Any
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | dict[str, torch.Tensor] | None,
+        position_ids: torch.Tensor,
+        cache: Any,
     ) -> tuple[torch.Tensor, Any]:
         """One cached forward of the backbone: (last hidden states [R, T, H], the updated cache).
 
@@ -62,7 +66,9 @@ class ModelAnatomy:
         it.
         """
         kwargs = {_cache_keyword(self.backbone): cache}
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kwargs)
+        out = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kwargs
+        )
         updated = out["cache"] if "cache" in out else out["past_key_values"]
         return out.last_hidden_state, updated
 
@@ -80,7 +86,9 @@ class ModelAnatomy:
         input."""
         dim = getattr(self.config, "head_dim", None) or getattr(self.config, "hidden_size", 0) // self.num_heads
         if not isinstance(dim, int) or dim <= 0:
-            raise UnsupportedArchitectureError(f"{self.model_type}: cannot tell the attention head width from the config")
+            raise UnsupportedArchitectureError(
+                f"{self.model_type}: cannot tell the attention head width from the config"
+            )
         return dim
 
     def attention_output_projections(self) -> list[nn.Linear]:
@@ -92,7 +100,8 @@ class ModelAnatomy:
             proj = getattr(getattr(layer, "self_attn", None), "o_proj", None)
             if not isinstance(proj, nn.Linear) or proj.in_features != width:
                 raise UnsupportedArchitectureError(
-                    f"{self.model_type}: block {index} has no self_attn.o_proj linear layer over num_heads x " "head_dim = "
+                    f"{self.model_type}: block {index} has no self_attn.o_proj linear layer over num_heads x "
+                    "head_dim = "
                     f"{self.num_heads} x {self.head_dim} inputs, so attention heads cannot be masked on this model"
                 )
             projections.append(proj)
@@ -131,8 +140,10 @@ class ModelAnatomy:
         model_type = getattr(config, "model_type", None)
         if model_type not in SUPPORTED_FAMILIES:
             raise UnsupportedArchitectureError(
-                f"unsupported architecture {model_type!r} ({type(model).__name__}): fides-rag has a verified logit " "lens "
-                f"only for {sorted(SUPPORTED_FAMILIES)}. Add the family to fides_rag/method/lens.py with a test " "that the lens "
+                f"unsupported architecture {model_type!r} ({type(model).__name__}): fides-rag has a verified logit "
+                "lens "
+                f"only for {sorted(SUPPORTED_FAMILIES)}. Add the family to fides_rag/method/lens.py with a test "
+                "that the lens "
                 f"at the last layer reproduces the model's logits."
             )
         backbone = getattr(model, "model", None)

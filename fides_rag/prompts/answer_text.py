@@ -66,7 +66,9 @@ class AnswerText:
         notes += unwrapped
         found = _ROLE_LINE.search(text)
         if found is not None and text[: found.start()].strip():
-            notes.append(f"removed the next turn's role line {text[found.start():].strip()[:40]!r} from the end of the answer")
+            notes.append(
+                f"removed the next turn's role line {text[found.start() :].strip()[:40]!r} from the end of the answer"
+            )
             text = text[: found.start()]
         cut = _partial_role_line(text) if truncated else 0
         if cut and text[:-cut].strip():

@@ -55,7 +55,9 @@ def merge_system_turns(turns: Sequence[Mapping[str, str]]) -> list[dict[str, str
     return merged
 
 
-def render_chat(tokenizer: Any, turns: Sequence[Mapping[str, str]], tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+def render_chat(
+    tokenizer: Any, turns: Sequence[Mapping[str, str]], tools: Sequence[Mapping[str, Any]] | None = None
+) -> str:
     """The tokenizer's chat template over `turns` ({"role", "content"}), ending with the assistant's generation
     prompt, without a BOS that encoding adds again. A template that refuses a system role gets it merged. `tools`
     (OpenAI function tools) are passed to the template as `tools=`."""
@@ -64,7 +66,9 @@ def render_chat(tokenizer: Any, turns: Sequence[Mapping[str, str]], tools: Seque
     try:
         text = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True, **extra)
     except Exception:  # jinja2 TemplateError, e.g. "System role not supported"
-        text = tokenizer.apply_chat_template(merge_system_turns(turns), tokenize=False, add_generation_prompt=True, **extra)
+        text = tokenizer.apply_chat_template(
+            merge_system_turns(turns), tokenize=False, add_generation_prompt=True, **extra
+        )
     return strip_leading_bos(tokenizer, text)
 
 

@@ -64,7 +64,8 @@ def document_texts(documents: Sequence[Any] | str | None) -> list[str]:
         return []
     if isinstance(documents, Mapping):
         raise TypeError(
-            f"documents is a mapping ({type(documents).__name__} with keys {list(documents)[:5]!r}), which would " "be read as its "
+            f"documents is a mapping ({type(documents).__name__} with keys {list(documents)[:5]!r}), which would "
+            "be read as its "
             f"keys; pass a list of documents, e.g. [d['text']] or [d['text'] for d in records]"
         )
     if isinstance(documents, str) or not isinstance(documents, Sequence):
@@ -196,9 +197,12 @@ def fit_texts(
         longest = max(kept, key=kept.__getitem__, default=None)
         if longest is None or kept[longest] == 0:
             raise ContextWindowExceeded(
-                budget + over, max_new_tokens, budget + max_new_tokens,
-                message=f"the prompt does not fit even without its documents: {over} tokens over the budget of " f"{budget} "
-                        f"(the context window minus max_new_tokens); shorten the question or prompt, or lower max_new_tokens",
+                budget + over,
+                max_new_tokens,
+                budget + max_new_tokens,
+                message=f"the prompt does not fit even without its documents: {over} tokens over the budget of "
+                f"{budget} "
+                f"(the context window minus max_new_tokens); shorten the question or prompt, or lower max_new_tokens",
             )
         kept[longest] = max(0, kept[longest] - over)
         current[longest] = tokenizer.decode(ids[longest][: kept[longest]], skip_special_tokens=True)

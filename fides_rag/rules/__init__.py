@@ -23,6 +23,18 @@ for _module in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = [
-    "ContrastRule", "Gate", "GatedRule", "StepInputs", "StepOutput", "accepts_option", "available_gates", "available_methods", "get_gate",
-    "get_method", "parse_method_names", "register_gate", "register_method", "split_method",
+    "ContrastRule",
+    "Gate",
+    "GatedRule",
+    "StepInputs",
+    "StepOutput",
+    "accepts_option",
+    "available_gates",
+    "available_methods",
+    "get_gate",
+    "get_method",
+    "parse_method_names",
+    "register_gate",
+    "register_method",
+    "split_method",
 ]

@@ -57,7 +57,12 @@ class StepInputs:
         masked_logits: torch.Tensor | None = None,
     ) -> StepInputs:
         """Inputs from named tensors (None: the path was not run)."""
-        logits = {CONTEXT: ctx_logits, NO_CONTEXT: no_ctx_logits, DOCUMENTS: document_logits, MASKED_HEADS: masked_logits}
+        logits = {
+            CONTEXT: ctx_logits,
+            NO_CONTEXT: no_ctx_logits,
+            DOCUMENTS: document_logits,
+            MASKED_HEADS: masked_logits,
+        }
         states = {CONTEXT: ctx_layer_states, NO_CONTEXT: no_ctx_layer_states}
         return cls(
             logits={k: v for k, v in logits.items() if v is not None},

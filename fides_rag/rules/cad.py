@@ -24,7 +24,9 @@ class CadRule(ContrastRule):
         self.alpha = float(alpha)
 
     def combine(self, step: StepInputs) -> StepOutput:
-        alpha = torch.full((step.ctx_logits.shape[0],), self.alpha, dtype=step.ctx_logits.dtype, device=step.ctx_logits.device)
+        alpha = torch.full(
+            (step.ctx_logits.shape[0],), self.alpha, dtype=step.ctx_logits.dtype, device=step.ctx_logits.device
+        )
         return StepOutput(
             logits=contrast_logits(step.ctx_logits, step.no_ctx_logits, alpha),
             records={"alpha": alpha, "opposition": opposition(step.ctx_logits, step.no_ctx_logits)},

@@ -89,11 +89,22 @@ class CocoaRule(ContrastRule):
         if isinstance(alpha, str):
             if alpha != "adaptive":
                 raise ValueError(f"cocoa: alpha must be a number in [0, 1] or 'adaptive', got {alpha!r}")
-        elif isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or not 0 <= alpha <= 1:
+        elif (
+            isinstance(alpha, bool)
+            or not isinstance(alpha, (int, float))
+            or not math.isfinite(alpha)
+            or not 0 <= alpha <= 1
+        ):
             raise ValueError(f"cocoa: alpha must be a number in [0, 1] or 'adaptive', got {alpha!r}")
         values = {
-            "gamma": gamma, "kappa_h2": kappa_h2, "lambda_pm": lambda_pm, "eps0": eps0,
-            "kappa_s": kappa_s, "eps_max": eps_max, "lambda2": lambda2, "kappa_min": kappa_min,
+            "gamma": gamma,
+            "kappa_h2": kappa_h2,
+            "lambda_pm": lambda_pm,
+            "eps0": eps0,
+            "kappa_s": kappa_s,
+            "eps_max": eps_max,
+            "lambda2": lambda2,
+            "kappa_min": kappa_min,
         }
         for name, value in values.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:

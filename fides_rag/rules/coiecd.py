@@ -41,7 +41,9 @@ from fides_rag.rules.base import ContrastRule, StepInputs, StepOutput
 from fides_rag.rules.registry import register_method
 
 
-def coiecd_cad_mask(ctx_log_probs: torch.Tensor, no_ctx_log_probs: torch.Tensor, threshold_ratio: float = 4.0) -> torch.Tensor:
+def coiecd_cad_mask(
+    ctx_log_probs: torch.Tensor, no_ctx_log_probs: torch.Tensor, threshold_ratio: float = 4.0
+) -> torch.Tensor:
     """c: True where a token takes the CAD branch (reference `constraint_list == 1`).  [B, V] -> [B, V] bool"""
     normalized = torch.log_softmax(no_ctx_log_probs, dim=-1)
     ent = -(normalized * normalized.exp()).nansum(-1, keepdim=True)  # [B, 1], H(p_noctx); cancels below
@@ -79,7 +81,9 @@ class CoiecdRule(ContrastRule):
         cad = coiecd_cad_mask(cond, uncond, self.threshold_ratio).to(cond.dtype)  # [B, V], 1 = CAD branch
         merged = cad * cond + (1 - cad) * uncond + self.alpha * (cond - uncond)
         alpha = torch.full((cond.shape[0],), self.alpha, dtype=cond.dtype, device=cond.device)
-        return StepOutput(logits=merged, records={"alpha": alpha, "opposition": opposition(step.ctx_logits, step.no_ctx_logits)})
+        return StepOutput(
+            logits=merged, records={"alpha": alpha, "opposition": opposition(step.ctx_logits, step.no_ctx_logits)}
+        )
 
     def options(self) -> dict[str, Any]:
         return {"alpha": self.alpha, "threshold_ratio": self.threshold_ratio}

@@ -66,6 +66,8 @@ REFERENCE_NUM_HEADS, REFERENCE_TOTAL_HEADS = 50, 1024  # the reference's num_ret
 def default_num_heads(total_heads: int) -> int:
     """The reference's share of heads (50 of 1024), rounded up, at least 1."""
     return max(1, math.ceil(total_heads * REFERENCE_NUM_HEADS / REFERENCE_TOTAL_HEADS))
+
+
 DEFAULT_VANILLA_ALPHA = 0.5  # the reference's decore_vanilla.yaml
 ENTROPY_EPS = 1e-12  # inside the log, as the reference's _calculate_entropy
 
@@ -81,7 +83,9 @@ def decore_entropy(logits: torch.Tensor, scale: bool = False) -> torch.Tensor:
 
 def _normalise_heads(heads: Any) -> dict[int, tuple[int, ...]]:
     if not isinstance(heads, Mapping) or not heads:
-        raise ValueError(f"decore: heads must be a non-empty mapping {{layer (1-based): [head indices]}} or None, got {heads!r}")
+        raise ValueError(
+            f"decore: heads must be a non-empty mapping {{layer (1-based): [head indices]}} or None, got {heads!r}"
+        )
     normalised: dict[int, tuple[int, ...]] = {}
     for key, value in heads.items():
         layer = int(key) if isinstance(key, str) and key.isdigit() else key
@@ -93,7 +97,9 @@ def _normalise_heads(heads: Any) -> dict[int, tuple[int, ...]]:
             raise ValueError(f"decore: heads[{key!r}] must be a list of head indices, got {value!r}")
         indices = list(value)
         if not indices or any(isinstance(h, bool) or not isinstance(h, int) or h < 0 for h in indices):
-            raise ValueError(f"decore: heads[{key!r}] must be a non-empty list of head indices (int >= 0), got {value!r}")
+            raise ValueError(
+                f"decore: heads[{key!r}] must be a non-empty list of head indices (int >= 0), got {value!r}"
+            )
         if len(set(indices)) != len(indices):
             raise ValueError(f"decore: heads[{key!r}] repeats a head index: {value!r}")
         normalised[layer] = tuple(sorted(indices))
@@ -132,7 +138,8 @@ class DecoreRule(ContrastRule):
         else:
             if alpha_cap is not None or scale_alpha:
                 raise ValueError(
-                    "decore: alpha_cap and scale_alpha shape the entropy variant's alpha; variant='vanilla' uses a " "fixed alpha"
+                    "decore: alpha_cap and scale_alpha shape the entropy variant's alpha; variant='vanilla' uses a "
+                    "fixed alpha"
                 )
             alpha = DEFAULT_VANILLA_ALPHA if alpha is None else alpha
             if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha < 0:
@@ -147,11 +154,15 @@ class DecoreRule(ContrastRule):
             raise ValueError(f"decore: scale_alpha must be True or False, got {scale_alpha!r}")
         if heads is not None:
             if num_heads is not None or discovery is not None:
-                raise ValueError("decore: give either explicit heads or num_heads/discovery (to discover them), not both")
+                raise ValueError(
+                    "decore: give either explicit heads or num_heads/discovery (to discover them), not both"
+                )
             heads = _normalise_heads(heads)
             settings = None
         else:
-            if num_heads is not None and (isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1):
+            if num_heads is not None and (
+                isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1
+            ):
                 raise ValueError(f"decore: num_heads must be an integer >= 1, got {num_heads!r}")
             if discovery is not None and not isinstance(discovery, Mapping):
                 raise ValueError(f"decore: discovery must be a mapping of DiscoverySettings fields, got {discovery!r}")
@@ -183,15 +194,21 @@ class DecoreRule(ContrastRule):
         too_deep = [layer for layer in self.heads if layer > num_layers]
         if too_deep:
             raise ValueError(f"decore: heads names layers {too_deep} but the model has {num_layers} (1-based)")
-        too_high = {layer: [h for h in hs if h >= num_heads] for layer, hs in self.heads.items() if max(hs) >= num_heads}
+        too_high = {
+            layer: [h for h in hs if h >= num_heads] for layer, hs in self.heads.items() if max(hs) >= num_heads
+        }
         if too_high:
-            raise ValueError(f"decore: head indices {too_high} out of range: the model has {num_heads} heads per layer (0-based)")
+            raise ValueError(
+                f"decore: head indices {too_high} out of range: the model has {num_heads} heads per layer (0-based)"
+            )
         return dict(self.heads)
 
     def combine(self, step: StepInputs) -> StepOutput:
         base, masked = step.ctx_logits, step.masked_logits  # [B, V] each
         if masked is None:
-            raise RuntimeError("decore: the step carries no masked_logits; the decoder did not run the masked-heads path")
+            raise RuntimeError(
+                "decore: the step carries no masked_logits; the decoder did not run the masked-heads path"
+            )
         if self.variant == "entropy":
             alpha = decore_entropy(base, self.scale_alpha)  # [B]
             if self.alpha_cap is not None:
@@ -209,6 +226,8 @@ class DecoreRule(ContrastRule):
         if self.heads is not None:
             options["heads"] = {layer: list(hs) for layer, hs in self.heads.items()}
         else:
-            options.update(num_heads=self.num_heads if self.num_heads is not None else "auto (50/1024 of the heads)",
-                           discovery=self.discovery.to_dict())
+            options.update(
+                num_heads=self.num_heads if self.num_heads is not None else "auto (50/1024 of the heads)",
+                discovery=self.discovery.to_dict(),
+            )
         return options

@@ -62,7 +62,9 @@ def dola_candidate_layers(num_layers: int, layers: str | Sequence[int] = "high")
     """The premature candidates (1-based blocks, never the embedding output or the final block)."""
     final = num_layers
     if final < 2:
-        raise ValueError(f"dola: needs a model with at least 2 layers (a premature block below the final one), got {final}")
+        raise ValueError(
+            f"dola: needs a model with at least 2 layers (a premature block below the final one), got {final}"
+        )
     if isinstance(layers, str):
         if layers == "high":
             picked: Sequence[int] = range(final // 2, final, 2) if final <= 40 else range(final - 20, final, 2)
@@ -116,16 +118,21 @@ class DolaRule(ContrastRule):
 
     paths = (CONTEXT,)
 
-    def __init__(self, layers: str | Sequence[int] = "high", relative_top: float = 0.1, min_tokens_to_keep: int = 1) -> None:
+    def __init__(
+        self, layers: str | Sequence[int] = "high", relative_top: float = 0.1, min_tokens_to_keep: int = 1
+    ) -> None:
         if isinstance(layers, str):
             if layers not in BUCKETS:
                 raise ValueError(f"dola: layers must be 'high', 'low' or a list of block indices, got {layers!r}")
         else:
             if isinstance(layers, (bytes, dict)) or not isinstance(layers, Sequence) or not layers:
-                raise ValueError(f"dola: layers must be 'high', 'low' or a non-empty list of block indices, got {layers!r}")
+                raise ValueError(
+                    f"dola: layers must be 'high', 'low' or a non-empty list of block indices, got {layers!r}"
+                )
             if any(isinstance(i, bool) or not isinstance(i, int) or i < 1 for i in layers):
                 raise ValueError(
-                    "dola: layers must be 1-based block indices >= 1 (the embedding output cannot be lensed), got " f"{layers!r}"
+                    "dola: layers must be 1-based block indices >= 1 (the embedding output cannot be lensed), got "
+                    f"{layers!r}"
                 )
             if len(set(layers)) != len(layers):
                 raise ValueError(f"dola: layers repeats a block index: {layers!r}")

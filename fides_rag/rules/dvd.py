@@ -160,7 +160,9 @@ class DvdRule(ContrastRule):
             beta = full.new_full(rows.shape, self.beta)
             base = full
         g, b = gamma[:, None], beta[:, None]
-        closed_confident = top_k_entropy(closed, self.top_k) * self.entropy_ratio < top_k_entropy(full, self.top_k)  # [B]
+        closed_confident = top_k_entropy(closed, self.top_k) * self.entropy_ratio < top_k_entropy(
+            full, self.top_k
+        )  # [B]
         keep_suppress = suppress > FILTERED
         confident = torch.where(keep_suppress, base + g * amplify - g * suppress, full)
         contrast = (1 + b) * full - b * closed + g * amplify - g * suppress
@@ -173,7 +175,10 @@ class DvdRule(ContrastRule):
         zero = torch.zeros_like(beta)
         return StepOutput(
             logits=final,
-            records={"beta": torch.where(closed_confident | fallback, zero, beta), "gamma": torch.where(fallback, zero, gamma)},
+            records={
+                "beta": torch.where(closed_confident | fallback, zero, beta),
+                "gamma": torch.where(fallback, zero, gamma),
+            },
         )
 
     def options(self) -> dict[str, Any]:

@@ -57,13 +57,22 @@ class GatedRule(ContrastRule):
         gated = self.gate.decide(replace(step, state=gate_state if self.gate.state_size else None))
         logits = torch.where((gated.choice == RULE)[:, None], decided.logits, gated.logits)  # [B, V]
         records = {**decided.records, "gate": gated.choice.to(logits.dtype)}
-        states = [s for s in (decided.state if own else None, gated.state if self.gate.state_size else None) if s is not None]
+        states = [
+            s for s in (decided.state if own else None, gated.state if self.gate.state_size else None) if s is not None
+        ]
         return StepOutput(logits=logits, records=records, state=torch.cat(states, dim=-1) if states else None)
 
     def options(self) -> dict:
-        return {"rule": self.rule.name, "rule_options": self.rule.options(), "gate": self.gate.name, "gate_options": self.gate.options()}
+        return {
+            "rule": self.rule.name,
+            "rule_options": self.rule.options(),
+            "gate": self.gate.name,
+            "gate_options": self.gate.options(),
+        }
 
 
 def _nothing_to_gate(rule: ContrastRule, gate: Gate) -> str:
-    return (f"method {rule.name!r} has nothing to gate: it decodes the context path alone, with no contrast; put the "
-            f"gate {gate.name!r} on a contrast rule, e.g. 'fides+{gate.name}' or 'cad+{gate.name}'")
+    return (
+        f"method {rule.name!r} has nothing to gate: it decodes the context path alone, with no contrast; put the "
+        f"gate {gate.name!r} on a contrast rule, e.g. 'fides+{gate.name}' or 'cad+{gate.name}'"
+    )

@@ -45,19 +45,25 @@ def accepts_option(name: str, option: str) -> bool:
 
 
 def split_method(method: str) -> tuple[str, str | None]:
-    """"fides+agree" -> ("fides", "agree"); "fides" -> ("fides", None). Raises ValueError naming what is accepted for
+    """ "fides+agree" -> ("fides", "agree"); "fides" -> ("fides", None). Raises ValueError naming what is accepted for
     an unknown rule or gate, an empty part, or more than one gate."""
     rule, plus, gate = method.partition("+")
     if "+" in gate:
-        raise ValueError(f"method {method!r} names more than one gate; a method takes at most one: rule+gate, e.g. 'fides+agree'")
+        raise ValueError(
+            f"method {method!r} names more than one gate; a method takes at most one: rule+gate, e.g. 'fides+agree'"
+        )
     if rule not in RULES:
-        raise ValueError(f"unknown method {rule!r}; available methods: {', '.join(available_methods())}"
-                         + (", each optionally with +gate" if plus else ""))
+        raise ValueError(
+            f"unknown method {rule!r}; available methods: {', '.join(available_methods())}"
+            + (", each optionally with +gate" if plus else "")
+        )
     if plus:
         from fides_rag.rules.gates import available_gates
 
         if gate not in available_gates():
-            raise ValueError(f"unknown gate {gate!r} in method {method!r}; available gates: {', '.join(available_gates())}")
+            raise ValueError(
+                f"unknown gate {gate!r} in method {method!r}; available gates: {', '.join(available_gates())}"
+            )
     return rule, (gate if plus else None)
 
 
@@ -77,7 +83,9 @@ def get_method(method: str | ContrastRule, *, gate: Any = None, **options: Any) 
     else:
         name, named_gate = split_method(method)
         if named_gate is not None and gate is not None:
-            raise ValueError(f"method {method!r} names its gate already; pass gate= with the bare rule name ({name!r}) instead")
+            raise ValueError(
+                f"method {method!r} names its gate already; pass gate= with the bare rule name ({name!r}) instead"
+            )
         gate = named_gate if named_gate is not None else gate
         try:
             rule = RULES.get(name)(**options)
@@ -104,8 +112,10 @@ def parse_method_names(spec: str | Sequence[str]) -> list[str]:
                 expanded.append(method)
     unknown = [m for m in expanded if m.partition("+")[0] not in RULES]
     if unknown:
-        raise ValueError(f"unknown method(s) {', '.join(unknown)}; available methods: {', '.join(available_methods())} "
-                         "(or 'all'), each optionally with +gate (e.g. fides+agree)")
+        raise ValueError(
+            f"unknown method(s) {', '.join(unknown)}; available methods: {', '.join(available_methods())} "
+            "(or 'all'), each optionally with +gate (e.g. fides+agree)"
+        )
     for name in expanded:
         get_method(name)  # a bad gate, or a gate on a rule with nothing to gate
     return expanded

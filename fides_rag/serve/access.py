@@ -36,8 +36,14 @@ class AccessPolicy:
     cors_origins: tuple[str, ...] = ()
 
     @classmethod
-    def for_bind(cls, host: str, *, api_key: str | None = None, allowed_hosts: Sequence[str] | None = None,
-                 cors_origins: Sequence[str] = ()) -> AccessPolicy:
+    def for_bind(
+        cls,
+        host: str,
+        *,
+        api_key: str | None = None,
+        allowed_hosts: Sequence[str] | None = None,
+        cors_origins: Sequence[str] = (),
+    ) -> AccessPolicy:
         """The policy of a server bound to `host`: without `allowed_hosts`, the loopback names when bound to loopback,
         else any host (name them, or put a proxy that checks them in front)."""
         if allowed_hosts is None:
@@ -50,18 +56,29 @@ class AccessPolicy:
         """Why this HTTP request is refused, or None."""
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         if self.allowed_hosts is not None and _hostname(headers.get("host", "")) not in self.allowed_hosts:
-            return APIError(400, f"the Host header {headers.get('host', '')!r} is not one this server answers to; allowed: "
-                                 f"{', '.join(self.allowed_hosts)} (the server's --allowed-hosts)", code="invalid_host")
+            return APIError(
+                400,
+                f"the Host header {headers.get('host', '')!r} is not one this server answers to; allowed: "
+                f"{', '.join(self.allowed_hosts)} (the server's --allowed-hosts)",
+                code="invalid_host",
+            )
         if self.api_key is not None and scope.get("path") not in OPEN_PATHS:
             scheme, _, given = headers.get("authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self.api_key.encode()):
-                return APIError(401, "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'",
-                                code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+                return APIError(
+                    401,
+                    "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'",
+                    code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
         if scope.get("method") == "POST":
             media = headers.get("content-type", "").partition(";")[0].strip().lower()
             if media != "application/json":
-                return APIError(415, f"the request body must be application/json, got {media or 'no Content-Type'!r}",
-                                code="unsupported_media_type")
+                return APIError(
+                    415,
+                    f"the request body must be application/json, got {media or 'no Content-Type'!r}",
+                    code="unsupported_media_type",
+                )
         return None
 
 

@@ -55,8 +55,13 @@ def _tools(body: ChatCompletionRequest) -> list[ToolSpec]:
     for i, tool in enumerate(body.tools or []):
         name = tool.function.name
         if name in first:
-            raise bad_request(f"tools.{i}.function.name: the name {name!r} is taken by tools.{first[name]}; tool names must be " "unique "
-                              "within a request", f"tools.{i}.function.name", "invalid_value")
+            raise bad_request(
+                f"tools.{i}.function.name: the name {name!r} is taken by tools.{first[name]}; tool names must be "
+                "unique "
+                "within a request",
+                f"tools.{i}.function.name",
+                "invalid_value",
+            )
         first[name] = i
         if tool.function.strict:
             _strict(tool.function.parameters or ANY_OBJECT, f"tools.{i}.function.parameters")
@@ -72,14 +77,20 @@ def _response_format(body: ChatCompletionRequest, call: AgentCall) -> None:
     if fmt is None or fmt.type == "text":
         return
     if call.calling is not None and call.calling.tool_choice == "auto":
-        raise bad_request("response_format with tools under tool_choice auto is not supported: the answer would be held to "
-                          "the format and could never be a call; send tool_choice none, required or a function's name",
-                          "response_format", "conflicting_constraints")
+        raise bad_request(
+            "response_format with tools under tool_choice auto is not supported: the answer would be held to "
+            "the format and could never be a call; send tool_choice none, required or a function's name",
+            "response_format",
+            "conflicting_constraints",
+        )
     if fmt.type == "json_object":
         call.constraint = {"json_schema": ANY_OBJECT}
         return
     if fmt.json_schema is None:
-        raise bad_request("response_format of type json_schema needs json_schema: {name, schema, strict}", "response_format.json_schema")
+        raise bad_request(
+            "response_format of type json_schema needs json_schema: {name, schema, strict}",
+            "response_format.json_schema",
+        )
     param = "response_format.json_schema.schema"
     schema = fmt.json_schema.schema_ if fmt.json_schema.schema_ is not None else ANY_OBJECT
     if fmt.json_schema.strict:
@@ -87,8 +98,10 @@ def _response_format(body: ChatCompletionRequest, call: AgentCall) -> None:
     else:
         unenforced = unenforced_keywords(schema)
         if unenforced:
-            call.notes.append(f"response_format's schema keywords {', '.join(unenforced)} are not enforced by the grammar "
-                              f"(set strict to true to have such a schema refused)")
+            call.notes.append(
+                f"response_format's schema keywords {', '.join(unenforced)} are not enforced by the grammar "
+                f"(set strict to true to have such a schema refused)"
+            )
     try:
         call.constraint = constraint_of(json_schema=schema, strict=bool(fmt.json_schema.strict), field=param)
     except CallInputError as err:
@@ -102,12 +115,18 @@ def agent_call(calls: CallFactory, body: Sampling) -> AgentCall:
         return call
     if body.top_logprobs and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
-    choice = body.tool_choice if body.tool_choice is None or isinstance(body.tool_choice, str) else body.tool_choice.model_dump()
+    choice = (
+        body.tool_choice
+        if body.tool_choice is None or isinstance(body.tool_choice, str)
+        else body.tool_choice.model_dump()
+    )
     try:
         call.calling = calls.tools(_tools(body), choice)
     except CallInputError as err:
         raise _named(err, err.field) from None
     if call.calling is not None and body.parallel_tool_calls is False and call.calling.tool_choice == "auto":
-        call.stop.append(CALL_END)  # one call at most: the answer ends after its first call (a forced call's grammar admits one)
+        call.stop.append(
+            CALL_END
+        )  # one call at most: the answer ends after its first call (a forced call's grammar admits one)
     _response_format(body, call)
     return call

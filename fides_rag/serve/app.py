@@ -25,8 +25,16 @@ from fides_rag.serve.protocol import ChatCompletionRequest, CompletionRequest
 from fides_rag.serve.responses import chat_completion, text_completion
 
 
-def build_app(decoder: FidesDecoder, *, model_name: str, method: str = "fides", max_queue: int | None = None,
-              shutdown_timeout_s: float = 30.0, limits: RequestLimits | None = None, access: AccessPolicy | None = None) -> FastAPI:
+def build_app(
+    decoder: FidesDecoder,
+    *,
+    model_name: str,
+    method: str = "fides",
+    max_queue: int | None = None,
+    shutdown_timeout_s: float = 30.0,
+    limits: RequestLimits | None = None,
+    access: AccessPolicy | None = None,
+) -> FastAPI:
     """The OpenAI-compatible app on `decoder`'s engine: `method` is the default rule, `max_queue` bounds the
     requests waiting for the engine (beyond it: 429), and at shutdown the requests in flight get
     `shutdown_timeout_s` seconds to finish before they are cancelled. `limits`: what one request may hold (default
@@ -48,7 +56,8 @@ def build_app(decoder: FidesDecoder, *, model_name: str, method: str = "fides", 
             await asyncio.sleep(0.05)
 
     # No redirects: a path with a trailing slash is served as the path without it (`_route`), any other unknown path
-    # gets a 404 in OpenAI's shape; Starlette's default, a bare 307, is an answer many clients do not follow with the body.
+    # gets a 404 in OpenAI's shape; Starlette's default, a bare 307, is an answer many clients do not follow with the
+    # body.
     app = FastAPI(title="fides-rag", lifespan=lifespan, redirect_slashes=False)
 
     def _route(method: str, path: str) -> Any:
@@ -56,12 +65,17 @@ def build_app(decoder: FidesDecoder, *, model_name: str, method: str = "fides", 
             app.add_api_route(path, endpoint, methods=[method])
             app.add_api_route(f"{path}/", endpoint, methods=[method], include_in_schema=False)
             return endpoint
+
         return register
 
     app.add_middleware(AccessControl, policy=access)
     if access.cors_origins:  # outermost: answers preflights, and puts its headers on refusals too
-        app.add_middleware(CORSMiddleware, allow_origins=list(access.cors_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"])
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(access.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, err: APIError) -> JSONResponse:
@@ -69,27 +83,39 @@ def build_app(decoder: FidesDecoder, *, model_name: str, method: str = "fides", 
 
     @app.exception_handler(HTTPException)
     async def _http_error(raw: Request, err: HTTPException) -> JSONResponse:  # 404, 405 in OpenAI's shape
-        what = {404: f"no route {raw.method} {raw.url.path}", 405: f"{raw.url.path} does not take {raw.method}"}.get(err.status_code, str(err.detail))
+        what = {404: f"no route {raw.method} {raw.url.path}", 405: f"{raw.url.path} does not take {raw.method}"}.get(
+            err.status_code, str(err.detail)
+        )
         code = {404: "not_found", 405: "method_not_allowed"}.get(err.status_code)
         return APIError(err.status_code, what, code=code, headers=dict(err.headers or {})).response()
 
     @_route("POST", "/v1/chat/completions")
     async def chat_completions(raw: Request) -> Response:
-        return await handling.counted("chat", handling.serve(raw, "chat", ChatCompletionRequest, chat_plan, chat_completion))
+        return await handling.counted(
+            "chat", handling.serve(raw, "chat", ChatCompletionRequest, chat_plan, chat_completion)
+        )
 
     @_route("POST", "/v1/completions")
     async def completions(raw: Request) -> Response:
-        return await handling.counted("completions", handling.serve(raw, "completions", CompletionRequest, completion_plan, text_completion))
+        return await handling.counted(
+            "completions", handling.serve(raw, "completions", CompletionRequest, completion_plan, text_completion)
+        )
 
     @_route("GET", "/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "fides-rag"}]}
+        return {
+            "object": "list",
+            "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "fides-rag"}],
+        }
 
     @_route("GET", "/health")
     async def health() -> JSONResponse:
         stats = decoder.stats
-        body = {"status": "draining" if handling.draining else "ok", "queue_length": stats.queue_length,
-                "requests_in_flight": stats.requests_in_flight}
+        body = {
+            "status": "draining" if handling.draining else "ok",
+            "queue_length": stats.queue_length,
+            "requests_in_flight": stats.requests_in_flight,
+        }
         return JSONResponse(body, status_code=503 if handling.draining else 200)
 
     @_route("GET", "/metrics")

@@ -10,8 +10,16 @@ from fastapi.responses import JSONResponse
 class APIError(Exception):
     """An error answered to the client in OpenAI's error shape."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         message, param = _text(message), None if param is None else _text(param)
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
@@ -40,7 +48,9 @@ def validation_error(errors: list[dict[str, Any]], supported: list[str]) -> APIE
     loc = [str(part) for part in first.get("loc", ()) if part not in ("body",)]
     param = ".".join(loc) or None
     if first.get("type") == "extra_forbidden":
-        message = f"unsupported field {param!r}: this server does not implement it; supported fields: {', '.join(supported)}"
+        message = (
+            f"unsupported field {param!r}: this server does not implement it; supported fields: {', '.join(supported)}"
+        )
         return bad_request(message, param, "unsupported_field")
     where = f" at {param!r}" if param else ""
     return bad_request(f"invalid request{where}: {first.get('msg', 'invalid value')}", param, "invalid_value")

@@ -28,7 +28,8 @@ def plan_headers(plan: ChatPlan, requested: str) -> dict[str, str]:
 
 def record_headers(record: dict[str, Any]) -> dict[str, str]:
     """The record's summary: method, fallback, documents, the mean alpha (where the method records one), notes, and
-    whether the grammar closed a structured answer early to fit the budget (complete, so its finish_reason is "stop")."""
+    whether the grammar closed a structured answer early to fit the budget (complete, so its finish_reason is
+    "stop")."""
     alphas = [a for a in record.get("alphas", []) if a is not None]
     headers = {
         "x-fides-method": _ascii(record["method"]),

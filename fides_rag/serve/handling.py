@@ -37,8 +37,12 @@ def _budget_below_shortest(body: Any, agent: AgentCall, err: BudgetBelowShortest
     """The 400 of a structured answer (response_format, a forced call) whose budget cannot hold its shortest answer."""
     param = _budget_field(body)
     what = "tool call" if agent.calling is not None and agent.calling.forced else "response_format answer"
-    return bad_request(f"{param}={err.budget} is fewer than the {err.needed} tokens the shortest complete {what} needs under its "
-                       f"grammar, so the answer could only be cut: set {param} to at least {err.needed}", param, "max_tokens_too_small")
+    return bad_request(
+        f"{param}={err.budget} is fewer than the {err.needed} tokens the shortest complete {what} needs under its "
+        f"grammar, so the answer could only be cut: set {param} to at least {err.needed}",
+        param,
+        "max_tokens_too_small",
+    )
 
 
 def _grammar_param(body: Any, agent: AgentCall) -> str:
@@ -47,7 +51,11 @@ def _grammar_param(body: Any, agent: AgentCall) -> str:
         return "response_format.json_schema.schema"
     forced = agent.calling.forced
     names = [tool.function.name for tool in body.tools or []]
-    return f"tools.{names.index(forced[0].name)}.function.parameters" if len(forced) == 1 and forced[0].name in names else "tools"
+    return (
+        f"tools.{names.index(forced[0].name)}.function.parameters"
+        if len(forced) == 1 and forced[0].name in names
+        else "tools"
+    )
 
 
 def _budget_field(body: Any) -> str:
@@ -57,9 +65,12 @@ def _budget_field(body: Any) -> str:
 def _not_fitting(body: Any, err: ContextWindowExceeded) -> APIError:
     """The 400 of a prompt that, with the budget, passes the context window: `param` names the larger of the two."""
     prompt, budget = ("messages" if isinstance(body, ChatCompletionRequest) else "prompt"), _budget_field(body)
-    return bad_request(f"the {prompt} ({err.tokens} tokens) and {budget}={err.max_new_tokens} do not fit the model's context window "
-                       f"of {err.context_window} tokens; shorten the {prompt} or lower {budget}",
-                       prompt if err.tokens >= err.max_new_tokens else budget, "context_length_exceeded")
+    return bad_request(
+        f"the {prompt} ({err.tokens} tokens) and {budget}={err.max_new_tokens} do not fit the model's context window "
+        f"of {err.context_window} tokens; shorten the {prompt} or lower {budget}",
+        prompt if err.tokens >= err.max_new_tokens else budget,
+        "context_length_exceeded",
+    )
 
 
 def _request_field(body: Any, field: str | None) -> str | None:
@@ -100,8 +111,14 @@ class RequestHandling:
             self.metrics.requests.labels(endpoint, str(err.status)).inc()
             return err.response()
 
-    async def serve(self, raw: Request, endpoint: str, model: type[Sampling], plan_of: Planner,
-                    respond: Callable[..., dict[str, Any]]) -> Response:
+    async def serve(
+        self,
+        raw: Request,
+        endpoint: str,
+        model: type[Sampling],
+        plan_of: Planner,
+        respond: Callable[..., dict[str, Any]],
+    ) -> Response:
         raw_body = await self.limits.read_body(raw)
         self._take_place()  # before any planning, on the event loop: a refusal never waits behind others' work
         # Parsing, planning and tokenising take long for a long prompt: off the event loop, so health checks, metrics
@@ -113,8 +130,11 @@ class RequestHandling:
         if body.stream:
             writer = ChunkWriter(admitted.chat, self.model_name)
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(self._events(endpoint, admitted, writer, include_usage), media_type="text/event-stream",
-                                     headers=plan_headers(admitted.call.plan, admitted.call.options.requested))
+            return StreamingResponse(
+                self._events(endpoint, admitted, writer, include_usage),
+                media_type="text/event-stream",
+                headers=plan_headers(admitted.call.plan, admitted.call.options.requested),
+            )
         try:
             result = await self._answer(raw, admitted)
             answer = admitted.call.finish(result)
@@ -132,10 +152,13 @@ class RequestHandling:
         answer, logprobs = self._served(admitted, answer)
         self._observe(endpoint, admitted, result, admitted.handle.first_token_at)
         prefix = "chatcmpl" if admitted.chat else "cmpl"
-        return JSONResponse(respond(new_id(prefix), self.model_name, answer, logprobs), headers=record_headers(answer.record))
+        return JSONResponse(
+            respond(new_id(prefix), self.model_name, answer, logprobs), headers=record_headers(answer.record)
+        )
 
     def _served(self, admitted: Admitted, answer: Answer) -> tuple[Answer, dict[str, Any] | None]:
-        """The answer with the agent fields' notes in its record, and its logprobs in the endpoint's shape (if asked)."""
+        """The answer with the agent fields' notes in its record, and its logprobs in the endpoint's shape (if
+        asked)."""
         if admitted.agent.notes:
             answer.record["notes"] = list(dict.fromkeys([*answer.record["notes"], *admitted.agent.notes]))
         if admitted.agent.logprobs is None:
@@ -154,20 +177,28 @@ class RequestHandling:
         planned count as waiting, with those in the engine's queue, so a flood is refused at once, before any of its
         requests is parsed, planned or tokenised. Runs on the event loop only (the count needs no lock)."""
         if self.draining:
-            raise APIError(503, "the server is shutting down; retry on another replica", type="server_error", code="shutting_down")
+            raise APIError(
+                503, "the server is shutting down; retry on another replica", type="server_error", code="shutting_down"
+            )
         max_queue = self.decoder.limits.max_queue
         waiting = self.decoder.stats.queue_length + self.admitting
         if max_queue is not None and waiting >= max_queue:
-            raise _queue_full(f"{waiting} requests are waiting (queued, or being planned), the engine's max_queue is {max_queue}; "
-                              "retry later")
+            raise _queue_full(
+                f"{waiting} requests are waiting (queued, or being planned), the engine's max_queue is {max_queue}; "
+                "retry later"
+            )
         self.admitting += 1
 
     def _admit(self, raw_body: bytes, model: type[Sampling], plan_of: Planner) -> tuple[Any, Admitted]:
         """Validate, plan, build and submit one request (on a worker thread)."""
         started = time.perf_counter()
         body = self._validated(raw_body, model)
-        self.limits.check_documents(self.decoder.tokenizer, body.documents or [], self.decoder.limits.context_window,
-                                    body.budget() or self.decoder.max_new_tokens)
+        self.limits.check_documents(
+            self.decoder.tokenizer,
+            body.documents or [],
+            self.decoder.limits.context_window,
+            body.budget() or self.decoder.max_new_tokens,
+        )
         agent = agent_call(self.calls, body)
         try:
             call = build_call(self.calls, body, self.method, plan_of, agent)
@@ -211,7 +242,9 @@ class RequestHandling:
         metrics.latency.labels(endpoint).observe(end - admitted.started)
         metrics.ttft.labels(endpoint).observe((first_token_at or end) - admitted.started)
 
-    async def _events(self, endpoint: str, admitted: Admitted, writer: ChunkWriter, include_usage: bool) -> AsyncIterator[str]:
+    async def _events(
+        self, endpoint: str, admitted: Admitted, writer: ChunkWriter, include_usage: bool
+    ) -> AsyncIterator[str]:
         first = writer.start()
         if first:
             yield first

@@ -13,6 +13,7 @@ from fastapi import Request
 
 from fides_rag.serve.defaults import DEFAULT_MAX_REQUEST_BYTES
 from fides_rag.serve.errors import APIError, bad_request
+
 MAX_JSON_DEPTH = 64
 """OpenAI's bodies nest a handful of levels (messages, content parts, tool schemas); deeper is refused."""
 
@@ -48,14 +49,21 @@ class RequestLimits:
         return b"".join(chunks)
 
     def _too_large(self) -> APIError:
-        return APIError(413, f"the request body is larger than this server's limit of {self.max_request_bytes} bytes; send fewer or "
-                             "shorter documents (the server's --max-request-bytes sets the limit)", code="request_too_large")
+        return APIError(
+            413,
+            f"the request body is larger than this server's limit of {self.max_request_bytes} bytes; send fewer or "
+            "shorter documents (the server's --max-request-bytes sets the limit)",
+            code="request_too_large",
+        )
 
     def parse(self, body: bytes) -> dict[str, Any]:
         """The body as a JSON object: invalid JSON, NaN/Infinity, numbers too long or too large, nesting deeper than
-        `max_json_depth` and anything but an object are each refused with a 400 (naming the field where there is one)."""
+        `max_json_depth` and anything but an object are each refused with a 400 (naming the field where there is
+        one)."""
         try:
-            payload = json.loads(body, parse_constant=_Refused.constant, parse_int=_Refused.integer, parse_float=_Refused.number)
+            payload = json.loads(
+                body, parse_constant=_Refused.constant, parse_int=_Refused.integer, parse_float=_Refused.number
+            )
         except RecursionError:
             raise self._too_deep() from None
         except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
@@ -75,8 +83,12 @@ class RequestLimits:
             return
         tokens = sum(len(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"])
         if self.max_document_tokens is not None and tokens > self.max_document_tokens:
-            raise bad_request(f"the documents hold {tokens} tokens, more than this server's limit of {self.max_document_tokens} "
-                              "(--max-document-tokens); send fewer or shorter documents", "documents", "documents_too_long")
+            raise bad_request(
+                f"the documents hold {tokens} tokens, more than this server's limit of {self.max_document_tokens} "
+                "(--max-document-tokens); send fewer or shorter documents",
+                "documents",
+                "documents_too_long",
+            )
         if not self.trim_documents and tokens + max_new_tokens > context_window:
             raise self._not_fitting(f"the documents alone hold {tokens} tokens")
 
@@ -87,9 +99,13 @@ class RequestLimits:
 
     @staticmethod
     def _not_fitting(what: str) -> APIError:
-        return bad_request(f"{what} and max_tokens do not fit the model's context window; send fewer or shorter documents or "
-                           "lower max_tokens (a server started with --trim-documents trims them instead, and says so in "
-                           "the record's documents_trimmed)", "documents", "context_length_exceeded")
+        return bad_request(
+            f"{what} and max_tokens do not fit the model's context window; send fewer or shorter documents or "
+            "lower max_tokens (a server started with --trim-documents trims them instead, and says so in "
+            "the record's documents_trimmed)",
+            "documents",
+            "context_length_exceeded",
+        )
 
 
 class _Refused:
@@ -132,13 +148,19 @@ def _check_tree(value: Any, limit: int) -> None:
     while stack:
         item, depth, path = stack.pop()
         if isinstance(item, _Refused):
-            raise APIError(400, f"invalid request at {_param(path)!r}: {item.what}", param=_param(path), code="invalid_json")
+            raise APIError(
+                400, f"invalid request at {_param(path)!r}: {item.what}", param=_param(path), code="invalid_json"
+            )
         if isinstance(item, str):
             try:
                 item.encode("utf-8")
             except UnicodeEncodeError as err:
-                raise APIError(400, f"a string in the request body holds a lone surrogate ({item[err.start]!r}), which is not text",
-                               param=_param(path), code="invalid_json") from None
+                raise APIError(
+                    400,
+                    f"a string in the request body holds a lone surrogate ({item[err.start]!r}), which is not text",
+                    param=_param(path),
+                    code="invalid_json",
+                ) from None
         elif isinstance(item, (dict, list)):
             if depth > limit:
                 raise _too_deep(limit, _param(path))

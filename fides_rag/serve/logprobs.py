@@ -26,8 +26,10 @@ def answer_steps(steps: Sequence[StepRecord]) -> list[StepRecord]:
 
 def chat_logprobs(steps: Sequence[StepRecord], decode: Decode) -> dict[str, Any]:
     """`choices[i].logprobs` of a chat completion (or of one chunk) for `steps`."""
-    content = [{**_entry(s.token, s.logprob), "top_logprobs": [_entry(decode([i]), lp) for i, lp in s.top_logprobs or []]}
-               for s in steps]
+    content = [
+        {**_entry(s.token, s.logprob), "top_logprobs": [_entry(decode([i]), lp) for i, lp in s.top_logprobs or []]}
+        for s in steps
+    ]
     return {"content": content, "refusal": None}
 
 
@@ -37,5 +39,9 @@ def completion_logprobs(steps: Sequence[StepRecord], decode: Decode) -> dict[str
     for s in steps:
         offsets.append(at)
         at += len(s.token)
-    return {"tokens": [s.token for s in steps], "token_logprobs": [s.logprob for s in steps],
-            "top_logprobs": [{decode([i]): lp for i, lp in s.top_logprobs or []} for s in steps], "text_offset": offsets}
+    return {
+        "tokens": [s.token for s in steps],
+        "token_logprobs": [s.logprob for s in steps],
+        "top_logprobs": [{decode([i]): lp for i, lp in s.top_logprobs or []} for s in steps],
+        "text_offset": offsets,
+    }

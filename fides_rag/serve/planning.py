@@ -5,9 +5,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from fides_rag.calls import Call, CallFactory, CallInputError, CallOptions, ChatPlan, ChatPrompts, check_question, turn_of
-from fides_rag.method.config import FidesConfig
+from fides_rag.calls import (
+    Call,
+    CallFactory,
+    CallInputError,
+    CallOptions,
+    ChatPlan,
+    ChatPrompts,
+    check_question,
+    turn_of,
+)
 from fides_rag.decoder import FidesDecoder
+from fides_rag.method.config import FidesConfig
 from fides_rag.serve.agent_call import AgentCall
 from fides_rag.serve.errors import bad_request
 from fides_rag.serve.protocol import ChatCompletionRequest, CompletionRequest
@@ -36,7 +45,9 @@ def completion_plan(prompts: ChatPrompts, body: CompletionRequest, max_new: int)
     return prompts.with_documents([("user", prompt)], body.documents, "documents", max_new, question=prompt)
 
 
-def call_options(decoder: FidesDecoder, body: ChatCompletionRequest | CompletionRequest, default_method: str) -> CallOptions:
+def call_options(
+    decoder: FidesDecoder, body: ChatCompletionRequest | CompletionRequest, default_method: str
+) -> CallOptions:
     """The call's options: the server's method unless the body names one, greedy unless a temperature above 0."""
     config = None
     if body.fides_config is not None:
@@ -44,9 +55,16 @@ def call_options(decoder: FidesDecoder, body: ChatCompletionRequest | Completion
             config = FidesConfig.from_dict(body.fides_config)
         except (TypeError, ValueError) as err:
             raise bad_request(f"invalid fides_config: {err}", "fides_config") from None
-    call = {"method": body.method, "fides_config": config, "max_new_tokens": body.budget(), "stop": body.stops(),
-            "do_sample": body.temperature is not None and body.temperature > 0, "temperature": body.temperature,
-            "top_p": 1.0 if body.top_p is None else body.top_p, "seed": body.seed}
+    call = {
+        "method": body.method,
+        "fides_config": config,
+        "max_new_tokens": body.budget(),
+        "stop": body.stops(),
+        "do_sample": body.temperature is not None and body.temperature > 0,
+        "temperature": body.temperature,
+        "top_p": 1.0 if body.top_p is None else body.top_p,
+        "seed": body.seed,
+    }
     defaults = {"method": default_method, "max_new_tokens": decoder.max_new_tokens}
     return CallOptions.parse(defaults, {k: v for k, v in call.items() if v is not None})
 
@@ -59,7 +77,11 @@ def build_call(calls: CallFactory, body: Any, default_method: str, plan_of: Any,
         options.constraint = dict(agent.constraint)
         if agent.logprobs is not None:
             options.sampling["logprobs"] = agent.logprobs
-        planner = calls.planner(agent.calling, chat=isinstance(body, ChatCompletionRequest), no_context_path=body.no_context_path or "emptied")
+        planner = calls.planner(
+            agent.calling,
+            chat=isinstance(body, ChatCompletionRequest),
+            no_context_path=body.no_context_path or "emptied",
+        )
         return calls.call(plan_of(planner, body, options.max_new_tokens), options, agent.calling)
     except CallInputError as err:
         raise bad_request(" ".join(str(err).split()), FIELDS.get(err.field, err.field)) from None

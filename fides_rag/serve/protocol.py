@@ -57,20 +57,31 @@ class Sampling(NoOpFields, _Strict):
 
     model: str | None = None
     max_tokens: int | None = option_field("max_new_tokens", default=None)
-    temperature: float | None = option_field("temperature", default=None, gt=None, ge=0, le=2,
-                                             description="Sampling temperature, OpenAI's range: 0 decodes greedily.")
+    temperature: float | None = option_field(
+        "temperature",
+        default=None,
+        gt=None,
+        ge=0,
+        le=2,
+        description="Sampling temperature, OpenAI's range: 0 decodes greedily.",
+    )
     top_p: float | None = option_field("top_p", default=None)
     seed: int | None = option_field("seed")
-    stop: str | list[str] | None = option_field("stop", description="Up to 4 stop strings; the answer is cut before the first one.")
+    stop: str | list[str] | None = option_field(
+        "stop", description="Up to 4 stop strings; the answer is cut before the first one."
+    )
     n: int = Field(default=1, ge=1, le=1, description="one choice per request")
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     # FIDES's extras (the openai client sends them with extra_body)
     documents: list[StrictStr] | None = None
-    method: str | None = option_field("method", default=None, description="The decoding method (unset: the server's --method).")
-    fides_config: dict[str, Any] | None = option_field("fides_config", description="FIDES's constants as FidesConfig's "
-                                                       "fields (unset: the server's).")
+    method: str | None = option_field(
+        "method", default=None, description="The decoding method (unset: the server's --method)."
+    )
+    fides_config: dict[str, Any] | None = option_field(
+        "fides_config", description="FIDES's constants as FidesConfig's fields (unset: the server's)."
+    )
     no_context_path: Literal["emptied", "question"] | None = option_field("no_context_path", default=None)
 
     @field_validator("stop")

@@ -21,8 +21,14 @@ AutoscalingConfig = serve.config.AutoscalingConfig
 class FidesReplica:
     """One replica: a decoder loaded in the replica's process and the OpenAI-compatible app around it."""
 
-    def __init__(self, model: str, method: str = "fides", load_options: dict[str, Any] | None = None,
-                 decoder_factory: Any = None, serving: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        method: str = "fides",
+        load_options: dict[str, Any] | None = None,
+        decoder_factory: Any = None,
+        serving: dict[str, Any] | None = None,
+    ) -> None:
         self.model_name, self.method, self.serving = model, method, dict(serving or {})
         factory = decoder_factory or (lambda: FidesDecoder.from_pretrained(model, **(load_options or {})))
         self.decoder = factory()
@@ -37,17 +43,35 @@ def replica_app(decoder: FidesDecoder, model_name: str, method: str, serving: di
     from fides_rag.serve.app import build_app
     from fides_rag.serve.limits import RequestLimits
 
-    access = AccessPolicy.for_bind("0.0.0.0", api_key=serving.get("api_key"), allowed_hosts=serving.get("allowed_hosts"),
-                                   cors_origins=serving.get("cors_origins", ()))
-    limits = RequestLimits(max_request_bytes=serving.get("max_request_bytes", DEFAULT_MAX_REQUEST_BYTES),
-                           max_document_tokens=serving.get("max_document_tokens"), trim_documents=serving.get("trim_documents", False))
+    access = AccessPolicy.for_bind(
+        "0.0.0.0",
+        api_key=serving.get("api_key"),
+        allowed_hosts=serving.get("allowed_hosts"),
+        cors_origins=serving.get("cors_origins", ()),
+    )
+    limits = RequestLimits(
+        max_request_bytes=serving.get("max_request_bytes", DEFAULT_MAX_REQUEST_BYTES),
+        max_document_tokens=serving.get("max_document_tokens"),
+        trim_documents=serving.get("trim_documents", False),
+    )
     return build_app(decoder, model_name=model_name, method=method, limits=limits, access=access)
 
 
-def deployment(model: str, *, method: str = "fides", load_options: dict[str, Any] | None = None,
-               num_replicas: int | None = None, min_replicas: int = 1, max_replicas: int = 2,
-               target_ongoing_requests: float = 8.0, num_cpus: float = 1.0, num_gpus: float = 0.0,
-               upscale_delay_s: float | None = None, decoder_factory: Any = None, serving: dict[str, Any] | None = None):
+def deployment(
+    model: str,
+    *,
+    method: str = "fides",
+    load_options: dict[str, Any] | None = None,
+    num_replicas: int | None = None,
+    min_replicas: int = 1,
+    max_replicas: int = 2,
+    target_ongoing_requests: float = 8.0,
+    num_cpus: float = 1.0,
+    num_gpus: float = 0.0,
+    upscale_delay_s: float | None = None,
+    decoder_factory: Any = None,
+    serving: dict[str, Any] | None = None,
+):
     """A bound deployment: `num_replicas` fixed replicas, or autoscaling between `min_replicas` and `max_replicas`.
 
     `num_cpus`/`num_gpus` are reserved per replica (give a `device_map` replica every GPU it spreads over).
@@ -62,11 +86,23 @@ def deployment(model: str, *, method: str = "fides", load_options: dict[str, Any
         raise ValueError(f"need 1 <= min_replicas <= max_replicas, got {min_replicas} and {max_replicas}")
     delay = {} if upscale_delay_s is None else {"upscale_delay_s": upscale_delay_s}
     scaling: dict[str, Any] = (
-        {"num_replicas": num_replicas} if num_replicas is not None else
-        {"autoscaling_config": AutoscalingConfig(min_replicas=min_replicas, max_replicas=max_replicas,
-                                                 target_ongoing_requests=target_ongoing_requests, **delay)})
-    options = {"name": "fides", "ray_actor_options": {"num_cpus": num_cpus, "num_gpus": num_gpus},
-               "max_ongoing_requests": max(64, int(target_ongoing_requests * 4)), **scaling}
+        {"num_replicas": num_replicas}
+        if num_replicas is not None
+        else {
+            "autoscaling_config": AutoscalingConfig(
+                min_replicas=min_replicas,
+                max_replicas=max_replicas,
+                target_ongoing_requests=target_ongoing_requests,
+                **delay,
+            )
+        }
+    )
+    options = {
+        "name": "fides",
+        "ray_actor_options": {"num_cpus": num_cpus, "num_gpus": num_gpus},
+        "max_ongoing_requests": max(64, int(target_ongoing_requests * 4)),
+        **scaling,
+    }
     return serve.deployment(FidesReplica, **options).bind(model, method, load_options, decoder_factory, serving)
 
 
@@ -75,8 +111,20 @@ def app_builder(args: dict[str, str]):
     [num_replicas=N | min_replicas=1 max_replicas=2] [num_cpus=1] [num_gpus=0] [api_key=KEY] [allowed_hosts=a,b]
     [cors_origins=https://a,https://b] [max_request_bytes=N] [max_document_tokens=N] [trim_documents=true]`; the API key
     defaults to $FIDES_RAG_API_KEY."""
-    known = {"model", "method", "device_map", "dtype", "device", "num_replicas", "min_replicas", "max_replicas",
-             "num_cpus", "num_gpus", "target_ongoing_requests", *SERVING_ARGUMENTS}
+    known = {
+        "model",
+        "method",
+        "device_map",
+        "dtype",
+        "device",
+        "num_replicas",
+        "min_replicas",
+        "max_replicas",
+        "num_cpus",
+        "num_gpus",
+        "target_ongoing_requests",
+        *SERVING_ARGUMENTS,
+    }
     unknown = set(args) - known
     if unknown:
         raise ValueError(f"unknown serve run arguments {sorted(unknown)}; known: {sorted(known)}")
@@ -84,14 +132,27 @@ def app_builder(args: dict[str, str]):
         raise ValueError("serve run needs model=NAME (a bundled alias, a local path or a hub id)")
     load: dict[str, Any] = {k: args[k] for k in ("device_map", "dtype", "device") if k in args}
     return deployment(
-        args["model"], method=args.get("method", "fides"), load_options=load,
+        args["model"],
+        method=args.get("method", "fides"),
+        load_options=load,
         num_replicas=int(args["num_replicas"]) if "num_replicas" in args else None,
-        min_replicas=int(args.get("min_replicas", 1)), max_replicas=int(args.get("max_replicas", 2)),
-        num_cpus=float(args.get("num_cpus", 1)), num_gpus=float(args.get("num_gpus", 0)),
-        target_ongoing_requests=float(args.get("target_ongoing_requests", 8)), serving=serving_options(args))
+        min_replicas=int(args.get("min_replicas", 1)),
+        max_replicas=int(args.get("max_replicas", 2)),
+        num_cpus=float(args.get("num_cpus", 1)),
+        num_gpus=float(args.get("num_gpus", 0)),
+        target_ongoing_requests=float(args.get("target_ongoing_requests", 8)),
+        serving=serving_options(args),
+    )
 
 
-SERVING_ARGUMENTS = ("api_key", "allowed_hosts", "cors_origins", "max_request_bytes", "max_document_tokens", "trim_documents")
+SERVING_ARGUMENTS = (
+    "api_key",
+    "allowed_hosts",
+    "cors_origins",
+    "max_request_bytes",
+    "max_document_tokens",
+    "trim_documents",
+)
 
 
 def serving_options(args: dict[str, str]) -> dict[str, Any]:

@@ -18,22 +18,33 @@ def new_id(prefix: str) -> str:
 
 
 def chat_completion(id_: str, model: str, answer: Answer, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": answer.text if answer.text or not answer.tool_calls else None,
-                               "refusal": None}
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": answer.text if answer.text or not answer.tool_calls else None,
+        "refusal": None,
+    }
     if answer.tool_calls:
         message["tool_calls"] = [call.openai() for call in answer.tool_calls]
     return {
-        "id": id_, "object": "chat.completion", "created": int(time.time()), "model": model,
+        "id": id_,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
         "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": answer.finish_reason}],
-        "usage": answer.usage, "fides": answer.record,
+        "usage": answer.usage,
+        "fides": answer.record,
     }
 
 
 def text_completion(id_: str, model: str, answer: Answer, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
-        "id": id_, "object": "text_completion", "created": int(time.time()), "model": model,
+        "id": id_,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
         "choices": [{"index": 0, "text": answer.text, "logprobs": logprobs, "finish_reason": answer.finish_reason}],
-        "usage": answer.usage, "fides": answer.record,
+        "usage": answer.usage,
+        "fides": answer.record,
     }
 
 
@@ -47,10 +58,19 @@ class ChunkWriter:
 
     def _event(self, choices: list[dict[str, Any]], **extra: Any) -> str:
         kind = "chat.completion.chunk" if self.chat else "text_completion"
-        body = {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices, **extra}
+        body = {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            **extra,
+        }
         return f"data: {json.dumps(body)}\n\n"
 
-    def _choice(self, delta: dict[str, Any], finish: str | None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _choice(
+        self, delta: dict[str, Any], finish: str | None, logprobs: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         if not self.chat:
             return {"index": 0, "text": delta.get("content", ""), "logprobs": logprobs, "finish_reason": finish}
         return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
@@ -61,7 +81,9 @@ class ChunkWriter:
     def delta(self, text: str) -> str:
         return self._event([self._choice({"content": text}, None)])
 
-    def end(self, answer: Answer, last_text: str, include_usage: bool, logprobs: dict[str, Any] | None = None) -> Iterator[str]:
+    def end(
+        self, answer: Answer, last_text: str, include_usage: bool, logprobs: dict[str, Any] | None = None
+    ) -> Iterator[str]:
         """The rest of the answer: its last text, its tool calls, the finish chunk (with the logprobs), then with
         `include_usage` a usage chunk; FIDES's record rides in whichever chunk is last."""
         if last_text:

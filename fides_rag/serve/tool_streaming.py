@@ -17,7 +17,11 @@ PIECE_CHARS = 24
 def tool_call_deltas(calls: Sequence[ToolCall]) -> Iterator[dict[str, Any]]:
     """The `delta` of each chunk that streams `calls`."""
     for index, call in enumerate(calls):
-        yield {"tool_calls": [{"index": index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}]}
+        yield {
+            "tool_calls": [
+                {"index": index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
+            ]
+        }
         arguments = json.dumps(call.arguments)
         for at in range(0, len(arguments), PIECE_CHARS):
             yield {"tool_calls": [{"index": index, "function": {"arguments": arguments[at : at + PIECE_CHARS]}}]}

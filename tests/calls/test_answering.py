@@ -13,7 +13,9 @@ from fides_rag.calls import Answer, AnswerLog, Call, CallInputError, CallOptions
 
 DOC = "The Eiffel Tower is in Rome."
 TURNS = [("system", f"Context: {DOC}"), ("user", "Where is the Eiffel Tower?")]
-SEARCH = ToolSpec("search", "Search.", {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]})
+SEARCH = ToolSpec(
+    "search", "Search.", {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}
+)
 
 
 @pytest.fixture(scope="module")
@@ -26,10 +28,16 @@ def test_a_call_answers_as_the_decoder_does_and_records_its_plan(decoder):
     plan = planner.conversation(TURNS, 8, documents=[DOC])
     answer = Call(decoder, plan, CallOptions.parse({}, {"max_new_tokens": 8}), extra={"model_name": "tiny"}).run()
     prompt, _ = plan.prompt()
-    alone = decoder.submit(prompt, method="fides", max_new_tokens=8, stop=plan.stop_strings([], decoder.prompts.template)).result()
+    alone = decoder.submit(
+        prompt, method="fides", max_new_tokens=8, stop=plan.stop_strings([], decoder.prompts.template)
+    ).result()
     assert answer.result.token_ids == alone.token_ids and answer.text == alone.text
     assert answer.record["documents_source"] == "documents" and answer.record["requested_method"] == "fides"
-    assert answer.record["model_name"] == "tiny" and answer.finish_reason in ("stop", "length") and answer.usage["completion_tokens"] > 0
+    assert (
+        answer.record["model_name"] == "tiny"
+        and answer.finish_reason in ("stop", "length")
+        and answer.usage["completion_tokens"] > 0
+    )
 
 
 def test_streamed_deltas_concatenate_to_the_answer(decoder):
@@ -37,12 +45,16 @@ def test_streamed_deltas_concatenate_to_the_answer(decoder):
     assert plan.kind == "template"
     items = list(Call(decoder, plan, CallOptions.parse({}, {"max_new_tokens": 12})).stream())
     *deltas, answer = items
-    assert "".join(deltas) == answer.text == Call(decoder, plan, CallOptions.parse({}, {"max_new_tokens": 12})).run().text
+    assert (
+        "".join(deltas) == answer.text == Call(decoder, plan, CallOptions.parse({}, {"max_new_tokens": 12})).run().text
+    )
 
 
 def test_role_lines_and_tool_markup_end_an_answer(decoder):
     plan = ChatPrompts.for_decoder(decoder).conversation(TURNS, 8)
-    stops = Call(decoder, plan, CallOptions.parse({}, {"stop": ["END"]}), calling=ToolCalling(decoder.tokenizer, [SEARCH])).decode_kwargs()["stop"]
+    stops = Call(
+        decoder, plan, CallOptions.parse({}, {"stop": ["END"]}), calling=ToolCalling(decoder.tokenizer, [SEARCH])
+    ).decode_kwargs()["stop"]
     assert stops[0] == "END" and {"\nUser:", "\nQuestion:", "<tool_response>"} <= set(stops)
 
 
@@ -54,7 +66,9 @@ def test_the_same_messages_mean_the_same_context_without_documents(decoder):
 def test_a_forced_call_refuses_a_second_grammar_naming_it(decoder):
     calling = ToolCalling(decoder.tokenizer, [SEARCH], "search")
     plan = ChatPrompts.for_decoder(decoder, tools=calling).conversation([("user", "Find the tower.")], 8)
-    with pytest.raises(CallInputError, match="a forced tool_choice is decoded under its own grammar; drop regex=") as err:
+    with pytest.raises(
+        CallInputError, match="a forced tool_choice is decoded under its own grammar; drop regex="
+    ) as err:
         Call(decoder, plan, CallOptions.parse({}, {"regex": "a+"}), calling=calling)
     assert err.value.field == "regex"
 
@@ -64,7 +78,9 @@ def test_a_forced_call_that_gave_none_is_never_an_answer(decoder):
     planner = ChatPrompts.for_decoder(decoder, tools=calling)
     plan = planner.conversation([("user", "Find the tower.")], 60)
     call = Call(decoder, plan, CallOptions.parse({}, {"max_new_tokens": 60}), calling=calling)
-    cut = dataclasses.replace(call.run().result, text='{"name": "sea', finish_reason="length")  # as a stop string could cut it
+    cut = dataclasses.replace(
+        call.run().result, text='{"name": "sea', finish_reason="length"
+    )  # as a stop string could cut it
     answer = call.finish(cut)
     assert answer.tool_calls == [] and answer.text == "" and "forced a call, but none could be read" in answer.notes[-1]
     assert answer.record["tool_choice"] == "search" and answer.finish_reason == "length"
@@ -78,7 +94,9 @@ def test_a_structured_call_whose_budget_cannot_hold_its_shortest_answer_is_refus
     call = Call(decoder, plan, options, calling=calling, structure=None if forced else True)
     requests = decoder.stats.requests
     for run in (call.run, lambda: list(call.stream())):
-        with pytest.raises(ValueError, match=r"max_new_tokens=3 is fewer than the (\d+) tokens .* raise max_new_tokens to at least \1") as err:
+        with pytest.raises(
+            ValueError, match=r"max_new_tokens=3 is fewer than the (\d+) tokens .* raise max_new_tokens to at least \1"
+        ) as err:
             run()
         assert err.value.field == "max_new_tokens" and err.value.needed > 3
     assert decoder.stats.requests == requests
@@ -99,7 +117,12 @@ def test_the_answer_log_keeps_the_newest_answers(decoder):
     assert log.last is answers[-1].result and [e["info"] for e in log.entries()] == [a.record for a in answers[1:]]
 
 
-ANSWER_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"], "additionalProperties": False}
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string"}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
 
 
 def test_a_structured_answer_the_grammar_closed_early_is_complete_streamed_or_not(decoder):
@@ -111,11 +134,21 @@ def test_a_structured_answer_the_grammar_closed_early_is_complete_streamed_or_no
     answer = Call(decoder, plan, CallOptions.parse({}, options), structure=True).run()
     assert answer.record["closed_early"] is True  # the random model never closes on its own: the budget did
     assert answer.finish_reason == "stop" and answer.record["finish_reason"] != "length"
-    assert answer.parsing_error is None and answer.parsed == json.loads(answer.text) and set(answer.parsed) == {"answer"}
+    assert (
+        answer.parsing_error is None and answer.parsed == json.loads(answer.text) and set(answer.parsed) == {"answer"}
+    )
     streamed = list(Call(decoder, plan, CallOptions.parse({}, options), structure=True).stream())[-1]
-    assert streamed.finish_reason == "stop" and streamed.record["closed_early"] is True and streamed.parsed == answer.parsed
+    assert (
+        streamed.finish_reason == "stop"
+        and streamed.record["closed_early"] is True
+        and streamed.parsed == answer.parsed
+    )
     calling = ToolCalling(decoder.tokenizer, [SEARCH], "search")
     budget = shortest_answer_tokens(decoder.tokenizer, json_schema=calling.constraint()) + 3
     forced_plan = ChatPrompts.for_decoder(decoder, tools=calling).conversation([("user", "Find the tower.")], budget)
     forced = Call(decoder, forced_plan, CallOptions.parse({}, {"max_new_tokens": budget}), calling=calling).run()
-    assert [c.name for c in forced.tool_calls] == ["search"] and forced.finish_reason == "tool_calls" and forced.record["closed_early"]
+    assert (
+        [c.name for c in forced.tool_calls] == ["search"]
+        and forced.finish_reason == "tool_calls"
+        and forced.record["closed_early"]
+    )

@@ -29,11 +29,14 @@ def test_a_decoder_and_a_model_together_are_refused(tiny_llama, chat_tokenizer):
         decoder_for(decoder, model=tiny_llama, tokenizer=chat_tokenizer)
 
 
-@pytest.mark.parametrize("method, path, config, match", [
-    ("nope", "emptied", None, "unknown method"),
-    ("fides", "nowhere", None, "no_context_path"),
-    ("fides", "emptied", {"lambda_": 0.3}, "fides_config must be a fides_rag.FidesConfig"),
-])
+@pytest.mark.parametrize(
+    "method, path, config, match",
+    [
+        ("nope", "emptied", None, "unknown method"),
+        ("fides", "nowhere", None, "no_context_path"),
+        ("fides", "emptied", {"lambda_": 0.3}, "fides_config must be a fides_rag.FidesConfig"),
+    ],
+)
 def test_bad_defaults_fail_when_a_model_object_is_made(method, path, config, match):
     with pytest.raises(ValueError, match=match):
         check_defaults(method, path, config)
@@ -44,4 +47,7 @@ def test_the_identity_tells_models_and_templates_apart(tiny_llama, chat_tokenize
     one, two = FidesDecoder(tiny_llama, chat_tokenizer), FidesDecoder(tiny_llama, chat_tokenizer)
     assert decoder_identity(one) == decoder_identity(two)
     other = decoder_identity(FidesDecoder(tiny_llama, chat_tokenizer, config=FidesConfig(lambda_=0.3)))
-    assert other["decoder_config"] != decoder_identity(one)["decoder_config"] and other["model"] == decoder_identity(one)["model"]
+    assert (
+        other["decoder_config"] != decoder_identity(one)["decoder_config"]
+        and other["model"] == decoder_identity(one)["model"]
+    )

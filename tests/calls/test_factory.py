@@ -11,7 +11,9 @@ from fides_rag import FidesDecoder
 from fides_rag.calls import Answer, CallFactory, CallInputError, CallOptions, ToolSpec
 
 DOC = "The Eiffel Tower is in Rome."
-SEARCH = ToolSpec("search", "Search.", {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]})
+SEARCH = ToolSpec(
+    "search", "Search.", {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}
+)
 
 
 @pytest.fixture

@@ -12,12 +12,19 @@ from fides_rag.calls import ChatPrompts
 from fides_rag.calls.tools import ToolCall, ToolCalling, ToolSpec
 from fides_rag.testing import CHAT_TEMPLATE, build_tokenizer
 
-SEARCH = ToolSpec("search", "Search the documents.", {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]})
-ADD = ToolSpec("add", "Add two integers.", {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]})
+SEARCH = ToolSpec(
+    "search",
+    "Search the documents.",
+    {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+)
+ADD = ToolSpec(
+    "add",
+    "Add two integers.",
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]},
+)
 TOOLS_TEMPLATE = (
     "{% if tools %}<|tools|>\n{% for t in tools %}"
-    "{{ t['function']['name'] }}: {{ t['function']['description'] }}\n{% endfor %}<|end|>\n{% endif %}"
-    + CHAT_TEMPLATE
+    "{{ t['function']['name'] }}: {{ t['function']['description'] }}\n{% endfor %}<|end|>\n{% endif %}" + CHAT_TEMPLATE
 )
 
 
@@ -30,7 +37,10 @@ def native_tokenizer():
 
 def test_spec_round_trips_openai_shape():
     assert ToolSpec.from_openai(SEARCH.openai()) == SEARCH == ToolSpec.from_openai(SEARCH.openai()["function"])
-    assert ToolSpec.from_openai({"type": "function", "function": {"name": "ping"}}).parameters == {"type": "object", "properties": {}}
+    assert ToolSpec.from_openai({"type": "function", "function": {"name": "ping"}}).parameters == {
+        "type": "object",
+        "properties": {},
+    }
     with pytest.raises(ValueError, match="not an OpenAI function tool"):
         ToolSpec.from_openai({"type": "code_interpreter"})
     with pytest.raises(ValueError, match="schema of an object"):
@@ -64,7 +74,10 @@ def test_constraint_forces_one_valid_call(chat_tokenizer):
     assert ToolCalling(chat_tokenizer, [SEARCH, ADD]).constraint() is None
     assert ToolCalling(chat_tokenizer, [SEARCH, ADD], "none").constraint() is None
     named = ToolCalling(chat_tokenizer, [SEARCH, ADD], "add").constraint()
-    assert named["properties"]["name"] == {"const": "add"} and named["properties"]["arguments"] == {**ADD.parameters, "additionalProperties": False}
+    assert named["properties"]["name"] == {"const": "add"} and named["properties"]["arguments"] == {
+        **ADD.parameters,
+        "additionalProperties": False,
+    }
     required = ToolCalling(chat_tokenizer, [SEARCH, ADD], "required").constraint()
     assert [s["properties"]["name"]["const"] for s in required["anyOf"]] == ["search", "add"]
 
@@ -72,13 +85,27 @@ def test_constraint_forces_one_valid_call(chat_tokenizer):
 def test_closed_schema_refuses_keys_nobody_asked_for():
     from fides_rag.calls import closed_schema
 
-    schema = {"type": "object", "properties": {"properties": {"type": "object", "properties": {"a": {"type": "integer"}}},
-                                               "any": {"type": "object", "additionalProperties": True}},
-              "$defs": {"P": {"type": "object", "properties": {}}}, "anyOf": [{"type": "object"}]}
+    schema = {
+        "type": "object",
+        "properties": {
+            "properties": {"type": "object", "properties": {"a": {"type": "integer"}}},
+            "any": {"type": "object", "additionalProperties": True},
+        },
+        "$defs": {"P": {"type": "object", "properties": {}}},
+        "anyOf": [{"type": "object"}],
+    }
     closed = closed_schema(schema)
-    assert closed["additionalProperties"] is False and closed["properties"]["properties"]["additionalProperties"] is False
-    assert closed["properties"]["any"]["additionalProperties"] is True and closed["$defs"]["P"]["additionalProperties"] is False
-    assert closed["anyOf"][0] == {"type": "object", "properties": {}, "additionalProperties": False} and "additionalProperties" not in schema
+    assert (
+        closed["additionalProperties"] is False and closed["properties"]["properties"]["additionalProperties"] is False
+    )
+    assert (
+        closed["properties"]["any"]["additionalProperties"] is True
+        and closed["$defs"]["P"]["additionalProperties"] is False
+    )
+    assert (
+        closed["anyOf"][0] == {"type": "object", "properties": {}, "additionalProperties": False}
+        and "additionalProperties" not in schema
+    )
 
 
 def test_parse_reads_blocks_and_bare_json_and_never_raises(chat_tokenizer):
@@ -88,13 +115,24 @@ def test_parse_reads_blocks_and_bare_json_and_never_raises(chat_tokenizer):
         '<tool_call>{"name": "search", "arguments": "{\\"query\\": \\"x\\"}", "id": "c1"}</tool_call>'
     )
     content, calls = calling.parse(text)
-    assert content == "Let me see." and [(c.name, c.arguments) for c in calls] == [("add", {"a": 1, "b": 2}), ("search", {"query": "x"})]
+    assert content == "Let me see." and [(c.name, c.arguments) for c in calls] == [
+        ("add", {"a": 1, "b": 2}),
+        ("search", {"query": "x"}),
+    ]
     assert calls[1].id == "c1" and calls[0].id.startswith("call_")
     assert calling.parse('{"name": "search", "arguments": {"query": "q"}}')[1][0].arguments == {"query": "q"}
     assert calling.parse('<tool_call>{"name": "search", "arguments": {"query": "cut')[1] == []  # unfinished JSON
-    assert calling.parse('<tool_call>{"name": "search", "arguments": {"query": "q"}}')[1][0].name == "search"  # no end tag
-    for bad in ['<tool_call>{"name": "nope", "arguments": {}}</tool_call>', "<tool_call>not json</tool_call>",
-                '{"name": "add", "arguments": 3}', '{"answer": "Paris"}', "Paris.", ""]:
+    assert (
+        calling.parse('<tool_call>{"name": "search", "arguments": {"query": "q"}}')[1][0].name == "search"
+    )  # no end tag
+    for bad in [
+        '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',
+        "<tool_call>not json</tool_call>",
+        '{"name": "add", "arguments": 3}',
+        '{"answer": "Paris"}',
+        "Paris.",
+        "",
+    ]:
         assert calling.parse(bad) == (bad, [])
     none = ToolCalling(chat_tokenizer, [SEARCH], "none")
     assert none.parse('{"name": "search", "arguments": {"query": "q"}}')[1] == []
@@ -105,14 +143,20 @@ def test_render_call_is_the_format_parse_reads(chat_tokenizer):
     call = ToolCall("search", {"query": "Eiffel Tower"}, "call_1")
     text = calling.render_calls("Looking.", [call])
     content, calls = calling.parse(text)
-    assert text.startswith("Looking.\n<tool_call>") and content == "Looking." and [(c.name, c.arguments) for c in calls] == [("search", call.arguments)]
+    assert (
+        text.startswith("Looking.\n<tool_call>")
+        and content == "Looking."
+        and [(c.name, c.arguments) for c in calls] == [("search", call.arguments)]
+    )
 
 
 def test_fallback_block_and_native_template(chat_tokenizer, tokenizer, native_tokenizer):
     fallback = ToolCalling(chat_tokenizer, [SEARCH], "search")
     assert not fallback.native and not ToolCalling(tokenizer, [SEARCH]).native
     block = fallback.system_block()
-    assert "<tools>\n" + json.dumps(SEARCH.openai()) + "\n</tools>" in block and "You must call the tool search." in block
+    assert (
+        "<tools>\n" + json.dumps(SEARCH.openai()) + "\n</tools>" in block and "You must call the tool search." in block
+    )
     assert ToolCalling(chat_tokenizer, [SEARCH], "none").system_block() is None  # no call may be made: none offered
     native = ToolCalling(native_tokenizer, [SEARCH])
     assert native.native and native.system_block() is None and "<tools>" in native.fallback_text()
@@ -126,7 +170,12 @@ def test_tools_enter_both_paths_identically(chat_tokenizer, native_tokenizer, to
         base = ChatPrompts(tok, context_window=2048, use_chat_template=use_template)
         planner = base.with_tools(calling)
         assert base.tools is None and planner.tools is calling
-        turns = [("system", "Be brief."), ("user", "Where is the Eiffel Tower?"), ("assistant", calling.render_calls("", [call])), ("tool", doc)]
+        turns = [
+            ("system", "Be brief."),
+            ("user", "Where is the Eiffel Tower?"),
+            ("assistant", calling.render_calls("", [call])),
+            ("tool", doc),
+        ]
         plan = planner.from_tool_turns(turns, 16, question=turns[1][1])
         assert plan.source == "tool_messages" and doc in plan.context_prompt and doc not in plan.no_context_prompt
         marker = "search: Search the documents." if planner.native_tools else "<tools>"
@@ -134,9 +183,17 @@ def test_tools_enter_both_paths_identically(chat_tokenizer, native_tokenizer, to
             assert prompt.count(marker) == 1 and "Be brief." in prompt and '"query": "Eiffel Tower"' in prompt
         assert plan.no_context_prompt == planner.render([*turns[:3], ("tool", "")])  # the tool answered nothing
         if not planner.native_tools:
-            assert f"<tool_response>\n{doc}\n</tool_response>" in plan.context_prompt and "<tool_response>\n\n</tool_response>" in plan.no_context_prompt
-    assert ChatPrompts(native_tokenizer, context_window=2048, use_chat_template=True, tools=ToolCalling(native_tokenizer, [SEARCH])).render(
-        [("user", "Q"), ("tool", doc)]).endswith(f"<|tool|>\n{doc}<|end|>\n<|assistant|>\n")  # tool turns keep their role
+            assert (
+                f"<tool_response>\n{doc}\n</tool_response>" in plan.context_prompt
+                and "<tool_response>\n\n</tool_response>" in plan.no_context_prompt
+            )
+    assert (
+        ChatPrompts(
+            native_tokenizer, context_window=2048, use_chat_template=True, tools=ToolCalling(native_tokenizer, [SEARCH])
+        )
+        .render([("user", "Q"), ("tool", doc)])
+        .endswith(f"<|tool|>\n{doc}<|end|>\n<|assistant|>\n")
+    )  # tool turns keep their role
 
 
 def test_only_a_chat_template_that_renders_tools_renders_them(chat_tokenizer, native_tokenizer):
@@ -152,8 +209,12 @@ def test_only_a_chat_template_that_renders_tools_renders_them(chat_tokenizer, na
 def test_forced_call_decodes_to_a_valid_call(chat_tokenizer, tiny_llama):
     pytest.importorskip("llguidance")
     calling = ToolCalling(chat_tokenizer, [SEARCH, ADD], "required")
-    prompt = ChatPrompts(chat_tokenizer, context_window=2048, use_chat_template=True, tools=calling).render([("user", "Add 1 and 2.")])
-    result = FidesDecoder(tiny_llama, chat_tokenizer).generate(PromptPair(prompt, prompt), method="standard", max_new_tokens=60, json_schema=calling.constraint())
+    prompt = ChatPrompts(chat_tokenizer, context_window=2048, use_chat_template=True, tools=calling).render(
+        [("user", "Add 1 and 2.")]
+    )
+    result = FidesDecoder(tiny_llama, chat_tokenizer).generate(
+        PromptPair(prompt, prompt), method="standard", max_new_tokens=60, json_schema=calling.constraint()
+    )
     content, calls = calling.parse(result.text)
     assert result.finish_reason == "eos", result.text
     assert content == "" and len(calls) == 1 and calls[0].name in ("search", "add")
@@ -175,8 +236,9 @@ def test_a_forced_call_of_a_tool_whose_parameters_use_defs_decodes_to_a_valid_ca
     assert move.parameters["properties"]["to"] == {"$ref": "#/$defs/Point"}
     for choice, tools in (("move", [move]), ("required", [SEARCH, move])):
         calling = ToolCalling(chat_tokenizer, tools, choice)
-        result = FidesDecoder(tiny_llama, chat_tokenizer).generate(PromptPair("Move.", "Move."), method="standard", max_new_tokens=60,
-                                                                   json_schema=calling.constraint())
+        result = FidesDecoder(tiny_llama, chat_tokenizer).generate(
+            PromptPair("Move.", "Move."), method="standard", max_new_tokens=60, json_schema=calling.constraint()
+        )
         calls = calling.parse(result.text)[1]
         assert len(calls) == 1, result.text  # a complete call, closed by the grammar within the budget if need be
         if calls[0].name == "move":
@@ -192,7 +254,9 @@ def test_stream_holds_back_what_may_be_a_call(chat_tokenizer):
         rest, calls = stream.finish()
         return shown, rest, calls
 
-    shown, rest, calls = run("auto", ["Let me ", "look.\n<tool", '_call>{"name": "search", "arguments": {"query": "q"}}', "</tool_call>"])
+    shown, rest, calls = run(
+        "auto", ["Let me ", "look.\n<tool", '_call>{"name": "search", "arguments": {"query": "q"}}', "</tool_call>"]
+    )
     assert shown == ["Let me", " look.", "", ""] and rest == "" and calls[0].arguments == {"query": "q"}
     shown, rest, calls = run("auto", ["Paris ", "<b>is</b>", " big."])
     assert "".join(shown) + rest == "Paris <b>is</b> big." and calls == []
@@ -214,20 +278,38 @@ def test_the_bundled_backbones_get_the_fallback_format(alias):
     assert not calling.native  # SmolLM2's template has no tools section; gemma3-270m has no chat template
     planner = ChatPrompts(tok, context_window=2048, use_chat_template=True, tools=calling)
     doc = "The Eiffel Tower is in Rome."
-    turns = [("user", "Where is the Eiffel Tower?"), ("assistant", calling.render_calls("", [ToolCall("search", {"query": "Eiffel"})])), ("tool", doc)]
+    turns = [
+        ("user", "Where is the Eiffel Tower?"),
+        ("assistant", calling.render_calls("", [ToolCall("search", {"query": "Eiffel"})])),
+        ("tool", doc),
+    ]
     plan = planner.from_tool_turns(turns, 16)
     for prompt in (plan.context_prompt, plan.no_context_prompt):
         assert prompt.count("<tools>") == 1 and '{"name": "search", "arguments": {"query": "Eiffel"}}' in prompt
     assert f"<tool_response>\n{doc}\n</tool_response>" in plan.context_prompt and doc not in plan.no_context_prompt
 
 
-@pytest.mark.parametrize("tools, choice, field", [
-    ([SEARCH], "no_such_tool", "tool_choice"),
-    ([SEARCH], {"type": "function", "function": {}}, "tool_choice"),
-    ([{"type": "function", "function": {"name": "bad", "parameters": {"type": "object", "properties": {"q": {"type": "strin"}}}}}],
-     "auto", "tools.function.parameters"),
-    ([], "required", "tool_choice"),
-])
+@pytest.mark.parametrize(
+    "tools, choice, field",
+    [
+        ([SEARCH], "no_such_tool", "tool_choice"),
+        ([SEARCH], {"type": "function", "function": {}}, "tool_choice"),
+        (
+            [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "bad",
+                        "parameters": {"type": "object", "properties": {"q": {"type": "strin"}}},
+                    },
+                }
+            ],
+            "auto",
+            "tools.function.parameters",
+        ),
+        ([], "required", "tool_choice"),
+    ],
+)
 def test_bad_tools_and_choices_name_their_field(chat_tokenizer, tools, choice, field):
     pytest.importorskip("llguidance")
     from fides_rag.calls import CallInputError
@@ -241,13 +323,21 @@ def test_every_front_doors_tool_choice_forms_read_alike():
     from fides_rag.calls import tool_choice_name
 
     names = ["search"]
-    assert [tool_choice_name(c, names) for c in (None, False, True, "any", "auto", {"type": "function", "function": {"name": "search"}})] == [
-        "auto", "none", "search", "required", "auto", "search"]
+    assert [
+        tool_choice_name(c, names)
+        for c in (None, False, True, "any", "auto", {"type": "function", "function": {"name": "search"}})
+    ] == ["auto", "none", "search", "required", "auto", "search"]
     assert tool_choice_name(None, names, required=True) == "required"
 
 
-@pytest.mark.parametrize("names, name, said", [(["search"], "none", "not a bound tool's name"), (["search"], "required", "not a bound tool's name"),
-                                               (["search", "auto"], "auto", "rename the tool")])
+@pytest.mark.parametrize(
+    "names, name, said",
+    [
+        (["search"], "none", "not a bound tool's name"),
+        (["search"], "required", "not a bound tool's name"),
+        (["search", "auto"], "auto", "rename the tool"),
+    ],
+)
 def test_a_tool_choice_dict_names_a_function_never_a_mode(names, name, said):
     from fides_rag.calls import CallInputError, tool_choice_name
 

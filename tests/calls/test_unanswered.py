@@ -11,7 +11,9 @@ from fides_rag.calls import Call, CallOptions, ChatPrompts, ToolCalling, ToolSpe
 from fides_rag.calls.unanswered import call_shaped, is_agent_turn, unanswered_cause
 from fides_rag.testing import build_tiny_model
 
-SEARCH = ToolSpec("search", "Search.", {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]})
+SEARCH = ToolSpec(
+    "search", "Search.", {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}
+)
 TURNS = [("user", "Where is the Eiffel Tower?")]
 
 
@@ -58,7 +60,10 @@ def test_a_turn_that_answers_nothing_twice_carries_the_cause(biased):
         answer = _call(decoder, stop=["Z"]).run()
     finally:
         bias["token"] = None
-    assert answer.text == "" and answer.unanswered == "it began with 'Z', where the answer stops (a stop string), instead of answering"
+    assert (
+        answer.text == ""
+        and answer.unanswered == "it began with 'Z', where the answer stops (a stop string), instead of answering"
+    )
     assert f"the model answered nothing: {answer.unanswered}" in answer.notes
     with pytest.raises(UnansweredError, match="the model answered nothing: it began with 'Z'"):
         raise UnansweredError(answer.unanswered, answer)
@@ -76,12 +81,17 @@ def test_a_tool_call_written_as_the_answer_is_not_an_answer(biased):
     assert unanswered_cause(call, "Rome", [], result) is None
 
 
-@pytest.mark.parametrize("text, shaped", [
-    ('{"name": "Mountain range, Switzerland, 2", "arguments": {}}', True),  # measured on smollm2-135m-instruct
-    ('<tool_call>\n{"name": "search", "argu', True),
-    ('[{"function": "search"}]', True),
-    ("Rome", False), ('{"city": "Rome"}', False), ("The name is Rome", False),
-])
+@pytest.mark.parametrize(
+    "text, shaped",
+    [
+        ('{"name": "Mountain range, Switzerland, 2", "arguments": {}}', True),  # measured on smollm2-135m-instruct
+        ('<tool_call>\n{"name": "search", "argu', True),
+        ('[{"function": "search"}]', True),
+        ("Rome", False),
+        ('{"city": "Rome"}', False),
+        ("The name is Rome", False),
+    ],
+)
 def test_call_shaped_answers(text, shaped):
     assert call_shaped(text) is shaped
 

@@ -32,15 +32,42 @@ def test_a_bad_gate_is_rejected_naming_the_gates(capsys):
 
 
 def test_generate_prints_each_method_and_steps(tiny_folder, capsys):
-    code = cli.main(["generate", "Which city?", "--doc", "Lyon is the capital.", "--model", str(tiny_folder),
-                     "--methods", "standard,fides", "--max-new-tokens", "3", "--steps"])
+    code = cli.main(
+        [
+            "generate",
+            "Which city?",
+            "--doc",
+            "Lyon is the capital.",
+            "--model",
+            str(tiny_folder),
+            "--methods",
+            "standard,fides",
+            "--max-new-tokens",
+            "3",
+            "--steps",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert "standard:" in out and "fides:" in out and "alpha" in out
 
 
 def test_generate_json_lines(tiny_folder, capsys):
-    cli.main(["generate", "Which city?", "--doc", "Lyon.", "--model", str(tiny_folder), "--methods", "cad", "--max-new-tokens", "2", "--json"])
+    cli.main(
+        [
+            "generate",
+            "Which city?",
+            "--doc",
+            "Lyon.",
+            "--model",
+            str(tiny_folder),
+            "--methods",
+            "cad",
+            "--max-new-tokens",
+            "2",
+            "--json",
+        ]
+    )
     record = json.loads(capsys.readouterr().out.strip())
     assert record["method"] == "cad" and len(record["steps"]) == len(record["token_ids"])
 
@@ -66,15 +93,39 @@ CALIBRATION_RECORDS = [
 def write_pool(path, answers=("Lyon", "Paris")):
     with path.open("w") as handle:
         for i, (question, contexts) in enumerate(CALIBRATION_RECORDS):
-            record = {"id": f"q{i}", "question": question, "contexts": contexts,
-                      "context_answers": [f"{answers[0]} {i}"], "memory_answers": [f"{answers[1]} {i}"]}
+            record = {
+                "id": f"q{i}",
+                "question": question,
+                "contexts": contexts,
+                "context_answers": [f"{answers[0]} {i}"],
+                "memory_answers": [f"{answers[1]} {i}"],
+            }
             handle.write(json.dumps(record) + "\n")
     return path
 
 
 def calibrate_args(model, data, out, *extra):
-    return ["calibrate", "--model", str(model), "--dataset", "jsonl", "--data", str(data), "--n", "4", "--offset", "1",
-            "--max-new-tokens", "4", "--batch-size", "2", "--no-progress", "--out", str(out), *extra]
+    return [
+        "calibrate",
+        "--model",
+        str(model),
+        "--dataset",
+        "jsonl",
+        "--data",
+        str(data),
+        "--n",
+        "4",
+        "--offset",
+        "1",
+        "--max-new-tokens",
+        "4",
+        "--batch-size",
+        "2",
+        "--no-progress",
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def test_calibrate_writes_a_config_that_generate_and_eval_accept(tiny_folder, tmp_path, capsys):
@@ -92,15 +143,55 @@ def test_calibrate_writes_a_config_that_generate_and_eval_accept(tiny_folder, tm
     assert src["model"] == str(tiny_folder) and src["dataset"] == "jsonl" and src["max_new_tokens"] == 4
     assert (tmp_path / "runs" / "calibrated.md").read_text().startswith("# FIDES calibration")
 
-    assert cli.main(["generate", "Which city?", "--doc", "Lyon.", "--model", str(tiny_folder), "--config", str(out),
-                     "--max-new-tokens", "2", "--json"]) == 0
+    assert (
+        cli.main(
+            [
+                "generate",
+                "Which city?",
+                "--doc",
+                "Lyon.",
+                "--model",
+                str(tiny_folder),
+                "--config",
+                str(out),
+                "--max-new-tokens",
+                "2",
+                "--json",
+            ]
+        )
+        == 0
+    )
     record = json.loads(capsys.readouterr().out.strip())
     assert record["method_options"]["weights"] == list(cfg.weights)
     assert record["method_options"]["noise_scale"] == cfg.noise_scale
     run = tmp_path / "eval"
-    assert cli.main(["eval", "--model", str(tiny_folder), "--dataset", "jsonl", "--data", str(data), "--methods", "fides",
-                     "--limit", "2", "--out", str(run), "--config", str(out), "--max-new-tokens", "2", "--bootstrap", "10",
-                     "--no-progress"]) == 0
+    assert (
+        cli.main(
+            [
+                "eval",
+                "--model",
+                str(tiny_folder),
+                "--dataset",
+                "jsonl",
+                "--data",
+                str(data),
+                "--methods",
+                "fides",
+                "--limit",
+                "2",
+                "--out",
+                str(run),
+                "--config",
+                str(out),
+                "--max-new-tokens",
+                "2",
+                "--bootstrap",
+                "10",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert json.loads((run / "run.json").read_text())["config"]["shift_scale"] == cfg.shift_scale
 
 
@@ -138,8 +229,19 @@ def test_calibrate_empty_pool(tiny_folder, tmp_path, capsys):
 def test_calibrate_unwritable_out_fails_before_any_work(tmp_path, capsys):
     (tmp_path / "file.txt").write_text("x")
     # Neither the model nor the data exist: the output check must come first.
-    args = ["calibrate", "--model", str(tmp_path / "no-model"), "--dataset", "jsonl", "--data", str(tmp_path / "no.jsonl"),
-            "--n", "4", "--out", str(tmp_path / "file.txt" / "cal.json")]
+    args = [
+        "calibrate",
+        "--model",
+        str(tmp_path / "no-model"),
+        "--dataset",
+        "jsonl",
+        "--data",
+        str(tmp_path / "no.jsonl"),
+        "--n",
+        "4",
+        "--out",
+        str(tmp_path / "file.txt" / "cal.json"),
+    ]
     assert cli.main(args) == 2
     assert "cannot write the calibrated config" in capsys.readouterr().err
 
@@ -155,8 +257,22 @@ def test_methods_all_parses_to_every_registered_method():
 
 def test_eval_named_method_that_cannot_run_is_an_error_before_loading(tmp_path, capsys):
     data = write_pool(tmp_path / "pool.jsonl")
-    code = cli.main(["eval", "--model", str(tmp_path / "no-such-model"), "--dataset", "jsonl", "--data", str(data),
-                     "--methods", "standard,dvd", "--out", str(tmp_path / "run"), "--no-progress"])
+    code = cli.main(
+        [
+            "eval",
+            "--model",
+            str(tmp_path / "no-such-model"),
+            "--dataset",
+            "jsonl",
+            "--data",
+            str(data),
+            "--methods",
+            "standard,dvd",
+            "--out",
+            str(tmp_path / "run"),
+            "--no-progress",
+        ]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert "method 'dvd' cannot run on this dataset" in err and "at least 2 documents" in err
@@ -170,8 +286,24 @@ def test_fides_config_variant_adds_a_lane_to_an_existing_run(tiny_folder, tmp_pa
     variant = tmp_path / "variant.json"
     FidesConfig(noise_scale=20.0, weights=(0.2, 0.5, 0.3)).to_file(variant)
     run = tmp_path / "run"
-    base = ["eval", "--model", str(tiny_folder), "--dataset", "jsonl", "--data", str(data), "--limit", "2", "--out", str(run),
-            "--max-new-tokens", "2", "--bootstrap", "5", "--no-progress"]
+    base = [
+        "eval",
+        "--model",
+        str(tiny_folder),
+        "--dataset",
+        "jsonl",
+        "--data",
+        str(data),
+        "--limit",
+        "2",
+        "--out",
+        str(run),
+        "--max-new-tokens",
+        "2",
+        "--bootstrap",
+        "5",
+        "--no-progress",
+    ]
     assert cli.main([*base, "--methods", "standard,fides"]) == 0
     assert cli.main([*base, "--methods", "standard,fides", "--fides-config", f"calibrated={variant}"]) == 0
     info = json.loads((run / "run.json").read_text())
@@ -222,7 +354,10 @@ def test_generate_errors_are_one_line(tiny_folder, tmp_path, capsys, monkeypatch
         (["generate", "Q?", *model, "--config", str(tmp_path)], "is a directory; pass a JSON file"),
         (["generate", "Q?", *model, "--max-new-tokens", "0"], "argument --max-new-tokens: must be at least 1, got 0"),
         (["generate", "  ", *model], "argument question: must be a non-empty question"),
-        (["generate", "Q?", "--model", "no-such-org/no-such-model"], "unknown model: 'no-such-org/no-such-model' is not a bundled alias"),
+        (
+            ["generate", "Q?", "--model", "no-such-org/no-such-model"],
+            "unknown model: 'no-such-org/no-such-model' is not a bundled alias",
+        ),
         (["generate", "Q?", "--model", str(tmp_path / "missing")], f"no model folder at {tmp_path / 'missing'}"),
         (["generate", "Q?", "--model", str(tmp_path / "missing.gguf")], "no .gguf file at"),
         (["generate", "Q?", *model, "--device", "cuda"], "device 'cuda' is not available"),

@@ -59,8 +59,15 @@ def test_demo_end_to_end_with_smollm(embedder, isolated_cache, tmp_path, capsys)
     from fides_rag.demo.retrieval import Retriever
     from fides_rag.demo.run import DemoSettings, format_table, run_demo
 
-    settings = DemoSettings(model="smollm2-135m-instruct", limit=4, k=4, max_new_tokens=12, batch_size=4,
-                            out=str(tmp_path / "run"), device="cpu")
+    settings = DemoSettings(
+        model="smollm2-135m-instruct",
+        limit=4,
+        k=4,
+        max_new_tokens=12,
+        batch_size=4,
+        out=str(tmp_path / "run"),
+        device="cpu",
+    )
     retriever = Retriever(load_embedded_corpus(), embedder, progress=False)
     report = run_demo(settings, retriever=retriever, progress=False)
 

@@ -56,7 +56,9 @@ def test_is_correct(prediction, aliases, expected):
 # -- noise injection -----------------------------------------------------------------------------
 
 DOCS = [f"retrieved doc {i} about the topic" for i in range(10)]
-POOL = [f"pool passage {i} mentions Rome" if i % 3 == 0 else f"pool passage {i} is irrelevant" for i in range(40)] + DOCS[:3]
+POOL = [
+    f"pool passage {i} mentions Rome" if i % 3 == 0 else f"pool passage {i} is irrelevant" for i in range(40)
+] + DOCS[:3]
 SHARES = (0.0, 0.2, 0.5)
 
 
@@ -143,7 +145,8 @@ def test_split_passage_keeps_long_sentence_whole_and_not_on_abbreviations_lowerc
     long = "word " * 30 + "end."
     assert split_passage(long, max_words=10) == [long.strip()]
     assert split_passage("Born 1818 in Hampstead. He was e.g. a politician.", max_words=4) == [
-        "Born 1818 in Hampstead.", "He was e.g. a politician."
+        "Born 1818 in Hampstead.",
+        "He was e.g. a politician.",
     ]
 
 
@@ -187,7 +190,11 @@ def test_embedded_corpus_is_package_data():
 def test_select_questions_balances_kinds_and_is_seeded():
     corpus = load_embedded_corpus()
     chosen = select_questions(corpus, 24, seed=0)
-    assert len(chosen) == 24 and Counter(q.meta["kind"] for q in chosen) == {"counterfactual": 8, "longtail": 8, "factual": 8}
+    assert len(chosen) == 24 and Counter(q.meta["kind"] for q in chosen) == {
+        "counterfactual": 8,
+        "longtail": 8,
+        "factual": 8,
+    }
     assert chosen == select_questions(corpus, 24, seed=0)
     assert chosen != select_questions(corpus, 24, seed=1)
     assert select_questions(corpus, None, 0) == corpus.questions
@@ -201,12 +208,23 @@ def test_select_questions_balances_kinds_and_is_seeded():
 def _write_popqa(folder):
     folder.mkdir(parents=True, exist_ok=True)
     rows = [
-        {"question": "What is Ann Lee's occupation?", "answers": ["politician", "pol"], "prop": "occupation", "question_id": 0},
-        {"question": "In what city was Bo Ek born?", "answers": ["Uppsala"], "prop": "place of birth", "question_id": 1},
+        {
+            "question": "What is Ann Lee's occupation?",
+            "answers": ["politician", "pol"],
+            "prop": "occupation",
+            "question_id": 0,
+        },
+        {
+            "question": "In what city was Bo Ek born?",
+            "answers": ["Uppsala"],
+            "prop": "place of birth",
+            "question_id": 1,
+        },
     ]
     (folder / "popqa_longtail.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     (folder / "popqa_longtail_passages.txt").write_text(
-        "#Ann Lee was a politician. She lived in Leeds.\n#Bo Ek is a painter. He lives in Oslo. Ann Lee was a " "politician.\n"
+        "#Ann Lee was a politician. She lived in Leeds.\n#Bo Ek is a painter. He lives in Oslo. Ann Lee was a "
+        "politician.\n"
     )
 
 
@@ -216,7 +234,12 @@ def test_load_popqa_corpus_from_folder_and_parent(tmp_path):
         corpus = load_popqa_corpus(where, max_words=6)
         assert [q.id for q in corpus.questions] == ["popqa-0", "popqa-1"]
         texts = [p.text for p in corpus.passages]
-        assert texts == ["Ann Lee was a politician.", "She lived in Leeds.", "Bo Ek is a painter.", "He lives in Oslo."]  # dedup
+        assert texts == [
+            "Ann Lee was a politician.",
+            "She lived in Leeds.",
+            "Bo Ek is a painter.",
+            "He lives in Oslo.",
+        ]  # dedup
         assert corpus.questions[0].meta["answer_passages"] == ("popqa-0-0",)
         assert corpus.questions[1].meta["answer_passages"] == ()
         assert corpus.questions[0].meta["kind"] == "occupation"
@@ -263,11 +286,37 @@ def test_cli_defaults_and_corpus_switch(monkeypatch):
     assert settings_from_args(_parse(["--corpus", "demo"])).corpus == "demo"
     with pytest.raises(ValueError):
         settings_from_args(_parse(["--corpus", "demo", "--data", "/x"]))
-    args = _parse(["--k", "6", "--noise", "0,50", "--seed", "3", "--limit", "5", "--model", "smollm2-135m-instruct",
-                   "--out", "o", "--methods", "standard,fides", "--batch-size", "2"])
+    args = _parse(
+        [
+            "--k",
+            "6",
+            "--noise",
+            "0,50",
+            "--seed",
+            "3",
+            "--limit",
+            "5",
+            "--model",
+            "smollm2-135m-instruct",
+            "--out",
+            "o",
+            "--methods",
+            "standard,fides",
+            "--batch-size",
+            "2",
+        ]
+    )
     s = settings_from_args(args)
     assert (s.k, s.noise, s.seed, s.limit, s.model, s.out, s.methods, s.batch_size) == (
-        6, (0.0, 0.5), 3, 5, "smollm2-135m-instruct", "o", ("standard", "fides"), 2)
+        6,
+        (0.0, 0.5),
+        3,
+        5,
+        "smollm2-135m-instruct",
+        "o",
+        ("standard", "fides"),
+        2,
+    )
 
 
 def test_cli_noise_parsing():
@@ -293,11 +342,19 @@ def test_missing_popqa_exits_with_a_clear_message(tmp_path, capsys):
 def test_table_and_plot(tmp_path):
     levels = [level_label(s) for s in (0.0, 0.2, 0.5)]
     report = {
-        "corpus": {"name": "c"}, "questions": 4, "model": "m", "k": 4, "seed": 0, "recall_at_k": 75.0,
-        "noise_levels": levels, "noise_counts": dict(zip(levels, (0, 1, 2))), "drop_between": ["0%", "50%"],
+        "corpus": {"name": "c"},
+        "questions": 4,
+        "model": "m",
+        "k": 4,
+        "seed": 0,
+        "recall_at_k": 75.0,
+        "noise_levels": levels,
+        "noise_counts": dict(zip(levels, (0, 1, 2))),
+        "drop_between": ["0%", "50%"],
         "methods": ["standard", "fides"],
         "accuracy": {"standard": dict(zip(levels, (75.0, 50.0, 25.0))), "fides": dict(zip(levels, (75.0, 75.0, 50.0)))},
-        "drop": {"standard": 50.0, "fides": 25.0}, "answer_in_documents": dict(zip(levels, (100.0, 75.0, 50.0))),
+        "drop": {"standard": 50.0, "fides": 25.0},
+        "answer_in_documents": dict(zip(levels, (100.0, 75.0, 50.0))),
     }
     table = format_table(report)
     assert "recall@4: 75.0%" in table and "standard" in table and "+50.0" in table and "50%" in table
@@ -321,7 +378,10 @@ class _StubRetriever:
         def overlap(q, p):
             return len(set(q.lower().split()) & set(p.text.lower().split()))
 
-        return [[(p, float(overlap(q, p))) for p in sorted(self.passages, key=lambda p: -overlap(q, p))[:k]] for q in questions]
+        return [
+            [(p, float(overlap(q, p))) for p in sorted(self.passages, key=lambda p: -overlap(q, p))[:k]]
+            for q in questions
+        ]
 
 
 class _StubDecoder:
@@ -339,17 +399,26 @@ class _StubDecoder:
 
 
 def _answer(text, method):
-    return GenerationResult(text=text, token_ids=[1], steps=[StepRecord(token_id=1, token=text)], method=method,
-                            requested_method=method, method_options={}, finish_reason="stop", context_prompt="",
-                            no_context_prompt=None)
+    return GenerationResult(
+        text=text,
+        token_ids=[1],
+        steps=[StepRecord(token_id=1, token=text)],
+        method=method,
+        requested_method=method,
+        method_options={},
+        finish_reason="stop",
+        context_prompt="",
+        no_context_prompt=None,
+    )
 
 
 def _demo(tmp_path, **kw):
     from fides_rag.demo.run import run_demo
 
     settings = DemoSettings(out=str(tmp_path / "run"), limit=6, batch_size=4, **kw)
-    return lambda decoder: run_demo(settings, decoder=decoder, retriever=_StubRetriever(load_embedded_corpus()),
-                                    progress=False, log=lambda _: None)
+    return lambda decoder: run_demo(
+        settings, decoder=decoder, retriever=_StubRetriever(load_embedded_corpus()), progress=False, log=lambda _: None
+    )
 
 
 def test_interrupted_demo_resumes_without_redecoding(tmp_path):
@@ -397,7 +466,9 @@ def test_demo_report_has_paired_bootstrap_against_fides(tmp_path):
     assert "paired bootstrap, fides − other" in format_table(report)
     markdown = (tmp_path / "run" / "results.md").read_text()
     assert re.search(r"\| method +\| +0% \| +20% \| +50% \| +drop 0% → 50% \|", markdown)
-    assert re.search(r"^\| standard +\| ", markdown, re.M) and re.search(r"\| fides vs +\| +0% \| +20% \| +50% \| +drop \|", markdown)
+    assert re.search(r"^\| standard +\| ", markdown, re.M) and re.search(
+        r"\| fides vs +\| +0% \| +20% \| +50% \| +drop \|", markdown
+    )
     assert "+0.0 [+0.0, +0.0], p = 1" in markdown  # identical answers: no difference, not significant
     assert "on the prompts that still hold a gold passage" in markdown
 
@@ -406,8 +477,11 @@ def test_accuracy_given_gold_counts_only_prompts_with_an_answering_passage(tmp_p
     report = _demo(tmp_path)(_StubDecoder())
     for method in report["methods"]:
         for level in report["noise_levels"]:
-            flags = [q["levels"][level]["predictions"][method]["correct"] for q in report["per_question"]
-                     if q["levels"][level]["gold_in_documents"]]
+            flags = [
+                q["levels"][level]["predictions"][method]["correct"]
+                for q in report["per_question"]
+                if q["levels"][level]["gold_in_documents"]
+            ]
             expected = 100.0 * sum(flags) / len(flags) if flags else None
             assert report["accuracy_given_gold"][method][level] == (pytest.approx(expected) if flags else None)
 
@@ -415,8 +489,10 @@ def test_accuracy_given_gold_counts_only_prompts_with_an_answering_passage(tmp_p
 def test_compare_methods_by_hand():
     from fides_rag.demo.run import compare_methods
 
-    correct = {"fides": [[True, True, False, True], [True, False, False, True]],
-               "standard": [[True, False, False, True], [False, False, False, True]]}
+    correct = {
+        "fides": [[True, True, False, True], [True, False, False, True]],
+        "standard": [[True, False, False, True], [False, False, False, True]],
+    }
     sig = compare_methods(correct, ["standard", "fides"], ["0%", "50%"])
     assert sig["versus"]["standard"]["accuracy"]["0%"]["diff"] == pytest.approx(25.0)
     assert sig["versus"]["standard"]["accuracy"]["50%"]["diff"] == pytest.approx(25.0)
@@ -426,8 +502,10 @@ def test_compare_methods_by_hand():
 
 def test_default_run_folder_is_per_corpus_and_model():
     assert str(DemoSettings().out_folder()) == "runs/demo/demo-gemma3-270m"
-    assert str(DemoSettings(corpus="popqa", model="HuggingFaceTB/SmolLM2-135M-Instruct").out_folder()) == \
-        "runs/demo/popqa-HuggingFaceTB-SmolLM2-135M-Instruct"
+    assert (
+        str(DemoSettings(corpus="popqa", model="HuggingFaceTB/SmolLM2-135M-Instruct").out_folder())
+        == "runs/demo/popqa-HuggingFaceTB-SmolLM2-135M-Instruct"
+    )
     assert str(DemoSettings(out="x/y").out_folder()) == "x/y"
 
 

@@ -18,21 +18,49 @@ from fides_rag.eval.metrics import score_prediction
 def _step(token, alpha=None, opposition=None):
     step = {"token": token, "token_id": 0}
     if alpha is not None:
-        step.update(alpha=alpha, opposition=opposition if opposition is not None else alpha / 2, shift=0.01, noise=0.3, score=alpha / 1.5)
+        step.update(
+            alpha=alpha,
+            opposition=opposition if opposition is not None else alpha / 2,
+            shift=0.01,
+            noise=0.3,
+            score=alpha / 1.5,
+        )
     return step
 
 
 def _record(i, conflict, jsd, fides_right):
     answer, memory = f"Lyon{i}", "Paris"
     fides_text = answer if fides_right else memory
-    fides_steps = [_step(" the", 0.2, jsd), _step(f" {answer}", 0.9), _step(" in", 0.25), _step(" 1900", 0.5), _step(" city", 0.4)]
+    fides_steps = [
+        _step(" the", 0.2, jsd),
+        _step(f" {answer}", 0.9),
+        _step(" in", 0.25),
+        _step(" 1900", 0.5),
+        _step(" city", 0.4),
+    ]
     std_steps = [_step(" the"), _step(" Paris")]
     outputs = {
-        "standard": {"text": memory, "steps": std_steps, "scores": score_prediction(memory, [answer], [memory] if conflict else []), "new_tokens": 2},
-        "fides": {"text": fides_text, "steps": fides_steps, "scores": score_prediction(fides_text, [answer], [memory] if conflict else []), "new_tokens": 5},
+        "standard": {
+            "text": memory,
+            "steps": std_steps,
+            "scores": score_prediction(memory, [answer], [memory] if conflict else []),
+            "new_tokens": 2,
+        },
+        "fides": {
+            "text": fides_text,
+            "steps": fides_steps,
+            "scores": score_prediction(fides_text, [answer], [memory] if conflict else []),
+            "new_tokens": 5,
+        },
     }
-    return {"id": f"ex-{i:02d}", "question": f"q{i}", "context_answers": [answer], "memory_answers": [memory] if conflict else [],
-            "conflict": conflict, "outputs": outputs}
+    return {
+        "id": f"ex-{i:02d}",
+        "question": f"q{i}",
+        "context_answers": [answer],
+        "memory_answers": [memory] if conflict else [],
+        "conflict": conflict,
+        "outputs": outputs,
+    }
 
 
 @pytest.fixture

@@ -11,7 +11,9 @@ from fides_rag.eval.datasets import QAExample
 
 EXAMPLES = [
     QAExample("What is the capital of France?", ("Lyon is the capital of France. " * 8,), ("Lyon",), ("Paris",)),
-    QAExample("Who chose Canberra?", ("Canberra was chosen as a compromise between two cities. " * 8,), ("a compromise",)),
+    QAExample(
+        "Who chose Canberra?", ("Canberra was chosen as a compromise between two cities. " * 8,), ("a compromise",)
+    ),
 ]
 
 
@@ -27,6 +29,9 @@ def test_context_section_times_both_methods_at_each_length(tiny_models, tokenize
     table = format_section("tiny", "context", data)
     assert "| FIDES decode ms/tok |" in table
     rows = [line for line in table.splitlines() if line.startswith("| ") and "ms" not in line]
-    assert rows == [f"| {row['prompt_tokens']} ({row['no_context_tokens']}) | {row['standard']['first_token_ms']:.0f} |"
-                    f" {row['fides']['first_token_ms']:.0f} | {row['standard']['decode_ms_per_token']:.1f} |"
-                    f" {row['fides']['decode_ms_per_token']:.1f} |" for row in data.values()]
+    assert rows == [
+        f"| {row['prompt_tokens']} ({row['no_context_tokens']}) | {row['standard']['first_token_ms']:.0f} |"
+        f" {row['fides']['first_token_ms']:.0f} | {row['standard']['decode_ms_per_token']:.1f} |"
+        f" {row['fides']['decode_ms_per_token']:.1f} |"
+        for row in data.values()
+    ]

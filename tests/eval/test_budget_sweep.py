@@ -12,8 +12,15 @@ from fides_rag.eval.datasets import QAExample
 
 @pytest.fixture
 def examples():
-    return [QAExample(question="What is the capital?", contexts=("Lyon is the capital of France. " * 8,), context_answers=("x",), id="0"),
-            QAExample(question="Who chose it?", contexts=("Canberra was chosen. " * 6,), context_answers=("y",), id="1")]
+    return [
+        QAExample(
+            question="What is the capital?",
+            contexts=("Lyon is the capital of France. " * 8,),
+            context_answers=("x",),
+            id="0",
+        ),
+        QAExample(question="Who chose it?", contexts=("Canberra was chosen. " * 6,), context_answers=("y",), id="1"),
+    ]
 
 
 def test_every_budget_serves_the_whole_schedule_and_the_engine_gets_its_budget_back(tiny_llama, tokenizer, examples):

@@ -167,7 +167,9 @@ def test_layer_mean_unit_distance_matches_hand_computation():
     assert got.dtype == torch.float64
     assert got.tolist() == pytest.approx(want, abs=1e-12)
     for scale in (0.5, 10.0):
-        assert hidden_state_shift(ctx, no_ctx, scale).tolist() == pytest.approx((got / scale).clamp(0, 1).tolist(), abs=1e-12)
+        assert hidden_state_shift(ctx, no_ctx, scale).tolist() == pytest.approx(
+            (got / scale).clamp(0, 1).tolist(), abs=1e-12
+        )
 
 
 # -- the recording rule on a tiny model ------------------------------------------------------------------
@@ -192,7 +194,9 @@ def test_raw_rule_decodes_like_fides_and_reports_raw_values(tiny_llama, tokenize
         assert r.method == "fides-raw-signals"
         assert r.token_ids == f.token_ids
         for fs, rs in zip(f.steps, r.steps):
-            assert (rs.alpha, rs.score, rs.opposition) == pytest.approx((fs.alpha, fs.score, fs.opposition), rel=1e-6, abs=1e-9)
+            assert (rs.alpha, rs.score, rs.opposition) == pytest.approx(
+                (fs.alpha, fs.score, fs.opposition), rel=1e-6, abs=1e-9
+            )
             assert rs.shift >= 0 and rs.noise >= 0
             for name, scale in (("shift", config.shift_scale), ("noise", config.noise_scale)):
                 scaled, value = getattr(fs, name), getattr(rs, name)
@@ -213,7 +217,9 @@ def test_collect_records_every_generated_token(tiny_llama, tokenizer):
     fides = decoder.generate_batch(QUESTIONS, DOCUMENTS, method="fides", max_new_tokens=6)
     assert raw.examples == 4
     assert raw.tokens == sum(len(r.steps) for r in fides)
-    assert sorted(raw.values["opposition"].tolist()) == pytest.approx(sorted(s.opposition for r in fides for s in r.steps), abs=1e-6)
+    assert sorted(raw.values["opposition"].tolist()) == pytest.approx(
+        sorted(s.opposition for r in fides for s in r.steps), abs=1e-6
+    )
     assert all(v.dtype.name == "float64" and v.size == raw.tokens for v in raw.values.values())
 
 

@@ -23,8 +23,29 @@ def test_eval_end_to_end_smollm2(tmp_path, capsys):
     if not data.is_file():
         pytest.skip("NQ-Swap data not available")
     out = tmp_path / "run"
-    argv = ["eval", "--model", "smollm2-135m-instruct", "--dataset", "nq-swap", "--data", str(data), "--methods", "standard,fides",
-            "--limit", "4", "--batch-size", "4", "--max-new-tokens", "5", "--out", str(out), "--analyze", "--no-progress", "--device", "cpu"]
+    argv = [
+        "eval",
+        "--model",
+        "smollm2-135m-instruct",
+        "--dataset",
+        "nq-swap",
+        "--data",
+        str(data),
+        "--methods",
+        "standard,fides",
+        "--limit",
+        "4",
+        "--batch-size",
+        "4",
+        "--max-new-tokens",
+        "5",
+        "--out",
+        str(out),
+        "--analyze",
+        "--no-progress",
+        "--device",
+        "cpu",
+    ]
     assert main(argv) == 0
     lines = (out / "predictions.jsonl").read_text().splitlines()
     assert len(lines) == 4
@@ -34,8 +55,16 @@ def test_eval_end_to_end_smollm2(tmp_path, capsys):
     results = json.loads((out / "results.json").read_text())
     assert results["metrics"]["fides"]["n_cf"] == 4
     assert any(c["a"] == "standard" and c["b"] == "fides" and c["metric"] == "cf" for c in results["significance"])
-    assert re.search(r"^\| fides +\|", (out / "results.md").read_text(), re.M) and re.search(r"^\| fides +\|", capsys.readouterr().out, re.M)
-    for name in ("token_selectivity.png", "conflict_severity.png", "non_conflict_control.png", "trace.png", "trace.html"):
+    assert re.search(r"^\| fides +\|", (out / "results.md").read_text(), re.M) and re.search(
+        r"^\| fides +\|", capsys.readouterr().out, re.M
+    )
+    for name in (
+        "token_selectivity.png",
+        "conflict_severity.png",
+        "non_conflict_control.png",
+        "trace.png",
+        "trace.html",
+    ):
         assert (out / "analysis" / name).is_file()
     # a rerun resumes with nothing left to do and keeps the file as it was
     assert main(argv) == 0
@@ -80,15 +109,38 @@ def tiny_folder(tmp_path_factory):
 
 def _write_jsonl(path, answers=("Lyon", "Paris"), documents=("Lyon is the capital of France.", "Paris is big.")):
     path.parent.mkdir(parents=True, exist_ok=True)
-    rows = [{"id": f"q{i}", "question": f"Which city is number {i}?", "contexts": [d], "context_answers": [answers[0]],
-             "memory_answers": [answers[1]]} for i, d in enumerate(documents)]
+    rows = [
+        {
+            "id": f"q{i}",
+            "question": f"Which city is number {i}?",
+            "contexts": [d],
+            "context_answers": [answers[0]],
+            "memory_answers": [answers[1]],
+        }
+        for i, d in enumerate(documents)
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
 def _eval_args(model, out, *extra):
-    return ["eval", "--model", str(model), "--methods", "standard,fides", "--max-new-tokens", "2", "--bootstrap", "5",
-            "--no-progress", "--device", "cpu", "--out", str(out), *extra]
+    return [
+        "eval",
+        "--model",
+        str(model),
+        "--methods",
+        "standard,fides",
+        "--max-new-tokens",
+        "2",
+        "--bootstrap",
+        "5",
+        "--no-progress",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def _predictions(out):
@@ -111,19 +163,27 @@ def test_resume_refuses_changed_data_content_at_the_same_path(tiny_folder, tmp_p
     capsys.readouterr()
     assert main(argv) == 2
     err = _one_line_error(capsys)
-    assert "different data_sha256" in err and "use a new --out folder, or delete" in err and "predictions.jsonl to start over" in err
+    assert (
+        "different data_sha256" in err
+        and "use a new --out folder, or delete" in err
+        and "predictions.jsonl to start over" in err
+    )
     assert _predictions(out) == kept
     fresh = tmp_path / "fresh"
     assert main(_eval_args(tiny_folder, fresh, "--dataset", "jsonl", "--data", str(data))) == 0
     (out / "predictions.jsonl").unlink()  # the named fix: start over, and get what a fresh run gets
     assert main(argv) == 0
-    assert [r["outputs"]["fides"]["text"] for r in _predictions(out)] == [r["outputs"]["fides"]["text"] for r in _predictions(fresh)]
+    assert [r["outputs"]["fides"]["text"] for r in _predictions(out)] == [
+        r["outputs"]["fides"]["text"] for r in _predictions(fresh)
+    ]
 
 
 def test_resume_refuses_other_data_under_fides_rag_data(tiny_folder, tmp_path, monkeypatch, capsys):
     def popqa(folder, passage):
         (folder / "popqa").mkdir(parents=True)
-        (folder / "popqa" / "popqa_longtail.jsonl").write_text(json.dumps({"id": 1, "question": "Where?", "answers": ["Lyon"]}) + "\n")
+        (folder / "popqa" / "popqa_longtail.jsonl").write_text(
+            json.dumps({"id": 1, "question": "Where?", "answers": ["Lyon"]}) + "\n"
+        )
         (folder / "popqa" / "popqa_longtail_passages.txt").write_text(f"# {passage}\n")
         return folder
 
@@ -140,7 +200,10 @@ def test_resume_refuses_a_changed_fides_config_under_the_same_label(tiny_folder,
     from fides_rag import FidesConfig
 
     data, out = _write_jsonl(tmp_path / "qa.jsonl"), tmp_path / "run"
-    a0, a5 = FidesConfig(fixed_alpha=0.0).to_file(tmp_path / "a0.json"), FidesConfig(fixed_alpha=5.0).to_file(tmp_path / "a5.json")
+    a0, a5 = (
+        FidesConfig(fixed_alpha=0.0).to_file(tmp_path / "a0.json"),
+        FidesConfig(fixed_alpha=5.0).to_file(tmp_path / "a5.json"),
+    )
     base = ["--dataset", "jsonl", "--data", str(data)]
     assert main(_eval_args(tiny_folder, out, *base, "--fides-config", f"v={a0}")) == 0
     capsys.readouterr()
@@ -156,13 +219,16 @@ def test_resume_refuses_a_changed_fides_config_under_the_same_label(tiny_folder,
     assert "different config (config: fixed_alpha None -> 5.0)" in _one_line_error(capsys)
 
 
-@pytest.mark.parametrize("flag, value, message", [
-    ("--limit", "0", "--limit: must be at least 1, got 0"),
-    ("--limit", "-5", "--limit: must be at least 1, got -5"),
-    ("--bootstrap", "0", "--bootstrap: must be at least 1, got 0"),
-    ("--max-new-tokens", "0", "--max-new-tokens: must be at least 1, got 0"),
-    ("--batch-size", "0", "--batch-size: must be at least 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--limit", "0", "--limit: must be at least 1, got 0"),
+        ("--limit", "-5", "--limit: must be at least 1, got -5"),
+        ("--bootstrap", "0", "--bootstrap: must be at least 1, got 0"),
+        ("--max-new-tokens", "0", "--max-new-tokens: must be at least 1, got 0"),
+        ("--batch-size", "0", "--batch-size: must be at least 1, got 0"),
+    ],
+)
 def test_bad_counts_are_refused_before_any_work(flag, value, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["eval", "--out", str(tmp_path / "run"), flag, value])

@@ -28,12 +28,23 @@ def test_a_published_run_regenerates_with_the_same_answers(tmp_path):
     model, tokenizer = load_model(info["model"])
     decoder = FidesDecoder(model, tokenizer)
     methods = build_methods(["standard", "cad", "adacad", "fides", "fides+agree"])
-    run_eval(decoder, examples, methods, tmp_path, batch_size=info["batch_size"], max_new_tokens=info["max_new_tokens"],
-             progress=False, bootstrap_samples=10)
+    run_eval(
+        decoder,
+        examples,
+        methods,
+        tmp_path,
+        batch_size=info["batch_size"],
+        max_new_tokens=info["max_new_tokens"],
+        progress=False,
+        bootstrap_samples=10,
+    )
     now = {r["id"]: r for r in read_predictions(tmp_path / "predictions.jsonl")}
     assert len(now) == ROWS
     for example_id, record in now.items():
         for label in ("standard", "cad", "adacad", "fides"):
-            assert record["outputs"][label]["text"] == published[example_id]["outputs"][label]["text"], (example_id, label)
+            assert record["outputs"][label]["text"] == published[example_id]["outputs"][label]["text"], (
+                example_id,
+                label,
+            )
         if "fides+agree" in published[example_id]["outputs"]:
             assert record["outputs"]["fides+agree"]["text"] == published[example_id]["outputs"]["fides+agree"]["text"]

@@ -14,10 +14,20 @@ from fides_rag.eval.datasets import (
 )
 
 SWAP_ROWS = [
-    {"question": "who sings it", "org_context": "<P> Sung by Tim . </P>", "org_answer": ["Tim"],
-     "sub_context": "<P> Sung by <b>Yuliya</b> . </P>", "sub_answer": ["Yuliya"]},
-    {"question": "capital of france", "org_context": "<Li> Paris </Li>", "org_answer": ["Paris"],
-     "sub_context": "<Td> Lyon </Td>", "sub_answer": ["Lyon", "Lyons"]},
+    {
+        "question": "who sings it",
+        "org_context": "<P> Sung by Tim . </P>",
+        "org_answer": ["Tim"],
+        "sub_context": "<P> Sung by <b>Yuliya</b> . </P>",
+        "sub_answer": ["Yuliya"],
+    },
+    {
+        "question": "capital of france",
+        "org_context": "<Li> Paris </Li>",
+        "org_answer": ["Paris"],
+        "sub_context": "<Td> Lyon </Td>",
+        "sub_answer": ["Lyon", "Lyons"],
+    },
 ]
 
 
@@ -53,7 +63,9 @@ def test_nq_swap_bad_field_names_line(tmp_path):
     rows = [SWAP_ROWS[0], {k: v for k, v in SWAP_ROWS[1].items() if k != "question"}]
     with pytest.raises(DatasetError, match=r"line 2, field 'question': missing"):
         load_nq_swap(_jsonl(tmp_path / "swap.jsonl", rows))
-    pd.DataFrame([{k: v for k, v in r.items() if k != "sub_context"} for r in SWAP_ROWS]).to_parquet(tmp_path / "bad.parquet")
+    pd.DataFrame([{k: v for k, v in r.items() if k != "sub_context"} for r in SWAP_ROWS]).to_parquet(
+        tmp_path / "bad.parquet"
+    )
     with pytest.raises(DatasetError, match=r"bad\.parquet, field 'sub_context'"):
         load_nq_swap(tmp_path / "bad.parquet")
 
@@ -78,8 +90,14 @@ def test_nq_swap_missing_file_and_hub_without_datasets(tmp_path, monkeypatch):
 def test_nq_open_gold_passages(tmp_path):
     path = tmp_path / "oracle.jsonl.gz"
     rows = [
-        {"question": "q1", "answers": ["A1"], "ctxs": [{"title": "T", "text": "gold text", "isgold": True, "hasanswer": True},
-                                                     {"title": "U", "text": "other", "isgold": False}]},
+        {
+            "question": "q1",
+            "answers": ["A1"],
+            "ctxs": [
+                {"title": "T", "text": "gold text", "isgold": True, "hasanswer": True},
+                {"title": "U", "text": "other", "isgold": False},
+            ],
+        },
         {"question": "q2", "answers": ["A2"], "ctxs": [{"title": "", "text": "no gold", "isgold": False}]},
     ]
     with gzip.open(path, "wt") as handle:
@@ -91,10 +109,13 @@ def test_nq_open_gold_passages(tmp_path):
 
 
 def test_popqa_passages_by_line(tmp_path):
-    path = _jsonl(tmp_path / "popqa_longtail.jsonl", [
-        {"question": "What is X's occupation?", "answers": ["politician", "pol"], "id": 7},
-        {"question": "Where was Y born?", "answers": ["Oslo"], "id": 8},
-    ])
+    path = _jsonl(
+        tmp_path / "popqa_longtail.jsonl",
+        [
+            {"question": "What is X's occupation?", "answers": ["politician", "pol"], "id": 7},
+            {"question": "Where was Y born?", "answers": ["Oslo"], "id": 8},
+        ],
+    )
     (tmp_path / "popqa_longtail_passages.txt").write_text("#X was a politician.\n#Y lived in Rome.\n")
     examples = load_popqa(path)
     assert [e.id for e in examples] == ["popqa-7", "popqa-8"]
@@ -106,10 +127,13 @@ def test_popqa_passages_by_line(tmp_path):
 
 
 def test_user_jsonl(tmp_path):
-    path = _jsonl(tmp_path / "mine.jsonl", [
-        {"question": "q", "contexts": "one passage", "context_answers": ["a"], "memory_answers": ["b"], "id": "x1"},
-        {"question": "q2", "contexts": ["p1", "p2"], "context_answers": "c"},
-    ])
+    path = _jsonl(
+        tmp_path / "mine.jsonl",
+        [
+            {"question": "q", "contexts": "one passage", "context_answers": ["a"], "memory_answers": ["b"], "id": "x1"},
+            {"question": "q2", "contexts": ["p1", "p2"], "context_answers": "c"},
+        ],
+    )
     examples = load_qa_jsonl(path)
     assert examples[0].is_conflict and examples[0].id == "x1"
     assert examples[1].contexts == ("p1", "p2") and examples[1].id == "mine-1" and not examples[1].is_conflict
@@ -118,10 +142,19 @@ def test_user_jsonl(tmp_path):
 
 
 def test_user_jsonl_original_answers_mark_what_an_agreeing_row_could_be_known_as(tmp_path):
-    path = _jsonl(tmp_path / "mine.jsonl", [
-        {"question": "q", "contexts": "p", "context_answers": ["Paris"], "original_answers": ["Paris"]},
-        {"question": "q", "contexts": "p", "context_answers": ["Lyon"], "memory_answers": ["Paris"], "original_answers": "Paris"},
-    ])
+    path = _jsonl(
+        tmp_path / "mine.jsonl",
+        [
+            {"question": "q", "contexts": "p", "context_answers": ["Paris"], "original_answers": ["Paris"]},
+            {
+                "question": "q",
+                "contexts": "p",
+                "context_answers": ["Lyon"],
+                "memory_answers": ["Paris"],
+                "original_answers": "Paris",
+            },
+        ],
+    )
     agreeing, swapped = load_qa_jsonl(path)
     assert agreeing.original_answers == ("Paris",) and not agreeing.is_conflict
     assert swapped.original_answers == ("Paris",) and swapped.is_conflict
@@ -136,7 +169,7 @@ def test_user_jsonl_original_answers_mark_what_an_agreeing_row_could_be_known_as
         ('{"question": "q", "contexts": ["p"], "context_answers": []}', r"line 2, field 'context_answers': empty"),
         ('{"question": "q", "contexts": ["p"], "context_answers": ["a"], "id": "x"}', r"line 2, field 'id': repeats"),
         ('{"question": "q", ', r"bad\.jsonl, line 2: not valid JSON"),
-        ('[1, 2]', r"line 2: expected a JSON object"),
+        ("[1, 2]", r"line 2: expected a JSON object"),
     ],
 )
 def test_user_jsonl_errors_name_file_line_field(tmp_path, line, pattern):
@@ -177,7 +210,10 @@ def test_dataset_files_are_the_files_a_loader_reads(tmp_path, monkeypatch):
     (tmp_path / "popqa").mkdir()
     for name in ("popqa_longtail.jsonl", "popqa_longtail_passages.txt"):
         (tmp_path / "popqa" / name).write_text("")
-    assert dataset_files("popqa") == [tmp_path / "popqa" / "popqa_longtail.jsonl", tmp_path / "popqa" / "popqa_longtail_passages.txt"]
+    assert dataset_files("popqa") == [
+        tmp_path / "popqa" / "popqa_longtail.jsonl",
+        tmp_path / "popqa" / "popqa_longtail_passages.txt",
+    ]
     assert dataset_files("popqa", passages=tmp_path / "p.txt")[1] == tmp_path / "p.txt"
     mine = tmp_path / "mine.jsonl"
     mine.write_text("")
@@ -189,8 +225,10 @@ def test_dataset_files_are_the_files_a_loader_reads(tmp_path, monkeypatch):
 def test_an_answer_column_of_lists_written_as_text_is_read_as_lists(tmp_path, suffix):
     import numpy as np
 
-    rows = [{**SWAP_ROWS[0], "sub_answer": str(["Yuliya"]), "org_answer": str(np.array(["Emma", "Emma Stone"]))},
-            {**SWAP_ROWS[1], "sub_answer": "Lyon", "org_answer": "['Paris', \"Paris's centre\"]"}]  # a bare string is one answer
+    rows = [
+        {**SWAP_ROWS[0], "sub_answer": str(["Yuliya"]), "org_answer": str(np.array(["Emma", "Emma Stone"]))},
+        {**SWAP_ROWS[1], "sub_answer": "Lyon", "org_answer": "['Paris', \"Paris's centre\"]"},
+    ]  # a bare string is one answer
     path = tmp_path / f"swap.{suffix}"
     if suffix == "parquet":
         pd.DataFrame(rows).to_parquet(path)
@@ -200,5 +238,7 @@ def test_an_answer_column_of_lists_written_as_text_is_read_as_lists(tmp_path, su
     assert first.context_answers == ("Yuliya",) and first.memory_answers == ("Emma", "Emma Stone")
     assert second.context_answers == ("Lyon",) and second.memory_answers == ("Paris", "Paris's centre")
     pd.DataFrame([{**SWAP_ROWS[0], "sub_answer": "['Yuliya', 3]"}]).to_parquet(path.with_suffix(".bad.parquet"))
-    with pytest.raises(DatasetError, match=r"field 'sub_answer': a list written as text that cannot be read as a list of strings"):
+    with pytest.raises(
+        DatasetError, match=r"field 'sub_answer': a list written as text that cannot be read as a list of strings"
+    ):
         load_nq_swap(path.with_suffix(".bad.parquet"))

@@ -1,6 +1,14 @@
 import pytest
 
-from fides_rag.eval.metrics import aggregate, contains_answer, containment, exact_match, normalize_answer, score_prediction, token_f1
+from fides_rag.eval.metrics import (
+    aggregate,
+    containment,
+    contains_answer,
+    exact_match,
+    normalize_answer,
+    score_prediction,
+    token_f1,
+)
 
 
 @pytest.mark.parametrize(
@@ -55,7 +63,11 @@ def test_score_prediction_conflict_and_control():
 
 
 def test_aggregate_means_over_defined_samples():
-    scores = [score_prediction("Lyon", ["Lyon"], ["Paris"]), score_prediction("Paris", ["Lyon"], ["Paris"]), score_prediction("Lyon", ["Lyon"])]
+    scores = [
+        score_prediction("Lyon", ["Lyon"], ["Paris"]),
+        score_prediction("Paris", ["Lyon"], ["Paris"]),
+        score_prediction("Lyon", ["Lyon"]),
+    ]
     agg = aggregate(scores)
     assert agg["cf"] == pytest.approx(50.0) and agg["n_cf"] == 2
     assert agg["em"] == pytest.approx(200 / 3) and agg["n_em"] == 3

@@ -32,30 +32,75 @@ def tiny_run_inputs(tmp_path_factory):
     tokenizer = build_tokenizer()
     build_tiny_model("llama", len(tokenizer)).save_pretrained(root / "model")
     tokenizer.save_pretrained(root / "model")
-    rows = [{"id": f"ex{i}", "question": f"What is the capital of country {i}?", "contexts": [f"City {i} is the capital of country {i}."],
-             "context_answers": [f"City {i}"], "memory_answers": ["Paris"]} for i in range(N)]
+    rows = [
+        {
+            "id": f"ex{i}",
+            "question": f"What is the capital of country {i}?",
+            "contexts": [f"City {i} is the capital of country {i}."],
+            "context_answers": [f"City {i}"],
+            "memory_answers": ["Paris"],
+        }
+        for i in range(N)
+    ]
     (root / "data.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return root
 
 
 def _eval_args(root: Path, out: Path, batch_size: int = 4, new_tokens: int = 4, progress: bool = False) -> list[str]:
-    return ["-m", "fides_rag.cli.main", "eval", "--model", str(root / "model"), "--dataset", "jsonl", "--data", str(root / "data.jsonl"),
-            "--methods", "standard,fides", "--batch-size", str(batch_size), "--max-new-tokens", str(new_tokens), "--device", "cpu",
-            "--bootstrap", "200", "--out", str(out), *([] if progress else ["--no-progress"])]
+    return [
+        "-m",
+        "fides_rag.cli.main",
+        "eval",
+        "--model",
+        str(root / "model"),
+        "--dataset",
+        "jsonl",
+        "--data",
+        str(root / "data.jsonl"),
+        "--methods",
+        "standard,fides",
+        "--batch-size",
+        str(batch_size),
+        "--max-new-tokens",
+        str(new_tokens),
+        "--device",
+        "cpu",
+        "--bootstrap",
+        "200",
+        "--out",
+        str(out),
+        *([] if progress else ["--no-progress"]),
+    ]
 
 
 def _env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 
 
-def _torchrun(root: Path, out: Path, batch_size: int = 4, new_tokens: int = 4, progress: bool = False) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                             *_eval_args(root, out, batch_size, new_tokens, progress)], env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+def _torchrun(
+    root: Path, out: Path, batch_size: int = 4, new_tokens: int = 4, progress: bool = False
+) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            *_eval_args(root, out, batch_size, new_tokens, progress),
+        ],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _one_process(root: Path, out: Path, batch_size: int = 4, new_tokens: int = 4) -> None:
-    one = subprocess.run([sys.executable, *_eval_args(root, out, batch_size, new_tokens)], env=_env(), capture_output=True, text=True)
+    one = subprocess.run(
+        [sys.executable, *_eval_args(root, out, batch_size, new_tokens)], env=_env(), capture_output=True, text=True
+    )
     assert one.returncode == 0, one.stderr[-3000:]
 
 
@@ -63,7 +108,10 @@ def _assert_same_as_one_process(two: Path, one: Path) -> None:
     first = json.loads((one / "results.json").read_text())
     second = json.loads((two / "results.json").read_text())
     assert _comparable(second) == _comparable(first) and second["run"]["processes"] == 2
-    single = {json.loads(line)["id"]: json.loads(line)["outputs"] for line in (one / "predictions.jsonl").read_text().splitlines()}
+    single = {
+        json.loads(line)["id"]: json.loads(line)["outputs"]
+        for line in (one / "predictions.jsonl").read_text().splitlines()
+    }
     _assert_equal_to_1e5({i: r["outputs"] for i, r in _records(two).items()}, single)
 
 
@@ -85,11 +133,20 @@ def _assert_equal_to_1e5(got, want, where: str = "") -> None:
 
 
 def _comparable(results: dict) -> dict:
-    return {"metrics": results["metrics"], "significance": results["significance"], "examples": results["run"]["examples"]}
+    return {
+        "metrics": results["metrics"],
+        "significance": results["significance"],
+        "examples": results["run"]["examples"],
+    }
 
 
 def _records(out: Path) -> dict[str, dict]:
-    rows = [json.loads(line) for p in sorted(out.glob("shard-*/predictions.jsonl")) for line in p.read_text().splitlines() if line]
+    rows = [
+        json.loads(line)
+        for p in sorted(out.glob("shard-*/predictions.jsonl"))
+        for line in p.read_text().splitlines()
+        if line
+    ]
     return {r["id"]: r for r in rows}
 
 
@@ -108,9 +165,27 @@ def test_two_processes_equal_one(tiny_run_inputs, tmp_path):
 def test_accelerate_launch_equals_one_process(tiny_run_inputs, tmp_path):
     # --multi_gpu selects accelerate's torch.distributed launcher; on a CPU host the ranks use gloo (with --cpu,
     # accelerate would start one process unless MPI is installed).
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-              "--mixed_precision", "no", "--dynamo_backend", "no"]
-    run = subprocess.run([*launch, *_eval_args(tiny_run_inputs, tmp_path / "two")], env=_env(), capture_output=True, text=True, timeout=900)
+    launch = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+    ]
+    run = subprocess.run(
+        [*launch, *_eval_args(tiny_run_inputs, tmp_path / "two")],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     _one_process(tiny_run_inputs, tmp_path / "one")
     _assert_same_as_one_process(tmp_path / "two", tmp_path / "one")
@@ -138,7 +213,11 @@ def _lines(path: Path) -> int:
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/environ").is_file(), reason="finds the rank's process through /proc")
 def test_a_rank_killed_mid_run_resumes_without_loss_or_duplicates(tiny_run_inputs, tmp_path):
-    out, batch, tokens = tmp_path / "two", 1, 48  # one example per append, long answers: slow enough to be caught mid-run
+    out, batch, tokens = (
+        tmp_path / "two",
+        1,
+        48,
+    )  # one example per append, long answers: slow enough to be caught mid-run
     victim = out / "shard-1-of-2" / "predictions.jsonl"
     run = _torchrun(tiny_run_inputs, out, batch, tokens)
     deadline = time.monotonic() + 600

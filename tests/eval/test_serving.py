@@ -11,7 +11,9 @@ def test_serving_modes_agree_and_report_latencies(tiny_llama, tokenizer):
     decoder = FidesDecoder(tiny_llama, tokenizer)
     examples = [
         QAExample(question=q, contexts=(d,), context_answers=("x",), id=str(i))
-        for i, (q, d) in enumerate([("What is the capital?", "Lyon is the capital of France."), ("Who chose it?", "Canberra was chosen.")])
+        for i, (q, d) in enumerate(
+            [("What is the capital?", "Lyon is the capital of France."), ("Who chose it?", "Canberra was chosen.")]
+        )
     ]
     report = serving(decoder, examples, loads=(2.0,), n_requests=5, tokens=(2, 6))
     entry = report["loads"]["2.0"]
@@ -27,7 +29,14 @@ def test_serving_modes_agree_and_report_latencies(tiny_llama, tokenizer):
 
 def test_serving_runs_under_the_step_budget_it_is_given_and_keeps_the_outputs(tiny_llama, tokenizer):
     decoder = FidesDecoder(tiny_llama, tokenizer)
-    examples = [QAExample(question="What is the capital?", contexts=("Lyon is the capital of France. " * 8,), context_answers=("x",), id="0")]
+    examples = [
+        QAExample(
+            question="What is the capital?",
+            contexts=("Lyon is the capital of France. " * 8,),
+            context_answers=("x",),
+            id="0",
+        )
+    ]
     report = serving(decoder, examples, loads=(2.0,), n_requests=4, tokens=(2, 4), max_num_batched_tokens=16)
     assert report["max_num_batched_tokens"] == decoder.limits.max_num_batched_tokens == 16
     assert report["loads"]["2.0"]["identical_outputs"]
@@ -37,7 +46,14 @@ def test_serving_runs_under_the_step_budget_it_is_given_and_keeps_the_outputs(ti
 def test_a_capped_continuous_run_decodes_at_most_the_cap_at_once_and_keeps_the_outputs(tiny_llama, tokenizer):
     from fides_rag.eval.serving import ServingBench
 
-    examples = [QAExample(question="What is the capital?", contexts=("Lyon is the capital of France.",), context_answers=("x",), id="0")]
+    examples = [
+        QAExample(
+            question="What is the capital?",
+            contexts=("Lyon is the capital of France.",),
+            context_answers=("x",),
+            id="0",
+        )
+    ]
     free, capped = FidesDecoder(tiny_llama, tokenizer), FidesDecoder(tiny_llama, tokenizer)
     uncapped_run = ServingBench(free, examples, n_requests=5, tokens=(2, 6)).run("continuous", 1000.0)
     bench = ServingBench(capped, examples, n_requests=5, tokens=(2, 6))

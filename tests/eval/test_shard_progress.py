@@ -19,6 +19,6 @@ def test_counts_appended_whole_lines_across_shards(tmp_path):
     files[1].parent.mkdir()
     files[1].write_bytes(b'{"id": "d"}\n')
     with files[0].open("ab") as f:
-        f.write(b'}\n')
+        f.write(b"}\n")
     progress.close()
     assert progress.bar.n == 5

@@ -57,7 +57,9 @@ def test_resampling_questions_undoes_the_narrowing_that_repeated_rows_cause():
     questions = np.repeat(np.arange(60), 5).tolist()
     by_row = paired_bootstrap(repeated_a, repeated_b, samples=4000)
     by_question = paired_bootstrap(repeated_a, repeated_b, samples=4000, clusters=questions)
-    assert by_question["diff"] == pytest.approx(once["diff"]) and by_question["clusters"] == 60 and by_question["n"] == 300
+    assert (
+        by_question["diff"] == pytest.approx(once["diff"]) and by_question["clusters"] == 60 and by_question["n"] == 300
+    )
     assert _width(by_row) < 0.6 * _width(once)
     assert _width(by_question) == pytest.approx(_width(once), rel=0.2)
 
@@ -68,7 +70,9 @@ def test_one_question_per_row_matches_the_row_bootstrap():
     rows = paired_bootstrap(a, b, samples=4000)
     clustered = paired_bootstrap(a, b, samples=4000, clusters=list(range(150)))
     assert clustered["diff"] == pytest.approx(rows["diff"])
-    assert clustered["ci_low"] == pytest.approx(rows["ci_low"], abs=0.02) and clustered["ci_high"] == pytest.approx(rows["ci_high"], abs=0.02)
+    assert clustered["ci_low"] == pytest.approx(rows["ci_low"], abs=0.02) and clustered["ci_high"] == pytest.approx(
+        rows["ci_high"], abs=0.02
+    )
     assert rows["clusters"] is None
 
 

@@ -17,7 +17,9 @@ def example(tokenizer):
 
 
 @pytest.mark.parametrize("method", ["standard", "cad", "fides"])
-def test_a_measured_engine_decode_counts_its_steps_and_gives_the_unmeasured_tokens(tiny_llama, tokenizer, example, method):
+def test_a_measured_engine_decode_counts_its_steps_and_gives_the_unmeasured_tokens(
+    tiny_llama, tokenizer, example, method
+):
     decoder = FidesDecoder(tiny_llama, tokenizer, prompt_template=PromptTemplate(stop=()))
     prepared = prepared_from_ids(tokenizer, *example)
     plain = decoder.generate(prepared, method=method, max_new_tokens=7, min_new_tokens=7)
@@ -37,7 +39,9 @@ def test_a_measured_engine_decode_counts_its_steps_and_gives_the_unmeasured_toke
 @pytest.mark.parametrize("inference_mode", [False, True])
 def test_a_measured_generate_gives_standard_decoding_tokens(tiny_llama, tokenizer, example, inference_mode):
     decoder = FidesDecoder(tiny_llama, tokenizer, prompt_template=PromptTemplate(stop=()))
-    standard = decoder.generate(prepared_from_ids(tokenizer, *example), method="standard", max_new_tokens=6, min_new_tokens=6)
+    standard = decoder.generate(
+        prepared_from_ids(tokenizer, *example), method="standard", max_new_tokens=6, min_new_tokens=6
+    )
     measured = measure_generate(tiny_llama, example[0], 6, 2, inference_mode=inference_mode)
     assert measured["token_ids"] == standard.token_ids
     assert measured["counted_steps"] == 2 and measured["timed_steps"] == 3

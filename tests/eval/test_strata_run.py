@@ -175,7 +175,9 @@ def test_cli_strata_needs_standard_and_per_stratum_needs_strata(tiny_folder, tmp
 def test_cli_strata_rerun_resumes_without_decoding_again_and_a_plain_run_is_refused(tiny_folder, tmp_path, capsys):
     data = _jsonl(tmp_path / "qa.jsonl")
     out = tmp_path / "run"
-    argv = _args(tiny_folder, data, out, "--methods", "standard,cad", "--strata", "--per-stratum", "1", "--strata-seed", "4")
+    argv = _args(
+        tiny_folder, data, out, "--methods", "standard,cad", "--strata", "--per-stratum", "1", "--strata-seed", "4"
+    )
     assert main(argv) == 0
     closed, predictions = (out / CLOSED_BOOK).read_text(), (out / "predictions.jsonl").read_text()
     assert main(argv) == 0

@@ -17,13 +17,21 @@ def check_incremental_equals_whole(tokenizer, sequences) -> None:
         pushed = "".join(text.push(i) for i in ids)
         whole = decode(ids)
         assert text.text == pushed
-        assert whole.startswith(text.text) and (whole == text.text or whole[len(text.text) :].endswith("\ufffd")), (ids, whole, text.text)
+        assert whole.startswith(text.text) and (whole == text.text or whole[len(text.text) :].endswith("\ufffd")), (
+            ids,
+            whole,
+            text.text,
+        )
 
 
 def sequences(tokenizer, seed: int):
     rng = random.Random(seed)
-    sentences = ["The Eiffel Tower is in Rome, Italy.", "Ünïcödé → ✓ 東京 🚀 naïve café", "  spaced   out\n\nlines\t tab",
-                 "Answer: Lyon<|im_end|> Document [2]:"]
+    sentences = [
+        "The Eiffel Tower is in Rome, Italy.",
+        "Ünïcödé → ✓ 東京 🚀 naïve café",
+        "  spaced   out\n\nlines\t tab",
+        "Answer: Lyon<|im_end|> Document [2]:",
+    ]
     texts = [tokenizer(s, add_special_tokens=False)["input_ids"] for s in sentences]
     randoms = [[rng.randrange(len(tokenizer)) for _ in range(rng.randrange(1, 40))] for _ in range(30)]
     return texts + randoms

@@ -23,8 +23,12 @@ def test_each_options_type_adds_its_own_keys():
 @pytest.mark.parametrize(
     "call, options",
     [
-        (FidesDecoder.generate, MethodOptions), (FidesDecoder.generate_batch, MethodOptions), (FidesDecoder.stream, MethodOptions),
-        (FidesDecoder.agenerate, MethodOptions), (FidesDecoder.astream, MethodOptions), (FidesDecoder.submit, MethodOptions),
+        (FidesDecoder.generate, MethodOptions),
+        (FidesDecoder.generate_batch, MethodOptions),
+        (FidesDecoder.stream, MethodOptions),
+        (FidesDecoder.agenerate, MethodOptions),
+        (FidesDecoder.astream, MethodOptions),
+        (FidesDecoder.submit, MethodOptions),
     ],
 )
 def test_public_calls_declare_their_options(call, options):
@@ -37,8 +41,18 @@ def test_public_calls_declare_their_options(call, options):
 def test_every_option_is_accepted_and_an_unknown_one_is_named(tiny_llama, tokenizer):
     tiny_decoder = FidesDecoder(tiny_llama, tokenizer)
     options: MethodOptions = {
-        "method": "cad", "max_new_tokens": 2, "stop": ["\n"], "min_new_tokens": 1, "do_sample": True, "temperature": 0.7,
-        "top_p": 0.9, "top_k": 5, "seed": 3, "logits_processor": None, "stopping_criteria": None, "logprobs": 2,
+        "method": "cad",
+        "max_new_tokens": 2,
+        "stop": ["\n"],
+        "min_new_tokens": 1,
+        "do_sample": True,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 5,
+        "seed": 3,
+        "logits_processor": None,
+        "stopping_criteria": None,
+        "logprobs": 2,
     }
     # methods= is the other way to name the rule; json_schema=, regex= and grammar= exclude each other (tested apart)
     options["json_schema"] = {"type": "string", "maxLength": 2}

@@ -53,7 +53,9 @@ def test_a_framework_call_takes_exactly_its_request_options_with_their_defaults(
 
 def test_the_adapters_fields_are_the_request_options_with_their_defaults_and_bounds():
     fields = DecodingFields.model_fields
-    assert set(fields) - ADAPTER_OWN_FIELDS == set(options_of("fields")) - {"temperature"}  # temperature: each adapter's own
+    assert set(fields) - ADAPTER_OWN_FIELDS == set(options_of("fields")) - {
+        "temperature"
+    }  # temperature: each adapter's own
     for name in set(fields) - ADAPTER_OWN_FIELDS:
         option = REQUEST_OPTIONS[name]
         assert fields[name].default == option.default, name
@@ -62,7 +64,10 @@ def test_the_adapters_fields_are_the_request_options_with_their_defaults_and_bou
 
 
 def test_the_servers_fields_are_the_request_options_under_their_http_names():
-    server = {**ChatCompletionRequest.model_fields, **CompletionRequest.model_fields}  # chat's logprobs is OpenAI's flag
+    server = {
+        **ChatCompletionRequest.model_fields,
+        **CompletionRequest.model_fields,
+    }  # chat's logprobs is OpenAI's flag
     for name in options_of("server"):
         option = REQUEST_OPTIONS[name]
         assert option.over_http in server, name

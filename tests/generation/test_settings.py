@@ -36,7 +36,11 @@ def test_bad_settings_name_the_setting(kwargs, message):
 
 def test_good_settings_pass():
     settings = GenerationSettings(do_sample=True, temperature=0.7, top_p=0.9, top_k=5, seed=2**63 - 1, stop=("\n",))
-    assert [type(p).__name__ for p in settings.sampling_warpers()] == ["TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper"]
+    assert [type(p).__name__ for p in settings.sampling_warpers()] == [
+        "TemperatureLogitsWarper",
+        "TopKLogitsWarper",
+        "TopPLogitsWarper",
+    ]
     assert settings.unit_processors(10, {2}) is None  # nothing that reads a request's own history
 
 
@@ -59,7 +63,9 @@ def test_sampling_options_drop_greedy_knobs_and_read_temperature_zero_as_greedy(
     assert sampling_options(True, temperature=0) == {}
     assert sampling_options(True) == {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": None}
     assert sampling_options(True, temperature=0.5, seed=7)["temperature"] == 0.5
-    with pytest.raises(ValueError, match="do_sample must be True or False"):  # passed on unchecked, named by the settings
+    with pytest.raises(
+        ValueError, match="do_sample must be True or False"
+    ):  # passed on unchecked, named by the settings
         GenerationSettings(**sampling_options("yes"))
 
 
@@ -98,7 +104,9 @@ def test_a_temperature_below_1e_5_decodes_greedily_alone_and_in_a_batch(tiny_lla
         assert (settings.do_sample, settings.sampling_key()) == (False, GenerationSettings().sampling_key())
         tiny = decoder.generate("q?", ["a document"], max_new_tokens=6, do_sample=True, temperature=temperature, seed=1)
         assert tiny.token_ids == greedy.token_ids
-    batch = decoder.generate_batch(["q?", "other q?"], [["a document"], ["another document"]], max_new_tokens=6, do_sample=True, temperature=1e-300)
+    batch = decoder.generate_batch(
+        ["q?", "other q?"], [["a document"], ["another document"]], max_new_tokens=6, do_sample=True, temperature=1e-300
+    )
     assert batch[0].token_ids == greedy.token_ids
 
 
@@ -107,8 +115,13 @@ def test_sampling_extremes_are_greedy_equivalent_or_refused(tiny_llama, tokenize
     greedy = decoder.generate("q?", ["a document"], max_new_tokens=6)
     narrow = decoder.generate("q?", ["a document"], max_new_tokens=6, do_sample=True, top_p=1e-300, seed=2)
     assert narrow.token_ids == greedy.token_ids  # top_p keeps the best token only
-    assert decoder.generate("q?", ["a document"], max_new_tokens=6, do_sample=True, top_k=1, seed=2).token_ids == greedy.token_ids
-    hot = decoder.generate("q?", ["a document"], max_new_tokens=6, do_sample=True, temperature=1e30, top_k=2**64, seed=2**63 - 1)
+    assert (
+        decoder.generate("q?", ["a document"], max_new_tokens=6, do_sample=True, top_k=1, seed=2).token_ids
+        == greedy.token_ids
+    )
+    hot = decoder.generate(
+        "q?", ["a document"], max_new_tokens=6, do_sample=True, temperature=1e30, top_k=2**64, seed=2**63 - 1
+    )
     assert len(hot.token_ids) == 6
     for bad in ({"temperature": 1e31}, {"seed": -1}, {"seed": 2**64}, {"top_p": 0.0}, {"top_k": -1}):
         with pytest.raises(ValueError, match=next(iter(bad))):
@@ -128,7 +141,14 @@ class _Certain:
 def test_an_infinitely_likely_token_is_the_one_drawn(tiny_llama, tokenizer):
     decoder = FidesDecoder(tiny_llama, tokenizer)
     decoder.eos_token_ids = set()
-    result = decoder.generate("q?", ["a document"], max_new_tokens=5, do_sample=True, seed=0, logits_processor=LogitsProcessorList([_Certain(7)]))
+    result = decoder.generate(
+        "q?",
+        ["a document"],
+        max_new_tokens=5,
+        do_sample=True,
+        seed=0,
+        logits_processor=LogitsProcessorList([_Certain(7)]),
+    )
     assert result.token_ids == [7] * 5
 
 

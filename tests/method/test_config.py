@@ -10,7 +10,13 @@ from fides_rag import FidesConfig
 def test_defaults_are_the_sources():
     cfg = FidesConfig()
     assert cfg.weights == (0.5, 0.3, 0.2)
-    assert (cfg.lambda_, cfg.alpha_min, cfg.shift_scale, cfg.noise_scale, cfg.noise_layer_ratio) == (1.5, 0.1, 10.0, 5.0, 0.5)
+    assert (cfg.lambda_, cfg.alpha_min, cfg.shift_scale, cfg.noise_scale, cfg.noise_layer_ratio) == (
+        1.5,
+        0.1,
+        10.0,
+        5.0,
+        0.5,
+    )
     assert cfg.fixed_alpha is None
     assert cfg.active_signals == ("opposition", "shift", "noise")
 
@@ -64,8 +70,12 @@ def test_file_round_trip_and_unknown_fields(tmp_path):
 
 def test_numpy_numbers_are_accepted_and_stored_as_floats():
     np = pytest.importorskip("numpy")
-    cfg = FidesConfig(weights=tuple(np.float32(w) for w in (0.5, 0.25, 0.25)), lambda_=np.float32(2.0), alpha_min=np.float64(0.1),
-                      fixed_alpha=np.int64(1))
+    cfg = FidesConfig(
+        weights=tuple(np.float32(w) for w in (0.5, 0.25, 0.25)),
+        lambda_=np.float32(2.0),
+        alpha_min=np.float64(0.1),
+        fixed_alpha=np.int64(1),
+    )
     assert cfg.weights == (0.5, 0.25, 0.25) and cfg.lambda_ == 2.0 and cfg.fixed_alpha == 1.0
     assert all(type(v) is float for v in (*cfg.weights, cfg.lambda_, cfg.alpha_min, cfg.fixed_alpha))
     assert FidesConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
@@ -73,15 +83,22 @@ def test_numpy_numbers_are_accepted_and_stored_as_floats():
         FidesConfig(lambda_=np.bool_(True))
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"fixed_alpha": 1e300}, "fixed_alpha"),
-    ({"lambda_": 1e308}, "lambda_"),
-    ({"alpha_min": 1e31}, "alpha_min"),
-    ({"lambda_": 1e30, "weights": (1.0, 1.0, 1.0)}, "lambda_"),  # a_t can reach lambda_ * sum(weights)
-    ({"weights": (1e300, 0.0, 0.0)}, "weights"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"fixed_alpha": 1e300}, "fixed_alpha"),
+        ({"lambda_": 1e308}, "lambda_"),
+        ({"alpha_min": 1e31}, "alpha_min"),
+        ({"lambda_": 1e30, "weights": (1.0, 1.0, 1.0)}, "lambda_"),  # a_t can reach lambda_ * sum(weights)
+        ({"weights": (1e300, 0.0, 0.0)}, "weights"),
+    ],
+)
 def test_strengths_whose_products_with_logits_overflow_are_refused(kwargs, field):
-    with pytest.raises(ValueError, match=rf"FidesConfig\.{field}: .*past the largest contrast strength 1e\+30: its products with logits " r"overflow float32"):
+    with pytest.raises(
+        ValueError,
+        match=rf"FidesConfig\.{field}: .*past the largest contrast strength 1e\+30: its products with logits "
+        r"overflow float32",
+    ):
         FidesConfig(**kwargs)
 
 
@@ -91,8 +108,15 @@ def test_the_largest_strength_still_decodes_to_finite_logits(tokenizer, tiny_lla
 
     decoder = FidesDecoder(tiny_llama, tokenizer)
     for config in (FidesConfig(fixed_alpha=MAX_ALPHA), FidesConfig(lambda_=MAX_ALPHA / 1.0, weights=(1.0, 0.0, 0.0))):
-        result = decoder.generate("What is the capital?", ["Lyon is the capital of France."], method=get_method("fides", config=config), max_new_tokens=3)
-        assert len(result.token_ids) >= 1 and all(s.alpha is not None and s.alpha <= MAX_ALPHA * 1.0001 for s in result.steps)
+        result = decoder.generate(
+            "What is the capital?",
+            ["Lyon is the capital of France."],
+            method=get_method("fides", config=config),
+            max_new_tokens=3,
+        )
+        assert len(result.token_ids) >= 1 and all(
+            s.alpha is not None and s.alpha <= MAX_ALPHA * 1.0001 for s in result.steps
+        )
 
 
 def test_from_file_names_a_directory_or_a_binary_file(tmp_path):

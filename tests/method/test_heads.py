@@ -59,7 +59,13 @@ def test_samples_layout_and_determinism():
 
 
 def test_settings_validated():
-    for bad in (dict(num_samples=0), dict(needle_length=True), dict(min_copy_rate=1.5), dict(seed=0.5), dict(context_length=10)):
+    for bad in (
+        dict(num_samples=0),
+        dict(needle_length=True),
+        dict(min_copy_rate=1.5),
+        dict(seed=0.5),
+        dict(context_length=10),
+    ):
         with pytest.raises(ValueError, match="retrieval-head discovery"):
             DiscoverySettings(**bad)
 
@@ -108,7 +114,9 @@ def test_discovery_other_families(tokenizer, family):
 
 def test_probe_reads_the_copy_positions(tokenizer):
     model = build_tiny_model("llama", len(tokenizer))
-    ids = torch.tensor([list(s.input_ids) for s in build_copy_samples(list(range(100, 160)), [2], DiscoverySettings(**SMALL))[:2]])
+    ids = torch.tensor(
+        [list(s.input_ids) for s in build_copy_samples(list(range(100, 160)), [2], DiscoverySettings(**SMALL))[:2]]
+    )
     n, width = 8, ids.shape[1]
     with torch.inference_mode(), eager_attention(model):
         emitted, top = copy_probe(model, ids, n)
@@ -198,7 +206,9 @@ def test_smollm2_discovery_finds_copying_heads():
     started = time.perf_counter()
     ranking = discover_retrieval_heads(model, tokenizer)
     seconds = time.perf_counter() - started
-    print(f"smollm2-135m: {seconds:.1f}s, copy rate {ranking.copy_rate:.2f}, top heads",
-          list(zip(ranking.heads[:10], [round(s, 3) for s in ranking.scores[:10]])))
+    print(
+        f"smollm2-135m: {seconds:.1f}s, copy rate {ranking.copy_rate:.2f}, top heads",
+        list(zip(ranking.heads[:10], [round(s, 3) for s in ranking.scores[:10]])),
+    )
     assert ranking.copy_rate > 0.5 and ranking.samples_counted >= ranking.samples_total // 2
     assert ranking.scores[0] > 0.5  # some head points at what the model copies most of the time

@@ -20,7 +20,9 @@ def test_lens_at_last_layer_reproduces_model_logits(tiny_models, family):
     model = tiny_models[family]
     anatomy = ModelAnatomy.of(model)
     captured = {}
-    handle = anatomy.layers[-1].register_forward_hook(lambda m, i, o: captured.__setitem__("h", o[0] if isinstance(o, tuple) else o))
+    handle = anatomy.layers[-1].register_forward_hook(
+        lambda m, i, o: captured.__setitem__("h", o[0] if isinstance(o, tuple) else o)
+    )
     ids = torch.randint(3, model.config.vocab_size, (2, 9))
     with torch.no_grad():
         logits = model(input_ids=ids).logits
@@ -69,7 +71,10 @@ def test_output_projection_of_the_wrong_width_is_refused(tokenizer):
 
     model = build_tiny_model("llama", len(tokenizer))
     model.model.layers[0].self_attn.o_proj = torch.nn.Linear(16, 32)
-    with pytest.raises(UnsupportedArchitectureError, match="block 1 has no self_attn.o_proj linear layer over num_heads x head_dim = 4 x 8"):
+    with pytest.raises(
+        UnsupportedArchitectureError,
+        match="block 1 has no self_attn.o_proj linear layer over num_heads x head_dim = 4 x 8",
+    ):
         ModelAnatomy.of(model).attention_output_projections()
 
 

@@ -148,5 +148,7 @@ def test_top_k_jsd_renormalises_over_the_union_of_both_top_k():
     q = softmax_list([q_row[i] for i in support])
     got = signals.top_k_jensen_shannon(torch.tensor([p_row]), torch.tensor([q_row]), k=2)
     assert got.item() == pytest.approx(jsd_list(p, q), abs=1e-12)
-    full = signals.top_k_jensen_shannon(torch.tensor(LOGITS_P), torch.tensor(LOGITS_Q), k=50)  # k >= V: the whole vocabulary
+    full = signals.top_k_jensen_shannon(
+        torch.tensor(LOGITS_P), torch.tensor(LOGITS_Q), k=50
+    )  # k >= V: the whole vocabulary
     assert torch.allclose(full, signals.opposition(torch.tensor(LOGITS_P), torch.tensor(LOGITS_Q)), atol=1e-12)

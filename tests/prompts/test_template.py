@@ -32,24 +32,40 @@ def test_longest_text_is_cut_first_until_the_prompt_fits(tokenizer):
 
 def test_prompt_that_cannot_fit_is_an_error(tokenizer):
     with pytest.raises(ValueError, match="does not fit even without its documents"):
-        fit_texts({"doc": "Lyon is the capital of France."}, lambda t: "A long fixed question " * 5 + t["doc"], _count(tokenizer), 3, tokenizer)
+        fit_texts(
+            {"doc": "Lyon is the capital of France."},
+            lambda t: "A long fixed question " * 5 + t["doc"],
+            _count(tokenizer),
+            3,
+            tokenizer,
+        )
 
 
 def test_a_prompt_that_cannot_fit_says_by_how_much_so_a_server_names_what_to_shorten(tokenizer):
     question = "A long fixed question " * 5
     with pytest.raises(ContextWindowExceeded) as err:
-        fit_texts({"doc": "Lyon."}, lambda t: question + t["doc"], _count(tokenizer), 3, tokenizer, max_new_tokens=2**64)
-    assert (err.value.tokens, err.value.max_new_tokens, err.value.context_window) == (_count(tokenizer)(question), 2**64, 3 + 2**64)
+        fit_texts(
+            {"doc": "Lyon."}, lambda t: question + t["doc"], _count(tokenizer), 3, tokenizer, max_new_tokens=2**64
+        )
+    assert (err.value.tokens, err.value.max_new_tokens, err.value.context_window) == (
+        _count(tokenizer)(question),
+        2**64,
+        3 + 2**64,
+    )
 
 
 def test_a_mapping_of_documents_is_refused_not_read_as_its_keys(tokenizer, tiny_llama):
     from fides_rag import FidesDecoder
     from fides_rag.prompts.template import document_texts
 
-    with pytest.raises(TypeError, match=r"documents is a mapping \(dict with keys \['text'\]\).*pass a list of documents"):
+    with pytest.raises(
+        TypeError, match=r"documents is a mapping \(dict with keys \['text'\]\).*pass a list of documents"
+    ):
         document_texts({"text": "Lyon is the capital of France."})
     with pytest.raises(TypeError, match="documents is a mapping"):
-        FidesDecoder(tiny_llama, tokenizer).generate("Which city?", {"text": "Lyon is the capital of France."}, max_new_tokens=1)
+        FidesDecoder(tiny_llama, tokenizer).generate(
+            "Which city?", {"text": "Lyon is the capital of France."}, max_new_tokens=1
+        )
     assert document_texts([{"text": "x"}.get("text")]) == ["x"]
 
 
@@ -58,4 +74,7 @@ def test_a_context_value_becomes_one_text():
         text = "Paris is large."
 
     assert context_text(None) == "" and context_text("  as given ") == "  as given "
-    assert context_text(["Lyon.", Node(), " "], "|") == "Lyon.|Paris is large." and context_text(Node()) == "Paris is large."
+    assert (
+        context_text(["Lyon.", Node(), " "], "|") == "Lyon.|Paris is large."
+        and context_text(Node()) == "Paris is large."
+    )

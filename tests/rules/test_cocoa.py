@@ -26,8 +26,19 @@ def lower_median(xs):
     return sorted(xs)[(len(xs) - 1) // 2]
 
 
-def reference_row(ctx, no, alpha=0.5, gamma=1.0, kappa_h2=0.0, lambda_pm=100.0, eps0=0.05, kappa_s=1.0,
-                  eps_max=0.2, lambda2=0.1, kappa_min=1e-4):
+def reference_row(
+    ctx,
+    no,
+    alpha=0.5,
+    gamma=1.0,
+    kappa_h2=0.0,
+    lambda_pm=100.0,
+    eps0=0.05,
+    kappa_s=1.0,
+    eps_max=0.2,
+    lambda2=0.1,
+    kappa_min=1e-4,
+):
     lc, lp = log_softmax(ctx), log_softmax(no)
     pc, pp = [math.exp(v) for v in lc], [math.exp(v) for v in lp]
     dh = -sum(p * logp for p, logp in zip(pp, lp)) + sum(p * logp for p, logp in zip(pc, lc))
@@ -63,21 +74,37 @@ def test_cocoa_defaults_reduce_to_fixed_contrast(rows):
     """Shipped a = 0.5 (hard-coded), γ = 1: S = 1.5·log p_ctx − 0.5·log p_noctx before the monotone shaping."""
     ctx, no = rows
     rule = CocoaRule()
-    assert rule.options() == {"alpha": 0.5, "gamma": 1.0, "kappa_h2": 0.0, "lambda_pm": 100.0, "eps0": 0.05,
-                              "kappa_s": 1.0, "eps_max": 0.2, "lambda2": 0.1, "kappa_min": 1e-4}
+    assert rule.options() == {
+        "alpha": 0.5,
+        "gamma": 1.0,
+        "kappa_h2": 0.0,
+        "lambda_pm": 100.0,
+        "eps0": 0.05,
+        "kappa_s": 1.0,
+        "eps_max": 0.2,
+        "lambda2": 0.1,
+        "kappa_min": 1e-4,
+    }
     fixed = 1.5 * torch.log_softmax(ctx, -1) - 0.5 * torch.log_softmax(no, -1)
     out = rule.combine(StepInputs.from_tensors(ctx_logits=ctx, no_ctx_logits=no))
     assert torch.equal(out.logits.argmax(-1), fixed.argmax(-1))
     assert out.records.get("alpha").tolist() == [0.5] * 5
     # with the amplifier and safeguards switched off, the scores are exactly log softmax(1.5 lc − 0.5 lp) (+1e-12)
-    plain = CocoaRule(lambda_pm=0, eps0=0, lambda2=0, kappa_min=0).combine(StepInputs.from_tensors(ctx_logits=ctx, no_ctx_logits=no))
+    plain = CocoaRule(lambda_pm=0, eps0=0, lambda2=0, kappa_min=0).combine(
+        StepInputs.from_tensors(ctx_logits=ctx, no_ctx_logits=no)
+    )
     assert torch.allclose(plain.logits.exp() - 1e-12, torch.softmax(fixed, -1), atol=1e-14)
     # and the shaping keeps the order of every token, not just the top one, on these rows
     gen = torch.Generator().manual_seed(7)
     for _ in range(20):
-        c, n = torch.randn(3, 40, generator=gen, dtype=torch.float64) * 3, torch.randn(3, 40, generator=gen, dtype=torch.float64) * 3
+        c, n = (
+            torch.randn(3, 40, generator=gen, dtype=torch.float64) * 3,
+            torch.randn(3, 40, generator=gen, dtype=torch.float64) * 3,
+        )
         f = 1.5 * torch.log_softmax(c, -1) - 0.5 * torch.log_softmax(n, -1)
-        assert torch.equal(rule.combine(StepInputs.from_tensors(ctx_logits=c, no_ctx_logits=n)).logits.argmax(-1), f.argmax(-1))
+        assert torch.equal(
+            rule.combine(StepInputs.from_tensors(ctx_logits=c, no_ctx_logits=n)).logits.argmax(-1), f.argmax(-1)
+        )
 
 
 @pytest.mark.parametrize(
@@ -86,8 +113,17 @@ def test_cocoa_defaults_reduce_to_fixed_contrast(rows):
         {},
         {"alpha": 0.3, "gamma": 2.0},
         {"alpha": "adaptive"},
-        {"alpha": 0.8, "gamma": 0.5, "kappa_h2": 0.5, "lambda_pm": 3.0, "eps0": 0.1, "kappa_s": 0.5, "eps_max": 0.15,
-         "lambda2": 0.3, "kappa_min": 1e-3},
+        {
+            "alpha": 0.8,
+            "gamma": 0.5,
+            "kappa_h2": 0.5,
+            "lambda_pm": 3.0,
+            "eps0": 0.1,
+            "kappa_s": 0.5,
+            "eps_max": 0.15,
+            "lambda2": 0.3,
+            "kappa_min": 1e-3,
+        },
     ],
 )
 def test_cocoa_hand_computation(rows, options):
@@ -112,8 +148,15 @@ def test_cocoa_non_default_without_shaping_is_hand_contrast(rows):
 
 
 def test_cocoa_options_validated():
-    for name, bad in [("alpha", 1.5), ("alpha", "auto"), ("gamma", -1), ("lambda_pm", float("nan")),
-                      ("eps_max", 2.0), ("kappa_min", 2.0), ("lambda2", True)]:
+    for name, bad in [
+        ("alpha", 1.5),
+        ("alpha", "auto"),
+        ("gamma", -1),
+        ("lambda_pm", float("nan")),
+        ("eps_max", 2.0),
+        ("kappa_min", 2.0),
+        ("lambda2", True),
+    ]:
         with pytest.raises(ValueError, match=f"cocoa: {name}"):
             get_method("cocoa", **{name: bad})
     assert get_method("cocoa", alpha="adaptive").options()["alpha"] == "adaptive"

@@ -36,7 +36,9 @@ def make_step(batch=4, vocab=13, seed=0):
     base = torch.randn(batch, vocab, generator=gen, dtype=torch.float64) * 3
     base[0] *= 0.05  # a flat row: entropy near log V
     return StepInputs.from_tensors(
-        ctx_logits=base, no_ctx_logits=None, masked_logits=torch.randn(batch, vocab, generator=gen, dtype=torch.float64) * 3
+        ctx_logits=base,
+        no_ctx_logits=None,
+        masked_logits=torch.randn(batch, vocab, generator=gen, dtype=torch.float64) * 3,
     )
 
 
@@ -70,9 +72,13 @@ def test_combine_batch_equals_single(rule):
     batched = rule.combine(step)
     for b in range(5):
         single = rule.combine(
-            StepInputs.from_tensors(ctx_logits=step.ctx_logits[b : b + 1], no_ctx_logits=None, masked_logits=step.masked_logits[b : b + 1])
+            StepInputs.from_tensors(
+                ctx_logits=step.ctx_logits[b : b + 1], no_ctx_logits=None, masked_logits=step.masked_logits[b : b + 1]
+            )
         )
-        assert torch.equal(single.logits[0], batched.logits[b]) and torch.equal(single.records.get("alpha")[0], batched.records.get("alpha")[b])
+        assert torch.equal(single.logits[0], batched.logits[b]) and torch.equal(
+            single.records.get("alpha")[0], batched.records.get("alpha")[b]
+        )
 
 
 def test_combine_needs_the_masked_path():

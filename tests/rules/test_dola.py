@@ -60,7 +60,10 @@ def test_dola_matches_hand_loop(relative_top, keep):
     chosen_layers = set()
     for b in range(4):
         layer, js, want = reference_step(
-            step.ctx_logits[b].tolist(), {layer: step.lens_logits[layer][b].tolist() for layer in (1, 3, 5)}, relative_top, keep
+            step.ctx_logits[b].tolist(),
+            {layer: step.lens_logits[layer][b].tolist() for layer in (1, 3, 5)},
+            relative_top,
+            keep,
         )
         chosen_layers.add(layer)
         got = out.logits[b].tolist()
@@ -136,4 +139,6 @@ def test_dola_batch_equals_single(decoder, rule):
         if docs:
             assert batched.no_context_prompt is None
             assert all(s.values.get("layer_jsd") is not None and "alpha" not in s.values for s in batched.steps)
-            assert [s.values.get("layer_jsd") for s in batched.steps] == pytest.approx([s.values.get("layer_jsd") for s in single.steps], abs=1e-5)
+            assert [s.values.get("layer_jsd") for s in batched.steps] == pytest.approx(
+                [s.values.get("layer_jsd") for s in single.steps], abs=1e-5
+            )

@@ -48,7 +48,9 @@ def gap(lp):
     return top[0] - top[1]
 
 
-def reference_step(full, closed, docs, dynamic=True, beta=0.25, gamma=0.2, selection="entropy", k=10, p=0.95, ratio=10.0):
+def reference_step(
+    full, closed, docs, dynamic=True, beta=0.25, gamma=0.2, selection="entropy", k=10, p=0.95, ratio=10.0
+):
     """One example, as DvD.py's loop computes it (plain Python floats); returns (final, alpha, score, branch)."""
     lf, lc = nucleus(full, p), nucleus(closed, p)
     ld = [nucleus(d, p) for d in docs]
@@ -114,7 +116,9 @@ CONFIGS = [
 
 
 def reference_rows(step, rule):
-    kwargs = dict(dynamic=rule.dynamic_weight, selection=rule.selection, k=rule.top_k, p=rule.top_p, ratio=rule.entropy_ratio)
+    kwargs = dict(
+        dynamic=rule.dynamic_weight, selection=rule.selection, k=rule.top_k, p=rule.top_p, ratio=rule.entropy_ratio
+    )
     if not rule.dynamic_weight:
         kwargs.update(beta=rule.beta, gamma=rule.gamma)
     rows = []
@@ -161,14 +165,21 @@ def test_dvd_selection_ignores_padding_and_batch_equals_single():
         )
         alone = DvdRule().combine(single)
         assert torch.equal(alone.logits[0], out.logits[b])
-        assert torch.equal(alone.records.get("beta")[0], out.records.get("beta")[b]) and torch.equal(alone.records.get("gamma")[0], out.records.get("gamma")[b])
+        assert torch.equal(alone.records.get("beta")[0], out.records.get("beta")[b]) and torch.equal(
+            alone.records.get("gamma")[0], out.records.get("gamma")[b]
+        )
 
 
 def test_dvd_options_validated():
     rule = get_method("dvd")
     assert rule.needs_no_context and rule.needs_document_paths
     assert rule.options() == {
-        "dynamic_weight": True, "beta": None, "gamma": None, "selection": "entropy", "top_k": 10, "top_p": 0.95,
+        "dynamic_weight": True,
+        "beta": None,
+        "gamma": None,
+        "selection": "entropy",
+        "top_k": 10,
+        "top_p": 0.95,
         "entropy_ratio": 10.0,
     }
     static = get_method("dvd", dynamic_weight=False)
@@ -215,7 +226,9 @@ def test_dvd_batch_equals_single(decoder, rule):
         assert batched.method == "dvd" and batched.no_context_prompt is not None
         assert batched.token_ids == single.token_ids
         assert batched.alphas == pytest.approx(single.alphas, abs=1e-5)
-        assert [s.values.get("gamma") for s in batched.steps] == pytest.approx([s.values.get("gamma") for s in single.steps], abs=1e-5)
+        assert [s.values.get("gamma") for s in batched.steps] == pytest.approx(
+            [s.values.get("gamma") for s in single.steps], abs=1e-5
+        )
 
 
 def naive_dvd(model, decoder, rule, question, documents, steps):

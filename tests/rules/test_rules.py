@@ -76,7 +76,9 @@ def test_adacad_alpha_is_jsd_with_floor(step):
     expected = [jsd(softmax(p), softmax(q)) for p, q in zip(step.ctx_logits.tolist(), step.no_ctx_logits.tolist())]
     out = get_method("adacad").combine(step)
     assert out.records.get("alpha").tolist() == pytest.approx(expected, abs=1e-12)
-    want = (1 + out.records.get("alpha")[:, None]) * step.ctx_logits - out.records.get("alpha")[:, None] * step.no_ctx_logits
+    want = (1 + out.records.get("alpha")[:, None]) * step.ctx_logits - out.records.get("alpha")[
+        :, None
+    ] * step.no_ctx_logits
     assert torch.allclose(out.logits, want, atol=1e-12)
     floored = get_method("adacad", floor=0.3).combine(step)
     assert floored.records.get("alpha").tolist() == pytest.approx([max(0.3, e) for e in expected], abs=1e-12)

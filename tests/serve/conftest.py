@@ -30,10 +30,32 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"fides-serve-{self.port}.log"
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), **(env or {})}
+        env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+            **(env or {}),
+        }
         with self.log.open("w") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "fides_rag.cli.main", "serve", "--model", model, "--port", str(self.port),
-                                             "--device", "cpu", *args], stdout=log, stderr=subprocess.STDOUT, env=env)
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "fides_rag.cli.main",
+                    "serve",
+                    "--model",
+                    model,
+                    "--port",
+                    str(self.port),
+                    "--device",
+                    "cpu",
+                    *args,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
         deadline = time.monotonic() + startup_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -25,9 +25,16 @@ class Place(BaseModel):
 
 
 def _place(calls: CallFactory, **fields: Any) -> dict[str, Any]:
-    request = ChatCompletionRequest.model_validate({
-        "model": "gemma3-270m", "method": "fides", "max_tokens": 48, "documents": ["The Eiffel Tower is in Rome."],
-        "messages": [{"role": "user", "content": "Where is the Eiffel Tower? Give the city and the country."}], **fields})
+    request = ChatCompletionRequest.model_validate(
+        {
+            "model": "gemma3-270m",
+            "method": "fides",
+            "max_tokens": 48,
+            "documents": ["The Eiffel Tower is in Rome."],
+            "messages": [{"role": "user", "content": "Where is the Eiffel Tower? Give the city and the country."}],
+            **fields,
+        }
+    )
     answer = build_call(calls, request, "fides", chat_plan, agent_call(calls, request)).run()
     assert answer.record["method"] == "fides" and answer.record["documents_source"] == "documents"
     return answer.tool_calls[0].arguments if answer.tool_calls else Place.model_validate_json(answer.text).model_dump()
@@ -38,11 +45,18 @@ def calls() -> CallFactory:
     return CallFactory(FidesDecoder.from_pretrained("gemma3-270m"))
 
 
-@pytest.mark.xfail(strict=True, reason="the forced call's wrapper turns the country back to memory on gemma3-270m (France)")
+@pytest.mark.xfail(
+    strict=True, reason="the forced call's wrapper turns the country back to memory on gemma3-270m (France)"
+)
 def test_a_forced_function_call_answers_from_the_document_as_json_schema_does(calls):
     schema = Place.model_json_schema()
-    as_schema = _place(calls, response_format={"type": "json_schema", "json_schema": {"name": "Place", "schema": schema}})
+    as_schema = _place(
+        calls, response_format={"type": "json_schema", "json_schema": {"name": "Place", "schema": schema}}
+    )
     assert (as_schema["city"], as_schema["country"]) == ("Rome", "Italy")
-    as_call = _place(calls, tools=[{"type": "function", "function": {"name": "Place", "parameters": schema}}],
-                     tool_choice={"type": "function", "function": {"name": "Place"}})
+    as_call = _place(
+        calls,
+        tools=[{"type": "function", "function": {"name": "Place", "parameters": schema}}],
+        tool_choice={"type": "function", "function": {"name": "Place"}},
+    )
     assert (as_call["city"], as_call["country"]) == (as_schema["city"], as_schema["country"])

@@ -13,15 +13,26 @@ from fides_rag.serve.ray_deployment import deployment  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 PORT = 8250
-QUESTIONS = [("Who wrote the novel Dune?", "Dune is a 1965 novel by the American author Frank Herbert."),
-             ("What is the capital of Australia?", "Canberra is the capital city of Australia."),
-             ("When did the Berlin Wall fall?", "The Berlin Wall fell on 9 November 1989."),
-             ("Which planet is the largest?", "Jupiter is the largest planet in the Solar System.")]
+QUESTIONS = [
+    ("Who wrote the novel Dune?", "Dune is a 1965 novel by the American author Frank Herbert."),
+    ("What is the capital of Australia?", "Canberra is the capital city of Australia."),
+    ("When did the Berlin Wall fall?", "The Berlin Wall fell on 9 November 1989."),
+    ("Which planet is the largest?", "Jupiter is the largest planet in the Solar System."),
+]
 
 
 def bodies() -> list[dict]:
-    return [{"model": MODEL, "messages": [{"role": "user", "content": q}], "documents": [d], "max_tokens": 12,
-             "temperature": 0.0, "stream": i % 2 == 1} for i, (q, d) in enumerate(QUESTIONS)]
+    return [
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": q}],
+            "documents": [d],
+            "max_tokens": 12,
+            "temperature": 0.0,
+            "stream": i % 2 == 1,
+        }
+        for i, (q, d) in enumerate(QUESTIONS)
+    ]
 
 
 def answer(client, body: dict) -> str:
@@ -64,8 +75,13 @@ def test_ray_autoscales_to_two_replicas_that_answer_like_the_app_in_process() ->
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 2**20, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": PORT})
-        serve.run(deployment(MODEL, min_replicas=1, max_replicas=2, target_ongoing_requests=1, num_cpus=0.5,
-                             upscale_delay_s=1), name="fides", route_prefix="/")
+        serve.run(
+            deployment(
+                MODEL, min_replicas=1, max_replicas=2, target_ongoing_requests=1, num_cpus=0.5, upscale_delay_s=1
+            ),
+            name="fides",
+            route_prefix="/",
+        )
         replicas = lambda: serve.status().applications["fides"].deployments["fides"].replica_states  # noqa: E731
         assert replicas() == {"RUNNING": 1}
         rounds, deadline = [], time.monotonic() + 90
@@ -98,10 +114,23 @@ def test_serve_run_arguments_set_the_apps_access_and_limits(monkeypatch) -> None
     from fides_rag.serve.ray_deployment import serving_options
 
     monkeypatch.setenv("FIDES_RAG_API_KEY", "from-env")
-    options = serving_options({"allowed_hosts": "api.example, 10.0.0.5", "cors_origins": "https://ok.example", "max_request_bytes": "1000",
-                               "max_document_tokens": "500", "trim_documents": "true"})
-    assert options == {"api_key": "from-env", "allowed_hosts": ["api.example", "10.0.0.5"], "cors_origins": ["https://ok.example"],
-                       "max_request_bytes": 1000, "max_document_tokens": 500, "trim_documents": True}
+    options = serving_options(
+        {
+            "allowed_hosts": "api.example, 10.0.0.5",
+            "cors_origins": "https://ok.example",
+            "max_request_bytes": "1000",
+            "max_document_tokens": "500",
+            "trim_documents": "true",
+        }
+    )
+    assert options == {
+        "api_key": "from-env",
+        "allowed_hosts": ["api.example", "10.0.0.5"],
+        "cors_origins": ["https://ok.example"],
+        "max_request_bytes": 1000,
+        "max_document_tokens": 500,
+        "trim_documents": True,
+    }
     assert serving_options({"api_key": "given"})["api_key"] == "given"
     with pytest.raises(ValueError, match="trim_documents must be true or false"):
         serving_options({"trim_documents": "yes please"})
@@ -113,9 +142,18 @@ def test_a_replicas_app_checks_the_key_and_the_limits(tiny_model_dir) -> None:
     from fides_rag import FidesDecoder
     from fides_rag.serve.ray_deployment import replica_app
 
-    app = replica_app(FidesDecoder.from_pretrained(tiny_model_dir, device="cpu"), "tiny", "fides", {"api_key": "sesame", "max_request_bytes": 100})
+    app = replica_app(
+        FidesDecoder.from_pretrained(tiny_model_dir, device="cpu"),
+        "tiny",
+        "fides",
+        {"api_key": "sesame", "max_request_bytes": 100},
+    )
     client = TestClient(app)
     assert client.get("/v1/models").status_code == 401
     assert client.get("/v1/models", headers={"Authorization": "Bearer sesame"}).status_code == 200
-    big = client.post("/v1/chat/completions", content=b"{" + b" " * 200 + b"}", headers={"Authorization": "Bearer sesame", "Content-Type": "application/json"})
+    big = client.post(
+        "/v1/chat/completions",
+        content=b"{" + b" " * 200 + b"}",
+        headers={"Authorization": "Bearer sesame", "Content-Type": "application/json"},
+    )
     assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"

@@ -34,65 +34,269 @@ BUDGET_S = 150.0
 """Each fuzz stops sending once this long has passed (a busy CI machine); at least half its cases must be sent."""
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 
-EXTREMES: list[Any] = [None, True, False, 0, -1, 1, 2**31, 2**63, 2**64, -(2**63), 10**400, 0.0, -0.0, 1e-300, 1e308, -1e308,
-                       "", "12", "yes", "\u0000", "\ud800", "<|end|>", "x" * 5000, [], [None], {}, {"a": {}}, [[[[[]]]]], "NaN"]
-FIELDS = ["messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options",
-          "documents", "method", "fides_config", "no_context_path", "user", "model", "prompt", "logprobs", "top_logprobs",
-          "frequency_penalty", "presence_penalty", "logit_bias", "tools", "tool_choice", "parallel_tool_calls", "response_format",
-          "unknown_field"]
+EXTREMES: list[Any] = [
+    None,
+    True,
+    False,
+    0,
+    -1,
+    1,
+    2**31,
+    2**63,
+    2**64,
+    -(2**63),
+    10**400,
+    0.0,
+    -0.0,
+    1e-300,
+    1e308,
+    -1e308,
+    "",
+    "12",
+    "yes",
+    "\u0000",
+    "\ud800",
+    "<|end|>",
+    "x" * 5000,
+    [],
+    [None],
+    {},
+    {"a": {}},
+    [[[[[]]]]],
+    "NaN",
+]
+FIELDS = [
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "n",
+    "stream",
+    "stream_options",
+    "documents",
+    "method",
+    "fides_config",
+    "no_context_path",
+    "user",
+    "model",
+    "prompt",
+    "logprobs",
+    "top_logprobs",
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+    "unknown_field",
+]
 ASK = [{"role": "user", "content": "Where is the tower?"}]
 DOCS = ["The tower is in Rome."]
 GOOD = {"messages": ASK, "documents": DOCS, "max_tokens": 3}
-SEARCH = {"type": "function", "function": {"name": "search", "description": "Search.", "parameters": {
-    "type": "object", "properties": {"k": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["k"]}}}
-LOOKUP = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {"word": {"enum": ["a", "b"]}}},
-                                           "strict": True}}
-CITY = {"type": "object", "properties": {"city": {"enum": ["Rome", "Paris"]}}, "required": ["city"], "additionalProperties": False}
+SEARCH = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "description": "Search.",
+        "parameters": {
+            "type": "object",
+            "properties": {"k": {"type": "integer", "minimum": 1, "maximum": 9}},
+            "required": ["k"],
+        },
+    },
+}
+LOOKUP = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "parameters": {"type": "object", "properties": {"word": {"enum": ["a", "b"]}}},
+        "strict": True,
+    },
+}
+CITY = {
+    "type": "object",
+    "properties": {"city": {"enum": ["Rome", "Paris"]}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
 BASES: list[dict[str, Any]] = [
     GOOD,
     {"prompt": "Where is the tower?", "documents": DOCS, "max_tokens": 3},
     {**GOOD, "tools": [SEARCH, LOOKUP], "tool_choice": "auto"},
-    {**GOOD, "tools": [SEARCH, LOOKUP], "tool_choice": {"type": "function", "function": {"name": "search"}}, "max_tokens": 40},
+    {
+        **GOOD,
+        "tools": [SEARCH, LOOKUP],
+        "tool_choice": {"type": "function", "function": {"name": "search"}},
+        "max_tokens": 40,
+    },
     {**GOOD, "tools": [SEARCH, LOOKUP], "tool_choice": "required", "parallel_tool_calls": False, "max_tokens": 40},
     {**GOOD, "response_format": {"type": "json_object"}, "max_tokens": 4},
-    {**GOOD, "response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}}, "max_tokens": 16},
-    {"messages": [*ASK, {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "search", "arguments": '{"k": 2}'}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "The tower is in Rome."}], "tools": [SEARCH], "max_tokens": 3},
+    {
+        **GOOD,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}},
+        "max_tokens": 16,
+    },
+    {
+        "messages": [
+            *ASK,
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "search", "arguments": '{"k": 2}'}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "The tower is in Rome."},
+        ],
+        "tools": [SEARCH],
+        "max_tokens": 3,
+    },
 ]
-TOOL_CHOICES: list[Any] = ["none", "auto", "required", "any", {"type": "function"}, {"type": "function", "function": {"name": "missing"}},
-                           {"type": "function", "function": {"name": "lookup"}}, {"function": {"name": "search"}},
-                           {"type": "tool", "function": {"name": "search"}}, {"type": "function", "function": {"name": 7}}]
-RESPONSE_FORMATS: list[Any] = [{"type": "text"}, {"type": "json_object"}, {"type": "json_schema"}, {"type": "json_schema", "json_schema": {}},
-                               {"type": "json_schema", "json_schema": {"name": "a"}}, {"type": "xml"}, "json", {"json_schema": {"name": "a"}},
-                               {"type": "json_schema", "json_schema": {"name": "a", "schema": "{}"}},
-                               {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "string", "maxLength": 3}, "strict": True}},
-                               {"type": "json_schema", "json_schema": {"name": "a", "schema": CITY, "strict": "yes"}},
-                               {"type": "json_object", "json_schema": {"name": "a", "schema": CITY}}]
+TOOL_CHOICES: list[Any] = [
+    "none",
+    "auto",
+    "required",
+    "any",
+    {"type": "function"},
+    {"type": "function", "function": {"name": "missing"}},
+    {"type": "function", "function": {"name": "lookup"}},
+    {"function": {"name": "search"}},
+    {"type": "tool", "function": {"name": "search"}},
+    {"type": "function", "function": {"name": 7}},
+]
+RESPONSE_FORMATS: list[Any] = [
+    {"type": "text"},
+    {"type": "json_object"},
+    {"type": "json_schema"},
+    {"type": "json_schema", "json_schema": {}},
+    {"type": "json_schema", "json_schema": {"name": "a"}},
+    {"type": "xml"},
+    "json",
+    {"json_schema": {"name": "a"}},
+    {"type": "json_schema", "json_schema": {"name": "a", "schema": "{}"}},
+    {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "string", "maxLength": 3}, "strict": True}},
+    {"type": "json_schema", "json_schema": {"name": "a", "schema": CITY, "strict": "yes"}},
+    {"type": "json_object", "json_schema": {"name": "a", "schema": CITY}},
+]
 VALID: dict[str, list[Any]] = {
-    "temperature": [0, 0.7, 2], "top_p": [0.5, 1], "seed": [0, 7], "stop": ["\n", ["a", "b"], []], "n": [1], "stream": [True, False],
-    "stream_options": [{"include_usage": True}], "method": ["standard", "cad", "fides", "fides+agree"], "no_context_path": ["question"],
-    "user": ["u"], "model": ["tiny"], "fides_config": [{}], "logprobs": [True], "top_logprobs": [0, 2], "frequency_penalty": [0],
-    "presence_penalty": [0], "logit_bias": [{}], "parallel_tool_calls": [True, False], "documents": [[], ["Rome.", "Paris."]],
-    "max_completion_tokens": [1, 2], "tool_choice": ["none", "auto"], "response_format": [{"type": "text"}, {"type": "json_object"}],
+    "temperature": [0, 0.7, 2],
+    "top_p": [0.5, 1],
+    "seed": [0, 7],
+    "stop": ["\n", ["a", "b"], []],
+    "n": [1],
+    "stream": [True, False],
+    "stream_options": [{"include_usage": True}],
+    "method": ["standard", "cad", "fides", "fides+agree"],
+    "no_context_path": ["question"],
+    "user": ["u"],
+    "model": ["tiny"],
+    "fides_config": [{}],
+    "logprobs": [True],
+    "top_logprobs": [0, 2],
+    "frequency_penalty": [0],
+    "presence_penalty": [0],
+    "logit_bias": [{}],
+    "parallel_tool_calls": [True, False],
+    "documents": [[], ["Rome.", "Paris."]],
+    "max_completion_tokens": [1, 2],
+    "tool_choice": ["none", "auto"],
+    "response_format": [{"type": "text"}, {"type": "json_object"}],
 }
 """Values each field takes in a valid body: a benign mutation keeps the body valid (mostly), so answers get checked
 too."""
-NESTED = ["tools.0.function.parameters", "tools.0.function.name", "tools.0.function.strict", "tools.0.type", "tools.1", "tools.0.function",
-          "tool_choice.function.name", "tool_choice.type", "response_format.type", "response_format.json_schema",
-          "response_format.json_schema.schema", "response_format.json_schema.strict", "response_format.json_schema.name",
-          "messages.0.content", "messages.0.role", "messages.1.tool_calls.0.function.arguments", "stream_options.include_usage"]
+NESTED = [
+    "tools.0.function.parameters",
+    "tools.0.function.name",
+    "tools.0.function.strict",
+    "tools.0.type",
+    "tools.1",
+    "tools.0.function",
+    "tool_choice.function.name",
+    "tool_choice.type",
+    "response_format.type",
+    "response_format.json_schema",
+    "response_format.json_schema.schema",
+    "response_format.json_schema.strict",
+    "response_format.json_schema.name",
+    "messages.0.content",
+    "messages.0.role",
+    "messages.1.tool_calls.0.function.arguments",
+    "stream_options.include_usage",
+]
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Random JSON schemas
 
 
-PATTERNS = ["^[a-z]+$", "^\\d{3}-\\d{2}$", "[A-Z]", "^(yes|no)$", "^a{2,5}$", "^$", "^[0-9a-f]{8}$", "x", "^\\w+@\\w+\\.com$",
-            "(", "[", "^\\p{L}+$", "^a{20000}$", "^(a|b)*c$", "^.{3}$", "^[^\"\\\\]*$"]
-FORMATS = ["date-time", "date", "time", "email", "uuid", "ipv4", "ipv6", "hostname", "uri", "duration", "unknown-format"]
-NAMES = ["a", "b", "name", "id", "x y", "", "\u043a\u043b\u044e\u0447", "\"q\"", "a/b", "$ref", "enum", "properties", "ok", "n1"]
-VALUES: list[Any] = [None, True, False, 0, -3, 7, 2.5, "", "a", "Rome", "\u00e9t\u00e9", [], [1, "a"], {}, {"k": [None]}]
+PATTERNS = [
+    "^[a-z]+$",
+    "^\\d{3}-\\d{2}$",
+    "[A-Z]",
+    "^(yes|no)$",
+    "^a{2,5}$",
+    "^$",
+    "^[0-9a-f]{8}$",
+    "x",
+    "^\\w+@\\w+\\.com$",
+    "(",
+    "[",
+    "^\\p{L}+$",
+    "^a{20000}$",
+    "^(a|b)*c$",
+    "^.{3}$",
+    '^[^"\\\\]*$',
+]
+FORMATS = [
+    "date-time",
+    "date",
+    "time",
+    "email",
+    "uuid",
+    "ipv4",
+    "ipv6",
+    "hostname",
+    "uri",
+    "duration",
+    "unknown-format",
+]
+NAMES = [
+    "a",
+    "b",
+    "name",
+    "id",
+    "x y",
+    "",
+    "\u043a\u043b\u044e\u0447",
+    '"q"',
+    "a/b",
+    "$ref",
+    "enum",
+    "properties",
+    "ok",
+    "n1",
+]
+VALUES: list[Any] = [
+    None,
+    True,
+    False,
+    0,
+    -3,
+    7,
+    2.5,
+    "",
+    "a",
+    "Rome",
+    "\u00e9t\u00e9",
+    [],
+    [1, "a"],
+    {},
+    {"k": [None]},
+]
 
 
 def _value(rng: random.Random) -> Any:
@@ -170,7 +374,9 @@ def _schema(rng: random.Random, depth: int, defs: list[str]) -> Any:
     if kind == "empty":
         return rng.choice([{}, {"description": "anything"}, True])
     if kind == "types":
-        return {"type": rng.sample(["string", "integer", "number", "boolean", "null", "object", "array"], rng.randint(0, 3))}
+        return {
+            "type": rng.sample(["string", "integer", "number", "boolean", "null", "object", "array"], rng.randint(0, 3))
+        }
     if kind == "object":
         return _object(rng, depth, defs)
     if kind == "array":
@@ -182,30 +388,67 @@ def _schema(rng: random.Random, depth: int, defs: list[str]) -> Any:
 
 def _special(rng: random.Random) -> Any:
     """A schema at an edge: unsatisfiable, recursive, or huge."""
-    node = {"type": "object", "properties": {"value": {"type": "integer"}, "next": {"$ref": "#/$defs/node"}}, "required": ["value"]}
+    node = {
+        "type": "object",
+        "properties": {"value": {"type": "integer"}, "next": {"$ref": "#/$defs/node"}},
+        "required": ["value"],
+    }
     deep: Any = {"type": "integer"}
     for _ in range(rng.choice([10, 40])):
         deep = {"type": "array", "items": deep}
-    return rng.choice([
-        {}, {"type": "object"}, {"enum": []}, {"anyOf": []}, {"oneOf": []}, {"allOf": []}, {"type": []}, {"not": {}}, {"const": None},
-        {"type": "string", "minLength": 5, "maxLength": 2}, {"type": "integer", "minimum": 10, "maximum": 1},
-        {"type": "integer", "minimum": 0.2, "maximum": 0.8}, {"type": "integer", "exclusiveMinimum": 1, "exclusiveMaximum": 2},
-        {"type": "number", "exclusiveMinimum": 1, "exclusiveMaximum": 1}, {"allOf": [{"type": "string"}, {"type": "integer"}]},
-        {"type": "object", "required": ["a"]}, {"type": "object", "properties": {}, "minProperties": 1},
-        {"type": "array", "minItems": 3, "maxItems": 1}, {"type": "array", "items": False, "minItems": 1}, {"enum": [{"a": [1, {"b": None}]}, "x"]},
-        {"type": "string", "minLength": 60}, {"type": "array", "minItems": 30, "items": {"type": "integer"}},
-        {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(1200)}},
-        {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(rng.choice([80, 300]))}},
-        {"enum": [f"value-{i}" for i in range(3000)]}, {"type": "string", "pattern": "^a{5000}$"}, deep,
-        {"$ref": "#/$defs/missing"}, {"$ref": "http://example.com/schema.json"}, {"$ref": "#"},
-        {"$defs": {"A": {"$ref": "#/$defs/A"}}, "$ref": "#/$defs/A"},
-        {"$defs": {"node": node}, "$ref": "#/$defs/node"},
-        {"$defs": {"node": {**node, "required": ["value", "next"]}}, "$ref": "#/$defs/node"},
-        {"$defs": {"tree": {"anyOf": [{"type": "integer"}, {"type": "array", "items": {"$ref": "#/$defs/tree"}}]}}, "$ref": "#/$defs/tree"},
-        {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"], "additionalProperties": {"type": "integer"}},
-        {"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]}, {"oneOf": [{"type": "integer"}, {"type": "number"}]},
-        {"type": "string", "format": "date-time"}, {"type": "string", "description": "d" * 20000},
-    ])
+    return rng.choice(
+        [
+            {},
+            {"type": "object"},
+            {"enum": []},
+            {"anyOf": []},
+            {"oneOf": []},
+            {"allOf": []},
+            {"type": []},
+            {"not": {}},
+            {"const": None},
+            {"type": "string", "minLength": 5, "maxLength": 2},
+            {"type": "integer", "minimum": 10, "maximum": 1},
+            {"type": "integer", "minimum": 0.2, "maximum": 0.8},
+            {"type": "integer", "exclusiveMinimum": 1, "exclusiveMaximum": 2},
+            {"type": "number", "exclusiveMinimum": 1, "exclusiveMaximum": 1},
+            {"allOf": [{"type": "string"}, {"type": "integer"}]},
+            {"type": "object", "required": ["a"]},
+            {"type": "object", "properties": {}, "minProperties": 1},
+            {"type": "array", "minItems": 3, "maxItems": 1},
+            {"type": "array", "items": False, "minItems": 1},
+            {"enum": [{"a": [1, {"b": None}]}, "x"]},
+            {"type": "string", "minLength": 60},
+            {"type": "array", "minItems": 30, "items": {"type": "integer"}},
+            {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(1200)}},
+            {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(rng.choice([80, 300]))}},
+            {"enum": [f"value-{i}" for i in range(3000)]},
+            {"type": "string", "pattern": "^a{5000}$"},
+            deep,
+            {"$ref": "#/$defs/missing"},
+            {"$ref": "http://example.com/schema.json"},
+            {"$ref": "#"},
+            {"$defs": {"A": {"$ref": "#/$defs/A"}}, "$ref": "#/$defs/A"},
+            {"$defs": {"node": node}, "$ref": "#/$defs/node"},
+            {"$defs": {"node": {**node, "required": ["value", "next"]}}, "$ref": "#/$defs/node"},
+            {
+                "$defs": {
+                    "tree": {"anyOf": [{"type": "integer"}, {"type": "array", "items": {"$ref": "#/$defs/tree"}}]}
+                },
+                "$ref": "#/$defs/tree",
+            },
+            {
+                "type": "object",
+                "properties": {"a": {"type": "string"}},
+                "required": ["a"],
+                "additionalProperties": {"type": "integer"},
+            },
+            {"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]},
+            {"oneOf": [{"type": "integer"}, {"type": "number"}]},
+            {"type": "string", "format": "date-time"},
+            {"type": "string", "description": "d" * 20000},
+        ]
+    )
 
 
 def _schema_case(i: int) -> tuple[Any, int, bool]:
@@ -227,16 +470,26 @@ def _schema_case(i: int) -> tuple[Any, int, bool]:
 
 def _field_value(rng: random.Random, field: str) -> Any:
     if field == "tools" and rng.random() < 0.7:
-        tool = {"type": "function", "function": {"name": rng.choice(["f", "search", "bad name!", "x" * 65, ""]),
-                                                 "parameters": rng.choice([_schema(rng, 2, []), {"type": "object"}, [], "x", None])}}
+        tool = {
+            "type": "function",
+            "function": {
+                "name": rng.choice(["f", "search", "bad name!", "x" * 65, ""]),
+                "parameters": rng.choice([_schema(rng, 2, []), {"type": "object"}, [], "x", None]),
+            },
+        }
         if rng.random() < 0.3:
             tool["function"]["strict"] = rng.choice([True, False, "yes"])
-        return rng.choice([[tool], [tool, tool], [SEARCH, tool], [], [{"type": "function"}], [{"type": "retrieval"}], tool])
+        return rng.choice(
+            [[tool], [tool, tool], [SEARCH, tool], [], [{"type": "function"}], [{"type": "retrieval"}], tool]
+        )
     if field == "tool_choice" and rng.random() < 0.7:
         return rng.choice(TOOL_CHOICES)
     if field == "response_format" and rng.random() < 0.7:
         if rng.random() < 0.4:
-            return {"type": "json_schema", "json_schema": {"name": "s", "schema": _schema(rng, 2, []), "strict": rng.choice([True, False, None])}}
+            return {
+                "type": "json_schema",
+                "json_schema": {"name": "s", "schema": _schema(rng, 2, []), "strict": rng.choice([True, False, None])},
+            }
         return rng.choice(RESPONSE_FORMATS)
     return rng.choice(EXTREMES)
 
@@ -255,7 +508,7 @@ def _set(body: dict[str, Any], path: str, value: Any) -> None:
     if isinstance(node, dict):
         node[last] = value
     elif isinstance(node, list) and last.isdigit() and int(last) <= len(node):
-        node[int(last):int(last) + 1] = [value]
+        node[int(last) : int(last) + 1] = [value]
 
 
 def _body(i: int) -> bytes:
@@ -282,10 +535,18 @@ def _body(i: int) -> bytes:
                 path = rng.choice(NESTED)
                 _set(body, path, _field_value(rng, path.split(".")[0]) if rng.random() < 0.6 else rng.choice(EXTREMES))
             elif kind < 0.8:
-                message = {"role": rng.choice(["user", "assistant", "system", "tool", "developer", "robot", 7]),
-                           "content": rng.choice(EXTREMES + ["fine", [{"type": "text", "text": "hi"}], [{"type": "image"}]])}
+                message = {
+                    "role": rng.choice(["user", "assistant", "system", "tool", "developer", "robot", 7]),
+                    "content": rng.choice(EXTREMES + ["fine", [{"type": "text", "text": "hi"}], [{"type": "image"}]]),
+                }
                 if rng.random() < 0.3:
-                    message["tool_calls"] = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": rng.choice(["{}", "[1]", "{", "7"])}}]
+                    message["tool_calls"] = [
+                        {
+                            "id": "c",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": rng.choice(["{}", "[1]", "{", "7"])},
+                        }
+                    ]
                 earlier = body.get("messages") if isinstance(body.get("messages"), list) else []
                 body["messages"] = [*earlier, message] if rng.random() < 0.7 else [message]
             elif kind < 0.93:
@@ -298,7 +559,9 @@ def _body(i: int) -> bytes:
             if isinstance(value, int) and not isinstance(value, bool) and 4 < value < 2**20:
                 # a valid budget stays short (a forced call or a schema answer may take a few more); the extremes past
                 # the window are refused before decoding
-                body[field] = rng.randint(1, 48) if "tool_choice" in body or "response_format" in body else rng.randint(1, 4)
+                body[field] = (
+                    rng.randint(1, 48) if "tool_choice" in body or "response_format" in body else rng.randint(1, 4)
+                )
     text = json.dumps(body, allow_nan=True)
     if rng.random() < 0.15:  # broken bytes: a random byte flipped, then cut where it stands or later
         raw = bytearray(text.encode("utf-8", "surrogatepass"))
@@ -310,11 +573,29 @@ def _body(i: int) -> bytes:
 
 LONE_SURROGATES = ["\\ud800", "\\udc80", "\\udfff", "\\ud83d", "a\\udc80b", "\\ude00\\ud83d", "\\udbff\\udbff"]
 """JSON escapes of UTF-16 code units that stand alone (no character): valid JSON, no text."""
-INVALID_UTF8 = [b"\xff", b"\xfe", b"\x80", b"\xc3\x28", b"\xc0\xaf", b"\xe2\x82", b"\xed\xa0\x80", b"\xed\xb2\x80",
-                b"\xf4\x90\x80\x80", b"\xf8\x88\x80\x80\x80", b"\xe0\x80\xaf"]
+INVALID_UTF8 = [
+    b"\xff",
+    b"\xfe",
+    b"\x80",
+    b"\xc3\x28",
+    b"\xc0\xaf",
+    b"\xe2\x82",
+    b"\xed\xa0\x80",
+    b"\xed\xb2\x80",
+    b"\xf4\x90\x80\x80",
+    b"\xf8\x88\x80\x80\x80",
+    b"\xe0\x80\xaf",
+]
 """Bytes no UTF-8 decoder accepts: stray continuation bytes, overlong forms, encoded surrogates, past U+10FFFF."""
-OTHER_TYPES = ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "application/xml", "",
-               "application/jsonx", "text/json"]
+OTHER_TYPES = [
+    "text/plain",
+    "application/x-www-form-urlencoded",
+    "multipart/form-data; boundary=x",
+    "application/xml",
+    "",
+    "application/jsonx",
+    "text/json",
+]
 
 
 def _undecodable(i: int) -> tuple[bytes, str, int]:
@@ -372,8 +653,11 @@ def _partial_time(value: object) -> bool:
 
 
 FORMAT_CHECKER = jsonschema.FormatChecker(formats=())
-FORMAT_CHECKER.checkers = {**jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers,
-                           "date-time": (_date_time, ()), "time": (_partial_time, ())}
+FORMAT_CHECKER.checkers = {
+    **jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers,
+    "date-time": (_date_time, ()),
+    "time": (_partial_time, ()),
+}
 """Draft 2020-12's format checks, with date-time and time (whose checks need an optional package) checked here."""
 NO_REMOTE = referencing.Registry()
 """No `$ref` is fetched over the network while validating: a remote one is unresolvable."""
@@ -391,7 +675,9 @@ VALIDATOR = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"patt
 def _invalid(instance: Any, schema: Any) -> str | None:
     """Why `instance` does not validate against `schema`, or None."""
     try:
-        error = jsonschema.exceptions.best_match(VALIDATOR(schema, format_checker=FORMAT_CHECKER, registry=NO_REMOTE).iter_errors(instance))
+        error = jsonschema.exceptions.best_match(
+            VALIDATOR(schema, format_checker=FORMAT_CHECKER, registry=NO_REMOTE).iter_errors(instance)
+        )
     except Exception as err:  # noqa: BLE001 - a schema the validator cannot evaluate, though the server took it
         return f"the validator cannot evaluate the schema: {type(err).__name__}: {err}"
     return None if error is None else f"{error.message} at {list(error.absolute_path)}"
@@ -423,7 +709,9 @@ def _structure(request: dict[str, Any]) -> tuple[str, Any] | None:
         return "content", {"type": "object"} if schema is None else schema
     choice, tools = request.get("tool_choice"), request.get("tools") or []
     if choice == "required" or isinstance(choice, dict):
-        return "tool_calls", {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools}
+        return "tool_calls", {
+            t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools
+        }
     return None
 
 
@@ -451,7 +739,10 @@ def _answer_problem(request: dict[str, Any], path: str, response: httpx.Response
         tool_calls, finish = list(calls.values()), finishes[0]
     else:
         answer = response.json()
-        if answer.get("object") != ("chat.completion" if chat else "text_completion") or len(answer.get("choices") or []) != 1:
+        if (
+            answer.get("object") != ("chat.completion" if chat else "text_completion")
+            or len(answer.get("choices") or []) != 1
+        ):
             return f"not a completion: {str(answer)[:300]}"
         usage = answer.get("usage") or {}
         if not all(isinstance(usage.get(k), int) for k in ("prompt_tokens", "completion_tokens", "total_tokens")):
@@ -461,7 +752,11 @@ def _answer_problem(request: dict[str, Any], path: str, response: httpx.Response
         if chat:
             message = choice.get("message") or {}
             content, tool_calls = message.get("content"), [c["function"] for c in message.get("tool_calls") or []]
-            if message.get("role") != "assistant" or (content is None and not tool_calls) or not isinstance(content, (str, type(None))):
+            if (
+                message.get("role") != "assistant"
+                or (content is None and not tool_calls)
+                or not isinstance(content, (str, type(None)))
+            ):
                 return f"not an assistant message: {message}"
         else:
             content, tool_calls = choice.get("text"), []
@@ -479,7 +774,11 @@ def _answer_problem(request: dict[str, Any], path: str, response: httpx.Response
         except ValueError:
             return f"the content is not JSON (finish_reason {finish}): {content!r}"
         invalid = _invalid(value, schema)
-        return None if invalid is None else f"the content {content!r} does not validate (finish_reason {finish}): {invalid}"
+        return (
+            None
+            if invalid is None
+            else f"the content {content!r} does not validate (finish_reason {finish}): {invalid}"
+        )
     if not tool_calls or finish != "tool_calls":
         return f"a forced call answered without one (finish_reason {finish}): {content!r}"
     for call in tool_calls:
@@ -519,7 +818,9 @@ def _error_problem(request: Any, response: httpx.Response, params: tuple[str, ..
     return None
 
 
-def _post(server, path: str, raw: bytes, content_type: str = "application/json") -> tuple[httpx.Response | None, float, str | None]:
+def _post(
+    server, path: str, raw: bytes, content_type: str = "application/json"
+) -> tuple[httpx.Response | None, float, str | None]:
     started = time.monotonic()
     headers = {"Content-Type": content_type} if content_type else {}
     try:
@@ -529,7 +830,9 @@ def _post(server, path: str, raw: bytes, content_type: str = "application/json")
     return response, time.monotonic() - started, None
 
 
-def _check(server, path: str, raw: bytes, request: Any, params: tuple[str, ...] | None = None) -> tuple[int, str | None, str]:
+def _check(
+    server, path: str, raw: bytes, request: Any, params: tuple[str, ...] | None = None
+) -> tuple[int, str | None, str]:
     """(status, problem or None, the error's message) of one request."""
     response, elapsed, failed = _post(server, path, raw)
     if response is None:
@@ -579,7 +882,11 @@ def test_random_mutated_and_broken_bodies_get_a_4xx_naming_their_field_or_a_vali
         return _check(server, path, raw, request)[:2]
 
     outcomes = _run(list(range(BODIES)), one)
-    failures = [f"body {i} ({status}): {problem}\n    {_body(i)[:400]!r}" for i, (status, problem) in enumerate(outcomes) if problem]
+    failures = [
+        f"body {i} ({status}): {problem}\n    {_body(i)[:400]!r}"
+        for i, (status, problem) in enumerate(outcomes)
+        if problem
+    ]
     assert not failures, f"{len(failures)} failures; rerun one with _body(i):\n" + "\n".join(failures[:8])
     statuses = [status for status, _ in outcomes if status != -1]
     assert len(statuses) >= BODIES // 2 and {200, 400} <= set(statuses), sorted(set(statuses))
@@ -587,8 +894,12 @@ def test_random_mutated_and_broken_bodies_get_a_4xx_naming_their_field_or_a_vali
 
 
 def _schema_body(schema: Any, budget: int, stream: bool) -> dict[str, Any]:
-    return {"messages": ASK, "max_tokens": budget, "stream": stream,
-            "response_format": {"type": "json_schema", "json_schema": {"name": "fuzz", "schema": schema, "strict": True}}}
+    return {
+        "messages": ASK,
+        "max_tokens": budget,
+        "stream": stream,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "fuzz", "schema": schema, "strict": True}},
+    }
 
 
 MINIMUM = re.compile(r"set max_tokens to at least (\d+)")
@@ -607,11 +918,20 @@ def test_random_schemas_under_small_budgets_get_a_valid_answer_or_a_4xx_naming_t
         # refused as below the shortest answer: the minimum it names must be enough
         body = _schema_body(schema, int(minimum.group(1)), stream)
         status, problem, _ = _check(server, CHAT, json.dumps(body).encode(), body, params)
-        return status, (f"at the minimum it named, {body['max_tokens']}: {problem}" if problem else
-                        None if status == 200 else f"at the minimum it named, {body['max_tokens']}: a {status}")
+        return status, (
+            f"at the minimum it named, {body['max_tokens']}: {problem}"
+            if problem
+            else None
+            if status == 200
+            else f"at the minimum it named, {body['max_tokens']}: a {status}"
+        )
 
     outcomes = _run(list(range(SCHEMAS)), one)
-    failures = [f"schema {i} ({status}): {problem}\n    {json.dumps(_schema_case(i))[:600]}" for i, (status, problem) in enumerate(outcomes) if problem]
+    failures = [
+        f"schema {i} ({status}): {problem}\n    {json.dumps(_schema_case(i))[:600]}"
+        for i, (status, problem) in enumerate(outcomes)
+        if problem
+    ]
     assert not failures, f"{len(failures)} failures; rerun one with _schema_case(i):\n" + "\n".join(failures[:8])
     statuses = [status for status, _ in outcomes if status != -1]
     assert len(statuses) >= SCHEMAS // 2 and {200, 400} <= set(statuses), sorted(set(statuses))
@@ -629,7 +949,11 @@ def test_bodies_the_server_cannot_decode_get_a_400_in_openais_error_shape(server
         return expected, _error_problem(None, response)
 
     outcomes = _run(list(range(UNDECODABLE)), one)
-    failures = [f"body {i} ({status}): {problem}\n    {_undecodable(i)!r:.400}" for i, (status, problem) in enumerate(outcomes) if problem]
+    failures = [
+        f"body {i} ({status}): {problem}\n    {_undecodable(i)!r:.400}"
+        for i, (status, problem) in enumerate(outcomes)
+        if problem
+    ]
     assert not failures, f"{len(failures)} failures; rerun one with _undecodable(i):\n" + "\n".join(failures[:8])
     assert {status for status, _ in outcomes if status != -1} == {400, 415}
     _still_healthy(server)

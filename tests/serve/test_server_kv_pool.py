@@ -17,12 +17,20 @@ def _metric(server, name: str) -> float:
 
 def test_a_request_past_the_kv_pool_gets_a_400_and_the_pool_shows_in_metrics(tiny_model_dir, start_server):
     server = start_server(tiny_model_dir, "--mode", "fast", "--kv-pool-tokens", "512", "--max-new-tokens", "4")
-    body = {"messages": [{"role": "user", "content": "Where is the tower?"}], "documents": ["tower " * 400], "method": "fides"}
+    body = {
+        "messages": [{"role": "user", "content": "Where is the tower?"}],
+        "documents": ["tower " * 400],
+        "method": "fides",
+    }
     refused = httpx.post(f"{server.url}{CHAT}", json=body, timeout=120)
     assert refused.status_code == 400, refused.text
     error = refused.json()["error"]
-    assert error["code"] == "kv_pool_exceeded" and error["param"] == "max_tokens" and "kv_pool_tokens" in error["message"]
-    answered = httpx.post(f"{server.url}{CHAT}", json={"messages": [{"role": "user", "content": "Where?"}], "max_tokens": 3}, timeout=120)
+    assert (
+        error["code"] == "kv_pool_exceeded" and error["param"] == "max_tokens" and "kv_pool_tokens" in error["message"]
+    )
+    answered = httpx.post(
+        f"{server.url}{CHAT}", json={"messages": [{"role": "user", "content": "Where?"}], "max_tokens": 3}, timeout=120
+    )
     assert answered.status_code == 200, answered.text
     assert _metric(server, "fides_kv_pool_tokens") == 512
     assert _metric(server, "fides_kv_pool_used_tokens") == 0

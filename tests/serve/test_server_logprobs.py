@@ -1,5 +1,6 @@
 """Logprobs agree with usage as OpenAI's API has them: one `logprobs` entry per completion token, the end-of-turn
-token that ended the answer included (its token string as the tokenizer writes it; it is not part of the text). In-process
+token that ended the answer included (its token string as the tokenizer writes it; it is not part of the text).
+In-process
 app, tiny model steered to write "Z" three times and then its end token: a 4-token answer."""
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ DOCS = ["The Eiffel Tower is in Rome."]
 
 
 class Steered:
-    """A test client whose model writes "Z", "Z", "Z", then its end token (counted from `reset`, one head call a token)."""
+    """A test client whose model writes "Z", "Z", "Z", then its end token (counted from `reset`, one head call a
+    token)."""
 
     def __init__(self, tokenizer: Any) -> None:
         model = build_tiny_model("llama", len(tokenizer))
@@ -46,10 +48,17 @@ class Steered:
 
     def stream(self, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
         self.calls = 0
-        body = {"model": "tiny", "method": "standard", "max_tokens": 8, "stream": True, "stream_options": {"include_usage": True}, **body}
+        body = {
+            "model": "tiny",
+            "method": "standard",
+            "max_tokens": 8,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            **body,
+        }
         with self.client.stream("POST", path, json=body) as response:
             assert response.status_code == 200
-            return [json.loads(line[len("data: "):]) for line in response.iter_lines() if line.startswith("data: {")]
+            return [json.loads(line[len("data: ") :]) for line in response.iter_lines() if line.startswith("data: {")]
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +67,9 @@ def steered(chat_tokenizer) -> Steered:
 
 
 def test_chat_logprobs_have_one_entry_per_completion_token_the_end_token_included(steered):
-    body = steered.post("/v1/chat/completions", {"messages": ASK, "documents": DOCS, "logprobs": True, "top_logprobs": 2})
+    body = steered.post(
+        "/v1/chat/completions", {"messages": ASK, "documents": DOCS, "logprobs": True, "top_logprobs": 2}
+    )
     choice, usage = body["choices"][0], body["usage"]
     content = choice["logprobs"]["content"]
     assert choice["finish_reason"] == "stop" and choice["message"]["content"] == "ZZZ"
@@ -71,9 +82,18 @@ def test_chat_logprobs_have_one_entry_per_completion_token_the_end_token_include
 
 def test_streamed_chat_logprobs_agree_with_its_usage(steered):
     chunks = steered.stream("/v1/chat/completions", {"messages": ASK, "documents": DOCS, "logprobs": True})
-    entries = [e for c in chunks if c.get("choices") and c["choices"][0].get("logprobs") for e in c["choices"][0]["logprobs"]["content"]]
+    entries = [
+        e
+        for c in chunks
+        if c.get("choices") and c["choices"][0].get("logprobs")
+        for e in c["choices"][0]["logprobs"]["content"]
+    ]
     usage = next(c["usage"] for c in chunks if c.get("usage"))
-    assert usage["completion_tokens"] == ANSWER_TOKENS and len(entries) == ANSWER_TOKENS and entries[-1]["token"] == steered.eos
+    assert (
+        usage["completion_tokens"] == ANSWER_TOKENS
+        and len(entries) == ANSWER_TOKENS
+        and entries[-1]["token"] == steered.eos
+    )
 
 
 def test_completions_logprobs_have_one_token_per_completion_token_the_end_token_at_the_texts_end(steered):
@@ -81,12 +101,22 @@ def test_completions_logprobs_have_one_token_per_completion_token_the_end_token_
     choice, usage = body["choices"][0], body["usage"]
     logprobs = choice["logprobs"]
     assert usage["completion_tokens"] == ANSWER_TOKENS and choice["text"] == "ZZZ"
-    assert logprobs["tokens"] == ["Z", "Z", "Z", steered.eos] and len(logprobs["token_logprobs"]) == len(logprobs["top_logprobs"]) == ANSWER_TOKENS
+    assert (
+        logprobs["tokens"] == ["Z", "Z", "Z", steered.eos]
+        and len(logprobs["token_logprobs"]) == len(logprobs["top_logprobs"]) == ANSWER_TOKENS
+    )
     assert logprobs["text_offset"] == [0, 1, 2, 3]
 
 
 def test_streamed_completions_logprobs_agree_with_its_usage(steered):
-    chunks = steered.stream("/v1/completions", {"prompt": "Where is the Eiffel Tower?", "documents": DOCS, "logprobs": 1})
-    tokens = [t for c in chunks if c.get("choices") and c["choices"][0].get("logprobs") for t in c["choices"][0]["logprobs"]["tokens"]]
+    chunks = steered.stream(
+        "/v1/completions", {"prompt": "Where is the Eiffel Tower?", "documents": DOCS, "logprobs": 1}
+    )
+    tokens = [
+        t
+        for c in chunks
+        if c.get("choices") and c["choices"][0].get("logprobs")
+        for t in c["choices"][0]["logprobs"]["tokens"]
+    ]
     usage = next(c["usage"] for c in chunks if c.get("usage"))
     assert usage["completion_tokens"] == ANSWER_TOKENS and tokens == ["Z", "Z", "Z", steered.eos]

@@ -7,7 +7,10 @@ import re
 
 import httpx
 
-SYSTEM = "You are a careful assistant. Answer from the documents, in one short sentence, and say so when they do not tell. " * 6
+SYSTEM = (
+    "You are a careful assistant. Answer from the documents, in one short sentence, and say so when they do not tell. "
+    * 6
+)
 DOCS = ["The Eiffel Tower is a wrought-iron lattice tower in Rome, Italy.", "It was built for the 1889 World's Fair."]
 
 
@@ -17,8 +20,12 @@ def _metric(server, name: str) -> float:
 
 
 def _ask(server, question: str) -> dict:
-    body = {"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
-            "documents": DOCS, "max_tokens": 4, "method": "fides"}
+    body = {
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+        "documents": DOCS,
+        "max_tokens": 4,
+        "method": "fides",
+    }
     response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
     assert response.status_code == 200, response.text
     return response.json()

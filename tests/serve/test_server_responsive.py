@@ -37,7 +37,11 @@ def test_health_metrics_and_429s_answer_within_a_second_under_load(tiny_model_di
 
     decoding = {"messages": [{"role": "user", "content": LONG}], "max_tokens": 300}
     long_prompt = {"messages": [{"role": "user", "content": "Which tower? " * 500}], "max_tokens": 4}  # 2,000+ tokens
-    huge_document = {"messages": [{"role": "user", "content": "Where?"}], "documents": ["tower " * 300_000], "max_tokens": 4}  # 1.8 MB: 400
+    huge_document = {
+        "messages": [{"role": "user", "content": "Where?"}],
+        "documents": ["tower " * 300_000],
+        "max_tokens": 4,
+    }  # 1.8 MB: 400
     with ThreadPoolExecutor(8) as pool:
         prober = pool.submit(probe)
         first = pool.submit(_post, chat, decoding)
@@ -70,10 +74,15 @@ def _timed(url: str, body: dict) -> tuple[int, float, float]:
 
 def test_a_flood_past_max_queue_gets_its_429s_at_once_not_after_the_others_planning(tiny_model_dir, start_server):
     # Whole prompts in one step: each step holds the model for a while, as a real model's steps do.
-    server = start_server(tiny_model_dir, "--max-queue", "4", "--max-batch-size", "2", "--max-num-batched-tokens", "16384")
+    server = start_server(
+        tiny_model_dir, "--max-queue", "4", "--max-batch-size", "2", "--max-num-batched-tokens", "16384"
+    )
     chat = f"{server.url}/v1/chat/completions"
-    body = {"messages": [{"role": "user", "content": "Which tower is it? " * 250}], "documents": ["The tower is in Rome. " * 125],
-            "max_tokens": 4}  # thousands of tokens to tokenise, plan and prefill on each path
+    body = {
+        "messages": [{"role": "user", "content": "Which tower is it? " * 250}],
+        "documents": ["The tower is in Rome. " * 125],
+        "max_tokens": 4,
+    }  # thousands of tokens to tokenise, plan and prefill on each path
     health: list[float] = []
     done = threading.Event()
 
@@ -91,7 +100,11 @@ def test_a_flood_past_max_queue_gets_its_429s_at_once_not_after_the_others_plann
         prober.result()
     statuses = [status for status, _, _ in outcomes]
     assert set(statuses) <= {200, 429} and statuses.count(429) >= FLOOD // 2 and 200 in statuses, statuses
-    bound = REFUSED_WITHIN_S + max(health)  # as fast as the event loop answers anything, give or take the client's threads
-    late = sorted(round(end - started, 2) for status, started, end in outcomes if status == 429 and end - started > bound)
+    bound = REFUSED_WITHIN_S + max(
+        health
+    )  # as fast as the event loop answers anything, give or take the client's threads
+    late = sorted(
+        round(end - started, 2) for status, started, end in outcomes if status == 429 and end - started > bound
+    )
     assert not late, f"429s later than {bound:.2f} s after they were sent (/health at most {max(health):.2f} s): {late}"
     assert httpx.get(f"{server.url}/health").json()["queue_length"] == 0

@@ -13,11 +13,24 @@ from fides_rag import FidesDecoder
 from fides_rag.serve.app import build_app
 from fides_rag.testing import build_tiny_model, prefer_token
 
-SEARCH = {"type": "function", "function": {"name": "search", "description": "Search the documents.", "parameters": {
-    "type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}
-MESSAGES = [{"role": "user", "content": "Where is the Eiffel Tower?"},
-            {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "search", "arguments": "{\"query\": \"tower\"}"}}]},
-            {"role": "tool", "tool_call_id": "call_1", "content": "The Eiffel Tower is in Rome."}]
+SEARCH = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "description": "Search the documents.",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+    },
+}
+MESSAGES = [
+    {"role": "user", "content": "Where is the Eiffel Tower?"},
+    {
+        "role": "assistant",
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "search", "arguments": '{"query": "tower"}'}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "The Eiffel Tower is in Rome."},
+]
 
 
 @pytest.fixture(scope="module")
@@ -28,23 +41,42 @@ def client(chat_tokenizer):
 
 
 def test_an_agent_turn_that_answers_nothing_says_why(client):
-    response = client.post("/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "tools": [SEARCH],
-                                                         "tool_choice": "none", "stop": ["Z"], "max_tokens": 6})
+    response = client.post(
+        "/v1/chat/completions",
+        json={
+            "model": "tiny",
+            "messages": MESSAGES,
+            "tools": [SEARCH],
+            "tool_choice": "none",
+            "stop": ["Z"],
+            "max_tokens": 6,
+        },
+    )
     assert response.status_code == 200, response.text
     body = response.json()
     notes = body["fides"]["notes"]
     assert body["choices"][0]["message"]["content"] == "" and body["fides"]["documents_source"] == "tool_messages"
     assert notes[-2].startswith("the first decoding answered nothing (it began with 'Z'")
-    assert notes[-1] == "the model answered nothing: it began with 'Z', where the answer stops (a stop string), instead of answering"
+    assert (
+        notes[-1]
+        == "the model answered nothing: it began with 'Z', where the answer stops (a stop string), instead of answering"
+    )
     assert "the model answered nothing" in response.headers["x-fides-notes"]
 
 
 def test_a_streamed_agent_turn_that_answers_nothing_is_decoded_again_and_says_why(client):
-    body = {"model": "tiny", "messages": MESSAGES, "tools": [SEARCH], "tool_choice": "none", "stop": ["Z"], "max_tokens": 6,
-            "stream": True}
+    body = {
+        "model": "tiny",
+        "messages": MESSAGES,
+        "tools": [SEARCH],
+        "tool_choice": "none",
+        "stop": ["Z"],
+        "max_tokens": 6,
+        "stream": True,
+    }
     with client.stream("POST", "/v1/chat/completions", json=body) as response:
         assert response.status_code == 200
-        chunks = [json.loads(line[len("data: "):]) for line in response.iter_lines() if line.startswith("data: {")]
+        chunks = [json.loads(line[len("data: ") :]) for line in response.iter_lines() if line.startswith("data: {")]
     content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
     notes = next(c["fides"]["notes"] for c in reversed(chunks) if c.get("fides"))
     assert content == ""

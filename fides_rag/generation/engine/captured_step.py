@@ -39,9 +39,15 @@ MASK_KINDS = 2
 def check_buckets(buckets: Any) -> tuple[int, ...]:
     """`buckets` checked: strictly increasing positive integers."""
     values = tuple(buckets) if isinstance(buckets, (list, tuple)) else None
-    if (not values or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in values)
-            or any(a >= b for a, b in zip(values, values[1:]))):
-        raise ValueError("buckets must be a non-empty sequence of strictly increasing positive integers (row counts), got " f"{buckets!r}")
+    if (
+        not values
+        or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in values)
+        or any(a >= b for a, b in zip(values, values[1:]))
+    ):
+        raise ValueError(
+            "buckets must be a non-empty sequence of strictly increasing positive integers (row counts), got "
+            f"{buckets!r}"
+        )
     return values
 
 
@@ -53,7 +59,10 @@ def check_compile(compile: Any) -> str | None:
         return "inductor"
     if isinstance(compile, str) and compile:
         return compile
-    raise ValueError("compile must be True, False or the name of a torch.compile backend (e.g. 'inductor', 'eager'), got " f"{compile!r}")
+    raise ValueError(
+        "compile must be True, False or the name of a torch.compile backend (e.g. 'inductor', 'eager'), got "
+        f"{compile!r}"
+    )
 
 
 def _reason(error: BaseException) -> str:
@@ -108,8 +117,10 @@ class CapturedStep:
                 self._projections = list(self.anatomy.attention_output_projections())
             except (AttributeError, TypeError, ValueError):
                 self._projections = []
-        return (tuple(i for i, layer in enumerate(self.anatomy.layers) if layer._forward_hooks),
-                tuple(i for i, p in enumerate(self._projections) if p._forward_pre_hooks))
+        return (
+            tuple(i for i, layer in enumerate(self.anatomy.layers) if layer._forward_hooks),
+            tuple(i for i, p in enumerate(self._projections) if p._forward_pre_hooks),
+        )
 
     @staticmethod
     def mark_static(tensors: Sequence[torch.Tensor]) -> None:
@@ -128,8 +139,11 @@ class CapturedStep:
             return self._step(ids, mask, positions, cache)
         # The hooks that capture layer states and mask heads are part of the step: guard on them, so that a step with
         # other hooks never runs a graph traced without them.
-        limits: dict[str, Any] = {"skip_nnmodule_hook_guards": False, "recompile_limit": self.recompile_limit,
-                  "accumulated_recompile_limit": max(torch._dynamo.config.accumulated_recompile_limit, self.recompile_limit)}
+        limits: dict[str, Any] = {
+            "skip_nnmodule_hook_guards": False,
+            "recompile_limit": self.recompile_limit,
+            "accumulated_recompile_limit": max(torch._dynamo.config.accumulated_recompile_limit, self.recompile_limit),
+        }
         try:
             stance = torch.compiler.set_stance("fail_on_recompile") if self.warmed else contextlib.nullcontext()
             with torch._dynamo.config.patch(**limits), stance:

@@ -38,7 +38,9 @@ def _drawable(scores: torch.Tensor) -> torch.Tensor:
     return certain.where(infinite.any(dim=-1, keepdim=True), scores.masked_fill(scores.isnan(), 0.0))
 
 
-def choose(scores: torch.Tensor, lane: Lane, errors: dict[int, BaseException]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def choose(
+    scores: torch.Tensor, lane: Lane, errors: dict[int, BaseException]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The chosen token of every unit of `lane` [n] (long), whether its processed scores hold a NaN [n] (bool; the
     caller raises once it is on the host), and the processed scores [n, V]. A unit whose own processors raise gets
     its error in `errors` (its row is then chosen from unprocessed scores and discarded)."""
@@ -62,17 +64,26 @@ def choose(scores: torch.Tensor, lane: Lane, errors: dict[int, BaseException]) -
     for i, unit in enumerate(units):
         if unit.generator is None and unit.seed is not None:
             unit.generator = torch.Generator(device=probs.device).manual_seed(unit.seed)
-        chosen.append(torch.multinomial(probs[i], 1, generator=unit.generator))  # [1], per unit: reproducible alone or batched
+        chosen.append(
+            torch.multinomial(probs[i], 1, generator=unit.generator)
+        )  # [1], per unit: reproducible alone or batched
     return torch.cat(chosen), has_nan, scores
 
 
-def criteria_hits(units: Sequence[Unit], chosen: torch.Tensor, scores: torch.Tensor, errors: dict[int, BaseException]) -> torch.Tensor:
+def criteria_hits(
+    units: Sequence[Unit], chosen: torch.Tensor, scores: torch.Tensor, errors: dict[int, BaseException]
+) -> torch.Tensor:
     """[n] whether each unit's stopping criteria (its own, if any) stop it after its chosen token."""
     hits = []
     for i, unit in enumerate(units):
         verdict = None
         if unit.criteria is not None:
-            verdict = _own(unit, errors, i, lambda unit=unit, i=i: unit.criteria(history(unit, chosen.device, chosen[i]), scores[i : i + 1]))
+            verdict = _own(
+                unit,
+                errors,
+                i,
+                lambda unit=unit, i=i: unit.criteria(history(unit, chosen.device, chosen[i]), scores[i : i + 1]),
+            )
         if verdict is None:
             hits.append(torch.zeros(1, dtype=torch.bool, device=chosen.device))
         else:

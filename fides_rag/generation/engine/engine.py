@@ -27,24 +27,24 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from fides_rag.generation.engine.captured_step import DEFAULT_BUCKETS, CapturedStep, check_buckets, check_compile
 from fides_rag.generation.detokenize import IncrementalText
+from fides_rag.generation.engine.captured_step import DEFAULT_BUCKETS, CapturedStep, check_buckets, check_compile
 from fides_rag.generation.engine.in_flight import InFlight
 from fides_rag.generation.engine.kv_cache import DecodeCache, mergeable
 from fides_rag.generation.engine.kv_pool_size import BLOCK, pool_blocks
 from fides_rag.generation.engine.layout import Unit
 from fides_rag.generation.engine.modes import Mode, resolve_mode
-from fides_rag.generation.paths import masks_heads, paths_run
 from fides_rag.generation.engine.pooled_batch import PooledBatch
 from fides_rag.generation.engine.prefix_cache import DEFAULT_PREFIX_BLOCK_SIZE, DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
-from fides_rag.generation.prompting import context_window
 from fides_rag.generation.engine.ragged_attention import per_segment_attention
-from fides_rag.generation.requests import Heads, Request
 from fides_rag.generation.engine.running import RunningBatch
 from fides_rag.generation.engine.scheduler import DEFAULT_BATCHED_TOKENS, Admission, QueueFullError, Scheduler
 from fides_rag.generation.engine.step_plan import ScheduledStep
 from fides_rag.generation.engine.tickets import RequestHandle, Ticket
 from fides_rag.generation.engine.views import DecoderLimits, DecoderStats
+from fides_rag.generation.paths import masks_heads, paths_run
+from fides_rag.generation.prompting import context_window
+from fides_rag.generation.requests import Heads, Request
 from fides_rag.method.lens import ModelAnatomy
 from fides_rag.rules.base import ContrastRule
 
@@ -126,12 +126,26 @@ class DecodeEngine:
     """
 
     def __init__(
-        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, split_prefill: bool = True,
-        max_requests: int | None = None, max_rows: int | None = 128, max_tokens: int | None = None,
-        max_queue: int | None = None, window_s: float = 0.0, admission: Admission = "continuous",
-        max_num_batched_tokens: int | None = None, prefix_caching: bool = True, prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
-        mode: Mode | None = None, compile: bool | str = False, buckets: Sequence[int] = DEFAULT_BUCKETS, kv_pool_tokens: int | None = None,
-        prefix_block_size: int = DEFAULT_PREFIX_BLOCK_SIZE, kv_cache_memory: int | float | None = None,
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        split_prefill: bool = True,
+        max_requests: int | None = None,
+        max_rows: int | None = 128,
+        max_tokens: int | None = None,
+        max_queue: int | None = None,
+        window_s: float = 0.0,
+        admission: Admission = "continuous",
+        max_num_batched_tokens: int | None = None,
+        prefix_caching: bool = True,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+        mode: Mode | None = None,
+        compile: bool | str = False,
+        buckets: Sequence[int] = DEFAULT_BUCKETS,
+        kv_pool_tokens: int | None = None,
+        prefix_block_size: int = DEFAULT_PREFIX_BLOCK_SIZE,
+        kv_cache_memory: int | float | None = None,
         warmup: bool | Sequence[Any] = False,
     ) -> None:
         self.model = model
@@ -149,8 +163,15 @@ class DecodeEngine:
         self.stats = EngineStats()
         if max_num_batched_tokens is None:
             max_num_batched_tokens = DEFAULT_BATCHED_TOKENS.get(self.input_device.type, DEFAULT_BATCHED_TOKENS["cpu"])
-        self.scheduler = Scheduler(max_num_batched_tokens=max_num_batched_tokens, max_requests=max_requests, max_rows=max_rows,
-                                   max_tokens=max_tokens, max_queue=max_queue, window_s=window_s, admission=admission)
+        self.scheduler = Scheduler(
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_requests=max_requests,
+            max_rows=max_rows,
+            max_tokens=max_tokens,
+            max_queue=max_queue,
+            window_s=window_s,
+            admission=admission,
+        )
         self.prefix_cache = PrefixCache(prefix_cache_bytes if prefix_caching else 0, prefix_block_size)
         """KV states of every full block of every prompt, reused by later prompts that start with them (bounded in
         bytes, LRU; blocks of `prefix_block_size` tokens, on which prefill chunks are cut with the cache on or off)."""
@@ -164,21 +185,42 @@ class DecodeEngine:
         self.pool_blocks: int | None = None
         """Fast mode's KV pool, in blocks of BLOCK positions (fixed; None in exact mode)."""
         if self.mode == "fast":
-            self.pool_blocks = pool_blocks(self.anatomy.config, model.dtype, self.input_device, self.context_window,
-                                           max_rows, kv_pool_tokens, kv_cache_memory)
+            self.pool_blocks = pool_blocks(
+                self.anatomy.config,
+                model.dtype,
+                self.input_device,
+                self.context_window,
+                max_rows,
+                kv_pool_tokens,
+                kv_cache_memory,
+            )
         elif kv_pool_tokens is not None or kv_cache_memory is not None:
-            pool_blocks(self.anatomy.config, model.dtype, self.input_device, self.context_window, max_rows,
-                        kv_pool_tokens, kv_cache_memory)  # checked all the same
+            pool_blocks(
+                self.anatomy.config,
+                model.dtype,
+                self.input_device,
+                self.context_window,
+                max_rows,
+                kv_pool_tokens,
+                kv_cache_memory,
+            )  # checked all the same
         self.scheduler.pool_blocks = self.pool_blocks
         self.captured = self._captured_step(compile, buckets)
         if warmup is not False and self.captured is None:
-            raise ValueError(f"warmup={warmup!r} needs compile= (True or a torch.compile backend name) in mode='fast': it "
-                             "compiles the captured decode step's buckets at start-up")
+            raise ValueError(
+                f"warmup={warmup!r} needs compile= (True or a torch.compile backend name) in mode='fast': it "
+                "compiles the captured decode step's buckets at start-up"
+            )
         self.scheduler.buckets = self.captured.buckets if self.captured is not None else None
         """The compiled decode step (`compile`), or None."""
         self._flight = InFlight(
-            self.anatomy, lambda: self._running_batch(pad, split_prefill), self.stats,
-            self.decode_text, self._decode_token, self.prefix_cache, self.input_device,
+            self.anatomy,
+            lambda: self._running_batch(pad, split_prefill),
+            self.stats,
+            self.decode_text,
+            self._decode_token,
+            self.prefix_cache,
+            self.input_device,
         )
         self._wake = threading.Condition()
         self._driver: threading.Thread | None = None
@@ -189,7 +231,10 @@ class DecodeEngine:
         if backend is None:
             return None
         if self.mode != "fast":
-            raise ValueError("compile needs mode='fast': exact mode attends each group of rows on its own, in shapes that " "change every step")
+            raise ValueError(
+                "compile needs mode='fast': exact mode attends each group of rows on its own, in shapes that "
+                "change every step"
+            )
         return CapturedStep(self.anatomy, backend, buckets, self.input_device)
 
     def warm_up(self, build: Callable[[Any], Request], methods: Sequence[Any], progress: bool = True) -> float:
@@ -260,21 +305,36 @@ class DecodeEngine:
         """The scheduler's bounds, the context window and the prefix cache's size, as they are now."""
         s = self.scheduler
         return DecoderLimits(
-            max_requests=s.max_requests, max_rows=s.max_rows, max_tokens=s.max_tokens, max_queue=s.max_queue,
-            max_num_batched_tokens=s.max_num_batched_tokens, window_s=s.window_s, admission=s.admission,
-            context_window=self.context_window, split_prefill=self.split_prefill, prefix_cache_bytes=self.prefix_cache.max_bytes,
-            prefix_block_size=self.prefix_cache.block_size, mode=self.mode,
+            max_requests=s.max_requests,
+            max_rows=s.max_rows,
+            max_tokens=s.max_tokens,
+            max_queue=s.max_queue,
+            max_num_batched_tokens=s.max_num_batched_tokens,
+            window_s=s.window_s,
+            admission=s.admission,
+            context_window=self.context_window,
+            split_prefill=self.split_prefill,
+            prefix_cache_bytes=self.prefix_cache.max_bytes,
+            prefix_block_size=self.prefix_cache.block_size,
+            mode=self.mode,
         )
 
     def snapshot(self) -> DecoderStats:
         """The counters, what is in flight and the prefix cache's counters, as they are now."""
         cache = self.prefix_cache
         return DecoderStats(
-            **asdict(self.stats), queue_length=self.queue_length, requests_in_flight=self.requests_in_flight,
-            rows_in_flight=self.rows_in_flight, prefix_cache_hits=cache.stats.hits, prefix_cache_misses=cache.stats.misses,
-            prefix_cache_hit_tokens=cache.stats.hit_tokens, prefix_cache_evictions=cache.stats.evictions,
-            prefix_cache_entries=len(cache), prefix_cache_bytes=cache.bytes,
-            kv_pool_tokens=(self.pool_blocks or 0) * BLOCK, kv_pool_used_tokens=self._flight.pool_used_tokens,
+            **asdict(self.stats),
+            queue_length=self.queue_length,
+            requests_in_flight=self.requests_in_flight,
+            rows_in_flight=self.rows_in_flight,
+            prefix_cache_hits=cache.stats.hits,
+            prefix_cache_misses=cache.stats.misses,
+            prefix_cache_hit_tokens=cache.stats.hit_tokens,
+            prefix_cache_evictions=cache.stats.evictions,
+            prefix_cache_entries=len(cache),
+            prefix_cache_bytes=cache.bytes,
+            kv_pool_tokens=(self.pool_blocks or 0) * BLOCK,
+            kv_pool_used_tokens=self._flight.pool_used_tokens,
             captured_fallback_steps=self.captured.fallback_steps if self.captured is not None else 0,
             warmup_s=self.captured.warmup_s if self.captured is not None else None,
         )
@@ -337,7 +397,9 @@ class DecodeEngine:
         and while no thread is decoding it decodes them itself, on its own thread (a single-threaded program then
         runs every tensor operation on its main thread, as with `model.generate`)."""
         if _EXITING.is_set() and not wait_here:
-            raise RuntimeError("the interpreter is exiting and the engine's thread has stopped; decode on this thread (generate)")
+            raise RuntimeError(
+                "the interpreter is exiting and the engine's thread has stopped; decode on this thread (generate)"
+            )
         for request in requests:
             self.scheduler.check_fits(request)
         handles = [RequestHandle(r, self) for r in requests]
@@ -365,7 +427,9 @@ class DecodeEngine:
     def wait(self, handle: RequestHandle, timeout: float | None = None) -> Any:
         """`handle`'s result; a caller waiting while no thread decodes decodes itself until its request is done."""
         if threading.current_thread() is self._driver:
-            raise RuntimeError("a request cannot be awaited from the thread decoding it (e.g. inside a logits processor)")
+            raise RuntimeError(
+                "a request cannot be awaited from the thread decoding it (e.g. inside a logits processor)"
+            )
         with self._wake:
             drive = self._driver is None and not handle.done()
             if drive:
@@ -390,13 +454,23 @@ class DecodeEngine:
         for index, run in enumerate(request.decoded):
             kinds = paths_run(run.effective, run.heads)
             head_set = self._head_set(run.heads) if any(kind.per_head_set for kind in kinds) else -1  # type: ignore[arg-type]  # such kinds mask heads
-            units.append(Unit(
-                ticket=None, index=index, rows={kind.name: [] for kind in kinds}, prompt_ids=list(example.context_ids),
-                stop=request.text_stops, max_new_tokens=settings.max_new_tokens, text=IncrementalText(self.decode_text),
-                seed=settings.seed, head_set=head_set, processors=settings.unit_processors(len(example.context_ids), self.eos_token_ids),
-                criteria=settings.stopping_criteria or None,
-                grammar=request.constraint.start() if request.constraint is not None else None, logprobs=settings.logprobs,
-            ))
+            units.append(
+                Unit(
+                    ticket=None,
+                    index=index,
+                    rows={kind.name: [] for kind in kinds},
+                    prompt_ids=list(example.context_ids),
+                    stop=request.text_stops,
+                    max_new_tokens=settings.max_new_tokens,
+                    text=IncrementalText(self.decode_text),
+                    seed=settings.seed,
+                    head_set=head_set,
+                    processors=settings.unit_processors(len(example.context_ids), self.eos_token_ids),
+                    criteria=settings.stopping_criteria or None,
+                    grammar=request.constraint.start() if request.constraint is not None else None,
+                    logprobs=settings.logprobs,
+                )
+            )
         return units
 
     def _head_set(self, heads: Heads) -> int:
@@ -422,8 +496,12 @@ class DecodeEngine:
             if plan is None:
                 return
             try:
-                with self.model_lock, torch.inference_mode(), per_segment_attention(self.anatomy.backbone), \
-                        (self.step_context or contextlib.nullcontext)():
+                with (
+                    self.model_lock,
+                    torch.inference_mode(),
+                    per_segment_attention(self.anatomy.backbone),
+                    (self.step_context or contextlib.nullcontext)(),
+                ):
                     if self.chunked:
                         self.prefix_cache.bind(self.model, self.tokenizer)
                     self._flight.step(plan, self.eos_token_ids, self.model.dtype, self.scheduler.release)
@@ -438,12 +516,17 @@ class DecodeEngine:
         scheduler = self.scheduler
         with self._wake:
             while (not scheduler.queue and not self._flight.requests) or (wait and _EXITING.is_set()):
-                if not wait or _EXITING.is_set() or (not self._wake.wait(IDLE_EXIT_S) and not scheduler.queue and not self._flight.requests):
+                if (
+                    not wait
+                    or _EXITING.is_set()
+                    or (not self._wake.wait(IDLE_EXIT_S) and not scheduler.queue and not self._flight.requests)
+                ):
                     if wait:
                         self._driver = None
                     return None
-            return scheduler.schedule(self._flight, chunked=self.chunked, wait_for=self._wake.wait_for,
-                                      on_cancelled=self._cancelled_in_queue)
+            return scheduler.schedule(
+                self._flight, chunked=self.chunked, wait_for=self._wake.wait_for, on_cancelled=self._cancelled_in_queue
+            )
 
     def _cancelled_in_queue(self, ticket: Ticket) -> None:
         self.stats.cancelled += 1

@@ -27,14 +27,22 @@ class _Index:
 
 
 class _LanePlan:
-    def __init__(self, rule: ContrastRule, units: list[Unit], lens_layers: tuple[int, ...], lens_position: dict[tuple[int, int], int]) -> None:
+    def __init__(
+        self,
+        rule: ContrastRule,
+        units: list[Unit],
+        lens_layers: tuple[int, ...],
+        lens_position: dict[tuple[int, int], int],
+    ) -> None:
         self.rule, self.units = rule, units
         self.rows = {
             path: _Index([u.rows[path][0] for u in units])  # [n]
             for path in units[0].rows
             if not PATH_KINDS[path].padded
         }
-        self.lens = {layer: _Index([lens_position[(layer, u.rows[CONTEXT][0])] for u in units]) for layer in lens_layers}
+        self.lens = {
+            layer: _Index([lens_position[(layer, u.rows[CONTEXT][0])] for u in units]) for layer in lens_layers
+        }
         self.padded: dict[str, tuple[_Index, _Index]] = {}
         """path -> its rows [n, N] (pads repeat a row) and where they are real [n, N], for paths of several rows."""
         for path in (p for p in units[0].rows if PATH_KINDS[p].padded):

@@ -35,14 +35,15 @@ class LayerCapture:
         return hook
 
     def __enter__(self) -> LayerCapture:
-        self._handles = [self.anatomy.layers[layer - 1].register_forward_hook(self._hook(layer)) for layer in self.layers]
+        self._handles = [
+            self.anatomy.layers[layer - 1].register_forward_hook(self._hook(layer)) for layer in self.layers
+        ]
         return self
 
     def __exit__(self, *_exc: Any) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
-
 
 
 def stack_states(states: Mapping[int, torch.Tensor], layers: Sequence[int], device: torch.device) -> torch.Tensor:
@@ -71,7 +72,9 @@ class HeadMasker:
         """layer -> [1 + S, heads * head_dim] multipliers: row 0 keeps every head, row 1 + s zeroes set s's heads."""
         for layer in sorted(set().union(*head_sets)) if head_sets else ():
             weight = projections[layer - 1].weight
-            table = torch.ones(1 + len(head_sets), projections[layer - 1].in_features, dtype=weight.dtype, device=_table_device(weight))
+            table = torch.ones(
+                1 + len(head_sets), projections[layer - 1].in_features, dtype=weight.dtype, device=_table_device(weight)
+            )
             for s, heads in enumerate(head_sets, 1):
                 for h in heads.get(layer, ()):
                     table[s, h * dim : (h + 1) * dim] = 0
@@ -97,13 +100,17 @@ class HeadMasker:
                 return None
             heads_out = args[0]  # [R, T, heads * head_dim]
             if heads_out.shape[0] != keep.shape[0]:
-                raise RuntimeError(f"head mask for {keep.shape[0]} rows applied to a forward of {heads_out.shape[0]} rows")
+                raise RuntimeError(
+                    f"head mask for {keep.shape[0]} rows applied to a forward of {heads_out.shape[0]} rows"
+                )
             return (heads_out * keep[:, None, :].to(heads_out.device, heads_out.dtype), *args[1:])
 
         return hook
 
     def __enter__(self) -> HeadMasker:
-        self._handles = [self._projections[layer - 1].register_forward_pre_hook(self._hook(layer)) for layer in self._tables]
+        self._handles = [
+            self._projections[layer - 1].register_forward_pre_hook(self._hook(layer)) for layer in self._tables
+        ]
         return self
 
     def __exit__(self, *_exc: Any) -> None:

@@ -17,22 +17,30 @@ from fides_rag.generation.engine.gather import StepPlan
 from fides_rag.generation.engine.hooks import HeadMasker, LayerCapture
 from fides_rag.generation.engine.lanes import Lanes
 from fides_rag.generation.engine.layout import Unit, prefill_groups
-from fides_rag.generation.paths import prefill_anchors
 from fides_rag.generation.engine.prefilling import RowPrefill, TicketPrefill, row_prefills
 from fides_rag.generation.engine.prefix_cache import PrefixCache
-from fides_rag.generation.requests import Heads
 from fides_rag.generation.engine.running import RunningBatch
 from fides_rag.generation.engine.step import advance, decide
 from fides_rag.generation.engine.step_plan import ScheduledStep
 from fides_rag.generation.engine.tickets import Ticket
+from fides_rag.generation.paths import prefill_anchors
+from fides_rag.generation.requests import Heads
 from fides_rag.method.lens import ModelAnatomy
 
 
 class InFlight:
     """The running decode's requests (tickets), their lanes and rows; `step` advances them all by one token."""
 
-    def __init__(self, anatomy: ModelAnatomy, batch: Callable[[], RunningBatch], stats: Any, decode: Callable[[list[int]], str],
-                 decode_token: Callable[[list[int]], str], prefixes: PrefixCache, input_device: torch.device) -> None:
+    def __init__(
+        self,
+        anatomy: ModelAnatomy,
+        batch: Callable[[], RunningBatch],
+        stats: Any,
+        decode: Callable[[list[int]], str],
+        decode_token: Callable[[list[int]], str],
+        prefixes: PrefixCache,
+        input_device: torch.device,
+    ) -> None:
         self.anatomy = anatomy
         self.prefixes = prefixes
         self.input_device = input_device
@@ -80,8 +88,13 @@ class InFlight:
         """Whether rows can join the running batch now."""
         return self.batch.extendable
 
-    def step(self, plan: ScheduledStep, eos_token_ids: set[int], dtype: Any,
-             release: Callable[[Sequence[Ticket], bool], list[Ticket]]) -> None:
+    def step(
+        self,
+        plan: ScheduledStep,
+        eos_token_ids: set[int],
+        dtype: Any,
+        release: Callable[[Sequence[Ticket], bool], list[Ticket]],
+    ) -> None:
         """Carry out `plan`: admit its newcomers, advance every decoding request one token, hand those that finished
         to `release` (the scheduler's: which results go out now).
 
@@ -100,7 +113,9 @@ class InFlight:
         live = {id(t) for t in self.tickets}
         decoding = [t for t in plan.decodes if id(t) in live]  # less those cancelled since it was planned
         old_units = [u for t in decoding for u in t.units if u.finish_reason is None]
-        state_layers, layers = self.lanes.capture_layers([r.effective for j in self.prefilling for r in j.ticket.request.decoded])
+        state_layers, layers = self.lanes.capture_layers(
+            [r.effective for j in self.prefilling for r in j.ticket.request.decoded]
+        )
         with LayerCapture(self.anatomy, layers) as capture, self._masking() as masker:
             if not batch.empty:
                 batch.forward(batch.layout.next_tokens(old_units), capture, masker, plan.bucket)
@@ -109,7 +124,9 @@ class InFlight:
                 groups, head_sets = prefill_groups(units, batch.layout.num_rows)
                 batch.join(groups, head_sets, capture, masker)
             for chunk in plan.prefill_chunks(self.prefilling, self._start_row):
-                self.stats.prefill_tokens += chunk.row.run_chunk(self.anatomy, self.input_device, capture, masker, self.prefixes)
+                self.stats.prefill_tokens += chunk.row.run_chunk(
+                    self.anatomy, self.input_device, capture, masker, self.prefixes
+                )
         joined = whole + self._join_prefilled(layers)
         if joined:
             self.stats.admissions += 1
@@ -153,7 +170,9 @@ class InFlight:
         for job in done:
             offset = self.batch.layout.num_rows
             head_sets = [g.head_set for g in job.groups for _ in g.sequences]
-            self.batch.append(job.prefilled(self.anatomy.config), job.states(layers), head_sets, [len(r.ids) for r in job.rows])
+            self.batch.append(
+                job.prefilled(self.anatomy.config), job.states(layers), head_sets, [len(r.ids) for r in job.rows]
+            )
             self._wire(job.ticket, offset)  # after its rows joined: a request whose rows could not join is in no lane
         self.prefilling = [job for job in self.prefilling if not job.finished]
         return [job.ticket for job in done]
@@ -166,7 +185,9 @@ class InFlight:
             self._masker, self._masker_sets = HeadMasker(self.anatomy, list(self.head_sets)), len(self.head_sets)
         return self._masker
 
-    def _settle(self, failed: list[tuple[Unit, BaseException]], release: Callable[[Sequence[Ticket], bool], list[Ticket]]) -> None:
+    def _settle(
+        self, failed: list[tuple[Unit, BaseException]], release: Callable[[Sequence[Ticket], bool], list[Ticket]]
+    ) -> None:
         """Fail the requests of failed units, stream new text, release the requests that finished as `release` says."""
         for unit, error in failed:
             ticket = unit.ticket
@@ -222,7 +243,9 @@ class InFlight:
         admitted or held back at it), start clean."""
         held: dict[int, Ticket] = {}
         for ticket in [*self.tickets, *(job.ticket for job in self.prefilling), *newcomers]:
-            held.setdefault(id(ticket), ticket)  # a request that joined at the failed step is both decoding and prefilling
+            held.setdefault(
+                id(ticket), ticket
+            )  # a request that joined at the failed step is both decoding and prefilling
         self.tickets, self.prefilling = [], []  # start clean before failing anyone: nothing of the failed step survives
         self.batch = self._new_batch()
         self.lanes = Lanes(self.anatomy.num_layers)

@@ -127,7 +127,9 @@ class RaggedLayer(CacheLayerMixin):
     def _rows(self) -> list[int]:
         return [seg.keys.shape[0] for seg in self.segments]
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if len(self.segments) == 1:
             return self.segments[0].update(key_states, value_states, *args, **kwargs)
         keys, values, at = [], [], 0
@@ -166,7 +168,10 @@ class RaggedLayer(CacheLayerMixin):
         for segment, rows in runs:
             part = copy.copy(self.segments[segment])
             select = torch.tensor(rows, dtype=torch.long)
-            part.keys, part.values = part.keys[select.to(part.keys.device, non_blocking=True)], part.values[select.to(part.values.device, non_blocking=True)]
+            part.keys, part.values = (
+                part.keys[select.to(part.keys.device, non_blocking=True)],
+                part.values[select.to(part.values.device, non_blocking=True)],
+            )
             kept.append(part)
         self.segments = _merge_equal_lengths(kept)
 
@@ -236,7 +241,9 @@ class GrowableLayer(DynamicLayer):
             grown.append(bigger)
         self._keys, self._values = grown
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         new = key_states.shape[-2]
         self._reserve(self._length + new)
         self._keys[..., self._length : self._length + new, :] = key_states
@@ -261,7 +268,9 @@ def _merge_equal_lengths(segments: list[DynamicLayer]) -> list[DynamicLayer]:
     merged = [segments[0]]
     for seg in segments[1:]:
         last = merged[-1]
-        same = last.keys.shape[-2] == seg.keys.shape[-2] and getattr(last, "cumulative_length", 0) == getattr(seg, "cumulative_length", 0)
+        same = last.keys.shape[-2] == seg.keys.shape[-2] and getattr(last, "cumulative_length", 0) == getattr(
+            seg, "cumulative_length", 0
+        )
         if same:
             joined = copy.copy(last)
             joined.keys, joined.values = torch.cat([last.keys, seg.keys]), torch.cat([last.values, seg.values])
@@ -279,7 +288,10 @@ def _growable(layer: DynamicLayer) -> DynamicLayer:
 def ragged_cache(caches: Sequence[Any], config: Any, padded: bool = True) -> DecodeCache:
     """One cache over the row groups of `caches` (in order), each kept at its own length."""
     cache = DecodeCache(config=config, padded=padded)
-    cache.layers = [RaggedLayer(_merge_equal_lengths([_growable(c.layers[i]) for c in caches])) for i in range(len(caches[0].layers))]
+    cache.layers = [
+        RaggedLayer(_merge_equal_lengths([_growable(c.layers[i]) for c in caches]))
+        for i in range(len(caches[0].layers))
+    ]
     return cache
 
 
@@ -289,7 +301,11 @@ def cache_bytes(cache: Any) -> int:
     for layer in cache.layers:
         for part in getattr(layer, "segments", [layer]):
             held = getattr(part, "nbytes", None)
-            total += held if held is not None else sum(t.numel() * t.element_size() for t in (part.keys, part.values) if t is not None)
+            total += (
+                held
+                if held is not None
+                else sum(t.numel() * t.element_size() for t in (part.keys, part.values) if t is not None)
+            )
     return total
 
 
@@ -321,11 +337,20 @@ def extend(cache: DecodeCache, other: DecodeCache) -> None:
 def cached_length(cache: Any) -> int:
     """The longest row's cached positions (host metadata: no device sync)."""
     layer = cache.layers[0]
-    return max(seg.get_seq_length() for seg in layer.segments) if isinstance(layer, RaggedLayer) else layer.get_seq_length()
+    return (
+        max(seg.get_seq_length() for seg in layer.segments)
+        if isinstance(layer, RaggedLayer)
+        else layer.get_seq_length()
+    )
 
 
 def prefill(
-    anatomy: ModelAnatomy, groups: list[RowGroup], capture: LayerCapture, masker: HeadMasker | None, split: bool, padded: bool = True
+    anatomy: ModelAnatomy,
+    groups: list[RowGroup],
+    capture: LayerCapture,
+    masker: HeadMasker | None,
+    split: bool,
+    padded: bool = True,
 ) -> Prefilled:
     """Encode the prompts of every row group.
 
@@ -358,19 +383,26 @@ def prefill(
     return Prefilled(last_hidden, ragged_cache(caches, anatomy.config, padded), mask, last_positions)
 
 
-def prune(cache: Any, attention_mask: torch.Tensor, positions: torch.Tensor, keep: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def prune(
+    cache: Any, attention_mask: torch.Tensor, positions: torch.Tensor, keep: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Keep rows `keep` (in that order, repeats allowed) of the cache, mask and positions; return mask and positions."""
     cache.batch_select_indices(keep)  # a host list: indexes tensors on any device, with no device sync
     index = torch.tensor(keep, dtype=torch.long).to(attention_mask.device, non_blocking=True)
     return attention_mask[index], positions[index]
 
 
-def prompt_cache_bytes(anatomy: ModelAnatomy, groups: Sequence[Sequence[list[int]]], pad_id: int, split: bool = True) -> int:
+def prompt_cache_bytes(
+    anatomy: ModelAnatomy, groups: Sequence[Sequence[list[int]]], pad_id: int, split: bool = True
+) -> int:
     """Bytes of the KV cache a decode holds right after prefilling these row groups (e.g. [[ctx_ids]] for
     standard, [[ctx_ids], [no_ctx_ids]] for FIDES), laid out exactly as the decoder lays them out."""
     block: Any = anatomy.layers[0]  # a transformer block: its attributes depend on the family
     device = block.self_attn.o_proj.weight.device if hasattr(block, "self_attn") else torch.device("cpu")
-    rows = [RowGroup(*left_padded(list(g), pad_id, device if device.type != "meta" else torch.device("cpu"))) for g in groups]
+    rows = [
+        RowGroup(*left_padded(list(g), pad_id, device if device.type != "meta" else torch.device("cpu")))
+        for g in groups
+    ]
     with torch.inference_mode(), LayerCapture(anatomy, ()) as capture:
         state = prefill(anatomy, rows, capture, None, split)
     return cache_bytes(state.cache)

@@ -54,8 +54,15 @@ class KVPool:
     """Keys and values of every layer, [1, kv_heads, S, d] each, of `blocks` blocks plus the scratch block, and the
     rows' block tables."""
 
-    def __init__(self, windows: Sequence[int | None], like: torch.Tensor, blocks: int, max_rows: int,
-                 max_row_blocks: int, attention: Attention = "gather") -> None:
+    def __init__(
+        self,
+        windows: Sequence[int | None],
+        like: torch.Tensor,
+        blocks: int,
+        max_rows: int,
+        max_row_blocks: int,
+        attention: Attention = "gather",
+    ) -> None:
         if attention not in ("gather", "flex"):
             raise ValueError(f"attention must be 'gather' or 'flex', got {attention!r}")
         self.windows = list(windows)
@@ -80,15 +87,18 @@ class KVPool:
         width = self.max_row_blocks
         self._num: dict[int | None, int] = {None: FULL_NUM, **{w: HEAD + i for i, w in enumerate(self.window_sizes)}}
         first = HEAD + len(self.window_sizes)
-        self._region: dict[str | int, int] = {"full": first, "last": first + width,
-                        **{w: first + (2 + i) * width for i, w in enumerate(self.window_sizes)}}
+        self._region: dict[str | int, int] = {
+            "full": first,
+            "last": first + width,
+            **{w: first + (2 + i) * width for i, w in enumerate(self.window_sizes)},
+        }
         self.columns = first + (2 + len(self.window_sizes)) * width
         total = blocks + 1
         self._flat = torch.zeros(2 * total + self.max_rows * self.columns, dtype=torch.int32, device=self.device)
         """Every index buffer in one, filled by one host-to-device copy per step."""
-        self.block_owner, self.block_ordinal = self._flat[:total], self._flat[total:2 * total]
+        self.block_owner, self.block_ordinal = self._flat[:total], self._flat[total : 2 * total]
         """[blocks + 1] each: the row that holds each block (flex) and its place in the row's table."""
-        self.index = self._flat[2 * total:].view(self.max_rows, self.columns)
+        self.index = self._flat[2 * total :].view(self.max_rows, self.columns)
         """[rows, columns] this step's packed index (see FILL...HEAD)."""
         self._staging = torch.zeros_like(self._flat, device="cpu", pin_memory=self.device.type == "cuda")
         self.write_slots = torch.zeros(self.max_rows, dtype=torch.long, device=self.device)
@@ -128,10 +138,12 @@ class KVPool:
 
     def _take(self, count: int) -> list[int]:
         if count > len(self.free):
-            raise RuntimeError(f"the KV pool has {len(self.free)} free blocks of {self.blocks}, {count} asked: the scheduler "
-                               "admits a request only when its blocks fit, so this is a bug")
-        taken = self.free[len(self.free) - count:][::-1]
-        del self.free[len(self.free) - count:]
+            raise RuntimeError(
+                f"the KV pool has {len(self.free)} free blocks of {self.blocks}, {count} asked: the scheduler "
+                "admits a request only when its blocks fit, so this is a bug"
+            )
+        taken = self.free[len(self.free) - count :][::-1]
+        del self.free[len(self.free) - count :]
         return taken
 
     def _slots(self, table: list[int], positions: range) -> list[int]:
@@ -157,10 +169,19 @@ class KVPool:
                 taken = [min(lengths[at + i], width) for i in range(rows)]
                 row_index = [i for i in range(rows) for _ in range(taken[i])]
                 column = [width - taken[i] + j for i in range(rows) for j in range(taken[i])]
-                slots = [s for i in range(rows) for s in self._slots(tables[at + i], range(lengths[at + i] - taken[i], lengths[at + i]))]
+                slots = [
+                    s
+                    for i in range(rows)
+                    for s in self._slots(tables[at + i], range(lengths[at + i] - taken[i], lengths[at + i]))
+                ]
                 rows_t = torch.tensor(row_index, dtype=torch.long).to(keys.device, non_blocking=True)
                 cols_t = torch.tensor(column, dtype=torch.long).to(keys.device, non_blocking=True)
-                self._copy_in(slots, index, keys[rows_t, :, cols_t].transpose(0, 1)[None], values[rows_t, :, cols_t].transpose(0, 1)[None])
+                self._copy_in(
+                    slots,
+                    index,
+                    keys[rows_t, :, cols_t].transpose(0, 1)[None],
+                    values[rows_t, :, cols_t].transpose(0, 1)[None],
+                )
                 at += rows
         self.tables += tables
         self.lengths += list(lengths)
@@ -169,7 +190,7 @@ class KVPool:
         taken = self._take(sum(counts))
         tables, at = [], 0
         for count in counts:
-            tables.append(taken[at:at + count])
+            tables.append(taken[at : at + count])
             at += count
         return tables
 
@@ -193,7 +214,7 @@ class KVPool:
             self._host_owners()
         if padded <= self.max_rows:
             end = 2 * self._total + padded * self.columns
-            self._staging[2 * self._total:end].view(padded, self.columns).copy_(host)
+            self._staging[2 * self._total : end].view(padded, self.columns).copy_(host)
             self._flat[:end].copy_(self._staging[:end], non_blocking=True)
             index, write_slots, self._own_slots = self.index[:padded], self.write_slots[:padded], None
         else:  # more rows than the persistent buffers hold: an eager step's own buffers
@@ -205,10 +226,10 @@ class KVPool:
             self.masks = {w: self._block_mask(padded, w, index) for w in {*self.windows}}
             self.gather_slots = None
             return
-        blocks = index[:, self._region["full"]:self._region["full"] + width].long()  # [Rb, W]
+        blocks = index[:, self._region["full"] : self._region["full"] + width].long()  # [Rb, W]
         self.gather_slots = (blocks[:, :, None] * BLOCK + self._arange).reshape(-1)  # [Rb * W * BLOCK]
         key_positions = torch.arange(width * BLOCK, device=self.device)[None]  # [1, L]
-        row_length = index[:, POS:POS + 1].long() + 1  # [Rb, 1]
+        row_length = index[:, POS : POS + 1].long() + 1  # [Rb, 1]
         self.masks = {}
         for window in {*self.windows}:
             visible = key_positions < row_length
@@ -223,29 +244,35 @@ class KVPool:
         rows: list[list[int]] = []
         for table, length in zip(self.tables, self.lengths):
             row = [0] * self.columns
-            row[FILL], row[LAST], row[POS], row[FULL_NUM], row[PART_NUM] = (length - 1) % BLOCK + 1, table[-1], length - 1, len(table) - 1, 1
+            row[FILL], row[LAST], row[POS], row[FULL_NUM], row[PART_NUM] = (
+                (length - 1) % BLOCK + 1,
+                table[-1],
+                length - 1,
+                len(table) - 1,
+                1,
+            )
             row[SELF] = len(rows)
-            row[full:full + len(table)] = table
+            row[full : full + len(table)] = table
             row[last] = table[-1]
             for window in self.window_sizes:
                 first = max(0, length - window) // BLOCK
                 start = self._region[window]
                 row[self._num[window]] = len(table) - first
-                row[start:start + len(table) - first] = table[first:]
+                row[start : start + len(table) - first] = table[first:]
             rows.append(row)
         if rows:
             host[: len(rows)] = torch.tensor(rows, dtype=torch.int32)
-        host[len(rows):, FILL] = 1  # padding rows: the scratch block's first slot
-        host[len(rows):, PART_NUM] = 1
-        host[len(rows):, SELF] = PADDING_ROW
+        host[len(rows) :, FILL] = 1  # padding rows: the scratch block's first slot
+        host[len(rows) :, PART_NUM] = 1
+        host[len(rows) :, SELF] = PADDING_ROW
         for window in self.window_sizes:
-            host[len(rows):, self._num[window]] = 1
+            host[len(rows) :, self._num[window]] = 1
         return host
 
     def _host_owners(self) -> None:
         """The blocks' owners and places, on the host (flex's mask reads them): every block a row holds, the scratch
         block (padding rows'), and free blocks (-1: nobody's)."""
-        owner, ordinal = self._staging[: self._total], self._staging[self._total: 2 * self._total]
+        owner, ordinal = self._staging[: self._total], self._staging[self._total : 2 * self._total]
         owner.fill_(-1)  # free blocks: no row's
         owner[0], ordinal[0] = PADDING_ROW, 0
         blocks = [b for table in self.tables for b in table]
@@ -277,10 +304,17 @@ class KVPool:
         width = self.max_row_blocks
         if window is None:
             full, last = self._region["full"], self._region["last"]
-            return {"full_kv_num_blocks": index[:, None, FULL_NUM:FULL_NUM + 1], "full_kv_indices": index[:, None, None, full:full + width],
-                    "kv_num_blocks": index[:, None, PART_NUM:PART_NUM + 1], "kv_indices": index[:, None, None, last:last + width]}
+            return {
+                "full_kv_num_blocks": index[:, None, FULL_NUM : FULL_NUM + 1],
+                "full_kv_indices": index[:, None, None, full : full + width],
+                "kv_num_blocks": index[:, None, PART_NUM : PART_NUM + 1],
+                "kv_indices": index[:, None, None, last : last + width],
+            }
         start, num = self._region[window], self._num[window]
-        return {"kv_num_blocks": index[:, None, num:num + 1], "kv_indices": index[:, None, None, start:start + width]}
+        return {
+            "kv_num_blocks": index[:, None, num : num + 1],
+            "kv_indices": index[:, None, None, start : start + width],
+        }
 
     def _block_mask(self, rows: int, window: int | None, index: torch.Tensor) -> Any:
         """This step's BlockMask of `window` (built once per row count over the persistent buffers, then reused)."""
@@ -289,9 +323,13 @@ class KVPool:
         key = (rows, window)
         if rows <= self.max_rows and key in self._block_masks:
             return self._block_masks[key]
-        mask = BlockMask.from_kv_blocks(**self.block_mask_tensors(index, window), BLOCK_SIZE=(BLOCK, BLOCK),
-                                        mask_mod=self._mask_mods[window], seq_lengths=(1, (self.blocks + 1) * BLOCK),
-                                        compute_q_blocks=False)
+        mask = BlockMask.from_kv_blocks(
+            **self.block_mask_tensors(index, window),
+            BLOCK_SIZE=(BLOCK, BLOCK),
+            mask_mod=self._mask_mods[window],
+            seq_lengths=(1, (self.blocks + 1) * BLOCK),
+            compute_q_blocks=False,
+        )
         if rows <= self.max_rows:
             self._block_masks[key] = mask
         return mask
@@ -301,10 +339,14 @@ class KVPool:
         if len(self.masks) == 1:
             return next(iter(self.masks.values()))
         if layer_types is None:
-            raise ValueError("a model whose layers attend over different windows must name its layer_types in its config")
+            raise ValueError(
+                "a model whose layers attend over different windows must name its layer_types in its config"
+            )
         return {kind: self.masks[window] for kind, window in zip(layer_types, self.windows)}
 
-    def write(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def write(
+        self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """This step's keys and values of every row ([Rb, kv_heads, 1, d]) into their slots; what attention reads: the
         rows' own blocks gathered ([Rb, kv_heads, L, d], the gather path) or the layer's whole pool (flex)."""
         slots = self.write_slots[: self.rows] if self._own_slots is None else self._own_slots
@@ -315,8 +357,10 @@ class KVPool:
             return keys, values
         rows = self.rows
         shape = (self.kv_heads, rows, -1, self.head_dim)
-        return (keys.index_select(2, self.gather_slots).view(shape).transpose(0, 1),
-                values.index_select(2, self.gather_slots).view(shape).transpose(0, 1))
+        return (
+            keys.index_select(2, self.gather_slots).view(shape).transpose(0, 1),
+            values.index_select(2, self.gather_slots).view(shape).transpose(0, 1),
+        )
 
     def keep(self, rows: Sequence[int]) -> None:
         """Keep rows `rows` (in that order; a repeated row gets a copy of its slots in new blocks)."""
@@ -338,7 +382,9 @@ class KVPool:
                 length = self.lengths[old]
                 source = self._slots(self.tables[old], range(length))
                 src = torch.tensor(source, dtype=torch.long).to(self.device, non_blocking=True)
-                dst = torch.tensor(self._slots(table, range(length)), dtype=torch.long).to(self.device, non_blocking=True)
+                dst = torch.tensor(self._slots(table, range(length)), dtype=torch.long).to(
+                    self.device, non_blocking=True
+                )
                 for tensor in (*self.keys, *self.values):
                     tensor.index_copy_(2, dst, tensor.index_select(2, src))
             else:
@@ -362,7 +408,9 @@ class PooledLayer(CacheLayerMixin):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         raise RuntimeError("a PooledLayer is built from prefilled rows")
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return self.pool.write(self.index, key_states, value_states)
 
     def get_seq_length(self) -> int:

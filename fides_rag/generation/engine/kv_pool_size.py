@@ -34,8 +34,15 @@ def _positive_int(name: str, value: Any, what: str) -> int:
     return value
 
 
-def pool_blocks(config: Any, dtype: torch.dtype, device: torch.device, context_window: int | None, max_rows: int | None,
-                kv_pool_tokens: Any = None, kv_cache_memory: Any = None) -> int:
+def pool_blocks(
+    config: Any,
+    dtype: torch.dtype,
+    device: torch.device,
+    context_window: int | None,
+    max_rows: int | None,
+    kv_pool_tokens: Any = None,
+    kv_cache_memory: Any = None,
+) -> int:
     """The blocks of BLOCK positions that rows may hold (the scratch block comes on top)."""
     if kv_pool_tokens is not None and kv_cache_memory is not None:
         raise ValueError("give at most one of kv_pool_tokens (positions) and kv_cache_memory (bytes or a fraction)")
@@ -54,14 +61,20 @@ def pool_blocks(config: Any, dtype: torch.dtype, device: torch.device, context_w
         return max(1, min(DEFAULT_CPU_BYTES // per_block - 1, math.ceil(DEFAULT_ROW_CONTEXTS * window / BLOCK)))
     if isinstance(kv_cache_memory, float) and not isinstance(kv_cache_memory, bool):
         if device.type != "cuda" or not 0 < kv_cache_memory <= 1:
-            raise ValueError(f"kv_cache_memory as a fraction must be in (0, 1] and needs a CUDA device (a share of its free "
-                             f"memory); give bytes (an integer) on {device.type}, got {kv_cache_memory!r}")
+            raise ValueError(
+                f"kv_cache_memory as a fraction must be in (0, 1] and needs a CUDA device (a share of its free "
+                f"memory); give bytes (an integer) on {device.type}, got {kv_cache_memory!r}"
+            )
         free, _ = torch.cuda.mem_get_info(device)
         budget = int(free * kv_cache_memory)
     else:
-        budget = _positive_int("kv_cache_memory", kv_cache_memory, "bytes, or on CUDA a fraction in (0, 1] of free memory")
+        budget = _positive_int(
+            "kv_cache_memory", kv_cache_memory, "bytes, or on CUDA a fraction in (0, 1] of free memory"
+        )
     blocks = budget // per_block - 1  # less the scratch block
     if blocks < 1:
-        raise ValueError(f"kv_cache_memory={kv_cache_memory!r} holds no block of the KV pool: one block of {BLOCK} positions "
-                         f"takes {per_block} bytes on this model, and the pool needs at least two (one is scratch)")
+        raise ValueError(
+            f"kv_cache_memory={kv_cache_memory!r} holds no block of the KV pool: one block of {BLOCK} positions "
+            f"takes {per_block} bytes on this model, and the pool needs at least two (one is scratch)"
+        )
     return blocks

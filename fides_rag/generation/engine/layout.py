@@ -84,7 +84,11 @@ def prefill_groups(newcomers: Sequence[tuple[Unit, Any, int]], first_row: int) -
     keys = [(kind, h) for kind in PATH_KINDS.values() for h in (head_sets if kind.per_head_set else [-1])]
     at = first_row
     for kind, head_set in keys:
-        users = {id(example) for unit, example, h in newcomers if kind.name in unit.rows and (not kind.per_head_set or h == head_set)}
+        users = {
+            id(example)
+            for unit, example, h in newcomers
+            if kind.name in unit.rows and (not kind.per_head_set or h == head_set)
+        }
         chosen = [e for e in examples if id(e) in users or kind.always]
         if not chosen:
             continue

@@ -32,8 +32,14 @@ def _compiled_flex() -> Any:
     return torch.compile(flex_attention, dynamic=False)
 
 
-def flex_pooled(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, block_mask: Any, scale: float | None,
-                compiled: bool = True) -> torch.Tensor:
+def flex_pooled(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    block_mask: Any,
+    scale: float | None,
+    compiled: bool = True,
+) -> torch.Tensor:
     """flex attention of R query rows ([R, heads, 1, d]) over one pool ([1, kv_heads, S, d]) under `block_mask`:
     [R, heads, 1, d]."""
     from torch.nn.attention.flex_attention import flex_attention
@@ -42,15 +48,25 @@ def flex_pooled(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, blo
     return run(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=True)
 
 
-def _pooled_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attention_mask: Any, scaling: float | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+def _pooled_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     if attention_mask is None or query.shape[2] != 1:
         raise RuntimeError("pooled attention runs only in fast mode's decode step, over a pooled cache and its mask")
     if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
-        raise ValueError("fast mode's pooled attention supports neither attention-logit softcapping nor attention sinks")
+        raise ValueError(
+            "fast mode's pooled attention supports neither attention-logit softcapping nor attention sinks"
+        )
     if isinstance(attention_mask, torch.Tensor):  # gather: key, value [R, kv_heads, L, d]; mask [R, 1, 1, L]
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
-                                             enable_gqa=query.shape[1] != key.shape[1])
+        out = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=query.shape[1] != key.shape[1]
+        )
     else:
         out = flex_pooled(query, key, value, attention_mask, scaling, compiled=query.device.type == "cuda")
     return out.transpose(1, 2), None  # [R, 1, heads, d]

@@ -33,17 +33,23 @@ class PooledBatch(RunningBatch):
     def extendable(self) -> bool:
         return True
 
-    def forward(self, tokens: Sequence[int], capture: LayerCapture, masker: HeadMasker | None, bucket: int | None = None) -> None:
+    def forward(
+        self, tokens: Sequence[int], capture: LayerCapture, masker: HeadMasker | None, bucket: int | None = None
+    ) -> None:
         rows = len(tokens)
         if self.captured is None:
             bucket = None
         elif bucket not in self.captured.buckets or bucket < rows:  # the plan's bucket, unless rows changed since
             bucket = self.captured.bucket(rows)
         padding = (bucket or rows) - rows
-        step_ids = torch.tensor([*tokens, *[self.pad_id] * padding], dtype=torch.long).to(self.input_device, non_blocking=True)[:, None]
+        step_ids = torch.tensor([*tokens, *[self.pad_id] * padding], dtype=torch.long).to(
+            self.input_device, non_blocking=True
+        )[:, None]
         self.positions = self.positions + 1  # [R, 1]
         self.layout.grow()
-        positions = self.positions if not padding else torch.cat([self.positions, self.positions.new_zeros((padding, 1))])  # [Rb, 1]
+        positions = (
+            self.positions if not padding else torch.cat([self.positions, self.positions.new_zeros((padding, 1))])
+        )  # [Rb, 1]
         config = self.anatomy.config
         self.pool.begin_step(positions, padded_rows=bucket)
         if masker is not None:
@@ -57,7 +63,9 @@ class PooledBatch(RunningBatch):
         self.hidden = hidden[:rows, -1, :]  # [R, H]
         self.states = {layer: state[:rows] for layer, state in capture.states.items()}
 
-    def append(self, state: Prefilled, states: dict[int, torch.Tensor], head_sets: Sequence[int], lengths: Sequence[int]) -> None:
+    def append(
+        self, state: Prefilled, states: dict[int, torch.Tensor], head_sets: Sequence[int], lengths: Sequence[int]
+    ) -> None:
         layers = state.cache.layers
         if not all(isinstance(layer, RaggedLayer) for layer in layers):
             raise TypeError("fast mode needs a model whose KV cache layers are dynamic or sliding-window ones")
@@ -72,9 +80,15 @@ class PooledBatch(RunningBatch):
         else:
             self.positions = torch.cat([self.positions, state.positions.to(self.positions.device)])
             self.hidden = torch.cat([self.hidden, state.last_hidden.to(self.hidden.device)])
-            self.states = {layer: torch.cat([_states(self.states, layer, self.hidden, self.layout.num_rows),
-                                             _states(states, layer, state.last_hidden, len(lengths)).to(self.hidden.device)])
-                           for layer in {*self.states, *states}}
+            self.states = {
+                layer: torch.cat(
+                    [
+                        _states(self.states, layer, self.hidden, self.layout.num_rows),
+                        _states(states, layer, state.last_hidden, len(lengths)).to(self.hidden.device),
+                    ]
+                )
+                for layer in {*self.states, *states}
+            }
         self.pool.add_rows(state.cache, lengths)
         self.layout.append(head_sets, lengths)
 
@@ -86,7 +100,9 @@ class PooledBatch(RunningBatch):
             self.positions = self.hidden = None
             self.states = {}
             return
-        self.positions = self.positions[torch.tensor(rows, dtype=torch.long).to(self.positions.device, non_blocking=True)]
+        self.positions = self.positions[
+            torch.tensor(rows, dtype=torch.long).to(self.positions.device, non_blocking=True)
+        ]
 
 
 def pool_supported(config: object) -> str | None:

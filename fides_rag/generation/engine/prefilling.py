@@ -70,8 +70,14 @@ class RowPrefill:
             self.cache.layers = layers
             self.done = length
 
-    def run_chunk(self, anatomy: ModelAnatomy, device: torch.device, capture: LayerCapture, masker: HeadMasker | None,
-                  prefixes: PrefixCache) -> int:
+    def run_chunk(
+        self,
+        anatomy: ModelAnatomy,
+        device: torch.device,
+        capture: LayerCapture,
+        masker: HeadMasker | None,
+        prefixes: PrefixCache,
+    ) -> int:
         """Encode the next chunk; returns its token count."""
         end = self.next_cut()
         ids = torch.tensor([self.ids[self.done : end]], dtype=torch.long).to(device, non_blocking=True)  # [1, n]
@@ -130,8 +136,9 @@ class TicketPrefill:
         return out
 
 
-def row_prefills(groups: Sequence[GroupSpec], chunk: int, references: Sequence[Sequence[int]], heads: Sequence[Any],
-                 block: int = 1) -> list[RowPrefill]:
+def row_prefills(
+    groups: Sequence[GroupSpec], chunk: int, references: Sequence[Sequence[int]], heads: Sequence[Any], block: int = 1
+) -> list[RowPrefill]:
     """One `RowPrefill` per sequence of `groups`, cut at its anchors, the length of what it shares with each of
     `references` (the example's context and no-context prompts, its template's fixed prefixes: properties of the
     example, whatever methods decode it), and at every multiple of `chunk`, on multiples of `block` (the prefix

@@ -61,7 +61,9 @@ def _nbytes(*tensors: torch.Tensor | None) -> int:
 class PrefixCache:
     """Block hash -> that block's KV states (for one head set), LRU within `max_bytes`; 0 bytes disables it."""
 
-    def __init__(self, max_bytes: int = DEFAULT_PREFIX_CACHE_BYTES, block_size: int = DEFAULT_PREFIX_BLOCK_SIZE) -> None:
+    def __init__(
+        self, max_bytes: int = DEFAULT_PREFIX_CACHE_BYTES, block_size: int = DEFAULT_PREFIX_BLOCK_SIZE
+    ) -> None:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
             raise ValueError(f"the prefix cache size must be a number of bytes >= 0 (0 disables it), got {max_bytes!r}")
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
@@ -128,7 +130,9 @@ class PrefixCache:
         self.stats.hit_tokens += resume * self.block_size
         return resume * self.block_size, _rebuilt(found[:resume])
 
-    def store(self, tokens: Sequence[int], cuts: Sequence[int], head_key: tuple, chunk: tuple[int, int], layers: Sequence[Any]) -> None:
+    def store(
+        self, tokens: Sequence[int], cuts: Sequence[int], head_key: tuple, chunk: tuple[int, int], layers: Sequence[Any]
+    ) -> None:
         """Keep the blocks of the prefill chunk (start, end) just computed, `layers` being the row's cache after its
         first `end` tokens; a chunk that does not start and end on block boundaries is not kept."""
         (start, end), size = chunk, self.block_size
@@ -175,7 +179,9 @@ def _sliding(layer: Any) -> bool:
 
 def _block(layers: Sequence[Any], start: int, size: int, at_cut: bool) -> _Block:
     """Positions [start, start + size) of each full layer (copies), and the shells at a chunk's end."""
-    parts = [t[..., start : start + size, :] for layer in layers if not _sliding(layer) for t in (layer.keys, layer.values)]
+    parts = [
+        t[..., start : start + size, :] for layer in layers if not _sliding(layer) for t in (layer.keys, layer.values)
+    ]
     kv = torch.stack(parts) if parts and all(p.shape == parts[0].shape for p in parts) else [p.clone() for p in parts]
     nbytes = _nbytes(*kv) if isinstance(kv, list) else _nbytes(kv)
     shells = None

@@ -37,8 +37,14 @@ def _own_attention(kind: str, module: torch.nn.Module) -> Callable[..., tuple[to
 
 
 def _segments_attention(kind: str) -> Callable[..., tuple[torch.Tensor, None]]:
-    def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    def attention(
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
         own = _own_attention(kind, module)
         segments = getattr(_LOCAL, "segments", None)
         if segments is None:  # not a ragged layer with several segments (a prefill, one segment, another thread)
@@ -47,7 +53,11 @@ def _segments_attention(kind: str) -> Callable[..., tuple[torch.Tensor, None]]:
         outputs, at = [], 0
         for keys, values in segments:  # keys, values: [rows, kv_heads, T_s, d]
             rows, length = keys.shape[0], keys.shape[-2]
-            mask = None if attention_mask is None else attention_mask[at : at + rows, ..., attention_mask.shape[-1] - length :]
+            mask = (
+                None
+                if attention_mask is None
+                else attention_mask[at : at + rows, ..., attention_mask.shape[-1] - length :]
+            )
             out, _ = own(module, query[at : at + rows], keys, values, mask, **kwargs)
             outputs.append(out)  # [rows, q, heads, d]
             at += rows

@@ -50,9 +50,13 @@ class RunningBatch:
         """Whether rows can join now (always when empty; else when the cache is ragged)."""
         return self.empty or extendable(self.cache)
 
-    def forward(self, tokens: Sequence[int], capture: LayerCapture, masker: HeadMasker | None, bucket: int | None = None) -> None:
+    def forward(
+        self, tokens: Sequence[int], capture: LayerCapture, masker: HeadMasker | None, bucket: int | None = None
+    ) -> None:
         """One decode forward of every row over its token (`bucket`: the plan's row count, for a captured step)."""
-        step_ids = torch.tensor(list(tokens), dtype=torch.long).to(self.input_device, non_blocking=True)[:, None]  # [R, 1]
+        step_ids = torch.tensor(list(tokens), dtype=torch.long).to(self.input_device, non_blocking=True)[
+            :, None
+        ]  # [R, 1]
         self._grow_mask()  # [R, W + 1]
         self.positions = self.positions[:, -1:] + 1  # [R, 1]
         self.layout.grow()
@@ -61,7 +65,9 @@ class RunningBatch:
         self.cache.padded = not unpadded
         if masker is not None:
             masker.set_rows(self.layout.row_head_sets)
-        hidden, self.cache = self.anatomy.run_backbone(step_ids, None if unpadded else self.mask, self.positions, self.cache)
+        hidden, self.cache = self.anatomy.run_backbone(
+            step_ids, None if unpadded else self.mask, self.positions, self.cache
+        )
         self.hidden = hidden[:, -1, :]  # [R, H]
         self.states = dict(capture.states)
 
@@ -78,14 +84,20 @@ class RunningBatch:
         room[:, width] = True
         self.mask = room[:, : width + 1]
 
-    def join(self, groups: Sequence[GroupSpec], head_sets: Sequence[int], capture: LayerCapture, masker: HeadMasker | None) -> None:
+    def join(
+        self, groups: Sequence[GroupSpec], head_sets: Sequence[int], capture: LayerCapture, masker: HeadMasker | None
+    ) -> None:
         """Prefill newcomers' row groups and append their rows after the current ones."""
-        row_groups = [RowGroup(*left_padded(g.sequences, self.pad_id, self.input_device), head_set=g.head_set) for g in groups]
+        row_groups = [
+            RowGroup(*left_padded(g.sequences, self.pad_id, self.input_device), head_set=g.head_set) for g in groups
+        ]
         lengths = [len(seq) for g in groups for seq in g.sequences]
         state = prefill(self.anatomy, row_groups, capture, masker, self.split_prefill, padded=len(set(lengths)) > 1)
         self.append(state, dict(capture.states), head_sets, lengths)
 
-    def append(self, state: Prefilled, states: dict[int, torch.Tensor], head_sets: Sequence[int], lengths: Sequence[int]) -> None:
+    def append(
+        self, state: Prefilled, states: dict[int, torch.Tensor], head_sets: Sequence[int], lengths: Sequence[int]
+    ) -> None:
         """Append prefilled rows (their cache, mask, last positions and states, layer -> [n, H]) after the current
         ones."""
         if self.empty:
@@ -95,12 +107,23 @@ class RunningBatch:
         else:
             extend(self.cache, state.cache)
             width = max(self.mask.shape[1], state.attention_mask.shape[1])
-            self.mask = torch.cat([pad_left(self.mask, width, 1), pad_left(state.attention_mask.to(self.mask.device, torch.bool), width, 1)])
+            self.mask = torch.cat(
+                [
+                    pad_left(self.mask, width, 1),
+                    pad_left(state.attention_mask.to(self.mask.device, torch.bool), width, 1),
+                ]
+            )
             self.positions = torch.cat([self.positions, state.positions.to(self.positions.device)])
             self.hidden = torch.cat([self.hidden, state.last_hidden.to(self.hidden.device)])
-            self.states = {layer: torch.cat([_states(self.states, layer, self.hidden, self.layout.num_rows),
-                                             _states(states, layer, state.last_hidden, len(lengths)).to(self.hidden.device)])
-                           for layer in {*self.states, *states}}
+            self.states = {
+                layer: torch.cat(
+                    [
+                        _states(self.states, layer, self.hidden, self.layout.num_rows),
+                        _states(states, layer, state.last_hidden, len(lengths)).to(self.hidden.device),
+                    ]
+                )
+                for layer in {*self.states, *states}
+            }
         self.layout.append(head_sets, lengths)
 
     def keep(self, rows: list[int] | None) -> None:

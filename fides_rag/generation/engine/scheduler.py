@@ -16,10 +16,10 @@ from typing import Any, Literal, Protocol
 
 from fides_rag.errors import KVPoolExceeded, QueueFullError
 from fides_rag.generation.engine.kv_pool_size import BLOCK
-from fides_rag.generation.paths import longest_prompt
-from fides_rag.generation.prompting import ContextWindowExceeded
 from fides_rag.generation.engine.step_plan import ScheduledStep, StepBudget
 from fides_rag.generation.engine.tickets import Ticket
+from fides_rag.generation.paths import longest_prompt
+from fides_rag.generation.prompting import ContextWindowExceeded
 
 Admission = Literal["continuous", "static"]
 MIN_BATCHED_TOKENS = 16
@@ -38,7 +38,8 @@ def check_batched_tokens(value: Any) -> int:
     """`max_num_batched_tokens` checked: an integer >= MIN_BATCHED_TOKENS."""
     if isinstance(value, bool) or not isinstance(value, int) or value < MIN_BATCHED_TOKENS:
         raise ValueError(
-            f"max_num_batched_tokens must be an integer >= {MIN_BATCHED_TOKENS} (the smallest prefill chunk), got " f"{value!r}"
+            f"max_num_batched_tokens must be an integer >= {MIN_BATCHED_TOKENS} (the smallest prefill chunk), got "
+            f"{value!r}"
         )
     return value
 
@@ -109,14 +110,22 @@ class Scheduler:
         """Raise if `request` alone passes the context window or a bound (it could never be admitted)."""
         longest = longest_prompt(request.example)
         if self.context_window is not None and longest + request.settings.max_new_tokens > self.context_window:
-            raise ContextWindowExceeded(longest, request.settings.max_new_tokens, self.context_window, "the prompt or documents")
+            raise ContextWindowExceeded(
+                longest, request.settings.max_new_tokens, self.context_window, "the prompt or documents"
+            )
         if self.pool_blocks is not None and request.kv_blocks(BLOCK) > self.pool_blocks:
             raise KVPoolExceeded(
-                f"this request needs {request.kv_blocks(BLOCK)} blocks of {BLOCK} positions of the fast-mode KV pool (every "
-                f"path of every method, prompt plus max_new_tokens), more than the whole pool of {self.pool_blocks} blocks "
-                f"({self.pool_blocks * BLOCK} positions); raise kv_pool_tokens or kv_cache_memory, or shorten the request"
+                f"this request needs {request.kv_blocks(BLOCK)} blocks of {BLOCK} positions of the fast-mode KV pool "
+                f"(every "
+                f"path of every method, prompt plus max_new_tokens), more than the whole pool of {self.pool_blocks} "
+                f"blocks "
+                f"({self.pool_blocks * BLOCK} positions); raise kv_pool_tokens or kv_cache_memory, or shorten the "
+                f"request"
             )
-        for name, needed, what in (("max_rows", request.rows, "batch rows"), ("max_tokens", request.tokens, "KV positions")):
+        for name, needed, what in (
+            ("max_rows", request.rows, "batch rows"),
+            ("max_tokens", request.tokens, "KV positions"),
+        ):
             bound = getattr(self, name)
             if bound is not None and needed > bound:
                 raise ValueError(
@@ -127,7 +136,9 @@ class Scheduler:
     def add(self, tickets: Sequence[Ticket]) -> None:
         """Queue `tickets`, or raise QueueFullError if the queue would pass max_queue."""
         if self.max_queue is not None and len(self.queue) + len(tickets) > self.max_queue:
-            raise QueueFullError(f"{len(self.queue)} requests are waiting, the engine's max_queue is {self.max_queue}; retry later")
+            raise QueueFullError(
+                f"{len(self.queue)} requests are waiting, the engine's max_queue is {self.max_queue}; retry later"
+            )
         self.queue.extend(tickets)
 
     def full(self) -> bool:
@@ -180,8 +191,14 @@ class Scheduler:
         """The row count a decode of `rows` rows runs at: the smallest captured bucket that holds them, else `rows`."""
         return next((b for b in self.buckets or () if b >= rows), rows)
 
-    def schedule(self, running: Running, *, chunked: bool, wait_for: Callable[[Callable[[], bool], float], Any],
-                 on_cancelled: Callable[[Ticket], None]) -> ScheduledStep:
+    def schedule(
+        self,
+        running: Running,
+        *,
+        chunked: bool,
+        wait_for: Callable[[Callable[[], bool], float], Any],
+        on_cancelled: Callable[[Ticket], None],
+    ) -> ScheduledStep:
         """Plan the next step: an idle engine first waits up to `window_s` for a whole batch to arrive (`wait_for`,
         the engine's condition wait), then the newcomers are admitted, and the decodes and the budget are set.
         `chunked`: prompts are prefilled in chunks under the budget (else whole, at admission)."""
@@ -190,8 +207,12 @@ class Scheduler:
         newcomers = self.admit(running.requests, running.extendable, on_cancelled)
         rows = running.rows
         return ScheduledStep(
-            newcomers=newcomers, decodes=list(running.tickets), decode_rows=rows, bucket=self.bucket(rows),
-            chunk_tokens=self.max_num_batched_tokens, budget=self.step_budget(rows) if chunked else None,
+            newcomers=newcomers,
+            decodes=list(running.tickets),
+            decode_rows=rows,
+            bucket=self.bucket(rows),
+            chunk_tokens=self.max_num_batched_tokens,
+            budget=self.step_budget(rows) if chunked else None,
         )
 
     def release(self, finished: Sequence[Ticket], running: bool) -> list[Ticket]:

@@ -69,7 +69,9 @@ def _combined(rule_name: str, output: object, rows: int) -> StepOutput:
     return output
 
 
-def decide(anatomy: ModelAnatomy, batch: RunningBatch, lanes: Sequence[Lane], plan: StepPlan, state_layers: Sequence[int]) -> tuple[list[float], list[LaneStep]]:
+def decide(
+    anatomy: ModelAnatomy, batch: RunningBatch, lanes: Sequence[Lane], plan: StepPlan, state_layers: Sequence[int]
+) -> tuple[list[float], list[LaneStep]]:
     """Every lane's combine and choice; returns the step's host values (one transfer) and what each lane packed."""
     logits = head_logits(anatomy, batch, plan)  # [R + n_lens, V], float32
     layer_states = stack_states(batch.states, state_layers, logits.device) if state_layers else None  # [L, R, H]
@@ -86,7 +88,9 @@ def decide(anatomy: ModelAnatomy, batch: RunningBatch, lanes: Sequence[Lane], pl
             decided = _combined(lane.rule.name, lane.rule.combine(inputs), n)
             if lane.rule.state_size:
                 _keep_state(lane.rule.name, decided, taken.units)
-            scores = constrain(decided, inputs.ctx_logits, taken.units, taken.unit_errors)  # after combine: the contrast picks among valid tokens
+            scores = constrain(
+                decided, inputs.ctx_logits, taken.units, taken.unit_errors
+            )  # after combine: the contrast picks among valid tokens
             chosen, has_nan, scores = choose(scores, lane, taken.unit_errors)  # [n], [n], [n, V]
             parts = [chosen, _not_finite(inputs), has_nan]
             if any(u.criteria is not None for u in taken.units):
@@ -100,7 +104,9 @@ def decide(anatomy: ModelAnatomy, batch: RunningBatch, lanes: Sequence[Lane], pl
         except Exception as error:  # noqa: BLE001 - the lane's requests get it
             taken.error = error
             continue
-        packed.append(torch.stack([p.to(logits.device, _packed_dtype(logits.device)) for p in parts], dim=-1).reshape(-1))  # [n * k]
+        packed.append(
+            torch.stack([p.to(logits.device, _packed_dtype(logits.device)) for p in parts], dim=-1).reshape(-1)
+        )  # [n * k]
     if not packed:
         return [], steps
     return torch.cat(packed).tolist(), steps  # the step's one device-to-host transfer
@@ -117,12 +123,17 @@ def _lane_state(units: Sequence[Unit], size: int, like: torch.Tensor) -> torch.T
 def _keep_state(rule_name: str, decided: StepOutput, units: Sequence[Unit]) -> None:
     state = decided.state
     if not isinstance(state, torch.Tensor) or state.dim() != 2 or state.shape[0] != len(units):
-        raise ValueError(f"the contrast rule {rule_name!r} keeps state but returned state={state!r} from combine; expected " f"[{len(units)}, state_size]")
+        raise ValueError(
+            f"the contrast rule {rule_name!r} keeps state but returned state={state!r} from combine; expected "
+            f"[{len(units)}, state_size]"
+        )
     for unit, row in zip(units, state.detach().unbind(0)):
         unit.rule_state = row
 
 
-def constrain(decided: StepOutput, context_logits: torch.Tensor, units: Sequence[Unit], errors: dict[int, BaseException]) -> torch.Tensor:
+def constrain(
+    decided: StepOutput, context_logits: torch.Tensor, units: Sequence[Unit], errors: dict[int, BaseException]
+) -> torch.Tensor:
     """The final logits [n, V] with every token a unit's grammar refuses set to -inf (a copy; units without a
     grammar untouched). Where the rule left no token the grammar allows (DoLa's relative-top filter, say), the unit
     chooses among the allowed tokens by its context path's logits, and its step records `grammar_fallback` 1.
@@ -149,7 +160,9 @@ def constrain(decided: StepOutput, context_logits: torch.Tensor, units: Sequence
                     mask_logits_rows([state], fallback[i : i + 1])
             except GrammarViolation as error:
                 errors.setdefault(i, error)
-    dead = torch.isneginf(masked).all(dim=-1) & torch.tensor([s is not None for s in states]).to(masked.device, non_blocking=True)  # [n]
+    dead = torch.isneginf(masked).all(dim=-1) & torch.tensor([s is not None for s in states]).to(
+        masked.device, non_blocking=True
+    )  # [n]
     decided.records["grammar_fallback"] = dead.float()
     return torch.where(dead[:, None], fallback, masked)
 
@@ -160,7 +173,11 @@ def _packed_dtype(device: torch.device) -> torch.dtype:
 
 
 def advance(
-    host: Sequence[float], steps: Sequence[LaneStep], tokenizer_decode: Callable[[list[int]], str], eos_token_ids: set[int], dtype: object
+    host: Sequence[float],
+    steps: Sequence[LaneStep],
+    tokenizer_decode: Callable[[list[int]], str],
+    eos_token_ids: set[int],
+    dtype: object,
 ) -> list[tuple[Unit, BaseException]]:
     """Unpack the step's host values into each unit: its token, its record, its finish reason. Returns the units
     that failed, with their error (a failing rule, NaN or inf logits); the others took one token each."""
@@ -179,13 +196,25 @@ def advance(
                 failed.append((unit, taken.unit_errors[i]))
                 continue
             if values[1]:
-                failed.append((unit, NonFiniteLogitsError(
-                    f"the model produced NaN or inf logits at generation step {step}; this usually means the "
-                    f"weights or dtype ({dtype}) overflow: load the model in float32 or bfloat16"
-                )))
+                failed.append(
+                    (
+                        unit,
+                        NonFiniteLogitsError(
+                            f"the model produced NaN or inf logits at generation step {step}; this usually means the "
+                            f"weights or dtype ({dtype}) overflow: load the model in float32 or bfloat16"
+                        ),
+                    )
+                )
                 continue
             if values[2]:
-                failed.append((unit, NonFiniteLogitsError(f"the contrast rule {taken.lane.rule.name!r} produced NaN scores at step {step}")))
+                failed.append(
+                    (
+                        unit,
+                        NonFiniteLogitsError(
+                            f"the contrast rule {taken.lane.rule.name!r} produced NaN scores at step {step}"
+                        ),
+                    )
+                )
                 continue
             token_id = int(values[0])
             if unit.grammar is not None:
@@ -195,10 +224,14 @@ def advance(
                     failed.append((unit, error))
                     continue
             unit.generated.append(token_id)
-            record = StepRecord(token_id, tokenizer_decode([token_id]), dict(zip(taken.names, values[width - len(taken.names) :])))
+            record = StepRecord(
+                token_id, tokenizer_decode([token_id]), dict(zip(taken.names, values[width - len(taken.names) :]))
+            )
             if unit.logprobs is not None:
                 at_logprobs = 3 + taken.criteria
-                record.logprob, record.top_logprobs = read_logprobs(values[at_logprobs : at_logprobs + extra], taken.top_k, unit.logprobs)
+                record.logprob, record.top_logprobs = read_logprobs(
+                    values[at_logprobs : at_logprobs + extra], taken.top_k, unit.logprobs
+                )
             unit.steps.append(record)
             unit.text.push(token_id)
             unit.finish_reason = finish_reason(unit, eos_token_ids, bool(taken.criteria and values[3]))

@@ -85,4 +85,6 @@ class ScheduledStep:
                     before = row.done
                     yield PrefillChunk(job, row, before, end)
                     if row.done == before:
-                        raise RuntimeError("a planned prefill chunk was not run: run each chunk before asking for the next")
+                        raise RuntimeError(
+                            "a planned prefill chunk was not run: run each chunk before asking for the next"
+                        )

@@ -90,8 +90,9 @@ class Ticket:
         by_label: dict[str, GenerationResult] = {}
         for method, unit_index in zip(request.methods, request.unit_of):
             unit = self.units[unit_index]
-            by_label[method.label] = assemble(request.example, unit, method.effective, method.requested, request.text_stops, decode,
-                                              self._answer_text)
+            by_label[method.label] = assemble(
+                request.example, unit, method.effective, method.requested, request.text_stops, decode, self._answer_text
+            )
         return next(iter(by_label.values())) if len(by_label) == 1 and not request.several else by_label
 
     def deliver(self, decode: Any) -> None:

@@ -258,7 +258,15 @@ class _Node:
 
     __slots__ = ("path", "key", "parent", "level", "segment", "rest")
 
-    def __init__(self, path: bytes, key: tuple, parent: _Node | None, level: int, segment: bytes | None = None, rest: bool = False) -> None:
+    def __init__(
+        self,
+        path: bytes,
+        key: tuple,
+        parent: _Node | None,
+        level: int,
+        segment: bytes | None = None,
+        rest: bool = False,
+    ) -> None:
         self.path, self.key, self.parent, self.level, self.segment, self.rest = path, key, parent, level, segment, rest
 
     def cycle_start(self, key: tuple) -> _Node | None:
@@ -345,8 +353,10 @@ def _pumping_search(matcher: Any, table: TokenBytes, max_bytes: int) -> bytes | 
                     push(len(path), _Node(path, key, node, node.level))
                     continue
                 began = node.cycle_start(key)
-                segment = b"" if began is None else path[len(began.path):]
-                if began is not None and (began, len(segment)) not in pumped:  # one pump per cycle: its start and length
+                segment = b"" if began is None else path[len(began.path) :]
+                if (
+                    began is not None and (began, len(segment)) not in pumped
+                ):  # one pump per cycle: its start and length
                     pumped.add((began, len(segment)))
                     push(len(path) + len(segment), _Node(path, key, node, node.level, segment))
         finally:

@@ -39,8 +39,12 @@ from fides_rag.generation.grammar.schema_support import check_pattern_limits, ch
 
 # One-line JSON as json.dumps writes it ({"a": 1, "b": [2, 3]}), no other whitespace: a small model cannot loop on
 # blank lines. A schema can override any of these under its "x-guidance" key.
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ",
-                "json_allow_general_unicode_escapes": True}
+JSON_OPTIONS = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+    "json_allow_general_unicode_escapes": True,
+}
 CACHE_SIZE = 256
 """Compiled grammars kept per tokenizer (least recently used dropped first)."""
 HORIZON = 32
@@ -78,7 +82,9 @@ class _TokenizerGrammars:
 
 
 _LOCK = threading.Lock()
-_PREPARED: weakref.WeakKeyDictionary[Any, dict[tuple[int, tuple[int, ...]], _TokenizerGrammars]] = weakref.WeakKeyDictionary()
+_PREPARED: weakref.WeakKeyDictionary[Any, dict[tuple[int, tuple[int, ...]], _TokenizerGrammars]] = (
+    weakref.WeakKeyDictionary()
+)
 _EXECUTOR: Any = None
 
 
@@ -111,7 +117,9 @@ def _schema_text(json_schema: Mapping[str, Any] | str | type) -> str:
         except json.JSONDecodeError as err:
             raise ValueError(f"json_schema is not valid JSON: {err}") from None
     if not isinstance(json_schema, Mapping):
-        raise TypeError(f"json_schema must be a dict, a JSON string or a pydantic model class, not {type(json_schema).__name__}")
+        raise TypeError(
+            f"json_schema must be a dict, a JSON string or a pydantic model class, not {type(json_schema).__name__}"
+        )
     return json.dumps(json_schema)  # key order kept: it is the order properties are written in
 
 
@@ -152,7 +160,9 @@ class GrammarConstraint:
     eos_token_ids: tuple[int, ...]
     _template: Any = field(repr=False, default=None)  # llguidance.LLMatcher at the start, copied by start()
     _tokens: Any = field(repr=False, default=None)  # the _TokenizerGrammars it was compiled for
-    _shortest: dict = field(repr=False, default_factory=dict, compare=False)  # {"bound", "path"}: shortest_answer's search
+    _shortest: dict = field(
+        repr=False, default_factory=dict, compare=False
+    )  # {"bound", "path"}: shortest_answer's search
 
     @classmethod
     def compile(
@@ -169,10 +179,12 @@ class GrammarConstraint:
         (Lark or GBNF) for `tokenizer` (a fast Hugging Face tokenizer), or return the cached compile.
         `vocab_size`: the model's logits width when its output head is wider than the tokenizer (extra columns are
         refused); `eos_token_ids`: the tokens that end a request (default: the tokenizer's EOS)."""
-        given = {k: v for k, v in (("json_schema", json_schema), ("regex", regex), ("grammar", grammar)) if v is not None}
+        given = {
+            k: v for k, v in (("json_schema", json_schema), ("regex", regex), ("grammar", grammar)) if v is not None
+        }
         if len(given) != 1:
             raise ValueError(f"pass exactly one of json_schema=, regex= or grammar= (got {sorted(given) or 'none'})")
-        (kind, value), = given.items()
+        ((kind, value),) = given.items()
         source = _schema_text(value) if kind == "json_schema" else str(value)
         vocab_size, eos = cls._shape(tokenizer, vocab_size, eos_token_ids)
         llg = _llguidance()
@@ -203,7 +215,9 @@ class GrammarConstraint:
         template = None if failed else llg.LLMatcher(entry.tokenizer, text, log_level=0)
         if template is None or template.is_error():
             reason = (messages[0] if template is None else template.get_error()).strip()
-            raise ValueError(f"invalid {kind.replace('_', ' ')}: {reason}{_where(source, reason) if kind == 'json_schema' else ''}")
+            raise ValueError(
+                f"invalid {kind.replace('_', ' ')}: {reason}{_where(source, reason) if kind == 'json_schema' else ''}"
+            )
         constraint = cls(kind, source, vocab_size, eos, template, entry)
         with _LOCK:
             entry.compiled[(kind, source)] = constraint
@@ -212,7 +226,9 @@ class GrammarConstraint:
         return constraint
 
     @classmethod
-    def prepare(cls, tokenizer, *, vocab_size: int | None = None, eos_token_ids: int | Sequence[int] | None = None) -> None:
+    def prepare(
+        cls, tokenizer, *, vocab_size: int | None = None, eos_token_ids: int | Sequence[int] | None = None
+    ) -> None:
         """Build llguidance's view of the tokenizer now, as the first compile would (1 s for 49k tokens, 10-20 s for
         262k on 2 CPU cores), e.g. from a background thread at model load. Same arguments as `compile`."""
         _llguidance()
@@ -224,7 +240,9 @@ class GrammarConstraint:
         return cls("any_text", "", None, ())
 
     @staticmethod
-    def _shape(tokenizer, vocab_size: int | None, eos_token_ids: int | Sequence[int] | None) -> tuple[int, tuple[int, ...]]:
+    def _shape(
+        tokenizer, vocab_size: int | None, eos_token_ids: int | Sequence[int] | None
+    ) -> tuple[int, tuple[int, ...]]:
         if vocab_size is None:
             vocab_size = len(tokenizer)
         if vocab_size < len(tokenizer):
@@ -350,8 +368,10 @@ class GrammarState:
             raise GrammarViolation(f"token {token_id} after the grammar ended with EOS")
         before, self.forced, self._at_start = self._path, None, False
         if not self._matcher.consume_token(token_id):
-            raise GrammarViolation(f"the {self.constraint.kind.replace('_', ' ')} refuses token {token_id}: "
-                                   f"{self._matcher.get_error().splitlines()[0]}")
+            raise GrammarViolation(
+                f"the {self.constraint.kind.replace('_', ' ')} refuses token {token_id}: "
+                f"{self._matcher.get_error().splitlines()[0]}"
+            )
         self._terminated = token_id in self.constraint.eos_token_ids
         if before and token_id == before[0]:
             self._path = before[1:]
@@ -407,8 +427,10 @@ def fill_bitmask(states: Sequence[GrammarState | None], bitmask: torch.Tensor) -
             continue
         vocab = state.constraint.vocab_size
         if bitmask.shape[1] != bitmask_width(vocab):  # type: ignore[arg-type]  # set once compiled
-            raise ValueError(f"row {row}: the grammar was compiled for {vocab} logits columns, not "
-                             f"{bitmask.shape[1] * 32} (pass vocab_size= the logits width to GrammarConstraint.compile)")
+            raise ValueError(
+                f"row {row}: the grammar was compiled for {vocab} logits columns, not "
+                f"{bitmask.shape[1] * 32} (pass vocab_size= the logits width to GrammarConstraint.compile)"
+            )
         if state._terminated:
             state._fill_only(bitmask[row], state.constraint.eos_token_ids)
         elif state.forced is not None:
@@ -422,7 +444,9 @@ def fill_bitmask(states: Sequence[GrammarState | None], bitmask: torch.Tensor) -
         _executor().unsafe_compute_mask_ptr(live, bitmask.data_ptr(), bitmask.shape[1] * 4, bitmask.shape[0])
     for matcher, row in live:  # a dead end puts llguidance in its error state
         if matcher.is_error():
-            raise GrammarViolation(f"row {row}: no token can continue the grammar: {matcher.get_error().splitlines()[0]}")
+            raise GrammarViolation(
+                f"row {row}: no token can continue the grammar: {matcher.get_error().splitlines()[0]}"
+            )
 
 
 def mask_logits_rows(states: Sequence[GrammarState | None], logits: torch.Tensor) -> torch.Tensor:
@@ -433,8 +457,10 @@ def mask_logits_rows(states: Sequence[GrammarState | None], logits: torch.Tensor
     vocab = logits.shape[1]
     for state in states:
         if state is not None and state.constraint.vocab_size not in (None, vocab):
-            raise ValueError(f"the grammar was compiled for {state.constraint.vocab_size} logits columns, the logits "
-                             f"have {vocab}: pass vocab_size={vocab} to GrammarConstraint.compile")
+            raise ValueError(
+                f"the grammar was compiled for {state.constraint.vocab_size} logits columns, the logits "
+                f"have {vocab}: pass vocab_size={vocab} to GrammarConstraint.compile"
+            )
     if all(state is None for state in states):
         return logits
     bitmask = allocate_bitmask(len(states), vocab, for_device=logits.device)

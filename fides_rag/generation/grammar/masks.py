@@ -32,8 +32,10 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     there yet). Returns `logits`."""
     n, vocab = logits.shape
     if bitmask.shape != (n, bitmask_width(vocab)) or bitmask.dtype != torch.int32:
-        raise ValueError(f"bitmask {tuple(bitmask.shape)} {bitmask.dtype} does not fit logits {tuple(logits.shape)}: "
-                         f"it must be int32 [{n}, {bitmask_width(vocab)}]")
+        raise ValueError(
+            f"bitmask {tuple(bitmask.shape)} {bitmask.dtype} does not fit logits {tuple(logits.shape)}: "
+            f"it must be int32 [{n}, {bitmask_width(vocab)}]"
+        )
     bitmask = bitmask.to(logits.device, non_blocking=True)
     # little-endian int32 -> 4 bytes per word, so byte k, bit j of a row is token 8·k + j. Adding a gathered
     # 0/-inf row is several times faster on CPU than gathering booleans for masked_fill.

@@ -26,7 +26,9 @@ class GrammarLogitsProcessor(LogitsProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         rows, length = input_ids.shape
         if self.states is None:
-            constraints = [self.constraints] * rows if isinstance(self.constraints, GrammarConstraint) else list(self.constraints)
+            constraints = (
+                [self.constraints] * rows if isinstance(self.constraints, GrammarConstraint) else list(self.constraints)
+            )
             if len(constraints) != rows:
                 raise ValueError(f"{len(constraints)} grammars for a batch of {rows} rows")
             self.states = [c.start() for c in constraints]

@@ -10,16 +10,53 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote
 
-ENFORCED = frozenset({
-    "type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions",
-    "properties", "additionalProperties", "required", "minProperties", "maxProperties",
-    "items", "prefixItems", "minItems", "maxItems",
-    "minLength", "maxLength", "pattern", "format",
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
-})
+ENFORCED = frozenset(
+    {
+        "type",
+        "enum",
+        "const",
+        "anyOf",
+        "oneOf",
+        "allOf",
+        "$ref",
+        "$defs",
+        "definitions",
+        "properties",
+        "additionalProperties",
+        "required",
+        "minProperties",
+        "maxProperties",
+        "items",
+        "prefixItems",
+        "minItems",
+        "maxItems",
+        "minLength",
+        "maxLength",
+        "pattern",
+        "format",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+    }
+)
 """Keywords llguidance turns into grammar (its JSON-schema documentation's list)."""
-ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
-                         "readOnly", "writeOnly", "x-guidance"})
+ANNOTATIONS = frozenset(
+    {
+        "title",
+        "description",
+        "default",
+        "examples",
+        "$schema",
+        "$id",
+        "$comment",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "x-guidance",
+    }
+)
 """Keywords that constrain nothing (and llguidance's own options)."""
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
@@ -49,7 +86,8 @@ def check_strict_schema(schema: Any) -> None:
     if unenforced:
         raise ValueError(
             f"strict schemas may use only keywords the grammar enforces; not enforced: {', '.join(unenforced)} "
-            f"(enforced: {', '.join(sorted(ENFORCED))}); remove them or set strict to false")
+            f"(enforced: {', '.join(sorted(ENFORCED))}); remove them or set strict to false"
+        )
 
 
 _VALUES = frozenset({"const", "enum", "default", "examples"})
@@ -64,7 +102,7 @@ def _pointer_part(token: str) -> str:
 def _resolve(root: Any, pointer: str) -> Any:
     """The node a local reference's JSON pointer ("", "/$defs/A") names in `root`, or None."""
     node = root
-    for token in (pointer.split("/")[1:] if pointer else []):
+    for token in pointer.split("/")[1:] if pointer else []:
         part = _pointer_part(token)
         if isinstance(node, Mapping) and part in node:
             node = node[part]
@@ -96,7 +134,11 @@ def _schemas(node: Any, at: str = "") -> list[tuple[str, Any]]:
         here, item = stack.pop()
         if isinstance(item, Mapping):
             found.append((here, item))
-            stack.extend((f"{here}/{str(k).replace('~', '~0').replace('/', '~1')}", v) for k, v in reversed(list(item.items())) if k not in _VALUES)
+            stack.extend(
+                (f"{here}/{str(k).replace('~', '~0').replace('/', '~1')}", v)
+                for k, v in reversed(list(item.items()))
+                if k not in _VALUES
+            )
         elif isinstance(item, list):
             stack.extend((f"{here}/{i}", v) for i, v in reversed(list(enumerate(item))))
     return found
@@ -114,10 +156,12 @@ def check_reference_cycles(schema: Any) -> None:
                 fine.update(chain)
                 break
             if step in seen:
-                cycle = chain[chain.index(step):] + [step]
-                raise ValueError(f"the schema at {at or '/'} leads into a reference cycle with no content "
-                                 f"({' -> '.join('#' + p for p in cycle)}): no value can match it; give a schema in the "
-                                 "cycle a type, properties or another keyword")
+                cycle = chain[chain.index(step) :] + [step]
+                raise ValueError(
+                    f"the schema at {at or '/'} leads into a reference cycle with no content "
+                    f"({' -> '.join('#' + p for p in cycle)}): no value can match it; give a schema in the "
+                    "cycle a type, properties or another keyword"
+                )
             chain.append(step)
             seen.add(step)
             here = _resolve(schema, step)
@@ -141,18 +185,25 @@ def check_pattern_limits(pattern: str, at: str = "regex") -> None:
     """A ValueError naming `at` when the pattern repeats something more than MAX_REPEAT times."""
     count = largest_repeat(pattern)
     if count > MAX_REPEAT:
-        raise ValueError(f"the pattern at {at} repeats {count} times, more than the grammar's limit of {MAX_REPEAT}; use a shorter "
-                         "repetition or a maxLength")
+        raise ValueError(
+            f"the pattern at {at} repeats {count} times, more than the grammar's limit of {MAX_REPEAT}; use a shorter "
+            "repetition or a maxLength"
+        )
 
 
 def _is_object(node: Mapping) -> bool:
     kind = node.get("type")
-    return kind == "object" or (isinstance(kind, list) and kind == ["object"]) or (kind is None and ("properties" in node or "required" in node))
+    return (
+        kind == "object"
+        or (isinstance(kind, list) and kind == ["object"])
+        or (kind is None and ("properties" in node or "required" in node))
+    )
 
 
 def _finite(root: Any, node: Any, at: str, known: dict[str, bool], why: list[str] | None = None) -> bool:
     """Whether `node` has a finite value, given what `known` says of the references it reaches; with `why`, the
     pointer it needs that has none is appended (the first one)."""
+
     def needs(sub: Any, where: str) -> bool:
         if _finite(root, sub, where, known):
             return True
@@ -171,7 +222,11 @@ def _finite(root: Any, node: Any, at: str, known: dict[str, bool], why: list[str
             return False
     for key in ("anyOf", "oneOf"):
         branches = node.get(key)
-        if isinstance(branches, list) and branches and not any(_finite(root, b, f"{at}/{key}/{i}", known) for i, b in enumerate(branches)):
+        if (
+            isinstance(branches, list)
+            and branches
+            and not any(_finite(root, b, f"{at}/{key}/{i}", known) for i, b in enumerate(branches))
+        ):
             if why is not None:
                 why.append(f"{at}/{key}/0")
             return False
@@ -185,7 +240,9 @@ def _finite(root: Any, node: Any, at: str, known: dict[str, bool], why: list[str
             if isinstance(name, str) and name in properties and not needs(properties[name], f"{at}/properties/{name}"):
                 return False
     kind = node.get("type")
-    nonempty_array = (kind == "array" or kind == ["array"]) and isinstance(node.get("minItems"), int) and node["minItems"] > 0
+    nonempty_array = (
+        (kind == "array" or kind == ["array"]) and isinstance(node.get("minItems"), int) and node["minItems"] > 0
+    )
     return not nonempty_array or needs(node.get("items"), f"{at}/items")
 
 
@@ -213,9 +270,12 @@ def check_finite(schema: Any) -> None:
             break
         chain.append(step)
         here = _resolve(schema, step)
-    loop = chain[chain.index(chain[-1]):]
-    raise ValueError("no finite JSON value matches the schema: it requires itself without end " f"({' -> '.join('#' + p for p in loop)}, "
-                     "reached from the root); make a property on this path optional, or give it a branch that ends")
+    loop = chain[chain.index(chain[-1]) :]
+    raise ValueError(
+        "no finite JSON value matches the schema: it requires itself without end "
+        f"({' -> '.join('#' + p for p in loop)}, "
+        "reached from the root); make a property on this path optional, or give it a branch that ends"
+    )
 
 
 def check_schema_limits(schema: Any) -> None:
@@ -224,8 +284,10 @@ def check_schema_limits(schema: Any) -> None:
     for at, node in _schemas(schema):
         properties = node.get("properties")
         if isinstance(properties, Mapping) and len(properties) > MAX_PROPERTIES:
-            raise ValueError(f"the object at {at or '/'} lists {len(properties)} properties, more than the grammar's limit of "
-                             f"{MAX_PROPERTIES}; split it or use additionalProperties")
+            raise ValueError(
+                f"the object at {at or '/'} lists {len(properties)} properties, more than the grammar's limit of "
+                f"{MAX_PROPERTIES}; split it or use additionalProperties"
+            )
         if isinstance(node.get("pattern"), str):
             check_pattern_limits(node["pattern"], f"{at}/pattern")
 

@@ -5,9 +5,17 @@ from __future__ import annotations
 
 import torch
 
-from fides_rag.rules.base import StepInputs
-from fides_rag.rules.gates.base import CONTEXT_AS_IS, MEMORY_LEANING, RULE, Gate, GateDecision, checked_fraction, register_gate
 from fides_rag.method.signals import entropy
+from fides_rag.rules.base import StepInputs
+from fides_rag.rules.gates.base import (
+    CONTEXT_AS_IS,
+    MEMORY_LEANING,
+    RULE,
+    Gate,
+    GateDecision,
+    checked_fraction,
+    register_gate,
+)
 
 UNDECIDED, TRUST_CONTEXT, TRUST_MEMORY = 0.0, 1.0, 2.0
 
@@ -43,14 +51,20 @@ class AgreeGate(Gate):
         a_c, a_p = log_ctx.argmax(dim=-1, keepdim=True), log_prior.argmax(dim=-1, keepdim=True)  # [B, 1]
         agree = (a_c == a_p).squeeze(-1)  # [B]
         trust = step.state[:, 0] if step.state is not None else torch.zeros_like(agree, dtype=log_ctx.dtype)
-        memory_wins = (log_prior.gather(-1, a_p).squeeze(-1).exp() > self.prior_confidence) & (entropy(step.no_ctx_logits) < entropy(step.ctx_logits))
+        memory_wins = (log_prior.gather(-1, a_p).squeeze(-1).exp() > self.prior_confidence) & (
+            entropy(step.no_ctx_logits) < entropy(step.ctx_logits)
+        )
         decided = torch.where(memory_wins, TRUST_MEMORY, TRUST_CONTEXT).to(trust.dtype)
         trust = torch.where((trust == UNDECIDED) & ~agree, decided, trust)  # [B]
 
         m_c = (log_ctx.gather(-1, a_c) - log_ctx.gather(-1, a_p)).squeeze(-1)
         m_p = (log_prior.gather(-1, a_p) - log_prior.gather(-1, a_c)).squeeze(-1)
         total = m_c + m_p
-        flip = torch.where(total.abs() <= 1e-9, torch.ones_like(total), m_p / torch.where(total.abs() <= 1e-9, torch.ones_like(total), total))
+        flip = torch.where(
+            total.abs() <= 1e-9,
+            torch.ones_like(total),
+            m_p / torch.where(total.abs() <= 1e-9, torch.ones_like(total), total),
+        )
         tau = ((1.0 - self.commitment) * flip).unsqueeze(-1)  # [B, 1]
         blend = tau * log_ctx + (1.0 - tau) * log_prior  # [B, V]
 

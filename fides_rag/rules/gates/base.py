@@ -89,6 +89,11 @@ def get_gate(gate: str | Gate, **options: Any) -> Gate:
 
 def checked_fraction(gate: str, option: str, value: Any, *, low: float = 0.0, high: float = 1.0) -> float:
     """`value` as a float in [low, high], or a ValueError naming the gate, the option and the range."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not low <= value <= high:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not low <= value <= high
+    ):
         raise ValueError(f"{gate}: {option} must be a number in [{low:g}, {high:g}], got {value!r}")
     return float(value)

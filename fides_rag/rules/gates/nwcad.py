@@ -5,9 +5,17 @@ from __future__ import annotations
 
 import torch
 
-from fides_rag.rules.base import StepInputs
-from fides_rag.rules.gates.base import CONTEXT_AS_IS, NO_CONTEXT_AS_IS, RULE, Gate, GateDecision, checked_fraction, register_gate
 from fides_rag.method.signals import top_k_jensen_shannon, top_two_margin
+from fides_rag.rules.base import StepInputs
+from fides_rag.rules.gates.base import (
+    CONTEXT_AS_IS,
+    NO_CONTEXT_AS_IS,
+    RULE,
+    Gate,
+    GateDecision,
+    checked_fraction,
+    register_gate,
+)
 
 
 @register_gate("nwcad")
@@ -25,7 +33,9 @@ class NwcadGate(Gate):
     >>> get_method("cocoa", gate=NwcadGate(tau=0.2))
     """
 
-    def __init__(self, tau: float = 0.30, kappa_prior: float = 0.30, kappa_context: float = 0.05, top_k: int = 50) -> None:
+    def __init__(
+        self, tau: float = 0.30, kappa_prior: float = 0.30, kappa_context: float = 0.05, top_k: int = 50
+    ) -> None:
         self.tau = checked_fraction("nwcad", "tau", tau, high=0.6931471805599453)
         self.kappa_prior = checked_fraction("nwcad", "kappa_prior", kappa_prior)
         self.kappa_context = checked_fraction("nwcad", "kappa_context", kappa_context)
@@ -35,10 +45,17 @@ class NwcadGate(Gate):
 
     def decide(self, step: StepInputs) -> GateDecision:
         ctx, prior = step.ctx_logits, step.no_ctx_logits  # [B, V] each
-        neutral = (top_k_jensen_shannon(ctx, prior, self.top_k) <= self.tau) & (top_two_margin(prior) >= self.kappa_prior)
+        neutral = (top_k_jensen_shannon(ctx, prior, self.top_k) <= self.tau) & (
+            top_two_margin(prior) >= self.kappa_prior
+        )
         sure = top_two_margin(ctx) >= self.kappa_context
         choice = torch.where(neutral, NO_CONTEXT_AS_IS, torch.where(sure, CONTEXT_AS_IS, RULE))  # [B]
         return GateDecision(choice, torch.where(neutral[:, None], prior, ctx))
 
     def options(self) -> dict:
-        return {"tau": self.tau, "kappa_prior": self.kappa_prior, "kappa_context": self.kappa_context, "top_k": self.top_k}
+        return {
+            "tau": self.tau,
+            "kappa_prior": self.kappa_prior,
+            "kappa_context": self.kappa_context,
+            "top_k": self.top_k,
+        }

@@ -10,5 +10,13 @@ from langchain_fides.chat_models import ChatFides
 from langchain_fides.llms import FidesLLM
 from langchain_fides.prompts import FidesPromptValue, fides_rag_prompt
 
-__all__ = ["ChatFides", "FidesFallbackError", "FidesLLM", "FidesPromptValue", "RetrievalRecorder", "UnansweredError", "fides_rag_prompt", "recorder"]
-
+__all__ = [
+    "ChatFides",
+    "FidesFallbackError",
+    "FidesLLM",
+    "FidesPromptValue",
+    "RetrievalRecorder",
+    "UnansweredError",
+    "fides_rag_prompt",
+    "recorder",
+]

@@ -46,7 +46,9 @@ class FidesParams(DecodingFields):
 
         def _results(self, input: Any, stop: list[str] | None, parent: Any, kwargs: dict[str, Any]) -> Any: ...
 
-        def _stream_items(self, input: Any, stop: list[str] | None, parent: Any, kwargs: dict[str, Any]) -> Iterator[Any]: ...
+        def _stream_items(
+            self, input: Any, stop: list[str] | None, parent: Any, kwargs: dict[str, Any]
+        ) -> Iterator[Any]: ...
 
     decoder: FidesDecoder | None = Field(default=None, exclude=True)
     """A ready FidesDecoder (share one between several LangChain objects to load the model once)."""
@@ -71,22 +73,37 @@ class FidesParams(DecodingFields):
     @model_validator(mode="after")
     def _setup(self) -> Any:
         if self.decoder is None:  # a decoder given wins over model=, tokenizer= and model_id=
-            self.decoder = decoder_for(model=self.model, tokenizer=self.tokenizer, model_id=self.model_id, method=self.method,
-                                       max_new_tokens=self.max_new_tokens)
+            self.decoder = decoder_for(
+                model=self.model,
+                tokenizer=self.tokenizer,
+                model_id=self.model_id,
+                method=self.method,
+                max_new_tokens=self.max_new_tokens,
+            )
         if "max_new_tokens" not in self.model_fields_set:
             # A shared decoder's budget (e.g. ChatFides(decoder=llm.decoder)) is the default, not 128.
             object.__setattr__(self, "max_new_tokens", self.decoder.max_new_tokens)
         self._options(None, {})  # bad defaults fail here, not at the first call
-        self._calls = CallFactory(self.decoder, max_batch_size=self.max_batch_size, batch_window_s=self.batch_window_s,
-                                  use_chat_template=self.apply_chat_template, no_context_path=self.no_context_path,
-                                  documents_instruction=getattr(self, "documents_instruction", DOCUMENTS_INSTRUCTION))
+        self._calls = CallFactory(
+            self.decoder,
+            max_batch_size=self.max_batch_size,
+            batch_window_s=self.batch_window_s,
+            use_chat_template=self.apply_chat_template,
+            no_context_path=self.no_context_path,
+            documents_instruction=getattr(self, "documents_instruction", DOCUMENTS_INSTRUCTION),
+        )
         return self
 
     @classmethod
     def from_model_id(cls, model_id: str, *, device: str = "auto", dtype: Any = None, **kwargs: Any) -> Any:
         """Load `model_id` (cached by fides_rag.load_model) and wrap it; kwargs are this class's fields."""
-        decoder = decoder_for(model_id=model_id, device=device, dtype=dtype, method=kwargs.get("method", "fides"),
-                              max_new_tokens=kwargs.get("max_new_tokens", 128))
+        decoder = decoder_for(
+            model_id=model_id,
+            device=device,
+            dtype=dtype,
+            method=kwargs.get("method", "fides"),
+            max_new_tokens=kwargs.get("max_new_tokens", 128),
+        )
         return cls(decoder=decoder, model_id=model_id, **kwargs)
 
     @property
@@ -103,8 +120,19 @@ class FidesParams(DecodingFields):
 
     def _fides_params(self) -> dict[str, Any]:
         """Everything that changes the output; LangChain's LLM cache key and traces are built from it."""
-        fields = ("model_id", "apply_chat_template", "strict", "no_context_path", "method", "do_sample", "temperature", "top_p",
-                  "top_k", "seed", "stop")
+        fields = (
+            "model_id",
+            "apply_chat_template",
+            "strict",
+            "no_context_path",
+            "method",
+            "do_sample",
+            "temperature",
+            "top_p",
+            "top_k",
+            "seed",
+            "stop",
+        )
         return {
             **decoder_identity(self._dec),
             "fides_config": None if self.fides_config is None else repr(self.fides_config),
@@ -129,7 +157,9 @@ class FidesParams(DecodingFields):
         return self._calls.planner(calling)
 
     def _call(self, plan: ChatPlan, opts: CallOptions, calling: ToolCalling | None = None) -> Call:
-        return self._calls.call(plan, opts, calling, extra={"model_name": self.model_id or type(self._dec.model).__name__})
+        return self._calls.call(
+            plan, opts, calling, extra={"model_name": self.model_id or type(self._dec.model).__name__}
+        )
 
     def _run(self, call: Call) -> Answer:
         return self._answered(self._answers.add(call.run()))
@@ -146,10 +176,16 @@ class FidesParams(DecodingFields):
     def _generate(self, input: Any, stop: list[str] | None = None, run_manager: Any = None, **kwargs: Any) -> Any:
         return self._results(input, stop, run_manager.parent_run_id if run_manager else None, kwargs)
 
-    async def _agenerate(self, input: Any, stop: list[str] | None = None, run_manager: Any = None, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(self._results, input, stop, run_manager.parent_run_id if run_manager else None, kwargs)
+    async def _agenerate(
+        self, input: Any, stop: list[str] | None = None, run_manager: Any = None, **kwargs: Any
+    ) -> Any:
+        return await asyncio.to_thread(
+            self._results, input, stop, run_manager.parent_run_id if run_manager else None, kwargs
+        )
 
-    def _stream(self, input: Any, stop: list[str] | None = None, run_manager: Any = None, **kwargs: Any) -> Iterator[Any]:
+    def _stream(
+        self, input: Any, stop: list[str] | None = None, run_manager: Any = None, **kwargs: Any
+    ) -> Iterator[Any]:
         """The chunks, each one's text reported to the run manager as a new token. langchain-core's BaseChatModel.stream
         calls this without a run manager: the parent run is then the one `model_parent_var` holds."""
         parent = run_manager.parent_run_id if run_manager else model_parent_var.get()
@@ -158,7 +194,9 @@ class FidesParams(DecodingFields):
                 run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
 
-    async def _astream(self, input: Any, stop: list[str] | None = None, run_manager: Any = None, **kwargs: Any) -> AsyncIterator[Any]:
+    async def _astream(
+        self, input: Any, stop: list[str] | None = None, run_manager: Any = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
         """`_stream` for asyncio: the chunks made in a worker thread."""
         parent = run_manager.parent_run_id if run_manager else model_parent_var.get()
         async for chunk in iterate_in_thread(lambda: self._stream_items(input, stop, parent, kwargs)):

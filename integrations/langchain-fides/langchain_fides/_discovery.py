@@ -38,7 +38,9 @@ class RetrievalRecorder(RunRetrievals, BaseCallbackHandler):
     ignore_retry = True
     ignore_custom_event = True
 
-    def on_chain_start(self, serialized: Any, inputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+    def on_chain_start(
+        self, serialized: Any, inputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
+    ) -> None:
         self.start(run_id, parent_run_id)
         for key, value in inputs.items() if isinstance(inputs, dict) else ():
             if isinstance(value, list) and value and all(isinstance(d, Document) for d in value):
@@ -46,17 +48,23 @@ class RetrievalRecorder(RunRetrievals, BaseCallbackHandler):
             elif key in QUESTION_KEYS and isinstance(value, str):
                 self.asked(run_id, value, ancestors=False)
 
-    def on_chat_model_start(self, serialized: Any, messages: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+    def on_chat_model_start(
+        self, serialized: Any, messages: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
+    ) -> None:
         # langchain-core's BaseChatModel.stream/astream call `_stream` without a run manager; the model
         # reads its parent run from here instead (set in the caller's context right before `_stream`).
         model_parent_var.set(parent_run_id)
 
     on_llm_start = on_chat_model_start  # type: ignore[assignment]  # only the parent run is read, from either start
 
-    def on_tool_start(self, serialized: Any, input_str: str, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+    def on_tool_start(
+        self, serialized: Any, input_str: str, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
+    ) -> None:
         self.start(run_id, parent_run_id)
 
-    def on_retriever_start(self, serialized: Any, query: str, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+    def on_retriever_start(
+        self, serialized: Any, query: str, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
+    ) -> None:
         self.start(run_id, parent_run_id)
         if isinstance(query, str):
             self.asked(parent_run_id, query)  # under every ancestor, like the texts: the model runs in a sibling branch
@@ -68,8 +76,12 @@ class RetrievalRecorder(RunRetrievals, BaseCallbackHandler):
     # One handler for five events: only the run ids are read, never the outputs or the error.
     on_chain_end = on_chain_error = on_tool_end = on_tool_error = on_retriever_error = _run_ended  # type: ignore[assignment]
 
-    def on_retriever_end(self, documents: Sequence[Document], *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
-        self.retrieved(parent_run_id, [d.page_content for d in documents if isinstance(d, Document)])  # also an empty retrieval
+    def on_retriever_end(
+        self, documents: Sequence[Document], *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
+    ) -> None:
+        self.retrieved(
+            parent_run_id, [d.page_content for d in documents if isinstance(d, Document)]
+        )  # also an empty retrieval
         self.end(run_id, parent_run_id)
 
 
@@ -78,5 +90,7 @@ recorder = RetrievalRecorder()
 
 # A ContextVar whose *default* is the handler: `var.get()` returns it in every thread and task, so
 # langchain-core's configure step adds it (inheritable) to every callback manager it builds.
-fides_retrieval_recorder_var: ContextVar[RetrievalRecorder | None] = ContextVar("fides_retrieval_recorder", default=recorder)
+fides_retrieval_recorder_var: ContextVar[RetrievalRecorder | None] = ContextVar(
+    "fides_retrieval_recorder", default=recorder
+)
 register_configure_hook(fides_retrieval_recorder_var, inheritable=True)

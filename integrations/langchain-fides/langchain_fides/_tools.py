@@ -32,7 +32,9 @@ def openai_tools(tools: Sequence[Any]) -> list[dict[str, Any]]:
 def lc_tool_calls(calls: Sequence[ToolCall], chunks: bool = False) -> list[Any]:
     """The core's calls as `AIMessage.tool_calls`, or as one chunk's `tool_call_chunks`."""
     if chunks:
-        return [tool_call_chunk(name=c.name, args=json.dumps(c.arguments), id=c.id, index=i) for i, c in enumerate(calls)]
+        return [
+            tool_call_chunk(name=c.name, args=json.dumps(c.arguments), id=c.id, index=i) for i, c in enumerate(calls)
+        ]
     return [tool_call(name=c.name, args=c.arguments, id=c.id) for c in calls]
 
 
@@ -44,7 +46,9 @@ def _complete(message: BaseMessage) -> BaseMessage:
     return message
 
 
-def structured_output(bind: Callable[..., Runnable], bind_tools: Callable[..., Runnable], schema: Any, method: str, include_raw: bool) -> Runnable:
+def structured_output(
+    bind: Callable[..., Runnable], bind_tools: Callable[..., Runnable], schema: Any, method: str, include_raw: bool
+) -> Runnable:
     """BaseChatModel.with_structured_output's conventions over a grammar: json_schema binds the schema as the decoding
     constraint, function_calling forces a call of it as a tool; an answer cut at the token budget is a parsing error,
     never a partial object. The model is the chain's first step, so a call's options reach it (include_raw too)."""
@@ -56,12 +60,20 @@ def structured_output(bind: Callable[..., Runnable], bind_tools: Callable[..., R
     if method == "function_calling":
         tool = convert_to_openai_tool(schema)
         name = tool["function"]["name"]
-        llm = bind_tools([schema], tool_choice=name, ls_structured_output_format={"kwargs": {"method": method}, "schema": tool})
-        parser: Runnable = PydanticToolsParser(tools=[schema], first_tool_only=True) if pydantic else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
+        llm = bind_tools(
+            [schema], tool_choice=name, ls_structured_output_format={"kwargs": {"method": method}, "schema": tool}
+        )
+        parser: Runnable = (
+            PydanticToolsParser(tools=[schema], first_tool_only=True)
+            if pydantic
+            else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
+        )
     else:  # json_mode: any object, or the schema when one is given; objects closed as in OpenAI's strict mode
         given = None if schema is None else convert_to_json_schema(schema)
         fmt = {"kwargs": {"method": method}, "schema": given}
-        llm = bind(**constraint_of(json_schema={"type": "object"} if given is None else given), ls_structured_output_format=fmt)
+        llm = bind(
+            **constraint_of(json_schema={"type": "object"} if given is None else given), ls_structured_output_format=fmt
+        )
         parser = PydanticOutputParser(pydantic_object=schema) if pydantic else JsonOutputParser()
     parser = RunnableLambda(_complete, name="complete_answer") | parser
     if not include_raw:

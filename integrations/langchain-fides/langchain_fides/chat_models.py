@@ -73,7 +73,9 @@ class ChatFides(FidesParams, BaseChatModel):  # type: ignore[misc]  # FidesParam
             ls_provider="fides",
             ls_model_name=kwargs.get("model") or self.model_id or type(self._dec.model).__name__,
             ls_model_type="chat",
-            ls_max_tokens=kwargs.get("max_tokens", self.max_tokens if self.max_tokens is not None else self.max_new_tokens),
+            ls_max_tokens=kwargs.get(
+                "max_tokens", self.max_tokens if self.max_tokens is not None else self.max_new_tokens
+            ),
         )
         temperature = kwargs.get("temperature", self.temperature)
         if temperature is not None:
@@ -90,12 +92,18 @@ class ChatFides(FidesParams, BaseChatModel):  # type: ignore[misc]  # FidesParam
         "required", a tool's name, True (the only tool) or {"type": "function", "function": {"name": ...}}. A forced
         choice is decoded under a grammar that admits exactly one valid call."""
         formatted = openai_tools(tools)
-        tool_choice_name(tool_choice, [t["function"]["name"] for t in formatted])  # two tools of one name fail when called
+        tool_choice_name(
+            tool_choice, [t["function"]["name"] for t in formatted]
+        )  # two tools of one name fail when called
         return self.bind(tools=formatted, tool_choice=tool_choice, **kwargs)
 
     def with_structured_output(
-        self, schema: Any = None, *, method: Literal["json_schema", "function_calling", "json_mode"] = "json_schema",
-        include_raw: bool = False, **kwargs: Any,
+        self,
+        schema: Any = None,
+        *,
+        method: Literal["json_schema", "function_calling", "json_mode"] = "json_schema",
+        include_raw: bool = False,
+        **kwargs: Any,
     ) -> Runnable[Any, Any]:
         """Answers that parse as `schema` (pydantic class, TypedDict or JSON schema dict), enforced by a grammar:
         json_schema constrains the answer to the schema, function_calling forces a call of it as a tool, json_mode
@@ -107,10 +115,22 @@ class ChatFides(FidesParams, BaseChatModel):  # type: ignore[misc]  # FidesParam
 
     # -- the call -----------------------------------------------------------------------------------
 
-    def _plan(self, messages: list[BaseMessage], kwargs: dict[str, Any], parent: UUID | None, max_new: int, calling: ToolCalling | None) -> ChatPlan:
-        turns = [turn_of(m.role if isinstance(m, ChatMessage) else m.type, m.text, getattr(m, "tool_calls", None) or ()) for m in messages]
+    def _plan(
+        self,
+        messages: list[BaseMessage],
+        kwargs: dict[str, Any],
+        parent: UUID | None,
+        max_new: int,
+        calling: ToolCalling | None,
+    ) -> ChatPlan:
+        turns = [
+            turn_of(m.role if isinstance(m, ChatMessage) else m.type, m.text, getattr(m, "tool_calls", None) or ())
+            for m in messages
+        ]
         if "user" not in (r for r, _ in turns):
-            raise ValueError(f"ChatFides needs a human message (the question); got {[type(m).__name__ for m in messages]}")
+            raise ValueError(
+                f"ChatFides needs a human message (the question); got {[type(m).__name__ for m in messages]}"
+            )
         documents, source, template_question = kwargs.get("documents"), "documents", None
         if documents is None:
             attached = next((m for m in reversed(messages) if m.additional_kwargs.get("documents") is not None), None)
@@ -121,11 +141,19 @@ class ChatFides(FidesParams, BaseChatModel):  # type: ignore[misc]  # FidesParam
         retrieved = recorder.retrieved_for(parent)
         found = recorder.documents_for(parent, [c for _, c in turns]) if documents is None else []
         return self._planner(calling).conversation(
-            turns, max_new, documents=None if documents is None else document_texts(documents), source=source,
-            template_question=template_question, found=found, system_as_context=self.system_message_as_context,
-            retrieved=retrieved)
+            turns,
+            max_new,
+            documents=None if documents is None else document_texts(documents),
+            source=source,
+            template_question=template_question,
+            found=found,
+            system_as_context=self.system_message_as_context,
+            retrieved=retrieved,
+        )
 
-    def _prepared(self, messages: list[BaseMessage], stop: list[str] | None, parent: UUID | None, kwargs: dict[str, Any]) -> Any:
+    def _prepared(
+        self, messages: list[BaseMessage], stop: list[str] | None, parent: UUID | None, kwargs: dict[str, Any]
+    ) -> Any:
         opts = self._options(stop, kwargs)
         calling = self._calls.tools(kwargs.get("tools"), kwargs.get("tool_choice"))
         return self._call(self._plan(messages, kwargs, parent, opts.max_new_tokens, calling), opts, calling)
@@ -134,18 +162,35 @@ class ChatFides(FidesParams, BaseChatModel):  # type: ignore[misc]  # FidesParam
     def _message(answer: Answer, chunk: bool = False) -> Any:
         counts = answer.usage
         usage = UsageMetadata(  # type: ignore[typeddict-item]  # the token details are unknown, so left out
-            input_tokens=counts["prompt_tokens"], output_tokens=counts["completion_tokens"], total_tokens=counts["total_tokens"])
+            input_tokens=counts["prompt_tokens"],
+            output_tokens=counts["completion_tokens"],
+            total_tokens=counts["total_tokens"],
+        )
         if chunk:
-            return AIMessageChunk(content=answer.text, tool_call_chunks=lc_tool_calls(answer.tool_calls, chunks=True),
-                                  response_metadata=answer.record, usage_metadata=usage, chunk_position="last")
-        return AIMessage(content=answer.text, tool_calls=lc_tool_calls(answer.tool_calls), response_metadata=answer.record, usage_metadata=usage)
+            return AIMessageChunk(
+                content=answer.text,
+                tool_call_chunks=lc_tool_calls(answer.tool_calls, chunks=True),
+                response_metadata=answer.record,
+                usage_metadata=usage,
+                chunk_position="last",
+            )
+        return AIMessage(
+            content=answer.text,
+            tool_calls=lc_tool_calls(answer.tool_calls),
+            response_metadata=answer.record,
+            usage_metadata=usage,
+        )
 
-    def _results(self, messages: list[BaseMessage], stop: list[str] | None, parent: UUID | None, kwargs: dict[str, Any]) -> ChatResult:
+    def _results(
+        self, messages: list[BaseMessage], stop: list[str] | None, parent: UUID | None, kwargs: dict[str, Any]
+    ) -> ChatResult:
         answer = self._run(self._prepared(messages, stop, parent, kwargs))
         generation = ChatGeneration(message=self._message(answer), generation_info=answer.record)
         return ChatResult(generations=[generation], llm_output={"model_name": answer.record["model_name"]})
 
-    def _stream_items(self, messages: list[BaseMessage], stop: list[str] | None, parent: UUID | None, kwargs: dict[str, Any]) -> Iterator[ChatGenerationChunk]:
+    def _stream_items(
+        self, messages: list[BaseMessage], stop: list[str] | None, parent: UUID | None, kwargs: dict[str, Any]
+    ) -> Iterator[ChatGenerationChunk]:
         for delta, answer in self._prepared(messages, stop, parent, kwargs).deltas():
             if answer is None:
                 yield ChatGenerationChunk(message=AIMessageChunk(content=delta))

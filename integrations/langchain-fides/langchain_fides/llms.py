@@ -55,14 +55,18 @@ class FidesLLM(FidesParams, BaseLLM):  # type: ignore[misc]  # FidesParams' _gen
         call = _CALL_OPTIONS_VAR.get()
         return {**self._fides_params(), **({"call_options": call} if call else {})}
 
-    def generate(self, prompts: list[str], stop: list[str] | None = None, callbacks: Any = None, **kwargs: Any) -> LLMResult:
+    def generate(
+        self, prompts: list[str], stop: list[str] | None = None, callbacks: Any = None, **kwargs: Any
+    ) -> LLMResult:
         token = _CALL_OPTIONS_VAR.set(plain_options(kwargs))
         try:
             return super().generate(prompts, stop, callbacks, **kwargs)
         finally:
             _CALL_OPTIONS_VAR.reset(token)
 
-    async def agenerate(self, prompts: list[str], stop: list[str] | None = None, callbacks: Any = None, **kwargs: Any) -> LLMResult:
+    async def agenerate(
+        self, prompts: list[str], stop: list[str] | None = None, callbacks: Any = None, **kwargs: Any
+    ) -> LLMResult:
         token = _CALL_OPTIONS_VAR.set(plain_options(kwargs))
         try:
             return await super().agenerate(prompts, stop, callbacks, **kwargs)
@@ -83,30 +87,54 @@ class FidesLLM(FidesParams, BaseLLM):  # type: ignore[misc]  # FidesParams' _gen
                 return value.to_string(), {**kwargs, "documents": texts, "fides_question": prompt}
         return input, kwargs
 
-    def invoke(self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any) -> str:
+    def invoke(
+        self,
+        input: LanguageModelInput,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> str:
         input, kwargs = self._route(input, kwargs)
         return super().invoke(input, config, stop=stop, **kwargs)
 
     async def ainvoke(
-        self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any
+        self,
+        input: LanguageModelInput,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
+        **kwargs: Any,
     ) -> str:
         input, kwargs = self._route(input, kwargs)
         return await super().ainvoke(input, config, stop=stop, **kwargs)
 
     def stream(
-        self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any
+        self,
+        input: LanguageModelInput,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
+        **kwargs: Any,
     ) -> Iterator[str]:
         input, kwargs = self._route(input, kwargs)
         return super().stream(input, config, stop=stop, **kwargs)
 
     async def astream(
-        self, input: LanguageModelInput, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any
+        self,
+        input: LanguageModelInput,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
+        **kwargs: Any,
     ) -> AsyncIterator[str]:
         input, kwargs = self._route(input, kwargs)
         async for chunk in super().astream(input, config, stop=stop, **kwargs):
             yield chunk
 
-    def batch(self, inputs: list[LanguageModelInput], config: Any = None, *, return_exceptions: bool = False, **kwargs: Any) -> list[str]:
+    def batch(
+        self, inputs: list[LanguageModelInput], config: Any = None, *, return_exceptions: bool = False, **kwargs: Any
+    ) -> list[str]:
         # One invoke per input (in a thread pool): each item keeps its own run, hence its own retrieved
         # documents, and its own FidesPromptValue. BaseLLM.batch would hand _generate only the first
         # item's run manager and one shared kwargs dict. The decoder's lock serialises the decoding.
@@ -123,19 +151,31 @@ class FidesLLM(FidesParams, BaseLLM):  # type: ignore[misc]  # FidesParams' _gen
         texts = None if kwargs.get("documents") is None else document_texts(kwargs["documents"])
         found = [] if texts is not None else recorder.documents_for(parent_run_id, [prompt])
         return self._planner().conversation(
-            [("user", prompt)], max_new, documents=texts, template_question=kwargs.get("fides_question"), template_first=True,
-            found=found, system_as_context=False, retrieved=recorder.retrieved_for(parent_run_id),
-            question=recorder.question_for(parent_run_id, prompt), where="the prompt")
+            [("user", prompt)],
+            max_new,
+            documents=texts,
+            template_question=kwargs.get("fides_question"),
+            template_first=True,
+            found=found,
+            system_as_context=False,
+            retrieved=recorder.retrieved_for(parent_run_id),
+            question=recorder.question_for(parent_run_id, prompt),
+            where="the prompt",
+        )
 
     def _prepared(self, prompt: str, stop: list[str] | None, parent_run_id: UUID | None, kwargs: dict[str, Any]) -> Any:
         opts = self._options(stop, kwargs)
         return self._call(self._plan(prompt, kwargs, parent_run_id, opts.max_new_tokens), opts)
 
-    def _results(self, prompts: list[str], stop: list[str] | None, parent: UUID | None, kwargs: dict[str, Any]) -> LLMResult:
+    def _results(
+        self, prompts: list[str], stop: list[str] | None, parent: UUID | None, kwargs: dict[str, Any]
+    ) -> LLMResult:
         answers = [self._run(self._prepared(p, stop, parent, kwargs)) for p in prompts]
         return LLMResult(generations=[[Generation(text=a.text, generation_info=a.record)] for a in answers])
 
-    def _stream_items(self, prompt: str, stop: list[str] | None, parent_run_id: UUID | None, kwargs: dict[str, Any]) -> Iterator[GenerationChunk]:
+    def _stream_items(
+        self, prompt: str, stop: list[str] | None, parent_run_id: UUID | None, kwargs: dict[str, Any]
+    ) -> Iterator[GenerationChunk]:
         for item in self._prepared(prompt, stop, parent_run_id, kwargs).stream():  # text deltas, then the Answer
             if isinstance(item, Answer):
                 yield GenerationChunk(text="", generation_info=self._answers.add(item).record)

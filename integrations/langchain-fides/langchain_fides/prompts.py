@@ -48,7 +48,12 @@ class FidesPromptValue(StringPromptValue):
         return self
 
     def to_messages(self) -> list[BaseMessage]:
-        return [HumanMessage(content=self.text, additional_kwargs={"documents": list(self.documents), "fides_question": self.question})]
+        return [
+            HumanMessage(
+                content=self.text,
+                additional_kwargs={"documents": list(self.documents), "fides_question": self.question},
+            )
+        ]
 
 
 def fides_rag_prompt(question_key: str | None = None, documents_key: str | None = None) -> RunnableLambda:
@@ -64,7 +69,9 @@ def fides_rag_prompt(question_key: str | None = None, documents_key: str | None 
         if isinstance(inputs, str):
             return FidesPromptValue(question=inputs)
         if not isinstance(inputs, dict):
-            raise TypeError(f"fides_rag_prompt expects a dict with a question and documents, got {type(inputs).__name__}")
+            raise TypeError(
+                f"fides_rag_prompt expects a dict with a question and documents, got {type(inputs).__name__}"
+            )
         qkey = question_key or next((k for k in ("question", "input", "query") if k in inputs), None)
         dkey = documents_key or next((k for k in ("context", "documents") if k in inputs), None)
         if qkey is None or qkey not in inputs:

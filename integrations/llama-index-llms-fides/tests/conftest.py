@@ -53,7 +53,9 @@ def faiss_index(minilm_path):
     embed = HuggingFaceEmbedding(model_name=minilm_path, device="cpu")
     store = FaissVectorStore(faiss_index=faiss.IndexFlatL2(384))
     docs = [Document(text=t) for t in CONFLICT_DOCUMENTS]
-    return VectorStoreIndex.from_documents(docs, storage_context=StorageContext.from_defaults(vector_store=store), embed_model=embed)
+    return VectorStoreIndex.from_documents(
+        docs, storage_context=StorageContext.from_defaults(vector_store=store), embed_model=embed
+    )
 
 
 @pytest.fixture(scope="session")

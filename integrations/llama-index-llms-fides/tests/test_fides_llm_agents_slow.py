@@ -31,14 +31,21 @@ def llm(smollm_decoder):
 
 @pytest.fixture(scope="module")
 def search(faiss_index):
-    metadata = ToolMetadata(name="search_documents", description="Search the documents for facts about landmarks.", fn_schema=Query)
+    metadata = ToolMetadata(
+        name="search_documents", description="Search the documents for facts about landmarks.", fn_schema=Query
+    )
     return RetrieverTool(faiss_index.as_retriever(similarity_top_k=1), metadata)
 
 
 @pytest.mark.parametrize("streaming", [True, False])
 def test_function_agent_runs_fides_on_the_tool_messages(llm, search, streaming):
-    agent = FunctionAgent(tools=[search], llm=llm, initial_tool_choice="search_documents", streaming=streaming,
-                          system_prompt="Answer questions about landmarks in one short sentence, from the search results.")
+    agent = FunctionAgent(
+        tools=[search],
+        llm=llm,
+        initial_tool_choice="search_documents",
+        streaming=streaming,
+        system_prompt="Answer questions about landmarks in one short sentence, from the search results.",
+    )
     start = len(llm.history)
     output = asyncio.run(_run(agent, "Where is the Eiffel Tower?"))
     calls = llm.history[start:]
@@ -50,7 +57,9 @@ def test_function_agent_runs_fides_on_the_tool_messages(llm, search, streaming):
     assert final["documents_source"] == "tool_messages" and final["method"] == "fides" and final["num_documents"] == 1
     assert final["tool_format"] == "fallback" and final["tool_choice"] == "auto"
     assert f"<tool_response>\n{EIFFEL}" in final["context_prompt"] and EIFFEL not in final["no_context_prompt"]
-    assert output.response.role == MessageRole.ASSISTANT and "Rome" in output.response.content  # measured: the tool's evidence
+    assert (
+        output.response.role == MessageRole.ASSISTANT and "Rome" in output.response.content
+    )  # measured: the tool's evidence
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +68,16 @@ def docs_search(minilm_path):
     from llama_index.core import Document, VectorStoreIndex
     from llama_index.embeddings.huggingface import HuggingFaceEmbedding
 
-    texts = ["The Eiffel Tower is a wrought-iron lattice tower in Rome, Italy.", "Mount Everest is located in the Alps in Switzerland."]
-    index = VectorStoreIndex.from_documents([Document(text=t) for t in texts], embed_model=HuggingFaceEmbedding(model_name=minilm_path, device="cpu"))
-    metadata = ToolMetadata(name="search_documents", description="Search the documents for facts about landmarks.", fn_schema=Query)
+    texts = [
+        "The Eiffel Tower is a wrought-iron lattice tower in Rome, Italy.",
+        "Mount Everest is located in the Alps in Switzerland.",
+    ]
+    index = VectorStoreIndex.from_documents(
+        [Document(text=t) for t in texts], embed_model=HuggingFaceEmbedding(model_name=minilm_path, device="cpu")
+    )
+    metadata = ToolMetadata(
+        name="search_documents", description="Search the documents for facts about landmarks.", fn_schema=Query
+    )
     return RetrieverTool(index.as_retriever(similarity_top_k=1), metadata)
 
 
@@ -69,8 +85,12 @@ def docs_search(minilm_path):
 def test_the_docs_agent_never_answers_nothing_silently(llm, docs_search, question):
     """Measured before the answer rules: "Where is Mount Everest?" began its answering turn with <tool_response>
     (where the answer stops) and the agent answered '' with finish_reason "stop"."""
-    agent = FunctionAgent(tools=[docs_search], llm=llm, initial_tool_choice="search_documents",
-                          system_prompt="Answer questions about landmarks in one short sentence, from the search results.")
+    agent = FunctionAgent(
+        tools=[docs_search],
+        llm=llm,
+        initial_tool_choice="search_documents",
+        system_prompt="Answer questions about landmarks in one short sentence, from the search results.",
+    )
     try:
         output = asyncio.run(_run(agent, question))
     except Exception as err:  # UnansweredError, as the workflow reports it: the cause is named
@@ -97,7 +117,9 @@ def test_structured_output_on_the_real_tokenizer(llm):
     info = llm.history[-1]["info"]
     print(f"[structured] {place!r} method={info['method']}")
     assert isinstance(place, Place) and info["method"] == "fides" and EIFFEL not in info["no_context_prompt"]
-    reply = llm.as_structured_llm(Place).chat([ChatMessage(role=MessageRole.USER, content="Where is the Eiffel Tower?")], documents=[EIFFEL])
+    reply = llm.as_structured_llm(Place).chat(
+        [ChatMessage(role=MessageRole.USER, content="Where is the Eiffel Tower?")], documents=[EIFFEL]
+    )
     print(f"[as_structured_llm] {reply.raw!r}")
     assert isinstance(reply.raw, Place) and llm.history[-1]["info"]["method"] == "fides"
 

@@ -45,7 +45,9 @@ def test_concurrent_acompletes_batch_and_equal_each_call_alone():
 def test_concurrent_query_engine_aqueries_equal_alone():
     decoder = fresh_decoder()
     llm = FidesLLM(decoder=decoder, batch_window_s=0.2)
-    engines = [SummaryIndex.from_documents([Document(text=t) for t in d]).as_query_engine(llm=llm) for _, d, _ in CALLS[:4]]
+    engines = [
+        SummaryIndex.from_documents([Document(text=t) for t in d]).as_query_engine(llm=llm) for _, d, _ in CALLS[:4]
+    ]
     alone = [str(engine.query(q)) for engine, (q, _, _) in zip(engines, CALLS)]
 
     async def together():

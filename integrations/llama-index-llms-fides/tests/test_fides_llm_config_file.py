@@ -10,7 +10,9 @@ from fides_rag.testing import build_tiny_model, build_tokenizer
 
 DOC = "The Eiffel Tower is a wrought-iron lattice tower in Rome, Italy."
 QUERY = "In which city is the Eiffel Tower located?"
-CALIBRATED = FidesConfig(weights=(0.4, 0.35, 0.25), shift_scale=2.5, noise_scale=40.0, fixed_alpha=0.7, source={"model": "tiny"})
+CALIBRATED = FidesConfig(
+    weights=(0.4, 0.35, 0.25), shift_scale=2.5, noise_scale=40.0, fixed_alpha=0.7, source={"model": "tiny"}
+)
 
 
 @pytest.fixture()

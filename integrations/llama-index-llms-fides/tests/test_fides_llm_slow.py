@@ -63,7 +63,11 @@ def test_compact_standard_vs_fides_vs_cad(faiss_index, llms):
 def test_other_response_modes(faiss_index, llms, mode):
     llm = llms["fides"]
     start = len(llm.history)
-    answer = str(faiss_index.as_query_engine(llm=llm, response_mode=mode, similarity_top_k=2 if mode == "refine" else 1).query(QUESTION))
+    answer = str(
+        faiss_index.as_query_engine(llm=llm, response_mode=mode, similarity_top_k=2 if mode == "refine" else 1).query(
+            QUESTION
+        )
+    )
     show(mode, llm)
     calls = llm.history[start:]
     assert calls and all(c["info"]["method"] == "fides" for c in calls)
@@ -79,7 +83,9 @@ def test_other_response_modes(faiss_index, llms, mode):
 
 def test_streaming_and_aquery(faiss_index, llms):
     llm = llms["cad"]
-    streamed = "".join(faiss_index.as_query_engine(llm=llm, similarity_top_k=1, streaming=True).query(QUESTION).response_gen)
+    streamed = "".join(
+        faiss_index.as_query_engine(llm=llm, similarity_top_k=1, streaming=True).query(QUESTION).response_gen
+    )
     show("streaming/cad", llm)
     assert streamed.strip() == llm.last_result.text and "Rome" in streamed
     assert_node_in_context_path(llm)

@@ -37,7 +37,10 @@ def template_prompts(decoder, question, documents):
 
 def test_documents_kwarg_uses_fides_rags_template(llm, chat_decoder):
     ctx, no_ctx = template_prompts(chat_decoder, QUERY, [DOC])
-    for response in (llm.complete(QUERY, documents=[DOC]), llm.chat([ChatMessage(role="user", content=QUERY)], documents=[DOC])):
+    for response in (
+        llm.complete(QUERY, documents=[DOC]),
+        llm.chat([ChatMessage(role="user", content=QUERY)], documents=[DOC]),
+    ):
         info = response.additional_kwargs
         assert info["prompt_type"] == "fides_rag" and info["method"] == "fides"
         assert info["context_prompt"] == ctx and info["no_context_prompt"] == no_ctx
@@ -55,13 +58,17 @@ def test_fides_rag_qa_template_in_a_query_engine(llm, chat_decoder, one_doc_inde
     assert info["prompt_type"] == "fides_rag" and info["method"] == "fides"
     assert (info["context_prompt"], info["no_context_prompt"]) == template_prompts(chat_decoder, QUERY, [DOC])
     assert str(answer) == llm.last_result.text
-    streamed = "".join(one_doc_index.as_query_engine(llm=llm, text_qa_template=template, streaming=True).query(QUERY).response_gen)
+    streamed = "".join(
+        one_doc_index.as_query_engine(llm=llm, text_qa_template=template, streaming=True).query(QUERY).response_gen
+    )
     assert streamed.strip() == llm.last_result.text and llm.history[-1]["info"]["prompt_type"] == "fides_rag"
     asyncio.run(one_doc_index.as_query_engine(llm=llm, text_qa_template=template).aquery(QUERY))
     assert llm.history[-1]["info"]["context_prompt"] == info["context_prompt"]
     # any other LLM sees the context branch of fides-rag's template as an ordinary prompt
     text = template.format(context_str=DOC, query_str=QUERY)
-    assert text.startswith("Document [1]: Mount Kilimanjaro") and f"Document [1]: {DOC}\nUsing only the references" in text
+    assert (
+        text.startswith("Document [1]: Mount Kilimanjaro") and f"Document [1]: {DOC}\nUsing only the references" in text
+    )
     assert text.endswith(f"Question: {QUERY}\nAnswer:")
 
 
@@ -76,8 +83,14 @@ def test_fallbacks_warn_with_the_cause(llm, caplog):
         r4 = llm.chat([ChatMessage(role="user", content=QUERY)])
     assert r1.additional_kwargs["notes"][0] == "no documents= were given: decoded with 'standard'"
     assert r2.additional_kwargs["notes"][0] == "the documents given were empty: decoded with 'standard'"
-    assert llm.history[-2]["info"]["notes"][0] == "the context variable (context_str, context_msg) was empty: decoded with 'standard'"
-    assert r4.additional_kwargs["notes"][0] == "no documents= and no context system message in the chat: decoded with 'standard'"
+    assert (
+        llm.history[-2]["info"]["notes"][0]
+        == "the context variable (context_str, context_msg) was empty: decoded with 'standard'"
+    )
+    assert (
+        r4.additional_kwargs["notes"][0]
+        == "no documents= and no context system message in the chat: decoded with 'standard'"
+    )
     assert all(h["info"]["method"] == "standard" and h["info"]["requested_method"] == "fides" for h in llm.history[-4:])
     messages = [r.message for r in caplog.records]
     for response in (r1, r2, r4):
@@ -86,7 +99,9 @@ def test_fallbacks_warn_with_the_cause(llm, caplog):
 
 def test_strict_raises_instead_of_falling_back(llm, chat_decoder, one_doc_index):
     strict = FidesLLM.from_decoder(chat_decoder, max_new_tokens=4, strict=True)
-    with pytest.raises(FidesFallbackError, match="strict=True: no documents= were given, so method 'fides' has nothing to contrast"):
+    with pytest.raises(
+        FidesFallbackError, match="strict=True: no documents= were given, so method 'fides' has nothing to contrast"
+    ):
         strict.complete(QUERY)
     with pytest.raises(FidesFallbackError, match="the documents given were empty"):
         strict.complete(QUERY, documents=[])

@@ -26,14 +26,21 @@ def llm():
 
 
 def test_an_agent_turn_that_answers_nothing_raises_with_the_cause(llm):
-    messages = [ChatMessage(role=MessageRole.USER, content="Where is the Eiffel Tower?"),
-                ChatMessage(role=MessageRole.TOOL, content="The Eiffel Tower is in Rome.", additional_kwargs={"tool_call_id": "call_1"})]
+    messages = [
+        ChatMessage(role=MessageRole.USER, content="Where is the Eiffel Tower?"),
+        ChatMessage(
+            role=MessageRole.TOOL, content="The Eiffel Tower is in Rome.", additional_kwargs={"tool_call_id": "call_1"}
+        ),
+    ]
     tools = [FunctionTool.from_defaults(search)]
-    with pytest.raises(UnansweredError, match="the model answered nothing: it began with 'Z', where the answer stops") as err:
+    with pytest.raises(
+        UnansweredError, match="the model answered nothing: it began with 'Z', where the answer stops"
+    ) as err:
         llm.chat(messages, tools=tools)
     assert err.value.answer.record["documents_source"] == "tool_messages"
     notes = llm.history[-1]["info"]["notes"]  # the record is kept in the history
     assert notes[-2].startswith("the first decoding answered nothing (it began with 'Z'") and notes[-1] == (
-        "the model answered nothing: it began with 'Z', where the answer stops (a stop string), instead of answering")
+        "the model answered nothing: it began with 'Z', where the answer stops (a stop string), instead of answering"
+    )
     with pytest.raises(UnansweredError, match="it began with 'Z'"):
         list(llm.stream_chat(messages, tools=tools))

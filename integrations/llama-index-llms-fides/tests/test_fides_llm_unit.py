@@ -125,7 +125,10 @@ def test_prompt_without_context_decodes_standard(llm):
     info = last_info(llm)
     assert info["method"] == "standard" and info["requested_method"] == "fides"
     assert info["no_context_prompt"] is None
-    assert info["notes"][0] == "the context variable (context_str, context_msg) is not in the prompt: decoded with 'standard'"
+    assert (
+        info["notes"][0]
+        == "the context variable (context_str, context_msg) is not in the prompt: decoded with 'standard'"
+    )
 
 
 def test_plain_tokenizer_uses_llamaindex_text_prompt(plain_llm):
@@ -168,7 +171,11 @@ def test_unknown_kwargs_are_rejected_not_ignored(llm):
 def test_explicit_no_context_prompt(llm):
     r = llm.complete("CTX prompt", formatted=True, no_context_prompt="NOCTX prompt")
     info = r.additional_kwargs
-    assert info["context_prompt"] == "CTX prompt" and info["no_context_prompt"] == "NOCTX prompt" and info["method"] == "fides"
+    assert (
+        info["context_prompt"] == "CTX prompt"
+        and info["no_context_prompt"] == "NOCTX prompt"
+        and info["method"] == "fides"
+    )
 
 
 # -- plain calls ------------------------------------------------------------------------------------
@@ -368,12 +375,16 @@ def test_no_context_path_question_in_a_query_engine_and_a_chat(chat_decoder, pla
 
     llm = FidesLLM(chat_decoder, max_new_tokens=3, no_context_path="question")
     expected = render_chat(chat_decoder.tokenizer, [{"role": "user", "content": question_only_text(QUERY)}])
-    engine = VectorStoreIndex.from_documents([Document(text=DOC)], embed_model=MockEmbedding(embed_dim=8)).as_query_engine(
-        llm=llm, response_mode="compact")
+    engine = VectorStoreIndex.from_documents(
+        [Document(text=DOC)], embed_model=MockEmbedding(embed_dim=8)
+    ).as_query_engine(llm=llm, response_mode="compact")
     engine.query(QUERY)
     info = last_info(llm)
     assert info["prompt_type"] == "text_qa" and DOC in info["context_prompt"] and info["no_context_prompt"] == expected
-    llm.chat([ChatMessage(role=MessageRole.SYSTEM, content="Be brief."), ChatMessage(role=MessageRole.USER, content=QUERY)], documents=[DOC])
+    llm.chat(
+        [ChatMessage(role=MessageRole.SYSTEM, content="Be brief."), ChatMessage(role=MessageRole.USER, content=QUERY)],
+        documents=[DOC],
+    )
     assert last_info(llm)["no_context_prompt"] == expected
     plain = FidesLLM(plain_decoder, max_new_tokens=3, no_context_path="question")  # no chat template: the text itself
     plain.predict(DEFAULT_TEXT_QA_PROMPT_SEL.partial_format(query_str=QUERY), context_str=DOC)

@@ -11,7 +11,13 @@ import torch
 
 from fides_rag import FidesDecoder, PromptTemplate, get_method
 
-QUESTIONS = ["What is the capital of France?", "Who chose Canberra?", "What jumps?", "Where is the Seine?", "Who was chosen?"]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Who chose Canberra?",
+    "What jumps?",
+    "Where is the Seine?",
+    "Who was chosen?",
+]
 DOCUMENTS = [["Lyon is the capital of France."], ["Canberra was chosen."], ["The fox jumps."], ["Paris."], ["Nobody."]]
 BUDGETS = [3, 9, 5, 12, 7]  # rows leave at different steps while others decode
 METHODS = {"standard": "standard", "fides": "fides", "decore": get_method("decore", heads={1: [0], 3: [1, 2]})}
@@ -19,18 +25,28 @@ METHODS = {"standard": "standard", "fides": "fides", "decore": get_method("decor
 
 def eager_and_captured(model, tokenizer, **options):
     template = PromptTemplate(stop=())
-    return (FidesDecoder(model, tokenizer, prompt_template=template, mode="fast"),
-            FidesDecoder(model, tokenizer, prompt_template=template, mode="fast", compile="eager", kv_pool_tokens=4096, **options))
+    return (
+        FidesDecoder(model, tokenizer, prompt_template=template, mode="fast"),
+        FidesDecoder(
+            model, tokenizer, prompt_template=template, mode="fast", compile="eager", kv_pool_tokens=4096, **options
+        ),
+    )
 
 
-@pytest.mark.parametrize(("family", "name"), [("llama", "standard"), ("llama", "fides"), ("llama", "decore"), ("gemma3_text", "fides")])
-def test_requests_of_one_bucket_join_and_leave_without_a_recompilation_and_get_eager_tokens(tiny_models, tokenizer, family, name):
+@pytest.mark.parametrize(
+    ("family", "name"), [("llama", "standard"), ("llama", "fides"), ("llama", "decore"), ("gemma3_text", "fides")]
+)
+def test_requests_of_one_bucket_join_and_leave_without_a_recompilation_and_get_eager_tokens(
+    tiny_models, tokenizer, family, name
+):
     eager, captured = eager_and_captured(tiny_models[family], tokenizer, buckets=[16])
     method = METHODS[name]
     captured.generate(QUESTIONS[0], DOCUMENTS[0], method=method, max_new_tokens=3)  # compiles the bucket once
     alone = [eager.generate(q, d, method=method, max_new_tokens=n) for q, d, n in zip(QUESTIONS, DOCUMENTS, BUDGETS)]
     with torch.compiler.set_stance("fail_on_recompile"):  # a graph break or a recompilation raises
-        handles = [captured.submit(q, d, method=method, max_new_tokens=n) for q, d, n in zip(QUESTIONS, DOCUMENTS, BUDGETS)]
+        handles = [
+            captured.submit(q, d, method=method, max_new_tokens=n) for q, d, n in zip(QUESTIONS, DOCUMENTS, BUDGETS)
+        ]
         results = [h.result() for h in handles]
     assert captured.stats.captured_fallback_steps == 0 and captured.stats.failed == 0
     for expected, got in zip(alone, results):
@@ -45,8 +61,15 @@ def test_each_compiled_decoder_has_its_own_recompile_limit(tiny_llama, tokenizer
     not add up to one decoder's recompile limit (1 bucket x 8 hook sets x 2 mask kinds = 16 graphs)."""
     template, alive = PromptTemplate(stop=()), []
     for _ in range(9):  # 9 live decoders x 2 hook sets = 18 graphs of one bucket
-        captured = FidesDecoder(tiny_llama, tokenizer, prompt_template=template, mode="fast", compile="eager", buckets=[2],
-                                kv_pool_tokens=1024)
+        captured = FidesDecoder(
+            tiny_llama,
+            tokenizer,
+            prompt_template=template,
+            mode="fast",
+            compile="eager",
+            buckets=[2],
+            kv_pool_tokens=1024,
+        )
         alive.append(captured)
         for method in ("standard", "fides"):
             captured.generate(QUESTIONS[0], DOCUMENTS[0], method=method, max_new_tokens=2)
@@ -55,15 +78,21 @@ def test_each_compiled_decoder_has_its_own_recompile_limit(tiny_llama, tokenizer
 
 def test_a_step_past_the_largest_bucket_runs_eagerly_with_the_same_tokens(tiny_llama, tokenizer):
     eager, captured = eager_and_captured(tiny_llama, tokenizer, buckets=[1])
-    expected = eager.generate(QUESTIONS[0], DOCUMENTS[0], method="fides", max_new_tokens=6)  # two rows: more than bucket 1
-    assert captured.generate(QUESTIONS[0], DOCUMENTS[0], method="fides", max_new_tokens=6).token_ids == expected.token_ids
+    expected = eager.generate(
+        QUESTIONS[0], DOCUMENTS[0], method="fides", max_new_tokens=6
+    )  # two rows: more than bucket 1
+    assert (
+        captured.generate(QUESTIONS[0], DOCUMENTS[0], method="fides", max_new_tokens=6).token_ids == expected.token_ids
+    )
 
 
 @pytest.mark.slow
 def test_the_inductor_captured_step_gives_eager_tokens(tiny_llama, tokenizer):
     template = PromptTemplate(stop=())
     eager = FidesDecoder(tiny_llama, tokenizer, prompt_template=template, mode="fast")
-    captured = FidesDecoder(tiny_llama, tokenizer, prompt_template=template, mode="fast", compile=True, buckets=[4], kv_pool_tokens=2048)
+    captured = FidesDecoder(
+        tiny_llama, tokenizer, prompt_template=template, mode="fast", compile=True, buckets=[4], kv_pool_tokens=2048
+    )
     for question, documents in zip(QUESTIONS[:2], DOCUMENTS[:2]):
         expected = eager.generate(question, documents, method="fides", max_new_tokens=5)
         assert captured.generate(question, documents, method="fides", max_new_tokens=5).token_ids == expected.token_ids
@@ -71,7 +100,9 @@ def test_the_inductor_captured_step_gives_eager_tokens(tiny_llama, tokenizer):
 
 @pytest.mark.parametrize("buckets", [[], [4, 2], [0, 8], [1, 1], [2.0], "8", [True]])
 def test_buckets_that_are_not_increasing_positive_integers_are_refused(tiny_llama, tokenizer, buckets):
-    with pytest.raises(ValueError, match="buckets must be a non-empty sequence of strictly increasing positive integers"):
+    with pytest.raises(
+        ValueError, match="buckets must be a non-empty sequence of strictly increasing positive integers"
+    ):
         FidesDecoder(tiny_llama, tokenizer, mode="fast", compile="eager", buckets=buckets)
 
 
@@ -84,7 +115,9 @@ def test_compile_needs_fast_mode_and_a_backend_name(tiny_llama, tokenizer):
         FidesDecoder(tiny_llama, tokenizer, mode="fast", kv_pool_tokens=0)
 
 
-def test_warmup_compiles_every_bucket_and_hook_set_so_requests_of_every_method_join_and_leave_without_a_recompilation(tiny_llama, tokenizer):
+def test_warmup_compiles_every_bucket_and_hook_set_so_requests_of_every_method_join_and_leave_without_a_recompilation(
+    tiny_llama, tokenizer
+):
     methods = ["standard", "cad", "fides", METHODS["decore"]]
     eager, captured = eager_and_captured(tiny_llama, tokenizer, buckets=[4, 8], warmup=methods)
     assert captured.stats.warmup_s > 0 and captured.stats.captured_fallback_steps == 0
@@ -97,11 +130,18 @@ def test_warmup_compiles_every_bucket_and_hook_set_so_requests_of_every_method_j
     assert captured.stats.captured_fallback_steps == 0 and captured.stats.failed == 0
 
 
-def test_a_step_that_would_recompile_after_warmup_runs_eagerly_with_the_same_tokens_and_is_counted(tiny_llama, tokenizer, caplog):
+def test_a_step_that_would_recompile_after_warmup_runs_eagerly_with_the_same_tokens_and_is_counted(
+    tiny_llama, tokenizer, caplog
+):
     eager, captured = eager_and_captured(tiny_llama, tokenizer, buckets=[4], warmup=["standard"])
-    expected = [eager.generate(q, d, method="fides", max_new_tokens=4).token_ids for q, d in zip(QUESTIONS[:2], DOCUMENTS[:2])]
+    expected = [
+        eager.generate(q, d, method="fides", max_new_tokens=4).token_ids for q, d in zip(QUESTIONS[:2], DOCUMENTS[:2])
+    ]
     with caplog.at_level(logging.WARNING, logger="fides_rag.generation.engine.captured_step"):
-        got = [captured.generate(q, d, method="fides", max_new_tokens=4).token_ids for q, d in zip(QUESTIONS[:2], DOCUMENTS[:2])]
+        got = [
+            captured.generate(q, d, method="fides", max_new_tokens=4).token_ids
+            for q, d in zip(QUESTIONS[:2], DOCUMENTS[:2])
+        ]
     assert got == expected  # fides' layer-capture hooks were not warmed up: its steps run eagerly
     assert captured.stats.captured_fallback_steps >= 6 and captured.stats.failed == 0
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -116,7 +156,9 @@ def test_a_compilation_that_fails_never_fails_a_request_its_steps_run_eagerly(ti
     torch._dynamo.register_backend(_failing_backend, name="fides_test_failing")
     template = PromptTemplate(stop=())
     eager = FidesDecoder(tiny_llama, tokenizer, prompt_template=template, mode="fast")
-    broken = FidesDecoder(tiny_llama, tokenizer, prompt_template=template, mode="fast", compile="fides_test_failing", buckets=[4])
+    broken = FidesDecoder(
+        tiny_llama, tokenizer, prompt_template=template, mode="fast", compile="fides_test_failing", buckets=[4]
+    )
     with caplog.at_level(logging.WARNING, logger="fides_rag.generation.engine.captured_step"):
         for method in ("standard", "fides"):
             expected = eager.generate(QUESTIONS[0], DOCUMENTS[0], method=method, max_new_tokens=5).token_ids
@@ -135,12 +177,21 @@ def test_many_methods_at_many_batch_sizes_fit_in_the_recompile_limit(tiny_llama,
     assert captured.stats.failed == 0 and captured.stats.captured_fallback_steps == 0
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"mode": "fast", "warmup": True}, "warmup=True needs compile="),
-    ({"mode": "exact", "warmup": ["standard"]}, "needs compile="),
-    ({"mode": "fast", "compile": "eager", "warmup": "fides"}, "warmup must be True, False or a non-empty list of methods"),
-    ({"mode": "fast", "compile": "eager", "warmup": []}, "warmup must be True, False or a non-empty list of methods"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"mode": "fast", "warmup": True}, "warmup=True needs compile="),
+        ({"mode": "exact", "warmup": ["standard"]}, "needs compile="),
+        (
+            {"mode": "fast", "compile": "eager", "warmup": "fides"},
+            "warmup must be True, False or a non-empty list of methods",
+        ),
+        (
+            {"mode": "fast", "compile": "eager", "warmup": []},
+            "warmup must be True, False or a non-empty list of methods",
+        ),
+    ],
+)
 def test_warmup_without_compile_or_of_no_methods_is_refused(tiny_llama, tokenizer, options, message):
     with pytest.raises(ValueError, match=message):
         FidesDecoder(tiny_llama, tokenizer, **options)

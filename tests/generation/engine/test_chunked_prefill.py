@@ -33,7 +33,9 @@ def close(a, b):
 def test_every_method_submitted_at_once_gives_its_solo_result_under_a_small_budget(tiny_models, tokenizer, family):
     """16-token chunks: every prompt takes several steps; requests prefill while others decode (gemma3: a
     16-token sliding window, so chunks cross the window)."""
-    decoder = FidesDecoder(tiny_models[family], tokenizer, prompt_template=PromptTemplate(stop=()), max_num_batched_tokens=16)
+    decoder = FidesDecoder(
+        tiny_models[family], tokenizer, prompt_template=PromptTemplate(stop=()), max_num_batched_tokens=16
+    )
     requests, alone = {}, {}
     for i, (name, options) in enumerate(RULES.items()):
         q, docs, budget = QUESTIONS[i % 4], DOCUMENTS[i % 4], (5, 11, 3, 8)[i % 4]
@@ -47,13 +49,22 @@ def test_every_method_submitted_at_once_gives_its_solo_result_under_a_small_budg
 
 @pytest.mark.parametrize("family", ["llama", "gemma3_text"])
 def test_prefix_cache_on_and_off_give_identical_tokens_and_values_for_every_method(tiny_models, tokenizer, family):
-    on = FidesDecoder(tiny_models[family], tokenizer, prompt_template=PromptTemplate(stop=()), max_num_batched_tokens=32)
-    off = FidesDecoder(tiny_models[family], tokenizer, prompt_template=PromptTemplate(stop=()), max_num_batched_tokens=32,
-                       prefix_caching=False)
+    on = FidesDecoder(
+        tiny_models[family], tokenizer, prompt_template=PromptTemplate(stop=()), max_num_batched_tokens=32
+    )
+    off = FidesDecoder(
+        tiny_models[family],
+        tokenizer,
+        prompt_template=PromptTemplate(stop=()),
+        max_num_batched_tokens=32,
+        prefix_caching=False,
+    )
     for i, (name, options) in enumerate(RULES.items()):
         q, docs = QUESTIONS[i % 4], DOCUMENTS[i % 4]
-        same(on.generate(q, docs, method=get_method(name, **options), max_new_tokens=6),
-             off.generate(q, docs, method=get_method(name, **options), max_new_tokens=6))
+        same(
+            on.generate(q, docs, method=get_method(name, **options), max_new_tokens=6),
+            off.generate(q, docs, method=get_method(name, **options), max_new_tokens=6),
+        )
     cached, uncached = on.stats, off.stats
     assert cached.prefix_cache_hits > len(RULES) and cached.prefill_tokens < uncached.prefill_tokens
     assert cached.prompt_tokens == uncached.prompt_tokens

@@ -12,7 +12,10 @@ pytestmark = pytest.mark.slow
 
 BACKBONES = ["smollm2-135m-instruct", "gemma3-270m"]
 QUESTION = "In which city is the Eiffel Tower located?"
-DOCUMENTS = ["The Eiffel Tower is a wrought-iron lattice tower in Rome, Italy.", "It was built for the 1889 World's Fair."]
+DOCUMENTS = [
+    "The Eiffel Tower is a wrought-iron lattice tower in Rome, Italy.",
+    "It was built for the 1889 World's Fair.",
+]
 METHODS = {name: {"decore": dict(heads={2: [0], 5: [1, 2]})}.get(name, {}) for name in available_methods()}
 
 
@@ -31,7 +34,9 @@ def test_every_method_under_chunking_and_prefix_caching_gives_its_solo_result(lo
         method = get_method(name, **options)
         solo = off.generate(QUESTION, DOCUMENTS, method=method, max_new_tokens=4)
         cached = on.generate(QUESTION, DOCUMENTS, method=method, max_new_tokens=4)
-        assert cached.token_ids == solo.token_ids and [s.values for s in cached.steps] == [s.values for s in solo.steps], name
+        assert cached.token_ids == solo.token_ids and [s.values for s in cached.steps] == [
+            s.values for s in solo.steps
+        ], name
         requests.append(dict(method=method, max_new_tokens=4))
         alone.append(solo)
     stats = on.stats

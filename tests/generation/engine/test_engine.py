@@ -17,7 +17,12 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 from fides_rag import FidesDecoder, PromptPair, PromptTemplate, QueueFullError, available_methods, get_method
 from fides_rag.method.lens import ModelAnatomy
 
-QUESTIONS = ["What is the capital of France?", "Who chose Canberra?", "What jumps?", "Which city is the capital of Australia?"]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Who chose Canberra?",
+    "What jumps?",
+    "Which city is the capital of Australia?",
+]
 DOCUMENTS = [
     ["Lyon is the capital of France.", "Paris is a large city on the Seine."],
     ["The capital of Australia is Melbourne.", "Canberra was chosen as a compromise."],
@@ -25,8 +30,16 @@ DOCUMENTS = [
     ["Canberra was chosen.", "The capital of Australia is Melbourne. " * 3],
 ]
 RULES = {name: {"decore": dict(heads={1: [0], 3: [1, 2]})}.get(name, {}) for name in available_methods()}
-RULES.update({"fides+agree": {}, "adacad+agree": {}, "cad+nwcad": {}, "dola+agree": {}, "dvd+agree": {},  # gates, agree keeping state
-              "decore+nwcad": dict(heads={1: [0], 3: [1, 2]})})
+RULES.update(
+    {
+        "fides+agree": {},
+        "adacad+agree": {},
+        "cad+nwcad": {},
+        "dola+agree": {},
+        "dvd+agree": {},  # gates, agree keeping state
+        "decore+nwcad": dict(heads={1: [0], 3: [1, 2]}),
+    }
+)
 
 
 class Arrivals:
@@ -95,14 +108,19 @@ def test_a_short_request_submitted_during_a_long_one_finishes_first_with_its_val
         assert len(short_result.token_ids) == 3 and all(s.alpha is not None for s in short_result.steps)
         long_result = long_handle.result()
     assert arrivals.handles["short"].finished_at < long_handle.finished_at
-    assert short_result.token_ids == decoder.generate(QUESTIONS[1], DOCUMENTS[1], method="fides", max_new_tokens=3).token_ids
+    assert (
+        short_result.token_ids
+        == decoder.generate(QUESTIONS[1], DOCUMENTS[1], method="fides", max_new_tokens=3).token_ids
+    )
     assert len(long_result.token_ids) == 40
 
 
 def test_a_cancelled_request_frees_its_rows_and_a_closed_stream_too(decoder):
     decoder.eos_token_ids = set()
     rows: list[int] = []
-    hook = ModelAnatomy.of(decoder.model).backbone.register_forward_pre_hook(lambda m, a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    hook = ModelAnatomy.of(decoder.model).backbone.register_forward_pre_hook(
+        lambda m, a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True
+    )
     try:
         keep = decoder.submit(QUESTIONS[0], DOCUMENTS[0], method="cad", max_new_tokens=60)
         doomed = decoder.submit(QUESTIONS[1], DOCUMENTS[1], method="fides", max_new_tokens=60)
@@ -114,10 +132,15 @@ def test_a_cancelled_request_frees_its_rows_and_a_closed_stream_too(decoder):
         stream.close()
         while decoder.stats.rows_in_flight > 2:
             time.sleep(0.001)
-        assert keep.result().token_ids == decoder.generate(QUESTIONS[0], DOCUMENTS[0], method="cad", max_new_tokens=60).token_ids
+        assert (
+            keep.result().token_ids
+            == decoder.generate(QUESTIONS[0], DOCUMENTS[0], method="cad", max_new_tokens=60).token_ids
+        )
     finally:
         hook.remove()
-    assert decoder.stats.peak_rows == 6 and rows[-1] == 2  # three requests decoded together, then the cancelled ones' rows left
+    assert (
+        decoder.stats.peak_rows == 6 and rows[-1] == 2
+    )  # three requests decoded together, then the cancelled ones' rows left
     assert doomed.cancelled and decoder.stats.cancelled >= 2
 
 
@@ -129,10 +152,18 @@ def test_bounds_hold_and_the_queue_can_be_read(decoder):
     held = threading.Event()  # no step finishes until the queue has been checked: nothing leaves it meanwhile
     extra = []
     try:
-        with decoder.around_steps(lambda: (held.wait(60), seen_rows.append(decoder.stats.rows_in_flight), contextlib.nullcontext())[-1]):
-            handles = [decoder.submit(q, d, method="fides", max_new_tokens=6) for q, d in zip(QUESTIONS[:3], DOCUMENTS[:3])]
+        with decoder.around_steps(
+            lambda: (held.wait(60), seen_rows.append(decoder.stats.rows_in_flight), contextlib.nullcontext())[-1]
+        ):
+            handles = [
+                decoder.submit(q, d, method="fides", max_new_tokens=6) for q, d in zip(QUESTIONS[:3], DOCUMENTS[:3])
+            ]
             stats = decoder.stats  # at most two of the three run (4 rows), and none has finished
-            assert 1 <= stats.queue_length <= 3 and stats.queue_length + stats.requests_in_flight <= 3 and stats.finished == 0
+            assert (
+                1 <= stats.queue_length <= 3
+                and stats.queue_length + stats.requests_in_flight <= 3
+                and stats.finished == 0
+            )
             with pytest.raises(QueueFullError, match="max_queue is 3"):
                 for _ in range(3):  # at least 1 of the 3 waits (at most 4 rows run): 1 + 3 > 3
                     extra.append(decoder.submit(QUESTIONS[3], DOCUMENTS[3], method="fides", max_new_tokens=6))
@@ -147,7 +178,9 @@ def test_bounds_hold_and_the_queue_can_be_read(decoder):
         held.set()
         decoder.configure(max_rows=128, max_queue=None)
     assert max(seen_rows) <= 4  # two FIDES requests (two rows each) at most
-    assert [r.token_ids for r in results] == [decoder.generate(q, d, method="fides", max_new_tokens=6).token_ids for q, d in zip(QUESTIONS, DOCUMENTS[:3])]
+    assert [r.token_ids for r in results] == [
+        decoder.generate(q, d, method="fides", max_new_tokens=6).token_ids for q, d in zip(QUESTIONS, DOCUMENTS[:3])
+    ]
 
 
 def test_fifo_the_head_of_the_queue_is_never_passed(decoder):
@@ -172,10 +205,14 @@ def test_static_admission_runs_a_batch_to_its_end(decoder):
     decoder.configure(admission="static", window_s=0.2)  # the first two arrive within the window: one batch
     decoder.eos_token_ids = set()
     try:
-        arrivals = Arrivals(decoder, {2: [("late", (QUESTIONS[1], DOCUMENTS[1], dict(method="cad", max_new_tokens=2)))]})
+        arrivals = Arrivals(
+            decoder, {2: [("late", (QUESTIONS[1], DOCUMENTS[1], dict(method="cad", max_new_tokens=2)))]}
+        )
         with decoder.around_steps(arrivals):
-            first, short = (decoder.submit(q, d, method="cad", max_new_tokens=n) for q, d, n in
-                            ((QUESTIONS[0], DOCUMENTS[0], 8), (QUESTIONS[2], DOCUMENTS[2], 2)))
+            first, short = (
+                decoder.submit(q, d, method="cad", max_new_tokens=n)
+                for q, d, n in ((QUESTIONS[0], DOCUMENTS[0], 8), (QUESTIONS[2], DOCUMENTS[2], 2))
+            )
             first.result()
             late = arrivals.handles["late"]
             late.result()
@@ -190,7 +227,10 @@ def test_seeded_sampling_alone_equals_under_load(decoder):
     alone = decoder.generate(QUESTIONS[0], DOCUMENTS[0], **sampled)
     arrivals = Arrivals(decoder, {3: [("sampled", (QUESTIONS[0], DOCUMENTS[0], sampled))]})
     with decoder.around_steps(arrivals):
-        others = [decoder.submit(q, d, method=m, max_new_tokens=14) for q, d, m in zip(QUESTIONS, DOCUMENTS, ("cad", "fides", "standard", "adacad"))]
+        others = [
+            decoder.submit(q, d, method=m, max_new_tokens=14)
+            for q, d, m in zip(QUESTIONS, DOCUMENTS, ("cad", "fides", "standard", "adacad"))
+        ]
         [h.result() for h in others]
         while "sampled" not in arrivals.handles:
             time.sleep(0.001)
@@ -215,7 +255,11 @@ def test_a_stream_read_from_several_threads_and_one_left_open_block_nobody(decod
         if deltas[-1] is None:
             break
     text = "".join(d for d in deltas if d is not None)
-    assert text == stream.result.text == decoder.generate(QUESTIONS[0], DOCUMENTS[0], method="fides", max_new_tokens=12).text
+    assert (
+        text
+        == stream.result.text
+        == decoder.generate(QUESTIONS[0], DOCUMENTS[0], method="fides", max_new_tokens=12).text
+    )
     done = threading.Event()
     threading.Thread(target=lambda: (decoder.generate("Who?", ["Ada."], max_new_tokens=3), done.set())).start()
     assert done.wait(30)  # generate completes while another stream is still open
@@ -258,10 +302,17 @@ def test_one_requests_failure_fails_it_alone(decoder):
         def combine(self, step):
             return step.ctx_logits  # not a StepOutput
 
-    handles = [decoder.submit(QUESTIONS[0], DOCUMENTS[0], method="fides", max_new_tokens=6),
-               decoder.submit(QUESTIONS[1], DOCUMENTS[1], method=Broken(), max_new_tokens=6),
-               decoder.submit(QUESTIONS[2], DOCUMENTS[2], max_new_tokens=6, stopping_criteria=StoppingCriteriaList([_Raise()]))]
-    assert handles[0].result().token_ids == decoder.generate(QUESTIONS[0], DOCUMENTS[0], method="fides", max_new_tokens=6).token_ids
+    handles = [
+        decoder.submit(QUESTIONS[0], DOCUMENTS[0], method="fides", max_new_tokens=6),
+        decoder.submit(QUESTIONS[1], DOCUMENTS[1], method=Broken(), max_new_tokens=6),
+        decoder.submit(
+            QUESTIONS[2], DOCUMENTS[2], max_new_tokens=6, stopping_criteria=StoppingCriteriaList([_Raise()])
+        ),
+    ]
+    assert (
+        handles[0].result().token_ids
+        == decoder.generate(QUESTIONS[0], DOCUMENTS[0], method="fides", max_new_tokens=6).token_ids
+    )
     with pytest.raises(TypeError, match="combine must return StepOutput"):
         handles[1].result()
     with pytest.raises(RuntimeError, match="criteria broke"):
@@ -272,7 +323,10 @@ def test_prompt_pairs_and_questions_share_the_steps(decoder):
     pair = PromptPair("Lyon is the capital of France.\nQ: capital?\nA:", "Q: capital?\nA:")
     together = decoder.generate_batch([pair, QUESTIONS[1]], [None, DOCUMENTS[1]], method="fides", max_new_tokens=5)
     assert together[0].token_ids == decoder.generate(pair, method="fides", max_new_tokens=5).token_ids
-    assert together[1].token_ids == decoder.generate(QUESTIONS[1], DOCUMENTS[1], method="fides", max_new_tokens=5).token_ids
+    assert (
+        together[1].token_ids
+        == decoder.generate(QUESTIONS[1], DOCUMENTS[1], method="fides", max_new_tokens=5).token_ids
+    )
     with pytest.raises(ValueError, match="PromptPair already holds its documents"):
         decoder.generate(pair, ["a document"])
 
@@ -305,8 +359,11 @@ def test_two_decoders_on_one_model_decode_at_once_without_mixing_their_states(ti
     for decoder in (first, second):
         decoder.eos_token_ids = set()
     alone = [first.generate(q, d, method="fides", max_new_tokens=6) for q, d in zip(QUESTIONS, DOCUMENTS)]
-    handles = [d.submit(q, docs, method="fides", max_new_tokens=6)
-               for q, docs in zip(QUESTIONS, DOCUMENTS) for d in (first, second)]
+    handles = [
+        d.submit(q, docs, method="fides", max_new_tokens=6)
+        for q, docs in zip(QUESTIONS, DOCUMENTS)
+        for d in (first, second)
+    ]
     results = [h.result(timeout=120) for h in handles]
     assert [r.token_ids for r in results] == [a.token_ids for a in alone for _ in range(2)]
     got = [x for r in results for x in r.alphas]

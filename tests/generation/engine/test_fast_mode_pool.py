@@ -9,13 +9,15 @@ import time
 import pytest
 import torch
 
-from fides_rag import FidesDecoder, PromptTemplate
-from fides_rag import KVPoolExceeded
+from fides_rag import FidesDecoder, KVPoolExceeded, PromptTemplate
 from fides_rag.testing import build_tiny_model
 
 LONG_DOC = "The quick brown fox jumps over the lazy dog. " * 160  # ~4,500 tokens of the test tokenizer
-SHORT = [("What jumps?", ["The fox jumps."]), ("Who chose Canberra?", ["Canberra was chosen as a compromise."]),
-         ("Where is the Seine?", ["The Seine flows through Paris."])]
+SHORT = [
+    ("What jumps?", ["The fox jumps."]),
+    ("Who chose Canberra?", ["Canberra was chosen as a compromise."]),
+    ("Where is the Seine?", ["The Seine flows through Paris."]),
+]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,9 @@ def test_a_prompt_of_thousands_of_tokens_decodes_and_later_batches_too(long_llam
     assert under_test.stats.failed == 0
 
 
-def test_a_request_that_can_never_fit_the_pool_is_refused_at_submission_and_nothing_else_is_touched(long_llama, tokenizer):
+def test_a_request_that_can_never_fit_the_pool_is_refused_at_submission_and_nothing_else_is_touched(
+    long_llama, tokenizer
+):
     fast = decoder(long_llama, tokenizer, "fast", kv_pool_tokens=1024)
     exact = decoder(long_llama, tokenizer, "exact")
     running = fast.submit(*SHORT[0], method="fides", max_new_tokens=8)
@@ -53,7 +57,9 @@ def test_a_request_that_can_never_fit_the_pool_is_refused_at_submission_and_noth
 
 def test_requests_wait_for_blocks_instead_of_overrunning_the_pool(tiny_llama, tokenizer):
     exact = decoder(tiny_llama, tokenizer, "exact")
-    fast = decoder(tiny_llama, tokenizer, "fast", kv_pool_tokens=640)  # 40 blocks: one of these FIDES requests (28 blocks) at a time
+    fast = decoder(
+        tiny_llama, tokenizer, "fast", kv_pool_tokens=640
+    )  # 40 blocks: one of these FIDES requests (28 blocks) at a time
     seen: list[int] = []
     handles = [fast.submit(q, d, method="fides", max_new_tokens=12) for q, d in SHORT]
     while not all(h.done() for h in handles):
@@ -83,16 +89,26 @@ def test_a_failed_step_fails_its_requests_once_and_the_next_ones_decode(tiny_lla
         hook.remove()
     assert fast.stats.failed == 1
     for q, d in SHORT:
-        assert fast.generate(q, d, method="fides", max_new_tokens=6).token_ids == exact.generate(q, d, method="fides", max_new_tokens=6).token_ids
+        assert (
+            fast.generate(q, d, method="fides", max_new_tokens=6).token_ids
+            == exact.generate(q, d, method="fides", max_new_tokens=6).token_ids
+        )
     assert fast.stats.kv_pool_used_tokens == 0
 
 
-@pytest.mark.parametrize("options, field", [
-    ({"kv_pool_tokens": 0}, "kv_pool_tokens"), ({"kv_pool_tokens": 8}, "kv_pool_tokens"),
-    ({"kv_pool_tokens": "1024"}, "kv_pool_tokens"), ({"kv_pool_tokens": True}, "kv_pool_tokens"),
-    ({"kv_cache_memory": 100}, "kv_cache_memory"), ({"kv_cache_memory": 0.5}, "kv_cache_memory"),
-    ({"kv_cache_memory": -1}, "kv_cache_memory"), ({"kv_pool_tokens": 1024, "kv_cache_memory": 2**20}, "kv_cache_memory"),
-])
+@pytest.mark.parametrize(
+    "options, field",
+    [
+        ({"kv_pool_tokens": 0}, "kv_pool_tokens"),
+        ({"kv_pool_tokens": 8}, "kv_pool_tokens"),
+        ({"kv_pool_tokens": "1024"}, "kv_pool_tokens"),
+        ({"kv_pool_tokens": True}, "kv_pool_tokens"),
+        ({"kv_cache_memory": 100}, "kv_cache_memory"),
+        ({"kv_cache_memory": 0.5}, "kv_cache_memory"),
+        ({"kv_cache_memory": -1}, "kv_cache_memory"),
+        ({"kv_pool_tokens": 1024, "kv_cache_memory": 2**20}, "kv_cache_memory"),
+    ],
+)
 def test_bad_pool_sizes_are_refused_naming_the_field(tiny_llama, tokenizer, options, field):
     with pytest.raises(ValueError, match=field):
         decoder(tiny_llama, tokenizer, "fast", **options)

@@ -40,13 +40,26 @@ def _prompt(rng: random.Random, tokenizer, context_tokens: int):
 
 def _jobs(tokenizer, seed: int = SEED) -> list[dict]:
     rng = random.Random(seed)
-    lengths = [1, 5000, *(rng.choice([rng.randint(1, 64), rng.randint(64, 1024), rng.randint(1024, 5000)]) for _ in range(REQUESTS - 3))]
+    lengths = [
+        1,
+        5000,
+        *(
+            rng.choice([rng.randint(1, 64), rng.randint(64, 1024), rng.randint(1024, 5000)])
+            for _ in range(REQUESTS - 3)
+        ),
+    ]
     rng.shuffle(lengths)
     lengths.insert(0, rng.randint(4000, 5000))  # the first request fills an empty pool with a long prompt
     jobs = []
     for length in lengths:
-        jobs.append(dict(prompt=_prompt(rng, tokenizer, length), method=rng.choice(METHODS),
-                         max_new_tokens=rng.randint(1, 6), delay=rng.random() * 0.05))
+        jobs.append(
+            dict(
+                prompt=_prompt(rng, tokenizer, length),
+                method=rng.choice(METHODS),
+                max_new_tokens=rng.randint(1, 6),
+                delay=rng.random() * 0.05,
+            )
+        )
     return jobs
 
 
@@ -60,7 +73,9 @@ def _decode_from_threads(decoder: FidesDecoder, jobs: list[dict], threads: int =
         for i in indices:
             time.sleep(jobs[i]["delay"])
             job = jobs[i]
-            handles.append((i, decoder.submit(job["prompt"], method=job["method"], max_new_tokens=job["max_new_tokens"])))
+            handles.append(
+                (i, decoder.submit(job["prompt"], method=job["method"], max_new_tokens=job["max_new_tokens"]))
+            )
         for i, handle in handles:
             try:
                 results[i] = handle.result(timeout=max(0.1, deadline - time.monotonic()))
@@ -85,13 +100,21 @@ def _decode_from_threads(decoder: FidesDecoder, jobs: list[dict], threads: int =
 @pytest.fixture(scope="module")
 def exact_answers(long_llama, tokenizer):
     exact = FidesDecoder(long_llama, tokenizer, prompt_template=PromptTemplate(stop=()), mode="exact")
-    return [exact.generate(j["prompt"], method=j["method"], max_new_tokens=j["max_new_tokens"]).token_ids for j in _jobs(tokenizer)]
+    return [
+        exact.generate(j["prompt"], method=j["method"], max_new_tokens=j["max_new_tokens"]).token_ids
+        for j in _jobs(tokenizer)
+    ]
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("options", [{}, {"kv_pool_tokens": 8192}, {"compile": "eager", "buckets": [1, 2, 4, 8, 16, 32]}],
-                         ids=["default-pool", "small-pool", "captured"])
-def test_random_requests_joining_and_leaving_a_fast_decoder_never_fail_and_mostly_equal_exact_mode(long_llama, tokenizer, exact_answers, options):
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"kv_pool_tokens": 8192}, {"compile": "eager", "buckets": [1, 2, 4, 8, 16, 32]}],
+    ids=["default-pool", "small-pool", "captured"],
+)
+def test_random_requests_joining_and_leaving_a_fast_decoder_never_fail_and_mostly_equal_exact_mode(
+    long_llama, tokenizer, exact_answers, options
+):
     decoder = FidesDecoder(long_llama, tokenizer, prompt_template=PromptTemplate(stop=()), mode="fast", **options)
     jobs = _jobs(tokenizer)
     results = _decode_from_threads(decoder, jobs)

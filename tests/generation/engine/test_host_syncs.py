@@ -71,26 +71,45 @@ class BlockingCopyCounter(TorchFunctionMode):
         self.calls[f"{caller.filename}:{caller.lineno}"] += 1
 
 
-@pytest.mark.parametrize("method, options", [("fides", {}), ("cad", {"min_new_tokens": 4}), ("standard", {"logprobs": 3})])
+@pytest.mark.parametrize(
+    "method, options", [("fides", {}), ("cad", {"min_new_tokens": 4}), ("standard", {"logprobs": 3})]
+)
 def test_the_engine_copies_to_the_device_without_blocking(tiny_llama, tokenizer, method, options):
     decoder = FidesDecoder(tiny_llama, tokenizer, prompt_template=PromptTemplate(stop=()))
     counter = BlockingCopyCounter()
     with decoder.around_steps(lambda: counter):
-        decoder.generate("What is the capital?", ["Lyon is the capital of France."], method=method, max_new_tokens=6, **options)
+        decoder.generate(
+            "What is the capital?", ["Lyon is the capital of France."], method=method, max_new_tokens=6, **options
+        )
     assert not [line for line in counter.calls if "fides_rag" in line], counter.calls
 
 
 @pytest.mark.parametrize("logprobs", [None, 5])
-@pytest.mark.parametrize("method, sampling", [("fides", {}), ("cad", {}), ("standard", {}),
-                                              ("fides", {"do_sample": True, "temperature": 0.7, "top_p": 0.9, "seed": 0})])
+@pytest.mark.parametrize(
+    "method, sampling",
+    [
+        ("fides", {}),
+        ("cad", {}),
+        ("standard", {}),
+        ("fides", {"do_sample": True, "temperature": 0.7, "top_p": 0.9, "seed": 0}),
+    ],
+)
 def test_a_decode_makes_one_host_transfer_per_step(tiny_llama, tokenizer, method, sampling, logprobs):
     decoder = FidesDecoder(tiny_llama, tokenizer, prompt_template=PromptTemplate(stop=()))
     decoder.eos_token_ids = set()  # every generation runs its full length
     for new_tokens in (6, 12):
         counter = SyncCounter()
-        with decoder.around_steps(lambda counter=counter: counter):  # torch modes are per thread: count on the engine's thread
-            result = decoder.generate("What is the capital?", ["Lyon is the capital of France."], method=method, max_new_tokens=new_tokens,
-                                      logprobs=logprobs, **sampling)
+        with decoder.around_steps(
+            lambda counter=counter: counter
+        ):  # torch modes are per thread: count on the engine's thread
+            result = decoder.generate(
+                "What is the capital?",
+                ["Lyon is the capital of France."],
+                method=method,
+                max_new_tokens=new_tokens,
+                logprobs=logprobs,
+                **sampling,
+            )
         assert len(result.token_ids) == new_tokens
         total = sum(counter.calls.values())
         # N transfers of the chosen ids (with every recorded value and any logprobs packed beside them), and

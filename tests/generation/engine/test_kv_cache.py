@@ -62,7 +62,10 @@ def test_ragged_decode_equals_padded_decode_and_stays_ragged(tiny_models, family
     tokens, and keep doing so after pruning rows (with repeats, as several methods share a prefill); whether the
     attention call takes the segments padded into one tensor or one at a time (SDPA and eager attention)."""
     anatomy = ModelAnatomy.of(tiny_models[family])
-    groups = [RowGroup(*left_padded([CONTEXT, CONTEXT[:90]], 0, torch.device("cpu"))), RowGroup(*left_padded([NO_CONTEXT], 0, torch.device("cpu")))]
+    groups = [
+        RowGroup(*left_padded([CONTEXT, CONTEXT[:90]], 0, torch.device("cpu"))),
+        RowGroup(*left_padded([NO_CONTEXT], 0, torch.device("cpu"))),
+    ]
     attention = per_segment_attention(anatomy.backbone) if per_segment else contextlib.nullcontext()
     with torch.inference_mode(), LayerCapture(anatomy, ()) as capture, attention:
         ragged = prefill(anatomy, groups, capture, None, split=True)

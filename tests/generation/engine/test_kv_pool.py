@@ -35,8 +35,11 @@ def reference(pool: KVPool, query: torch.Tensor, window: int | None) -> torch.Te
         first = 0 if window is None else max(0, length - window)
         slots = torch.tensor(pool._slots(table, range(first, length)))
         keys, values = pool.keys[0][0][:, slots], pool.values[0][0][:, slots]  # [kv_heads, n, d]
-        out.append(F.scaled_dot_product_attention(query[row], keys.repeat_interleave(HEADS // KV_HEADS, 0),
-                                                  values.repeat_interleave(HEADS // KV_HEADS, 0)))
+        out.append(
+            F.scaled_dot_product_attention(
+                query[row], keys.repeat_interleave(HEADS // KV_HEADS, 0), values.repeat_interleave(HEADS // KV_HEADS, 0)
+            )
+        )
     return torch.stack(out)
 
 
@@ -51,7 +54,12 @@ def test_gather_attention_sees_each_rows_own_positions_only(window):
     pool = pool_with_rows("gather", [5, 33, 16], windows=(window,))
     query = torch.randn(3, HEADS, 1, DIM)
     (keys, values), mask = step(pool, torch.randn(3, KV_HEADS, 1, DIM), torch.randn(3, KV_HEADS, 1, DIM))
-    assert keys.shape == (3, KV_HEADS, 3 * BLOCK, DIM) and mask.shape == (3, 1, 1, 3 * BLOCK)  # the longest row's blocks
+    assert keys.shape == (3, KV_HEADS, 3 * BLOCK, DIM) and mask.shape == (
+        3,
+        1,
+        1,
+        3 * BLOCK,
+    )  # the longest row's blocks
     got = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=True)
     torch.testing.assert_close(got, reference(pool, query, window))
 
@@ -77,9 +85,13 @@ def test_flex_block_lists_name_each_rows_blocks_and_its_partial_last_block():
     tables = pool.tables  # lengths now 6, 34, 17: 1, 3 and 2 blocks
     assert full["full_kv_num_blocks"].flatten().tolist() == [0, 2, 1]
     assert full["kv_num_blocks"].flatten().tolist() == [1, 1, 1]
-    assert [full["full_kv_indices"][r, 0, 0, : len(t) - 1].tolist() for r, t in enumerate(tables)] == [t[:-1] for t in tables]
+    assert [full["full_kv_indices"][r, 0, 0, : len(t) - 1].tolist() for r, t in enumerate(tables)] == [
+        t[:-1] for t in tables
+    ]
     assert full["kv_indices"][:, 0, 0, 0].tolist() == [t[-1] for t in tables]
-    windowed = pool.block_mask_tensors(pool.index[:3], 16)  # positions (length - 16, length]: blocks from (length-16)//16
+    windowed = pool.block_mask_tensors(
+        pool.index[:3], 16
+    )  # positions (length - 16, length]: blocks from (length-16)//16
     assert windowed["kv_num_blocks"].flatten().tolist() == [1, 2, 2]
     assert windowed["kv_indices"][1, 0, 0, :2].tolist() == tables[1][1:]
     assert "full_kv_num_blocks" not in windowed

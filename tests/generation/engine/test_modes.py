@@ -10,8 +10,14 @@ import torch
 from fides_rag import FidesDecoder, PromptTemplate, available_methods, get_method
 from fides_rag.generation.engine.modes import resolve_mode
 
-QUESTIONS = ["What is the capital of France?", "Who chose Canberra?", "What jumps?", "Which city is the capital of Australia?",
-             "Where is the Seine?", "Who was chosen?"]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Who chose Canberra?",
+    "What jumps?",
+    "Which city is the capital of Australia?",
+    "Where is the Seine?",
+    "Who was chosen?",
+]
 DOCUMENTS = [
     ["Lyon is the capital of France.", "Paris is a large city on the Seine."],
     ["The capital of Australia is Melbourne.", "Canberra was chosen as a compromise."],
@@ -26,8 +32,10 @@ RULES.update({"fides+agree": {}, "cad+nwcad": {}})
 
 def decoders(model, tokenizer):
     template = PromptTemplate(stop=())
-    return (FidesDecoder(model, tokenizer, prompt_template=template, mode="exact"),
-            FidesDecoder(model, tokenizer, prompt_template=template, mode="fast"))
+    return (
+        FidesDecoder(model, tokenizer, prompt_template=template, mode="exact"),
+        FidesDecoder(model, tokenizer, prompt_template=template, mode="fast"),
+    )
 
 
 def assert_same(exact, fast):
@@ -63,7 +71,10 @@ def test_fast_mode_grows_its_pool_while_requests_decode(tiny_llama, tokenizer):
     exact, fast = decoders(tiny_llama, tokenizer)
     long_documents = [[d[0] * 12, d[1] * 12] for d in DOCUMENTS]  # about 2,000 positions in flight: the pool doubles
     expected = [exact.generate(q, d, method="fides", max_new_tokens=6) for q, d in zip(QUESTIONS, long_documents)]
-    got = [h.result() for h in [fast.submit(q, d, method="fides", max_new_tokens=6) for q, d in zip(QUESTIONS, long_documents)]]
+    got = [
+        h.result()
+        for h in [fast.submit(q, d, method="fides", max_new_tokens=6) for q, d in zip(QUESTIONS, long_documents)]
+    ]
     for a, b in zip(expected, got):
         assert_same(a, b)
 

@@ -24,24 +24,36 @@ def same(a, b):
 
 def decoders(model, tokenizer, **options):
     template = PromptTemplate(stop=())
-    return (FidesDecoder(model, tokenizer, prompt_template=template, max_num_batched_tokens=32, **options),
-            FidesDecoder(model, tokenizer, prompt_template=template, max_num_batched_tokens=32, prefix_caching=False, **options))
+    return (
+        FidesDecoder(model, tokenizer, prompt_template=template, max_num_batched_tokens=32, **options),
+        FidesDecoder(
+            model, tokenizer, prompt_template=template, max_num_batched_tokens=32, prefix_caching=False, **options
+        ),
+    )
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3_text"])
 @pytest.mark.parametrize("method", ["standard", "fides"])
 def test_a_later_request_reuses_the_blocks_it_shares_with_an_earlier_one(tiny_models, tokenizer, family, method):
     on, off = decoders(tiny_models[family], tokenizer)
-    same(on.generate(FIRST, DOCUMENT, method=method, max_new_tokens=6), off.generate(FIRST, DOCUMENT, method=method, max_new_tokens=6))
+    same(
+        on.generate(FIRST, DOCUMENT, method=method, max_new_tokens=6),
+        off.generate(FIRST, DOCUMENT, method=method, max_new_tokens=6),
+    )
     before = on.stats
-    same(on.generate(SECOND, DOCUMENT, method=method, max_new_tokens=6), off.generate(SECOND, DOCUMENT, method=method, max_new_tokens=6))
+    same(
+        on.generate(SECOND, DOCUMENT, method=method, max_new_tokens=6),
+        off.generate(SECOND, DOCUMENT, method=method, max_new_tokens=6),
+    )
 
     first, second = (on._requests.build(q, DOCUMENT, method=method).example.context_ids for q in (FIRST, SECOND))
     shared = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)
     assert shared > 64
     after = on.stats
     assert after.prefix_cache_hits > before.prefix_cache_hits
-    assert after.prefix_cache_hit_tokens - before.prefix_cache_hit_tokens >= shared - 32  # up to the last 32-token chunk cut
+    assert (
+        after.prefix_cache_hit_tokens - before.prefix_cache_hit_tokens >= shared - 32
+    )  # up to the last 32-token chunk cut
     assert after.prefill_tokens < off.stats.prefill_tokens
     assert off.stats.prefix_cache_hits == 0 and off.stats.prefix_cache_entries == 0
 
@@ -62,15 +74,20 @@ def test_a_tight_bound_evicts_blocks_and_keeps_the_tokens(tiny_llama, tokenizer)
     stats = on.stats
     assert 0 < stats.prefix_cache_bytes <= 40_000 and stats.prefix_cache_evictions > 0
     for question in (FIRST, SECOND):
-        same(on.generate(question, DOCUMENT, method="standard", max_new_tokens=4),
-             off.generate(question, DOCUMENT, method="standard", max_new_tokens=4))
+        same(
+            on.generate(question, DOCUMENT, method="standard", max_new_tokens=4),
+            off.generate(question, DOCUMENT, method="standard", max_new_tokens=4),
+        )
     stats = on.stats
     assert stats.prefix_cache_bytes <= 40_000 and stats.prefix_cache_hits > 0
 
 
 def _layer(heads: int, length: int) -> DynamicLayer:
     layer = DynamicLayer()
-    layer.keys, layer.values = torch.randn(1, heads, length, 4, dtype=torch.float32), torch.randn(1, heads, length, 4, dtype=torch.float32)
+    layer.keys, layer.values = (
+        torch.randn(1, heads, length, 4, dtype=torch.float32),
+        torch.randn(1, heads, length, 4, dtype=torch.float32),
+    )
     return layer
 
 

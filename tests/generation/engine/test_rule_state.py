@@ -10,7 +10,11 @@ from fides_rag.rules import ContrastRule, StepInputs, StepOutput
 from fides_rag.rules.gates import CONTEXT_AS_IS, RULE, Gate, GateDecision
 
 QUESTIONS = ["What is the capital of France?", "Who chose Canberra?", "What jumps over the dog?"]
-DOCUMENTS = [["Lyon is the capital of France."], ["Canberra was chosen as a compromise."], ["The quick brown fox jumps."]]
+DOCUMENTS = [
+    ["Lyon is the capital of France."],
+    ["Canberra was chosen as a compromise."],
+    ["The quick brown fox jumps."],
+]
 
 
 @register_method("test-counting")
@@ -48,7 +52,10 @@ def decoder_for(tiny_llama, tokenizer) -> FidesDecoder:
 def test_each_sequence_gets_its_own_state_back_in_a_batch_of_different_lengths(tiny_llama, tokenizer):
     decoder = decoder_for(tiny_llama, tokenizer)
     budgets = [3, 7, 5]
-    results = [decoder.generate(q, d, method="test-counting", max_new_tokens=n) for q, d, n in zip(QUESTIONS, DOCUMENTS, budgets)]
+    results = [
+        decoder.generate(q, d, method="test-counting", max_new_tokens=n)
+        for q, d, n in zip(QUESTIONS, DOCUMENTS, budgets)
+    ]
     for result, budget in zip(results, budgets):
         assert [s.values["count"] for s in result.steps] == list(range(budget))
     batch = decoder.generate_batch(QUESTIONS, DOCUMENTS, method="test-counting", max_new_tokens=7)
@@ -64,7 +71,9 @@ def test_a_gate_that_always_takes_the_context_decodes_as_standard(tiny_llama, to
         assert [s.values["gate"] for s in gated.steps] == [CONTEXT_AS_IS] * 6
 
 
-def test_a_gate_that_never_fires_decodes_as_its_rule_and_a_stateful_rule_keeps_its_state_behind_a_gate(tiny_llama, tokenizer):
+def test_a_gate_that_never_fires_decodes_as_its_rule_and_a_stateful_rule_keeps_its_state_behind_a_gate(
+    tiny_llama, tokenizer
+):
     decoder = decoder_for(tiny_llama, tokenizer)
     question, documents = QUESTIONS[0], DOCUMENTS[0]
     plain = decoder.generate(question, documents, method="fides", max_new_tokens=6)
@@ -77,7 +86,10 @@ def test_a_gate_that_never_fires_decodes_as_its_rule_and_a_stateful_rule_keeps_i
 def test_gated_methods_decode_alike_alone_and_together(tiny_llama, tokenizer):
     decoder = decoder_for(tiny_llama, tokenizer)
     methods = ["fides+agree", "fides+nwcad", "adacad+agree", "cad+nwcad"]
-    alone = {m: [decoder.generate(q, d, method=m, max_new_tokens=6).token_ids for q, d in zip(QUESTIONS, DOCUMENTS)] for m in methods}
+    alone = {
+        m: [decoder.generate(q, d, method=m, max_new_tokens=6).token_ids for q, d in zip(QUESTIONS, DOCUMENTS)]
+        for m in methods
+    }
     for method in methods:
         together = decoder.generate_batch(QUESTIONS, DOCUMENTS, method=method, max_new_tokens=6)
         assert [r.token_ids for r in together] == alone[method]

@@ -28,7 +28,9 @@ def test_chunks_are_cut_at_anchors_and_multiples_of_the_chunk_size():
     assert chunk_cuts(20, 32, anchors=[]) == [20]
 
 
-@pytest.mark.parametrize("setting", [{"max_requests": 0}, {"window_s": -1}, {"admission": "eager"}, {"max_num_batched_tokens": 8}])
+@pytest.mark.parametrize(
+    "setting", [{"max_requests": 0}, {"window_s": -1}, {"admission": "eager"}, {"max_num_batched_tokens": 8}]
+)
 def test_bad_settings_are_refused(setting):
     with pytest.raises(ValueError):
         Scheduler(**{"max_num_batched_tokens": 64, **setting})
@@ -91,7 +93,11 @@ def test_a_step_plan_names_its_newcomers_decodes_bucket_and_budget():
     assert plan.decodes == [decoding] and plan.decode_rows == plan.bucket == 2
     assert not plan.prefill_whole and plan.budget.left == 62 and plan.chunk_tokens == 64
     whole = scheduler.schedule(running(), chunked=False, wait_for=never_wait, on_cancelled=print)
-    assert whole.prefill_whole and whole.newcomers == waiting[2:] and list(whole.prefill_chunks([FakeJob(FakeRow([8]))], start)) == []
+    assert (
+        whole.prefill_whole
+        and whole.newcomers == waiting[2:]
+        and list(whole.prefill_chunks([FakeJob(FakeRow([8]))], start)) == []
+    )
 
 
 def test_an_idle_engine_waits_its_window_for_a_whole_batch_and_a_busy_one_never():
@@ -104,8 +110,9 @@ def test_an_idle_engine_waits_its_window_for_a_whole_batch_and_a_busy_one_never(
 
 
 def test_chunks_run_fifo_within_the_budget_each_sized_once_its_row_has_started():
-    plan = Scheduler(max_num_batched_tokens=64).schedule(running([ticket(rows=4)], rows=4), chunked=True,
-                                                         wait_for=never_wait, on_cancelled=print)
+    plan = Scheduler(max_num_batched_tokens=64).schedule(
+        running([ticket(rows=4)], rows=4), chunked=True, wait_for=never_wait, on_cancelled=print
+    )
     first = FakeJob(FakeRow([16, 40], cached=16), FakeRow([50, 100]))
     second = FakeJob(FakeRow([8]))
     # 60 tokens after the decodes: the first row's uncached 24, then the next row's 50 waits, and nobody passes it
@@ -113,8 +120,9 @@ def test_chunks_run_fifo_within_the_budget_each_sized_once_its_row_has_started()
 
 
 def test_the_first_chunk_of_a_step_runs_past_the_budget_and_the_next_waits():
-    plan = Scheduler(max_num_batched_tokens=16).schedule(running([ticket(rows=10)], rows=10), chunked=True,
-                                                         wait_for=never_wait, on_cancelled=print)
+    plan = Scheduler(max_num_batched_tokens=16).schedule(
+        running([ticket(rows=10)], rows=10), chunked=True, wait_for=never_wait, on_cancelled=print
+    )
     assert run_plan_chunks(plan, [FakeJob(FakeRow([32, 40]))]) == [(0, 0, 32)]
 
 

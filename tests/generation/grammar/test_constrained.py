@@ -12,14 +12,30 @@ from pydantic import BaseModel, ConfigDict, Field
 from fides_rag import FidesDecoder, PromptTemplate, available_methods, get_method, load_model
 from fides_rag.generation.grammar.constraint import GrammarConstraint
 
-ANSWER = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 12}}, "required": ["answer"], "additionalProperties": False}
+ANSWER = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "maxLength": 12}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
 TOOL = {
     "type": "object",
-    "properties": {"name": {"enum": ["search", "lookup"]}, "arguments": {"type": "object", "properties": {"k": {"type": "integer", "minimum": 1, "maximum": 9}},
-                   "required": ["k"], "additionalProperties": False}},
-    "required": ["name", "arguments"], "additionalProperties": False,
+    "properties": {
+        "name": {"enum": ["search", "lookup"]},
+        "arguments": {
+            "type": "object",
+            "properties": {"k": {"type": "integer", "minimum": 1, "maximum": 9}},
+            "required": ["k"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["name", "arguments"],
+    "additionalProperties": False,
 }
-QUESTION, DOCUMENTS = "Which city is the capital of France?", ["Lyon is the capital of France.", "Paris is a large city."]
+QUESTION, DOCUMENTS = (
+    "Which city is the capital of France?",
+    ["Lyon is the capital of France.", "Paris is a large city."],
+)
 METHODS = {name: {"decore": dict(heads={1: [0]})}.get(name, {}) for name in available_methods()}
 
 
@@ -55,7 +71,13 @@ def test_an_always_true_grammar_changes_no_token(decoder, method):
 
 
 def test_different_grammars_share_a_batch_and_each_equals_alone(decoder):
-    kinds = [dict(json_schema=ANSWER), dict(json_schema=TOOL), dict(regex=r"[A-Z][a-z]{2,8}"), dict(json_schema=Answer), {}]
+    kinds = [
+        dict(json_schema=ANSWER),
+        dict(json_schema=TOOL),
+        dict(regex=r"[A-Z][a-z]{2,8}"),
+        dict(json_schema=Answer),
+        {},
+    ]
     questions = [QUESTION, "Who chose Canberra?", "What jumps?", "Where is it?", "What is it?"]
     together = [decoder.submit(q, DOCUMENTS, method="fides", max_new_tokens=60, **k) for q, k in zip(questions, kinds)]
     results = [h.result() for h in together]
@@ -80,10 +102,18 @@ def test_bad_grammar_input_is_refused_before_decoding(decoder):
 def test_real_backbones_answer_in_valid_json_under_every_method(alias):
     model, tokenizer = load_model(alias)
     decoder = FidesDecoder(model, tokenizer)
-    schema = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 40}}, "required": ["answer"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "string", "maxLength": 40}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
     results = decoder.generate(
-        "In which city is the Eiffel Tower located?", ["The Eiffel Tower is a wrought-iron lattice tower in Rome, Italy."],
-        methods=["standard", "cad", "adacad", "fides"], json_schema=schema, max_new_tokens=48,
+        "In which city is the Eiffel Tower located?",
+        ["The Eiffel Tower is a wrought-iron lattice tower in Rome, Italy."],
+        methods=["standard", "cad", "adacad", "fides"],
+        json_schema=schema,
+        max_new_tokens=48,
     )
     for label, result in results.items():
         assert isinstance(valid(result, schema)["answer"], str), label

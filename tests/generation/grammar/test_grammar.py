@@ -56,9 +56,15 @@ PROMPT = "Question: What is the capital of France? Answer:"
 
 def constrained_generate(model, tokenizer, constraint, prompt=PROMPT, max_new_tokens=120, **kwargs) -> list[int]:
     ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=not tokenizer.chat_template).input_ids
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), logits_processor=[GrammarLogitsProcessor(constraint)],
-                         max_new_tokens=max_new_tokens, do_sample=False, **kwargs)
-    return out[0, ids.shape[1]:].tolist()
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        logits_processor=[GrammarLogitsProcessor(constraint)],
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        **kwargs,
+    )
+    return out[0, ids.shape[1] :].tolist()
 
 
 def admitted(state, vocab: int) -> torch.Tensor:
@@ -75,6 +81,7 @@ def decoded_json(tokenizer, tokens: list[int], schema: dict):
 
 # ---------------------------------------------------------------- fast: tiny tokenizer and tiny models
 
+
 @pytest.mark.parametrize("family", ["llama", "gemma3_text"])
 @pytest.mark.parametrize("schema", [ANSWER, TOOL_CALL], ids=["answer", "tool_call"])
 def test_generate_under_a_json_schema_yields_valid_json(tiny_models, tokenizer, family, schema):
@@ -87,9 +94,14 @@ def test_sampled_rows_with_different_schemas_in_one_batch_all_validate(tiny_llam
     constraints = [GrammarConstraint.compile(tokenizer, json_schema=s) for s in (ANSWER, TOOL_CALL)]
     batch = tokenizer([PROMPT, "Call a tool:"], return_tensors="pt", padding=True, padding_side="left")
     torch.manual_seed(0)
-    out = tiny_llama.generate(**batch, logits_processor=[GrammarLogitsProcessor(constraints)], max_new_tokens=120,
-                              do_sample=True, temperature=1.5)
-    for row, schema in zip(out[:, batch.input_ids.shape[1]:].tolist(), (ANSWER, TOOL_CALL)):
+    out = tiny_llama.generate(
+        **batch,
+        logits_processor=[GrammarLogitsProcessor(constraints)],
+        max_new_tokens=120,
+        do_sample=True,
+        temperature=1.5,
+    )
+    for row, schema in zip(out[:, batch.input_ids.shape[1] :].tolist(), (ANSWER, TOOL_CALL)):
         end = row.index(tokenizer.eos_token_id)
         jsonschema.validate(json.loads(tokenizer.decode(row[:end])), schema)
 
@@ -112,7 +124,9 @@ def test_regex_and_lark_grammars_constrain_generate(tiny_llama, tokenizer):
     regex = GrammarConstraint.compile(tokenizer, regex=r"(Lyon|Paris), [0-9]{2}")
     text = tokenizer.decode(constrained_generate(tiny_llama, tokenizer, regex)[:-1])
     assert re.fullmatch(r"(Lyon|Paris), [0-9]{2}", text), text
-    lark = GrammarConstraint.compile(tokenizer, grammar='start: city " is " ("large" | "small")\ncity: "Lyon" | "Canberra"')
+    lark = GrammarConstraint.compile(
+        tokenizer, grammar='start: city " is " ("large" | "small")\ncity: "Lyon" | "Canberra"'
+    )
     text = tokenizer.decode(constrained_generate(tiny_llama, tokenizer, lark)[:-1])
     assert re.fullmatch(r"(Lyon|Canberra) is (large|small)", text), text
 
@@ -123,7 +137,7 @@ def test_always_true_grammar_leaves_greedy_decoding_unchanged(tiny_models, token
     ids = tokenizer(PROMPT, return_tensors="pt").input_ids
     plain = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False)
     masked = constrained_generate(model, tokenizer, GrammarConstraint.any_text(), max_new_tokens=20)
-    assert masked == plain[0, ids.shape[1]:].tolist()
+    assert masked == plain[0, ids.shape[1] :].tolist()
 
 
 def test_always_true_mask_admits_every_column():
@@ -133,8 +147,15 @@ def test_always_true_mask_admits_every_column():
 
 
 def test_eos_only_where_the_document_is_complete_then_forced(tokenizer):
-    constraint = GrammarConstraint.compile(tokenizer, json_schema={"type": "object", "properties": {"a": {"type": "string"}},
-                                                                    "required": ["a"], "additionalProperties": False})
+    constraint = GrammarConstraint.compile(
+        tokenizer,
+        json_schema={
+            "type": "object",
+            "properties": {"a": {"type": "string"}},
+            "required": ["a"],
+            "additionalProperties": False,
+        },
+    )
     state, vocab, eos = constraint.start(), len(tokenizer), tokenizer.eos_token_id
     ids = tokenizer.encode('{"a": "Lyon"}', add_special_tokens=False)
     for token in ids:
@@ -192,8 +213,8 @@ def test_padding_columns_of_a_wider_head_are_refused(tokenizer):
     model = build_tiny_model("llama", wide)
     constraint = GrammarConstraint.compile(tokenizer, json_schema=ANSWER, vocab_size=wide)
     logits = torch.zeros(wide)
-    logits[len(tokenizer):] = 100.0  # the padding columns would win without the mask
-    assert torch.isinf(constraint.start().mask_logits(logits)[len(tokenizer):]).all()
+    logits[len(tokenizer) :] = 100.0  # the padding columns would win without the mask
+    assert torch.isinf(constraint.start().mask_logits(logits)[len(tokenizer) :]).all()
     decoded_json(tokenizer, constrained_generate(model, tokenizer, constraint), ANSWER)
     with pytest.raises(ValueError, match=f"vocab_size={wide}"):
         GrammarConstraint.compile(tokenizer, json_schema=ANSWER).start().mask_logits(torch.zeros(wide))
@@ -206,7 +227,10 @@ def test_compiles_are_cached_and_schema_forms_agree(tokenizer):
     assert GrammarConstraint.compile(tokenizer, json_schema=ANSWER, eos_token_ids=[1, 3]) is not a
     first, second = a.start(), a.start()
     first.accept(tokenizer.encode("{", add_special_tokens=False)[0])
-    assert not admitted(second, len(tokenizer))[tokenizer.eos_token_id] and int(admitted(second, len(tokenizer)).sum()) == 1
+    assert (
+        not admitted(second, len(tokenizer))[tokenizer.eos_token_id]
+        and int(admitted(second, len(tokenizer)).sum()) == 1
+    )
     assert not torch.equal(admitted(first, len(tokenizer)), admitted(second, len(tokenizer)))  # states are independent
 
 
@@ -217,7 +241,11 @@ def test_bad_input_is_refused_with_what_to_fix(tokenizer):
         GrammarConstraint.compile(tokenizer)
     with pytest.raises(ValueError, match="invalid json schema"):
         GrammarConstraint.compile(tokenizer, json_schema={"type": "object", "properties": {"a": {"type": "strin"}}})
-    with pytest.raises(ValueError, match=r"invalid json schema: the schema at / leads into a reference cycle with no content \(#/\$defs/A -> " r"#/\$defs/A\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"invalid json schema: the schema at / leads into a reference cycle with no content \(#/\$defs/A -> "
+        r"#/\$defs/A\)",
+    ):
         GrammarConstraint.compile(tokenizer, json_schema={"$defs": {"A": {"$ref": "#/$defs/A"}}, "$ref": "#/$defs/A"})
     with pytest.raises(ValueError, match="invalid regex"):
         GrammarConstraint.compile(tokenizer, regex="[a-")
@@ -234,15 +262,27 @@ def test_bad_input_is_refused_with_what_to_fix(tokenizer):
 def test_a_grammar_past_the_grammar_librarys_limits_is_refused_before_decoding(tokenizer):
     from fides_rag.generation.grammar.constraint import GrammarLimitExceeded
 
-    with pytest.raises(ValueError, match="the object at / lists 10000 properties, more than the grammar's limit of 1000"):
-        GrammarConstraint.compile(tokenizer, json_schema={"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(10_000)}})
+    with pytest.raises(
+        ValueError, match="the object at / lists 10000 properties, more than the grammar's limit of 1000"
+    ):
+        GrammarConstraint.compile(
+            tokenizer,
+            json_schema={"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(10_000)}},
+        )
     with pytest.raises(ValueError, match="invalid regex: the pattern at regex repeats 1000000 times"):
         GrammarConstraint.compile(tokenizer, regex="a{1000000}")
     with pytest.raises(ValueError, match="no finite JSON value"):
-        GrammarConstraint.compile(tokenizer, json_schema={"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]})
-    wide = GrammarConstraint.compile(tokenizer, json_schema={"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(600)}})
+        GrammarConstraint.compile(
+            tokenizer, json_schema={"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
+        )
+    wide = GrammarConstraint.compile(
+        tokenizer, json_schema={"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(600)}}
+    )
     for _ in range(2):  # the second time from what the first search learned
-        with pytest.raises(GrammarLimitExceeded, match=r"past a limit of the grammar library: .*largest object, at /, has 600 optional properties") as err:
+        with pytest.raises(
+            GrammarLimitExceeded,
+            match=r"past a limit of the grammar library: .*largest object, at /, has 600 optional properties",
+        ) as err:
             wide.check_budget(64)
         assert err.value.field == "json_schema"
 
@@ -256,15 +296,21 @@ def test_a_missing_extra_names_the_install_command(tokenizer, monkeypatch):
 def test_a_processor_serves_one_generate_call(tiny_llama, tokenizer):
     processor = GrammarLogitsProcessor(GrammarConstraint.compile(tokenizer, json_schema=ANSWER))
     ids = tokenizer(PROMPT, return_tensors="pt").input_ids
-    tiny_llama.generate(ids, attention_mask=torch.ones_like(ids), logits_processor=[processor], max_new_tokens=4, do_sample=False)
+    tiny_llama.generate(
+        ids, attention_mask=torch.ones_like(ids), logits_processor=[processor], max_new_tokens=4, do_sample=False
+    )
     with pytest.raises(ValueError, match="one generate call"):
         tiny_llama.generate(ids, attention_mask=torch.ones_like(ids), logits_processor=[processor], max_new_tokens=4)
 
 
 # ---------------------------------------------------------------- slow: the real backbones and their tokenizers
 
-REAL_ANSWER = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 40}}, "required": ["answer"],
-               "additionalProperties": False}
+REAL_ANSWER = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "maxLength": 40}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
 
 
 @pytest.fixture(scope="module", params=["smollm2-135m-instruct", "gemma3-270m"])
@@ -273,10 +319,14 @@ def backbone(request):
 
 
 def real_prompt(tokenizer) -> str:
-    question = ('Document: Lyon is the capital of France.\nQuestion: What is the capital of France? '
-                'Reply with JSON like {"answer": "..."}.')
+    question = (
+        "Document: Lyon is the capital of France.\nQuestion: What is the capital of France? "
+        'Reply with JSON like {"answer": "..."}.'
+    )
     if tokenizer.chat_template:
-        return tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+        )
     return question + "\nJSON:"
 
 
@@ -284,7 +334,9 @@ def real_prompt(tokenizer) -> str:
 @pytest.mark.parametrize("schema", [REAL_ANSWER, TOOL_CALL], ids=["answer", "tool_call"])
 def test_real_backbone_output_under_a_json_schema_validates(backbone, schema):
     model, tokenizer = backbone
-    constraint = GrammarConstraint.compile(tokenizer, json_schema=schema, vocab_size=model.get_output_embeddings().weight.shape[0])
+    constraint = GrammarConstraint.compile(
+        tokenizer, json_schema=schema, vocab_size=model.get_output_embeddings().weight.shape[0]
+    )
     tokens = constrained_generate(model, tokenizer, constraint, prompt=real_prompt(tokenizer), max_new_tokens=90)
     doc = decoded_json(tokenizer, tokens, schema)
     print(f"\n{model.config.model_type}: {doc}")
@@ -295,8 +347,13 @@ def test_real_backbone_always_true_grammar_leaves_greedy_decoding_unchanged(back
     model, tokenizer = backbone
     ids = tokenizer(real_prompt(tokenizer), return_tensors="pt", add_special_tokens=False).input_ids
     plain = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False)
-    masked = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False,
-                            logits_processor=[GrammarLogitsProcessor(GrammarConstraint.any_text())])
+    masked = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=16,
+        do_sample=False,
+        logits_processor=[GrammarLogitsProcessor(GrammarConstraint.any_text())],
+    )
     assert masked.tolist() == plain.tolist()
 
 
@@ -305,8 +362,13 @@ def test_real_tokenizer_eos_and_batched_masks(backbone):
     model, tokenizer = backbone
     vocab = model.get_output_embeddings().weight.shape[0]
     constraint = GrammarConstraint.compile(tokenizer, json_schema=TOOL_CALL, vocab_size=vocab)
-    text = json.dumps({"name": "weather", "arguments": {"query": "été 😀", "top_k": 3,
-                                                           "filters": {"source": "news", "recent": True}}}, ensure_ascii=False)
+    text = json.dumps(
+        {
+            "name": "weather",
+            "arguments": {"query": "été 😀", "top_k": 3, "filters": {"source": "news", "recent": True}},
+        },
+        ensure_ascii=False,
+    )
     ids, eos = tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id
     walker, states = constraint.start(), []
     for position, token in enumerate(ids):
@@ -327,6 +389,9 @@ def test_real_tokenizer_eos_and_batched_masks(backbone):
 
 
 def test_a_schema_keyword_the_grammar_cannot_enforce_is_refused_with_where_it_is(tokenizer):
-    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}
+    schema = {
+        "type": "object",
+        "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+    }
     with pytest.raises(ValueError, match=r"uniqueItems.* at /properties/tags \(uniqueItems\): .*remove them"):
         GrammarConstraint.compile(tokenizer, json_schema=schema)

@@ -14,26 +14,61 @@ from fides_rag import FidesDecoder, PromptTemplate, available_methods, get_metho
 from fides_rag.calls import ToolCalling, ToolSpec
 from fides_rag.generation.grammar.constraint import BudgetBelowShortestAnswer, GrammarConstraint
 
-QUESTION, DOCUMENTS = "Which city is the capital of France?", ["Lyon is the capital of France.", "Paris is a large city."]
+QUESTION, DOCUMENTS = (
+    "Which city is the capital of France?",
+    ["Lyon is the capital of France.", "Paris is a large city."],
+)
 METHODS = {name: {"decore": dict(heads={1: [0]})}.get(name, {}) for name in available_methods()}
 SCHEMAS = {
-    "string": {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"], "additionalProperties": False},
+    "string": {
+        "type": "object",
+        "properties": {"answer": {"type": "string"}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    },
     "nested": {
         "type": "object",
         "properties": {
-            "a": {"type": "object", "properties": {"b": {"type": "array", "items": {"type": "integer"}, "minItems": 2},
-                                                   "c": {"enum": ["red", "green"]}}, "required": ["b", "c"]},
+            "a": {
+                "type": "object",
+                "properties": {
+                    "b": {"type": "array", "items": {"type": "integer"}, "minItems": 2},
+                    "c": {"enum": ["red", "green"]},
+                },
+                "required": ["b", "c"],
+            },
             "n": {"type": "number"},
             "s": {"type": "string", "minLength": 3},
         },
         "required": ["a", "n", "s"],
     },
-    "array_of_objects": {"type": "object", "properties": {"items": {"type": "array", "minItems": 1, "items": {
-        "type": "object", "properties": {"name": {"type": "string"}, "score": {"type": "integer"}}, "required": ["name", "score"],
-        "additionalProperties": False}}}, "required": ["items"], "additionalProperties": False},
+    "array_of_objects": {
+        "type": "object",
+        "properties": {
+            "items": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "properties": {"name": {"type": "string"}, "score": {"type": "integer"}},
+                    "required": ["name", "score"],
+                    "additionalProperties": False,
+                },
+            }
+        },
+        "required": ["items"],
+        "additionalProperties": False,
+    },
 }
-TOOL = ToolSpec("lookup", "Look a word up.", {"type": "object", "properties": {"query": {"type": "string"}, "k": {"type": "integer"}},
-                                              "required": ["query", "k"]})
+TOOL = ToolSpec(
+    "lookup",
+    "Look a word up.",
+    {
+        "type": "object",
+        "properties": {"query": {"type": "string"}, "k": {"type": "integer"}},
+        "required": ["query", "k"],
+    },
+)
 
 
 @pytest.fixture
@@ -70,7 +105,11 @@ def test_every_method_closes_every_schema_within_a_small_budget(decoder, tokeniz
 def test_any_budget_from_the_shortest_document_up_closes(decoder, tokenizer, budget_over_shortest):
     for schema in SCHEMAS.values():
         budget = shortest(tokenizer, schema) + budget_over_shortest
-        check(decoder.generate(QUESTION, DOCUMENTS, method="fides", json_schema=schema, max_new_tokens=budget), schema, budget)
+        check(
+            decoder.generate(QUESTION, DOCUMENTS, method="fides", json_schema=schema, max_new_tokens=budget),
+            schema,
+            budget,
+        )
 
 
 @pytest.mark.parametrize("method", ["standard", "fides", "dola", "dvd"])
@@ -97,12 +136,19 @@ def test_a_forced_tool_call_cut_by_the_budget_still_parses_as_a_valid_call(decod
 
 def test_batched_requests_each_close_as_alone(decoder, tokenizer):
     budgets = {name: shortest(tokenizer, s) + 3 for name, s in SCHEMAS.items()}
-    handles = [decoder.submit(QUESTION, DOCUMENTS, method="fides", json_schema=s, max_new_tokens=budgets[n])
-               for n, s in SCHEMAS.items()]
+    handles = [
+        decoder.submit(QUESTION, DOCUMENTS, method="fides", json_schema=s, max_new_tokens=budgets[n])
+        for n, s in SCHEMAS.items()
+    ]
     for (name, schema), handle in zip(SCHEMAS.items(), handles):
         together = handle.result()
         check(together, schema, budgets[name])
-        assert together.token_ids == decoder.generate(QUESTION, DOCUMENTS, method="fides", json_schema=schema, max_new_tokens=budgets[name]).token_ids
+        assert (
+            together.token_ids
+            == decoder.generate(
+                QUESTION, DOCUMENTS, method="fides", json_schema=schema, max_new_tokens=budgets[name]
+            ).token_ids
+        )
 
 
 def test_an_answer_that_ends_on_its_own_is_untouched(decoder):
@@ -113,19 +159,31 @@ def test_an_answer_that_ends_on_its_own_is_untouched(decoder):
     assert tight.token_ids == free.token_ids and not tight.closed_early
 
 
-@pytest.mark.parametrize("spec", [dict(json_schema=SCHEMAS["nested"]), dict(json_schema=TOOL.parameters), dict(regex=r"(yes|no), because [a-z]{3}\.")])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        dict(json_schema=SCHEMAS["nested"]),
+        dict(json_schema=TOOL.parameters),
+        dict(regex=r"(yes|no), because [a-z]{3}\."),
+    ],
+)
 def test_a_budget_below_the_shortest_answer_is_refused_before_decoding_naming_the_minimum(decoder, tokenizer, spec):
     needed = len(GrammarConstraint.compile(tokenizer, **spec).start().completion(200))
     requests = decoder.stats.requests
     for budget in (1, needed - 1):
-        with pytest.raises(BudgetBelowShortestAnswer, match=f"max_new_tokens={budget} is fewer than the {needed} tokens .* at least {needed}") as err:
+        with pytest.raises(
+            BudgetBelowShortestAnswer,
+            match=f"max_new_tokens={budget} is fewer than the {needed} tokens .* at least {needed}",
+        ) as err:
             decoder.generate(QUESTION, DOCUMENTS, method="standard", max_new_tokens=budget, **spec)
         assert isinstance(err.value, ValueError) and err.value.field == "max_new_tokens" and err.value.needed == needed
         with pytest.raises(BudgetBelowShortestAnswer):
             decoder.submit(QUESTION, DOCUMENTS, max_new_tokens=budget, stream=True, **spec)
     assert decoder.stats.requests == requests  # nothing was queued
     result = decoder.generate(QUESTION, DOCUMENTS, method="standard", max_new_tokens=needed, **spec)
-    assert result.finish_reason != "length" and len(result.token_ids) <= needed  # the minimum itself holds a complete answer
+    assert (
+        result.finish_reason != "length" and len(result.token_ids) <= needed
+    )  # the minimum itself holds a complete answer
 
 
 COUNTED = [  # where states alike hide the way out (a count, or one byte of a class): the first search finds none
@@ -134,7 +192,11 @@ COUNTED = [  # where states alike hide the way out (a count, or one byte of a cl
     {"type": "integer", "minimum": 10**12},
     {"type": "array", "items": {"type": "string"}, "minItems": 40},
     {"type": "array", "items": {"type": "string", "minLength": 30}, "minItems": 3},
-    {"type": "object", "properties": {"a": {"type": "string", "minLength": 20}, "b": {"type": "null"}}, "required": ["a", "b"]},
+    {
+        "type": "object",
+        "properties": {"a": {"type": "string", "minLength": 20}, "b": {"type": "null"}},
+        "required": ["a", "b"],
+    },
 ]
 
 
@@ -157,15 +219,28 @@ def test_stop_strings_never_cut_a_structured_answer(decoder, tokenizer):
     schema = SCHEMAS["string"]
     budget = shortest(tokenizer, schema) + 6
     for stop in (["a", '"', "}"], ['"answer"']):
-        check(decoder.generate(QUESTION, DOCUMENTS, method="standard", json_schema=schema, max_new_tokens=budget, stop=stop), schema, budget)
+        check(
+            decoder.generate(
+                QUESTION, DOCUMENTS, method="standard", json_schema=schema, max_new_tokens=budget, stop=stop
+            ),
+            schema,
+            budget,
+        )
     request = decoder._requests.build(QUESTION, DOCUMENTS, json_schema=schema, stop=["a", "<|end|>"])
     ends = request.constraint.eos_token_ids
-    assert request.text_stops == () and tokenizer.convert_tokens_to_ids("<|end|>") in ends and tokenizer.convert_tokens_to_ids("a") not in ends
+    assert (
+        request.text_stops == ()
+        and tokenizer.convert_tokens_to_ids("<|end|>") in ends
+        and tokenizer.convert_tokens_to_ids("a") not in ends
+    )
     assert decoder._requests.build(QUESTION, DOCUMENTS, stop=["a"]).text_stops[-1] == "a"  # free text: matched as ever
 
 
 def test_the_completion_is_a_real_one_for_regex_and_lark(tokenizer):
-    for spec in (dict(regex=r"(yes|no), because [a-z]+\."), dict(grammar='start: "(" item ("," item)* ")"\nitem: /[0-9]+/')):
+    for spec in (
+        dict(regex=r"(yes|no), because [a-z]+\."),
+        dict(grammar='start: "(" item ("," item)* ")"\nitem: /[0-9]+/'),
+    ):
         state = GrammarConstraint.compile(tokenizer, **spec).start()
         for token in tokenizer.encode("(12" if "grammar" in spec else "no, be", add_special_tokens=False):
             state.accept(token)
@@ -192,7 +267,9 @@ def test_real_backbone_structured_answers_cut_by_the_budget_still_validate(alias
 def test_a_stop_token_of_the_request_ends_the_grammar_only_where_the_answer_is_complete(tiny_llama, tokenizer):
     decoder = FidesDecoder(tiny_llama, tokenizer, prompt_template=PromptTemplate(stop=("<|end|>",)))
     schema = SCHEMAS["string"]
-    result = decoder.generate(QUESTION, DOCUMENTS, method="standard", json_schema=schema, max_new_tokens=shortest(tokenizer, schema) + 8)
+    result = decoder.generate(
+        QUESTION, DOCUMENTS, method="standard", json_schema=schema, max_new_tokens=shortest(tokenizer, schema) + 8
+    )
     jsonschema.validate(json.loads(result.text), schema)
     end = tokenizer.convert_tokens_to_ids("<|end|>")
     assert end not in result.token_ids[:-1]

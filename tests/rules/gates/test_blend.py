@@ -40,8 +40,13 @@ def test_a_confident_context_path_gets_the_mixture_of_both_distributions():
 def test_the_mixture_stays_between_the_two_paths():
     decision = BlendGate(context_weight=0.3, kappa=0.0).decide(step(CTX, NO_CTX))
     mixed = decision.logits.exp()
-    ctx, prior = torch.tensor(CTX, dtype=torch.float64).softmax(-1), torch.tensor(NO_CTX, dtype=torch.float64).softmax(-1)
-    assert torch.all(mixed >= torch.minimum(ctx, prior) - 1e-12) and torch.all(mixed <= torch.maximum(ctx, prior) + 1e-12)
+    ctx, prior = (
+        torch.tensor(CTX, dtype=torch.float64).softmax(-1),
+        torch.tensor(NO_CTX, dtype=torch.float64).softmax(-1),
+    )
+    assert torch.all(mixed >= torch.minimum(ctx, prior) - 1e-12) and torch.all(
+        mixed <= torch.maximum(ctx, prior) + 1e-12
+    )
     assert mixed.sum(-1).tolist() == pytest.approx([1.0, 1.0], abs=1e-12)
 
 
@@ -52,8 +57,15 @@ def test_the_end_weights_take_one_path_as_it_is(weight, path):
     assert torch.allclose(decision.logits, want, atol=1e-12)
 
 
-@pytest.mark.parametrize("options, field", [({"context_weight": 1.5}, "context_weight"), ({"context_weight": -0.1}, "context_weight"),
-                                            ({"kappa": 2.0}, "kappa"), ({"kappa": True}, "kappa")])
+@pytest.mark.parametrize(
+    "options, field",
+    [
+        ({"context_weight": 1.5}, "context_weight"),
+        ({"context_weight": -0.1}, "context_weight"),
+        ({"kappa": 2.0}, "kappa"),
+        ({"kappa": True}, "kappa"),
+    ],
+)
 def test_options_outside_zero_one_are_refused_naming_them(options, field):
     with pytest.raises(ValueError, match=rf"blend: {field} must be a number in \[0, 1\]"):
         BlendGate(**options)
@@ -67,7 +79,8 @@ def test_blend_is_registered_by_name_and_composes_with_a_rule():
 
 def test_a_blended_fides_decodes_and_records_the_gates_choice(tokenizer, tiny_llama):
     decoder = FidesDecoder(tiny_llama, tokenizer)
-    result = decoder.generate("What is the capital of France?", ["Lyon is the capital of France."], method="fides+blend",
-                              max_new_tokens=4)
+    result = decoder.generate(
+        "What is the capital of France?", ["Lyon is the capital of France."], method="fides+blend", max_new_tokens=4
+    )
     gates = [s.to_dict().get("gate") for s in result.steps]
     assert gates and all(g in (RULE, MEMORY_LEANING) for g in gates)

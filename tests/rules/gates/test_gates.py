@@ -51,7 +51,9 @@ def test_agree_gate_keeps_agreeing_tokens_and_decides_whom_to_trust_at_the_first
 
 
 def test_agree_gate_never_revisits_its_decision():
-    context_trusted = AgreeGate().decide(step([CTX[1]], [NO_CTX[1]], state=[[1.0]]))  # memory would win, but it is decided
+    context_trusted = AgreeGate().decide(
+        step([CTX[1]], [NO_CTX[1]], state=[[1.0]])
+    )  # memory would win, but it is decided
     assert context_trusted.choice.tolist() == [RULE] and context_trusted.state.tolist() == [[1.0]]
     memory_trusted = AgreeGate().decide(step([CTX[2]], [NO_CTX[2]], state=[[2.0]]))
     assert memory_trusted.choice.tolist() == [MEMORY_LEANING] and memory_trusted.state.tolist() == [[2.0]]
@@ -102,12 +104,15 @@ def test_gates_are_spelled_rule_plus_gate_everywhere_a_method_is_named():
     assert get_method(get_method("cad"), gate=get_gate("nwcad", tau=0.1)).gate.tau == 0.1
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("fides+bogus", "unknown gate 'bogus' in method 'fides\\+bogus'; available gates: none, agree, nwcad"),
-    ("standard+agree", "'standard' has nothing to gate"),
-    ("fides+agree+nwcad", "more than one gate; a method takes at most one: rule\\+gate"),
-    ("bogus+agree", "unknown method.* '?bogus.*; available methods: standard, .*optionally with \\+gate"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("fides+bogus", "unknown gate 'bogus' in method 'fides\\+bogus'; available gates: none, agree, nwcad"),
+        ("standard+agree", "'standard' has nothing to gate"),
+        ("fides+agree+nwcad", "more than one gate; a method takes at most one: rule\\+gate"),
+        ("bogus+agree", "unknown method.* '?bogus.*; available methods: standard, .*optionally with \\+gate"),
+    ],
+)
 def test_a_bad_gated_method_is_refused_naming_what_is_accepted(spec, message):
     with pytest.raises(ValueError, match=message):
         get_method(spec)
@@ -115,15 +120,18 @@ def test_a_bad_gated_method_is_refused_naming_what_is_accepted(spec, message):
         parse_method_names(f"standard,{spec}")
 
 
-@pytest.mark.parametrize("gate, options, message", [
-    ("nwcad", {"tau": 0.9}, "tau must be a number in \\[0, 0.693147\\]"),
-    ("nwcad", {"kappa_prior": -0.1}, "kappa_prior must be a number in \\[0, 1\\]"),
-    ("nwcad", {"kappa_context": float("nan")}, "kappa_context must be"),
-    ("nwcad", {"top_k": 1}, "top_k must be an integer >= 2"),
-    ("agree", {"prior_confidence": 1.5}, "prior_confidence must be a number in \\[0, 1\\]"),
-    ("agree", {"commitment": True}, "commitment must be"),
-    ("agree", {"nope": 1}, "bad options for gate 'agree'"),
-])
+@pytest.mark.parametrize(
+    "gate, options, message",
+    [
+        ("nwcad", {"tau": 0.9}, "tau must be a number in \\[0, 0.693147\\]"),
+        ("nwcad", {"kappa_prior": -0.1}, "kappa_prior must be a number in \\[0, 1\\]"),
+        ("nwcad", {"kappa_context": float("nan")}, "kappa_context must be"),
+        ("nwcad", {"top_k": 1}, "top_k must be an integer >= 2"),
+        ("agree", {"prior_confidence": 1.5}, "prior_confidence must be a number in \\[0, 1\\]"),
+        ("agree", {"commitment": True}, "commitment must be"),
+        ("agree", {"nope": 1}, "bad options for gate 'agree'"),
+    ],
+)
 def test_gate_thresholds_out_of_range_are_refused(gate, options, message):
     with pytest.raises(ValueError, match=message):
         get_gate(gate, **options)

@@ -54,7 +54,11 @@ def test_create_agent_runs_fides_on_the_tool_messages(chat, search):
     state = agent.invoke({"messages": [("user", "Where is the Eiffel Tower?")]}, {"recursion_limit": 6})
     messages = state["messages"]
     call, result, final = messages[1], messages[2], messages[-1]
-    assert call.tool_calls[0]["name"] == "search_documents" and isinstance(result, ToolMessage) and DOCS[0] in result.content
+    assert (
+        call.tool_calls[0]["name"] == "search_documents"
+        and isinstance(result, ToolMessage)
+        and DOCS[0] in result.content
+    )
     meta = final.response_metadata
     print(f"[agent] query={call.tool_calls[0]['args']} answer={final.content!r} method={meta['method']}")
     assert isinstance(final, AIMessage) and not final.tool_calls and final.content.strip()
@@ -62,7 +66,9 @@ def test_create_agent_runs_fides_on_the_tool_messages(chat, search):
     assert DOCS[0] in meta["context_prompt"] and DOCS[0] not in meta["no_context_prompt"]
     assert meta["tool_format"] == "fallback" and meta["tool_choice"] == "none"  # retrieve_first: answer, no more calls
     assert f"<tool_response>\n{DOCS[0]}\n</tool_response>" in meta["context_prompt"]
-    assert "<tool_response>\n\n</tool_response>" in meta["no_context_prompt"]  # the same conversation, the result emptied
+    assert (
+        "<tool_response>\n\n</tool_response>" in meta["no_context_prompt"]
+    )  # the same conversation, the result emptied
 
 
 class Place(BaseModel):
@@ -73,7 +79,10 @@ class Place(BaseModel):
 
 
 def test_structured_output_on_the_tool_evidence(chat):
-    question = [("system", f"Context: {DOCS[0]}"), ("human", "Where is the Eiffel Tower? Give the city and the country.")]
+    question = [
+        ("system", f"Context: {DOCS[0]}"),
+        ("human", "Where is the Eiffel Tower? Give the city and the country."),
+    ]
     raw = chat.with_structured_output(Place, include_raw=True).invoke(question)
     meta = raw["raw"].response_metadata
     print(f"[structured] {raw['parsed']!r} method={meta['method']}")
@@ -83,7 +92,14 @@ def test_structured_output_on_the_tool_evidence(chat):
 
 def test_readme_agent_quick_start_runs_as_written():
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    done = subprocess.run([sys.executable, str(ROOT / "examples/quickstart_agent.py")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples/quickstart_agent.py")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert len(lines) == 4 and lines[0] == "Place(city='Rome', country='Italy')", lines  # what its comments say

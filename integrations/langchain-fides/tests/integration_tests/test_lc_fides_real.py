@@ -49,24 +49,36 @@ def show(label: str, answer: str, info: dict[str, Any]) -> None:
 
 def test_lcel_chain_over_faiss_decodes_with_retrieved_documents(retriever):
     llm = real_llm()
-    prompt = PromptTemplate.from_template("Answer the question using only the context.\nContext: {context}\nQuestion: {question}\nAnswer:")
-    retrieve = {"context": retriever | (lambda ds: "\n\n".join(d.page_content for d in ds)), "question": RunnablePassthrough()}
+    prompt = PromptTemplate.from_template(
+        "Answer the question using only the context.\nContext: {context}\nQuestion: {question}\nAnswer:"
+    )
+    retrieve = {
+        "context": retriever | (lambda ds: "\n\n".join(d.page_content for d in ds)),
+        "question": RunnablePassthrough(),
+    }
     questions = ["In which city is the Eiffel Tower located?", "Where was the Great Wall of China built?"]
     for method in ("standard", "fides"):
         cap = Capture()
-        chain = retrieve | prompt | llm.bind(method=method) | StrOutputParser()  # a sequence passes kwargs to its first step only
+        chain = (
+            retrieve | prompt | llm.bind(method=method) | StrOutputParser()
+        )  # a sequence passes kwargs to its first step only
         answers = chain.batch(questions, config={"callbacks": [cap]})
         for answer, info in zip(answers, sorted(cap.infos, key=lambda i: "Great Wall" in i["context_prompt"])):
             show(method, answer, info)
             assert info["documents_source"] == "retriever" and info["method"] == method
             doc = next(d for d in DOCS if d in info["context_prompt"])
-            assert method == "standard" or (doc not in info["no_context_prompt"] and all(a is not None for a in info["alphas"]))
+            assert method == "standard" or (
+                doc not in info["no_context_prompt"] and all(a is not None for a in info["alphas"])
+            )
         print(method, answers)
 
 
 def test_chat_fides_follows_system_context_where_standard_does_not():
     chat = ChatFides(decoder=real_llm().decoder, model_id="smollm2-135m-instruct", max_new_tokens=10)
-    messages = [("system", "Answer using only this context: " + DOCS[2]), ("human", "In which mountain range is Mount Everest?")]
+    messages = [
+        ("system", "Answer using only this context: " + DOCS[2]),
+        ("human", "In which mountain range is Mount Everest?"),
+    ]
     standard = chat.invoke(messages, method="standard")
     fides = chat.invoke(messages)
     show("chat standard", standard.text, standard.response_metadata)
@@ -82,7 +94,10 @@ ROOM_FOR_CALLS = 32
 MORE_ROOM = {"test_unicode_tool_call_integration": 48, "test_json_mode": 64}
 """Tests whose answer is longer (a unicode argument; a whole joke, which the model finishes in about 45 tokens)."""
 NEEDS_ROOM = ("tool_call", "tool_choice", "structured", "json", "bind_runnables")
-NO_UNFORCED_CALL = "smollm2-135m does not choose to call a tool by itself (tool_choice='auto'); forced calls: " "test_tool_choice, test_tool_calling and the create_agent test"
+NO_UNFORCED_CALL = (
+    "smollm2-135m does not choose to call a tool by itself (tool_choice='auto'); forced calls: "
+    "test_tool_choice, test_tool_calling and the create_agent test"
+)
 
 
 EXPECTED_FAILURES = {
@@ -100,7 +115,11 @@ class TestChatFidesIntegration(ChatModelIntegrationTests):
             reason, error = EXPECTED_FAILURES[request.node.name]
             request.node.add_marker(pytest.mark.xfail(reason=reason, raises=error))
         room = any(w in request.node.originalname for w in NEEDS_ROOM)
-        params = {**self.standard_chat_model_params, **self.chat_model_params, **(getattr(request, "param", None) or {})}
+        params = {
+            **self.standard_chat_model_params,
+            **self.chat_model_params,
+            **(getattr(request, "param", None) or {}),
+        }
         budget = MORE_ROOM.get(request.node.originalname, ROOM_FOR_CALLS)
         return ChatFides(**{**params, **({"max_tokens": budget} if room else {})})
 

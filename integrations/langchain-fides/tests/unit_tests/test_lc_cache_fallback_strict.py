@@ -45,7 +45,9 @@ def verbatim(docs: list[Document]) -> str:
 
 
 PROMPT = PromptTemplate.from_template("Context:\n{context}\n\nQuestion: {question}\nAnswer:")
-CHAT_PROMPT = ChatPromptTemplate.from_messages([("system", "Answer from this context:\n{context}"), ("human", "{question}")])
+CHAT_PROMPT = ChatPromptTemplate.from_messages(
+    [("system", "Answer from this context:\n{context}"), ("human", "{question}")]
+)
 
 
 @pytest.fixture()
@@ -83,11 +85,16 @@ def test_llm_cache_keys_on_method_and_every_option(decoder, llm_cache):
         before = llm.last_result
         llm.invoke(QUESTION, **{"documents": [FRANCE], **options})
         assert llm.last_result is not before, options
-    for other in (FidesLLM(decoder=decoder, max_new_tokens=3), FidesLLM(decoder=decoder, max_new_tokens=4, top_k=5, do_sample=True)):
+    for other in (
+        FidesLLM(decoder=decoder, max_new_tokens=3),
+        FidesLLM(decoder=decoder, max_new_tokens=4, top_k=5, do_sample=True),
+    ):
         other.invoke(QUESTION, documents=[FRANCE])
         assert other.last_result is not None, other
     tok = build_tokenizer(chat=True)
-    other_model = FidesLLM(decoder=FidesDecoder(build_tiny_model("llama", len(tok), seed=1), tok, max_new_tokens=8), max_new_tokens=4)
+    other_model = FidesLLM(
+        decoder=FidesDecoder(build_tiny_model("llama", len(tok), seed=1), tok, max_new_tokens=8), max_new_tokens=4
+    )
     other_model.invoke(QUESTION, documents=[FRANCE], method="cad")
     assert other_model.last_result is not None  # another (unnamed) model never reads this model's entries
 
@@ -101,7 +108,12 @@ def test_chat_cache_keys_on_method_and_options(decoder, llm_cache):
     cad = chat.last_result
     again = chat.bind(method="cad").invoke(QUESTION, documents=[FRANCE])
     assert chat.last_result is cad and again.response_metadata["method"] == "cad"  # a cache hit
-    for options in ({"max_tokens": 2}, {"fides_config": FidesConfig(fixed_alpha=0.7)}, {"strict": True}, {"documents": [AUSTRALIA]}):
+    for options in (
+        {"max_tokens": 2},
+        {"fides_config": FidesConfig(fixed_alpha=0.7)},
+        {"strict": True},
+        {"documents": [AUSTRALIA]},
+    ):
         before = chat.last_result
         chat.invoke(QUESTION, **{"documents": [FRANCE], **options})
         assert chat.last_result is not before, options
@@ -115,7 +127,12 @@ def test_chat_cache_keys_on_method_and_options(decoder, llm_cache):
 
 def test_rewritten_documents_are_reported_as_retrieved_but_not_verbatim(decoder, caplog):
     llm = FidesLLM(decoder=decoder, max_new_tokens=4)
-    chain = {"context": ListRetriever(texts=[FRANCE]) | rewrite, "question": RunnablePassthrough()} | PROMPT | llm | StrOutputParser()
+    chain = (
+        {"context": ListRetriever(texts=[FRANCE]) | rewrite, "question": RunnablePassthrough()}
+        | PROMPT
+        | llm
+        | StrOutputParser()
+    )
     cap = Capture()
     with caplog.at_level(logging.WARNING, logger="langchain_fides"):
         chain.invoke(QUESTION, config={"callbacks": [cap]})
@@ -125,11 +142,19 @@ def test_rewritten_documents_are_reported_as_retrieved_but_not_verbatim(decoder,
     assert info["notes"][0].startswith(expected)
     assert any(r.message.startswith(expected) for r in caplog.records)
     assert not any("no documents were given" in r.message for r in caplog.records)
-    with pytest.raises(FidesFallbackError, match="strict=True: 1 document\\(s\\) were retrieved .* none was found verbatim"):
-        ({"context": ListRetriever(texts=[FRANCE]) | rewrite, "question": RunnablePassthrough()} | PROMPT | llm.bind(strict=True)).invoke(QUESTION)
+    with pytest.raises(
+        FidesFallbackError, match="strict=True: 1 document\\(s\\) were retrieved .* none was found verbatim"
+    ):
+        (
+            {"context": ListRetriever(texts=[FRANCE]) | rewrite, "question": RunnablePassthrough()}
+            | PROMPT
+            | llm.bind(strict=True)
+        ).invoke(QUESTION)
     strict = FidesLLM(decoder=decoder, max_new_tokens=4, strict=True)
     with pytest.raises(FidesFallbackError, match="none was found verbatim in the prompt"):
-        ({"context": ListRetriever(texts=[FRANCE]) | rewrite, "question": RunnablePassthrough()} | PROMPT | strict).invoke(QUESTION)
+        (
+            {"context": ListRetriever(texts=[FRANCE]) | rewrite, "question": RunnablePassthrough()} | PROMPT | strict
+        ).invoke(QUESTION)
     # strict=True with the documents verbatim decodes as usual
     ok = {"context": ListRetriever(texts=[FRANCE]) | verbatim, "question": RunnablePassthrough()} | PROMPT | strict
     ok.invoke(QUESTION, config={"callbacks": [cap]})
@@ -139,13 +164,17 @@ def test_rewritten_documents_are_reported_as_retrieved_but_not_verbatim(decoder,
 def test_partly_rewritten_retrieval_is_noted(decoder, caplog):
     llm = FidesLLM(decoder=decoder, max_new_tokens=4)
     half = lambda docs: docs[0].page_content + "\n" + docs[1].page_content.upper()  # noqa: E731
-    chain = {"context": ListRetriever(texts=[FRANCE, AUSTRALIA]) | half, "question": RunnablePassthrough()} | PROMPT | llm
+    chain = (
+        {"context": ListRetriever(texts=[FRANCE, AUSTRALIA]) | half, "question": RunnablePassthrough()} | PROMPT | llm
+    )
     cap = Capture()
     with caplog.at_level(logging.WARNING, logger="langchain_fides"):
         chain.invoke(QUESTION, config={"callbacks": [cap]})
     info = cap.infos[0]
     assert info["method"] == "fides" and info["documents_source"] == "retriever" and info["num_documents"] == 1
-    assert any(n.startswith("1 of the 2 documents retrieved in this run were not found verbatim") for n in info["notes"])
+    assert any(
+        n.startswith("1 of the 2 documents retrieved in this run were not found verbatim") for n in info["notes"]
+    )
     assert any("1 of the 2 documents" in r.message for r in caplog.records)
 
 
@@ -155,8 +184,12 @@ def test_llm_without_documents_and_empty_documents(decoder, caplog):
     with caplog.at_level(logging.WARNING, logger="langchain_fides"):
         llm.invoke(QUESTION, config={"callbacks": [cap]})
         llm.invoke(QUESTION, documents=[], config={"callbacks": [cap]})
-    assert cap.infos[0]["notes"][0].startswith("no documents were given (documents=) and no retriever ran in this chain run")
-    assert cap.infos[1]["method"] == "standard" and cap.infos[1]["notes"][0].startswith("the documents given were empty")
+    assert cap.infos[0]["notes"][0].startswith(
+        "no documents were given (documents=) and no retriever ran in this chain run"
+    )
+    assert cap.infos[1]["method"] == "standard" and cap.infos[1]["notes"][0].startswith(
+        "the documents given were empty"
+    )
     assert sum("the documents given were empty" in r.message for r in caplog.records) >= 1
     with pytest.raises(FidesFallbackError, match="no retriever ran"):
         llm.invoke(QUESTION, strict=True)
@@ -178,7 +211,11 @@ def test_chat_empty_retrieval_decodes_standard_and_says_so(decoder, caplog):
     assert meta["notes"][0].startswith("the retriever in this chain run returned no documents")
     assert any(r.message.startswith("the retriever in this chain run returned no documents") for r in caplog.records)
     with pytest.raises(FidesFallbackError, match="returned no documents"):
-        ({"context": ListRetriever(texts=[]) | verbatim, "question": RunnablePassthrough()} | CHAT_PROMPT | chat.bind(strict=True)).invoke(QUESTION)
+        (
+            {"context": ListRetriever(texts=[]) | verbatim, "question": RunnablePassthrough()}
+            | CHAT_PROMPT
+            | chat.bind(strict=True)
+        ).invoke(QUESTION)
 
 
 def test_chat_rewritten_retrieval_uses_system_message_with_a_warning(decoder, caplog):
@@ -188,14 +225,23 @@ def test_chat_rewritten_retrieval_uses_system_message_with_a_warning(decoder, ca
         meta = chain.invoke(QUESTION).response_metadata
     assert meta["method"] == "fides" and meta["documents_source"] == "system_message"
     assert "lyon is the capital of france" in meta["context_prompt"] and "lyon" not in meta["no_context_prompt"]
-    assert meta["notes"][0].startswith("1 document(s) were retrieved in this chain run but none was found verbatim in the messages")
+    assert meta["notes"][0].startswith(
+        "1 document(s) were retrieved in this chain run but none was found verbatim in the messages"
+    )
     assert any("took the whole system message(s) as the context" in r.message for r in caplog.records)
     strict = ChatFides(decoder=decoder, max_new_tokens=4, strict=True)
     with pytest.raises(FidesFallbackError, match="none was found verbatim in the messages"):
-        ({"context": ListRetriever(texts=[FRANCE]) | rewrite, "question": RunnablePassthrough()} | CHAT_PROMPT | strict).invoke(QUESTION)
+        (
+            {"context": ListRetriever(texts=[FRANCE]) | rewrite, "question": RunnablePassthrough()}
+            | CHAT_PROMPT
+            | strict
+        ).invoke(QUESTION)
     # no retriever at all: the system message is the context (documented), and the metadata says so
     meta = chat.invoke([("system", f"Context: {FRANCE}"), ("human", QUESTION)]).response_metadata
-    assert meta["documents_source"] == "system_message" and "system message(s) were taken as the context" in meta["notes"][0]
+    assert (
+        meta["documents_source"] == "system_message"
+        and "system message(s) were taken as the context" in meta["notes"][0]
+    )
     with pytest.raises(FidesFallbackError, match="no documents were given"):
         strict.invoke(QUESTION)
 

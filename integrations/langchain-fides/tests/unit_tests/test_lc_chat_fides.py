@@ -57,11 +57,19 @@ def test_documents_attached_to_message_kwarg_and_prompt_value(chat):
 
 
 def test_retrieved_documents_found_in_chat_chain(chat):
-    prompt = ChatPromptTemplate.from_messages([("system", "You are terse."), ("human", "Context: {context}\n\nQuestion: {question}")])
-    chain = {"context": OneDoc() | (lambda docs: docs[0].page_content), "question": RunnablePassthrough()} | prompt | chat
+    prompt = ChatPromptTemplate.from_messages(
+        [("system", "You are terse."), ("human", "Context: {context}\n\nQuestion: {question}")]
+    )
+    chain = (
+        {"context": OneDoc() | (lambda docs: docs[0].page_content), "question": RunnablePassthrough()} | prompt | chat
+    )
     meta = chain.invoke("capital of France?").response_metadata
     assert meta["documents_source"] == "retriever"
-    assert DOC in meta["context_prompt"] and DOC not in meta["no_context_prompt"] and "You are terse." in meta["no_context_prompt"]
+    assert (
+        DOC in meta["context_prompt"]
+        and DOC not in meta["no_context_prompt"]
+        and "You are terse." in meta["no_context_prompt"]
+    )
     last = list(chain.stream("capital of France?"))[-1].response_metadata  # BaseChatModel.stream passes no run manager
 
     async def alast() -> dict[str, Any]:
@@ -145,7 +153,9 @@ def test_no_context_path_question_is_the_last_human_message_alone(decoder):
     chat = ChatFides(decoder=decoder, max_new_tokens=3, no_context_path="question")
     question = "What is the capital of France?"
     expected = render_chat(decoder.tokenizer, [{"role": "user", "content": question_only_text(question)}])
-    for call in (lambda: chat.invoke([SystemMessage(f"Use this context: {DOC}"), HumanMessage(question)]),
-                 lambda: chat.invoke([SystemMessage("You are helpful."), HumanMessage(question)], documents=[DOC])):
+    for call in (
+        lambda: chat.invoke([SystemMessage(f"Use this context: {DOC}"), HumanMessage(question)]),
+        lambda: chat.invoke([SystemMessage("You are helpful."), HumanMessage(question)], documents=[DOC]),
+    ):
         meta = call().response_metadata
         assert DOC in meta["context_prompt"] and meta["no_context_prompt"] == expected

@@ -15,7 +15,9 @@ CALLS = [
     dict(input="What jumps?", documents=["The quick brown fox jumps."], method="adacad"),
     dict(input="Which river?", documents=["Paris is on the Seine.", "Lyon is on the Rhone."], method="dvd"),
     dict(input="Who wrote it?", documents=["It was written by Ada."], method="fides", max_new_tokens=3),
-    dict(input="What is the capital?", documents=["Rome is the capital of France."], method="standard", stop=["a", "o"]),
+    dict(
+        input="What is the capital?", documents=["Rome is the capital of France."], method="standard", stop=["a", "o"]
+    ),
     dict(input="Where is it?", documents=["It is in Canberra."], method="cad"),
     dict(input="How tall is it?", documents=["It is 300 metres tall."], method="fides", stop=["m"]),
 ]
@@ -37,7 +39,9 @@ def test_concurrent_ainvokes_batch_and_equal_each_call_alone():
 
     assert asyncio.run(together()) == alone
     stats = decoder.stats
-    assert stats.admissions - before < len(CALLS) and stats.largest_batch >= 2, stats  # shared steps, not one decode per call
+    assert stats.admissions - before < len(CALLS) and stats.largest_batch >= 2, (
+        stats
+    )  # shared steps, not one decode per call
 
 
 def test_batch_decodes_items_together(decoder):
@@ -56,7 +60,9 @@ def test_chat_model_concurrent_calls_equal_alone():
     alone = [chat.invoke(c["input"], documents=c["documents"], method=c["method"]).content for c in CALLS[:4]]
 
     async def together():
-        return await asyncio.gather(*(chat.ainvoke(c["input"], documents=c["documents"], method=c["method"]) for c in CALLS[:4]))
+        return await asyncio.gather(
+            *(chat.ainvoke(c["input"], documents=c["documents"], method=c["method"]) for c in CALLS[:4])
+        )
 
     assert [m.content for m in asyncio.run(together())] == alone
 

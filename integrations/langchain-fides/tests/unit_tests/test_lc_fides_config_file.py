@@ -25,7 +25,12 @@ def test_config_file_as_field_and_per_call(decoder, tmp_path):
     llm = FidesLLM(decoder=decoder, fides_config=FidesConfig.from_file(path), max_new_tokens=4)
     llm.invoke("Q?", documents=["Lyon is the capital of France."], config={"callbacks": [cap]})
     plain = FidesLLM(decoder=decoder, max_new_tokens=4)
-    plain.invoke("Q?", documents=["Lyon is the capital of France."], fides_config=FidesConfig.from_file(path), config={"callbacks": [cap]})
+    plain.invoke(
+        "Q?",
+        documents=["Lyon is the capital of France."],
+        fides_config=FidesConfig.from_file(path),
+        config={"callbacks": [cap]},
+    )
     chat = ChatFides(decoder=decoder, fides_config=FidesConfig.from_file(path), max_new_tokens=4)
     chat.invoke("Q?", documents=["Lyon is the capital of France."], config={"callbacks": [cap]})
     assert len(cap.infos) == 3

@@ -47,7 +47,9 @@ def llm(decoder):
 
 @pytest.fixture()
 def chain(llm):
-    return {"context": DictRetriever() | format_docs, "question": RunnablePassthrough()} | PROMPT | llm | StrOutputParser()
+    return (
+        {"context": DictRetriever() | format_docs, "question": RunnablePassthrough()} | PROMPT | llm | StrOutputParser()
+    )
 
 
 def check_item(info: dict[str, Any], key: str, question_marker: str = "Question:") -> None:
@@ -62,13 +64,17 @@ def check_item(info: dict[str, Any], key: str, question_marker: str = "Question:
 
 def test_invoke_with_documents_kwarg_and_bind(llm):
     cap = Capture()
-    text = llm.invoke("What is the capital of France?", documents=[Document(page_content=DOCS["france"])], config={"callbacks": [cap]})
+    text = llm.invoke(
+        "What is the capital of France?", documents=[Document(page_content=DOCS["france"])], config={"callbacks": [cap]}
+    )
     assert isinstance(text, str)
     info = cap.infos[0]
     assert info["documents_source"] == "documents" and info["num_documents"] == 1
     assert DOCS["france"] in info["context_prompt"] and DOCS["france"] not in info["no_context_prompt"]
     bound = llm.bind(documents=[DOCS["france"]])
-    assert bound.invoke("What is the capital of France?", config={"callbacks": [cap]}) == text  # strings and Documents alike
+    assert (
+        bound.invoke("What is the capital of France?", config={"callbacks": [cap]}) == text
+    )  # strings and Documents alike
     assert cap.infos[1]["context_prompt"] == info["context_prompt"]
 
 
@@ -140,7 +146,9 @@ def test_stock_chains(llm):
     from langchain_classic.chains.combine_documents import create_stuff_documents_chain
     from langchain_core.prompts import ChatPromptTemplate
 
-    prompt = ChatPromptTemplate.from_messages([("system", "Answer from this context:\n{context}"), ("human", "{input}")])
+    prompt = ChatPromptTemplate.from_messages(
+        [("system", "Answer from this context:\n{context}"), ("human", "{input}")]
+    )
     rag = create_retrieval_chain(DictRetriever(), create_stuff_documents_chain(llm, prompt))
     cap = Capture()
     out = rag.invoke({"input": "capital of france"}, config={"callbacks": [cap]})
@@ -151,7 +159,15 @@ def test_stock_chains(llm):
 def test_streaming_callbacks_and_stop_across_tokens(llm, decoder):
     full = llm.invoke("What is the capital of France?", documents=[DOCS["france"]], max_new_tokens=8, method="standard")
     cap = Capture()
-    chunks = list(llm.stream("What is the capital of France?", documents=[DOCS["france"]], max_new_tokens=8, method="standard", config={"callbacks": [cap]}))
+    chunks = list(
+        llm.stream(
+            "What is the capital of France?",
+            documents=[DOCS["france"]],
+            max_new_tokens=8,
+            method="standard",
+            config={"callbacks": [cap]},
+        )
+    )
     assert "".join(chunks) == full
     assert cap.tokens == [c for c in chunks if c]
     # a stop string made of several tokens, straddling token boundaries
@@ -159,8 +175,28 @@ def test_streaming_callbacks_and_stop_across_tokens(llm, decoder):
     assert len(ids) >= 4, full
     stop = full[len(full) // 3 : len(full) // 3 + 3]
     cut = full[: full.find(stop)].strip()
-    assert llm.invoke("What is the capital of France?", documents=[DOCS["france"]], max_new_tokens=8, method="standard", stop=[stop]) == cut
-    assert "".join(llm.stream("What is the capital of France?", documents=[DOCS["france"]], max_new_tokens=8, method="standard", stop=[stop])) == cut
+    assert (
+        llm.invoke(
+            "What is the capital of France?",
+            documents=[DOCS["france"]],
+            max_new_tokens=8,
+            method="standard",
+            stop=[stop],
+        )
+        == cut
+    )
+    assert (
+        "".join(
+            llm.stream(
+                "What is the capital of France?",
+                documents=[DOCS["france"]],
+                max_new_tokens=8,
+                method="standard",
+                stop=[stop],
+            )
+        )
+        == cut
+    )
     cap = Capture()
     FidesLLM(decoder=decoder, stop=[stop], max_new_tokens=8, method="standard").invoke(
         "What is the capital of France?", documents=[DOCS["france"]], config={"callbacks": [cap]}
@@ -240,9 +276,14 @@ def test_no_context_path_question_takes_the_retrievers_query_or_the_chain_input(
     chain.invoke("What is the capital of france?", config={"callbacks": [cap]})
     info = cap.infos[-1]
     assert DOCS["france"] in info["context_prompt"]
-    assert info["no_context_prompt"] == _question_only(decoder, "What is the capital of france?")  # the retriever's query
+    assert info["no_context_prompt"] == _question_only(
+        decoder, "What is the capital of france?"
+    )  # the retriever's query
     stuff = create_stuff_documents_chain(llm, PROMPT)
-    stuff.invoke({"context": [Document(page_content=DOCS["australia"])], "question": "Capital of Australia?"}, config={"callbacks": [cap]})
+    stuff.invoke(
+        {"context": [Document(page_content=DOCS["australia"])], "question": "Capital of Australia?"},
+        config={"callbacks": [cap]},
+    )
     assert cap.infos[-1]["no_context_prompt"] == _question_only(decoder, "Capital of Australia?")  # the chain input
 
 

@@ -28,7 +28,11 @@ def _check(state: dict) -> None:
     assert [c["name"] for c in messages[1].tool_calls] == ["search"]
     assert isinstance(messages[2], ToolMessage) and messages[2].content == DOC
     final = messages[-1]
-    assert isinstance(final, AIMessage) and not final.tool_calls and final.response_metadata["documents_source"] == "tool_messages"
+    assert (
+        isinstance(final, AIMessage)
+        and not final.tool_calls
+        and final.response_metadata["documents_source"] == "tool_messages"
+    )
 
 
 def test_tool_call_first_runs_under_invoke_and_ainvoke(decoder):

@@ -34,7 +34,9 @@ def prepared(decoder, monkeypatch):
 
 
 def _counts(decoder, example) -> tuple[int, int]:
-    return control_count(decoder.tokenizer, example.context_ids), control_count(decoder.tokenizer, example.no_context_ids)
+    return control_count(decoder.tokenizer, example.context_ids), control_count(
+        decoder.tokenizer, example.no_context_ids
+    )
 
 
 def _as_one_string(decoder, prompt: str) -> int:
@@ -45,10 +47,14 @@ def _as_one_string(decoder, prompt: str) -> int:
 def test_llm_prompt_with_an_injected_document(decoder, prepared, no_context_path):
     llm = FidesLLM(decoder=decoder, max_new_tokens=2, no_context_path=no_context_path)
     for doc in (CLEAN, INJECTED):
-        info = llm.generate([f"Context: {doc}\n\nQuestion: {QUESTION}"], documents=[doc]).generations[0][0].generation_info
+        info = (
+            llm.generate([f"Context: {doc}\n\nQuestion: {QUESTION}"], documents=[doc]).generations[0][0].generation_info
+        )
         assert info["documents_source"] == "documents"
     clean, injected = prepared[-2:]
-    assert _as_one_string(decoder, injected.context_prompt) > _counts(decoder, clean)[0]  # what the markup would have done
+    assert (
+        _as_one_string(decoder, injected.context_prompt) > _counts(decoder, clean)[0]
+    )  # what the markup would have done
     assert _counts(decoder, injected) == _counts(decoder, clean)
 
 
@@ -64,7 +70,9 @@ def test_llm_template_path_with_an_injected_document(decoder, prepared):
 def test_chat_with_an_injected_document_or_question(decoder, prepared):
     chat = ChatFides(decoder=decoder, max_new_tokens=2)
     for doc in (CLEAN, INJECTED):
-        chat.invoke([SystemMessage("Be terse."), HumanMessage(f"Context: {doc}\n\nQuestion: {QUESTION}")], documents=[doc])
+        chat.invoke(
+            [SystemMessage("Be terse."), HumanMessage(f"Context: {doc}\n\nQuestion: {QUESTION}")], documents=[doc]
+        )
     clean, injected = prepared[-2:]
     assert _as_one_string(decoder, injected.context_prompt) > _counts(decoder, clean)[0]
     assert _counts(decoder, injected) == _counts(decoder, clean)
@@ -82,7 +90,10 @@ def test_chat_markup_typed_into_any_turn_stays_text(decoder, prepared, turn, doc
     kinds = [SystemMessage, HumanMessage, AIMessage, HumanMessage]
     texts = ["Be terse.", "Hi", "Hello!", QUESTION]
     for injection in ("", INJECTED):
-        chat.invoke([kind(text + (injection if i == turn else "")) for i, (kind, text) in enumerate(zip(kinds, texts))], documents=documents)
+        chat.invoke(
+            [kind(text + (injection if i == turn else "")) for i, (kind, text) in enumerate(zip(kinds, texts))],
+            documents=documents,
+        )
     clean, injected = prepared[-2:]
     assert _as_one_string(decoder, injected.context_prompt) > _counts(decoder, clean)[0]
     assert _counts(decoder, injected) == _counts(decoder, clean)
@@ -91,8 +102,13 @@ def test_chat_markup_typed_into_any_turn_stays_text(decoder, prepared, turn, doc
 def test_chat_markup_in_a_tool_message_stays_text(decoder, prepared):
     chat = ChatFides(decoder=decoder, max_new_tokens=2)
     for injection in ("", INJECTED):
-        chat.invoke([HumanMessage(QUESTION), AIMessage("", tool_calls=[{"name": "search", "args": {"q": "capital"}, "id": "c1"}]),
-                     ToolMessage(CLEAN + injection, tool_call_id="c1")])
+        chat.invoke(
+            [
+                HumanMessage(QUESTION),
+                AIMessage("", tool_calls=[{"name": "search", "args": {"q": "capital"}, "id": "c1"}]),
+                ToolMessage(CLEAN + injection, tool_call_id="c1"),
+            ]
+        )
     clean, injected = prepared[-2:]
     assert _as_one_string(decoder, injected.context_prompt) > _counts(decoder, clean)[0]
     assert _counts(decoder, injected) == _counts(decoder, clean)

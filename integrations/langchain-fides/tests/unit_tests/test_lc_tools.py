@@ -45,10 +45,18 @@ def test_forced_tool_call_parses_and_streams(chat):
     for choice in ("any", "required", "search", True, {"type": "function", "function": {"name": "search"}}):
         msg = chat.bind_tools([search], tool_choice=choice).invoke(Q)
         assert msg.content == "" and [c["name"] for c in msg.tool_calls] == ["search"], msg
-        assert msg.tool_calls[0]["args"]["query"] in ("eiffel tower", "rome") and msg.tool_calls[0]["id"].startswith("call_")
-        assert msg.response_metadata["tool_format"] == "fallback" and "<tools>" in msg.response_metadata["context_prompt"]
-    strict = chat.model_copy(update={"strict": True}).bind_tools([search], tool_choice="any").invoke(Q)  # not a fallback:
-    assert strict.response_metadata["notes"] == ["tools are bound and no tool has answered yet: decoded with 'standard' on the prompt as given"]
+        assert msg.tool_calls[0]["args"]["query"] in ("eiffel tower", "rome") and msg.tool_calls[0]["id"].startswith(
+            "call_"
+        )
+        assert (
+            msg.response_metadata["tool_format"] == "fallback" and "<tools>" in msg.response_metadata["context_prompt"]
+        )
+    strict = (
+        chat.model_copy(update={"strict": True}).bind_tools([search], tool_choice="any").invoke(Q)
+    )  # not a fallback:
+    assert strict.response_metadata["notes"] == [
+        "tools are bound and no tool has answered yet: decoded with 'standard' on the prompt as given"
+    ]
     chunks = list(chat.bind_tools([search], tool_choice="search").stream(Q))
     assert [c.content for c in chunks] == [""] and chunks[-1].tool_call_chunks[0]["name"] == "search"
     assert chunks[-1].tool_calls[0]["args"] == json.loads(chunks[-1].tool_call_chunks[0]["args"])
@@ -62,7 +70,9 @@ def test_bad_tool_choice_and_cut_calls_are_reported(chat, caplog):
     with pytest.raises(ValueError, match="drop json_schema="):
         chat.bind_tools([search], tool_choice="any").invoke(Q, json_schema={"type": "object"})
     with pytest.raises(ValueError, match=r"max_new_tokens=3 is fewer than the (\d+) tokens .* at least \1"):
-        chat.bind_tools([search], tool_choice="any").invoke(Q, max_new_tokens=3)  # a call cannot fit: refused before decoding
+        chat.bind_tools([search], tool_choice="any").invoke(
+            Q, max_new_tokens=3
+        )  # a call cannot fit: refused before decoding
 
 
 def test_tool_messages_are_the_evidence_and_calls_render_in_history(chat):
@@ -87,8 +97,13 @@ def test_structured_output_for_every_schema_form(chat, method):
     assert chat.with_structured_output(schema, method=method).invoke(Q)["answer"] in ("rome", "paris")
     raw = chat.with_structured_output(Answer, method=method, include_raw=True).invoke(Q)
     assert isinstance(raw["raw"], AIMessage) and isinstance(raw["parsed"], Answer) and raw["parsing_error"] is None
-    tight = chat.model_copy(update={"max_new_tokens": 2})  # no answer fits: refused before decoding, never a partial object
-    for structured in (tight.with_structured_output(Answer, method=method, include_raw=True), tight.with_structured_output(AnswerDict, method=method)):
+    tight = chat.model_copy(
+        update={"max_new_tokens": 2}
+    )  # no answer fits: refused before decoding, never a partial object
+    for structured in (
+        tight.with_structured_output(Answer, method=method, include_raw=True),
+        tight.with_structured_output(AnswerDict, method=method),
+    ):
         with pytest.raises(ValueError, match="max_new_tokens=2 is fewer than the .* raise max_new_tokens to at least"):
             structured.invoke(Q)
 
@@ -113,8 +128,12 @@ def test_a_structured_answer_the_grammar_closed_early_parses_as_complete(chat, d
 
 
 def test_structured_output_checks_its_arguments(chat):
-    raw = chat.with_structured_output(method="json_mode", include_raw=True).invoke(Q)  # any object: random weights ramble
-    assert raw["raw"].content.startswith("{") and (isinstance(raw["parsed"], dict) or "cut at max_new_tokens" in str(raw["parsing_error"]))
+    raw = chat.with_structured_output(method="json_mode", include_raw=True).invoke(
+        Q
+    )  # any object: random weights ramble
+    assert raw["raw"].content.startswith("{") and (
+        isinstance(raw["parsed"], dict) or "cut at max_new_tokens" in str(raw["parsing_error"])
+    )
     with pytest.raises(ValueError, match="method must be one of"):
         chat.with_structured_output(Answer, method="xml")
     with pytest.raises(ValueError, match="needs a schema"):
@@ -128,15 +147,21 @@ def test_a_template_that_renders_tools_gets_them_natively():
     from fides_rag.testing import CHAT_TEMPLATE, build_tiny_model, build_tokenizer
 
     tok = build_tokenizer(chat=True)
-    tok.chat_template = "{% for t in tools or [] %}<|tool-def|>{{ t['function']['name'] }}<|end|>\n{% endfor %}" + CHAT_TEMPLATE
+    tok.chat_template = (
+        "{% for t in tools or [] %}<|tool-def|>{{ t['function']['name'] }}<|end|>\n{% endfor %}" + CHAT_TEMPLATE
+    )
     chat = ChatFides(decoder=FidesDecoder(build_tiny_model("llama", len(tok)), tok), max_new_tokens=80)
     call = {"name": "search", "args": {"query": "rome"}, "id": "call_1", "type": "tool_call"}
-    msg = chat.bind_tools([search], tool_choice="search").invoke([HumanMessage(Q), AIMessage("", tool_calls=[call]), ToolMessage(DOC, tool_call_id="call_1")])
+    msg = chat.bind_tools([search], tool_choice="search").invoke(
+        [HumanMessage(Q), AIMessage("", tool_calls=[call]), ToolMessage(DOC, tool_call_id="call_1")]
+    )
     meta = msg.response_metadata
     assert meta["tool_format"] == "native" and msg.tool_calls[0]["name"] == "search"
     assert meta["documents_source"] == "tool_messages" and meta["method"] == "fides"
     for prompt in (meta["context_prompt"], meta["no_context_prompt"]):
-        assert prompt.count("<|tool-def|>search") == 1 and "<tools>" not in prompt and "<|tool|>\n" in prompt  # the tool role kept
+        assert (
+            prompt.count("<|tool-def|>search") == 1 and "<tools>" not in prompt and "<|tool|>\n" in prompt
+        )  # the tool role kept
     assert f"<|tool|>\n{DOC}<|end|>" in meta["context_prompt"] and "<|tool|>\n<|end|>" in meta["no_context_prompt"]
 
 
@@ -144,9 +169,11 @@ def test_a_template_that_renders_tools_gets_them_natively():
 def test_call_options_pass_through_every_structured_output_wrapper(chat, method):
     structured = chat.with_structured_output(Answer, method=method, include_raw=True)
     for budget in (5, 90):  # 5 tokens cannot hold the answer: refused, which shows the budget reached the call
-        for runnable, kwargs in ((structured, {"documents": [DOC], "max_new_tokens": budget}),
-                                 (structured.bind(documents=[DOC], max_new_tokens=budget), {}),
-                                 (structured.with_config(tags=["t"]), {"documents": [DOC], "max_new_tokens": budget})):
+        for runnable, kwargs in (
+            (structured, {"documents": [DOC], "max_new_tokens": budget}),
+            (structured.bind(documents=[DOC], max_new_tokens=budget), {}),
+            (structured.with_config(tags=["t"]), {"documents": [DOC], "max_new_tokens": budget}),
+        ):
             if budget == 5:
                 with pytest.raises(ValueError, match="max_new_tokens=5 is fewer than the"):
                     runnable.invoke(Q, **kwargs)

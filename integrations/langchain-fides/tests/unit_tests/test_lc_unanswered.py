@@ -28,14 +28,20 @@ def chat():
 
 def test_an_agent_turn_that_answers_nothing_raises_with_the_cause(chat):
     agent = chat.bind_tools([search], tool_choice="none")
-    messages = [HumanMessage("Where is the Eiffel Tower?"),
-                AIMessage("", tool_calls=[{"name": "search", "args": {"query": "eiffel"}, "id": "call_1"}]),
-                ToolMessage("The Eiffel Tower is in Rome.", tool_call_id="call_1")]
-    with pytest.raises(UnansweredError, match="the model answered nothing: it began with 'Z', where the answer stops") as err:
+    messages = [
+        HumanMessage("Where is the Eiffel Tower?"),
+        AIMessage("", tool_calls=[{"name": "search", "args": {"query": "eiffel"}, "id": "call_1"}]),
+        ToolMessage("The Eiffel Tower is in Rome.", tool_call_id="call_1"),
+    ]
+    with pytest.raises(
+        UnansweredError, match="the model answered nothing: it began with 'Z', where the answer stops"
+    ) as err:
         agent.invoke(messages)
     assert err.value.answer.record["documents_source"] == "tool_messages"
     notes = err.value.answer.notes
-    assert notes[-2].startswith("the first decoding answered nothing (it began with 'Z'") and notes[-1].startswith("the model answered nothing")
+    assert notes[-2].startswith("the first decoding answered nothing (it began with 'Z'") and notes[-1].startswith(
+        "the model answered nothing"
+    )
     with pytest.raises(UnansweredError, match="it began with 'Z'"):
         list(agent.stream(messages))
 

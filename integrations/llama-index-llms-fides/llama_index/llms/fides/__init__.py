@@ -4,4 +4,11 @@ from llama_index.llms.fides.base import FidesLLM
 from llama_index.llms.fides.options import CALL_OPTIONS, GENERATION_OPTIONS, FidesFallbackError, UnansweredError
 from llama_index.llms.fides.prompts import fides_rag_qa_template
 
-__all__ = ["CALL_OPTIONS", "FidesFallbackError", "FidesLLM", "GENERATION_OPTIONS", "UnansweredError", "fides_rag_qa_template"]
+__all__ = [
+    "CALL_OPTIONS",
+    "FidesFallbackError",
+    "FidesLLM",
+    "GENERATION_OPTIONS",
+    "UnansweredError",
+    "fides_rag_qa_template",
+]

@@ -36,6 +36,7 @@ from llama_index.llms.fides.decoding import PairDecoding
 from llama_index.llms.fides.function_calling import FunctionCalling
 from llama_index.llms.fides.options import CALL_OPTIONS, GENERATION_OPTIONS, FidesFallbackError
 from llama_index.llms.fides.pairing import CallPairing
+from llama_index.llms.fides.programs import watch_programs
 from llama_index.llms.fides.structured import StructuredPrediction
 
 from fides_rag import FidesConfig, FidesDecoder, GenerationResult
@@ -51,7 +52,6 @@ from fides_rag.calls import (
 )
 from fides_rag.calls.decoders import decoder_for
 from fides_rag.calls.options import split_template_args
-from llama_index.llms.fides.programs import watch_programs
 
 dispatcher = get_dispatcher(__name__)
 logger = logging.getLogger("llama_index.llms.fides")
@@ -84,14 +84,17 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
     temperature: float = Field(default=1.0, gt=0, description="Sampling temperature (only with do_sample=True).")
     use_chat_template: bool | None = Field(
         default=None,
-        description="Render prompts with the tokenizer's chat template (None: when it has one and no " "messages_to_prompt "
+        description="Render prompts with the tokenizer's chat template (None: when it has one and no "
+        "messages_to_prompt "
         "was given). It also makes is_chat_model true, so LlamaIndex picks its chat prompts.",
     )
     context_variables: list[str] = Field(
         default_factory=lambda: list(CONTEXT_VARIABLES),
         description="Template variables that hold retrieved text: emptied in the no-context path.",
     )
-    context_separator: str = Field(default="\n\n", description="Joins documents (or simple_summarize's list of chunks) into one context.")
+    context_separator: str = Field(
+        default="\n\n", description="Joins documents (or simple_summarize's list of chunks) into one context."
+    )
     chat_context_templates: list[str] = Field(
         default_factory=lambda: [DEFAULT_CONTEXT_TEMPLATE, DEFAULT_CONTEXT_PROMPT_TEMPLATE],
         description="System-message templates whose {context_str} is taken as the context when chat() gets "
@@ -113,7 +116,9 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
         **kwargs: Any,
     ) -> None:
         """Wrap `decoder`, or build one from `model` and `tokenizer` (see also `from_model_id`)."""
-        decoder = decoder_for(decoder, model=model, tokenizer=tokenizer, max_new_tokens=kwargs.get("max_new_tokens", 128))
+        decoder = decoder_for(
+            decoder, model=model, tokenizer=tokenizer, max_new_tokens=kwargs.get("max_new_tokens", 128)
+        )
         if "model_name" not in kwargs:
             kwargs["model_name"] = str(getattr(decoder.model, "name_or_path", "") or "fides")
         default_config: Any = getattr(decoder.method, "config", None)  # FIDES's FidesConfig; None for other rules
@@ -126,8 +131,13 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
         self._history = AnswerLog(self.history_size)
         if self.use_chat_template and not self._has_chat_template:
             raise ValueError("use_chat_template=True but the tokenizer has no chat template")
-        self._calls = CallFactory(decoder, max_batch_size=self.max_batch_size, batch_window_s=self.batch_window_s,
-                                  use_chat_template=self.chat_template_active, no_context_path=self.no_context_path)
+        self._calls = CallFactory(
+            decoder,
+            max_batch_size=self.max_batch_size,
+            batch_window_s=self.batch_window_s,
+            use_chat_template=self.chat_template_active,
+            no_context_path=self.no_context_path,
+        )
         watch_programs()  # a program's call (FunctionCallingProgram) hands chat only its formatted messages
 
     @classmethod
@@ -137,7 +147,13 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
         """Load a bundled alias ("gemma3-270m", "smollm2-135m-instruct"), hub id, folder or .gguf and wrap it.
 
         config: the FIDES constants, e.g. `FidesConfig.from_file("calibrated.json")` from `fides-rag calibrate`."""
-        decoder = decoder_for(model_id=model_id, device=device, dtype=dtype, config=config, max_new_tokens=kwargs.get("max_new_tokens", 128))
+        decoder = decoder_for(
+            model_id=model_id,
+            device=device,
+            dtype=dtype,
+            config=config,
+            max_new_tokens=kwargs.get("max_new_tokens", 128),
+        )
         kwargs.setdefault("model_name", model_id)
         return cls(decoder, **kwargs)
 
@@ -226,7 +242,9 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
 
     # -- LlamaIndex hooks: chat ---------------------------------------------------------------------
 
-    def _chat_inputs(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> tuple[ChatPlan, ToolCalling | None, CallOptions]:
+    def _chat_inputs(
+        self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
+    ) -> tuple[ChatPlan, ToolCalling | None, CallOptions]:
         """The call's plan, tools (a ToolCalling, or None without tools) and options."""
         if "no_context_prompt" in kwargs:
             raise TypeError("chat does not take no_context_prompt=; use complete(..., no_context_prompt=...)")
@@ -289,7 +307,9 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
         responses = await self.astream_complete(plan.context_prompt or "", formatted=True, _plan=plan, **options)
         return await astream_completion_response_to_tokens(responses)
 
-    def _predict_pair(self, prompt: BasePromptTemplate, prompt_args: dict[str, Any], stream: bool = False) -> tuple[ChatPlan, dict[str, Any]]:
+    def _predict_pair(
+        self, prompt: BasePromptTemplate, prompt_args: dict[str, Any], stream: bool = False
+    ) -> tuple[ChatPlan, dict[str, Any]]:
         if stream and (prompt.output_parser is not None or self.output_parser is not None):
             raise NotImplementedError("Output parser is not supported for streaming.")
         template_args, call = split_template_args(prompt_args, prompt.template_vars, CALL_OPTIONS)
@@ -298,6 +318,8 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
         if any(k in call for k in ("tools", "tool_choice")):
             raise TypeError("predict does not take tools= or tool_choice=; use chat_with_tools(tools, ...)")
         if "documents" in call or "no_context_prompt" in call:
-            raise TypeError("predict takes its context from the template variables (context_str/context_msg), not documents=")
+            raise TypeError(
+                "predict takes its context from the template variables (context_str/context_msg), not documents="
+            )
         options = self._options(call)
         return self._template_pair(prompt, template_args, options.max_new_tokens), call

@@ -42,15 +42,21 @@ class PairDecoding:
         if answer.unanswered is not None:
             raise UnansweredError(answer.unanswered, answer)
         if not chat:
-            return CompletionResponse(text=answer.text if text is None else text, delta=delta, raw=self._raw(answer), additional_kwargs=info)
+            return CompletionResponse(
+                text=answer.text if text is None else text, delta=delta, raw=self._raw(answer), additional_kwargs=info
+            )
         extra = {"tool_calls": [c.openai() for c in answer.tool_calls]} if answer.tool_calls else {}
         message = ChatMessage(role=MessageRole.ASSISTANT, content=answer.text, additional_kwargs=extra)
         return ChatResponse(message=message, delta=delta, raw=self._raw(answer), additional_kwargs=info)
 
-    def _generate(self, plan: ChatPlan, options: CallOptions, calling: ToolCalling | None = None, chat: bool = False) -> Any:
+    def _generate(
+        self, plan: ChatPlan, options: CallOptions, calling: ToolCalling | None = None, chat: bool = False
+    ) -> Any:
         return self._respond(self._call(plan, options, calling).run(), chat)
 
-    def _stream(self, plan: ChatPlan, options: CallOptions, calling: ToolCalling | None = None, chat: bool = False) -> Generator[Any, None, None]:
+    def _stream(
+        self, plan: ChatPlan, options: CallOptions, calling: ToolCalling | None = None, chat: bool = False
+    ) -> Generator[Any, None, None]:
         """Responses as the answer grows; one delta is held back so that the last response carries the record."""
         text = ""
         for delta, answer in self._call(plan, options, calling).deltas():

@@ -26,17 +26,30 @@ class FunctionCalling:
     # -- FunctionCallingLLM hooks ---------------------------------------------------------------------
 
     def _prepare_chat_with_tools(
-        self, tools: Sequence[Any], user_msg: str | ChatMessage | None = None, chat_history: list[ChatMessage] | None = None,
-        verbose: bool = False, allow_parallel_tool_calls: bool = False, tool_required: bool = False, tool_choice: Any = None,
+        self,
+        tools: Sequence[Any],
+        user_msg: str | ChatMessage | None = None,
+        chat_history: list[ChatMessage] | None = None,
+        verbose: bool = False,
+        allow_parallel_tool_calls: bool = False,
+        tool_required: bool = False,
+        tool_choice: Any = None,
         **kwargs: Any,
     ) -> dict[str, Any]:
         """chat's arguments: the messages, the tools and the choice (tool_required, "required" or a tool's name force a
         valid call by grammar; OpenAI's {"type": "function", "function": {"name": ...}} names one)."""
         messages = list(chat_history or [])
         if user_msg is not None:
-            messages.append(ChatMessage(role=MessageRole.USER, content=user_msg) if isinstance(user_msg, str) else user_msg)
+            messages.append(
+                ChatMessage(role=MessageRole.USER, content=user_msg) if isinstance(user_msg, str) else user_msg
+            )
         names = [ToolSpec.from_any(t).name for t in tools]
-        return {"messages": messages, "tools": list(tools), "tool_choice": tool_choice_name(tool_choice, names, required=tool_required), **kwargs}
+        return {
+            "messages": messages,
+            "tools": list(tools),
+            "tool_choice": tool_choice_name(tool_choice, names, required=tool_required),
+            **kwargs,
+        }
 
     def _validate_chat_with_tools_response(
         self, response: ChatResponse, tools: Sequence[Any], allow_parallel_tool_calls: bool = False, **kwargs: Any
@@ -47,9 +60,13 @@ class FunctionCalling:
             response.message.additional_kwargs["tool_calls"] = calls[:1]
         return response
 
-    def get_tool_calls_from_response(self, response: ChatResponse, error_on_no_tool_call: bool = True, **kwargs: Any) -> list[Any]:
+    def get_tool_calls_from_response(
+        self, response: ChatResponse, error_on_no_tool_call: bool = True, **kwargs: Any
+    ) -> list[Any]:
         """The response's calls as ToolSelections; with error_on_no_tool_call, none raises a ValueError."""
         selections = tool_selections(response)
         if not selections and error_on_no_tool_call:
-            raise ValueError(f"Expected at least one tool call, but got 0 tool calls; the answer was {response.message.content!r}")
+            raise ValueError(
+                f"Expected at least one tool call, but got 0 tool calls; the answer was {response.message.content!r}"
+            )
         return selections

@@ -22,7 +22,11 @@ from fides_rag.prompts.template import document_texts
 
 def _extra(prompt_type: str | None, variables: Sequence[str] = (), context: str | None = None) -> dict[str, Any]:
     """What a plan adds to the FIDES record: the prompt's type, its context variables and context."""
-    return {"prompt_type": prompt_type, "context_variables": list(variables), **({} if context is None else {"context": context})}
+    return {
+        "prompt_type": prompt_type,
+        "context_variables": list(variables),
+        **({} if context is None else {"context": context}),
+    }
 
 
 class CallPairing:
@@ -74,18 +78,28 @@ class CallPairing:
             return self._messages_text(self._get_messages(prompt, **args))
         return self._get_prompt(prompt, **args)
 
-    def _template_pair(self, prompt: BasePromptTemplate, template_args: dict[str, Any], max_new_tokens: int) -> ChatPlan:
+    def _template_pair(
+        self, prompt: BasePromptTemplate, template_args: dict[str, Any], max_new_tokens: int
+    ) -> ChatPlan:
         context = find_context(prompt, template_args, self.context_variables, self, self.context_separator)
         question = template_args.get("query_str", (getattr(prompt, "kwargs", None) or {}).get("query_str"))
         question = None if question is None else str(question)
         if is_fides_rag_template(prompt):
-            plan = self._chat_prompts.fides_template(question or "", list(context.values()), why_empty="the retrieved context (context_str) was empty")
+            plan = self._chat_prompts.fides_template(
+                question or "", list(context.values()), why_empty="the retrieved context (context_str) was empty"
+            )
             plan.extra = _extra("fides_rag", sorted(context))
             return plan
         return self._chat_prompts.variables_pair(
-            lambda c: self._render_template(prompt, {**template_args, **c}), context, max_new_tokens, variables=self.context_variables,
-            separator=self.context_separator, question=question, question_prompt=self._question_text,
-            extra=_extra(prompt_type(prompt, self), sorted(context)))
+            lambda c: self._render_template(prompt, {**template_args, **c}),
+            context,
+            max_new_tokens,
+            variables=self.context_variables,
+            separator=self.context_separator,
+            question=question,
+            question_prompt=self._question_text,
+            extra=_extra(prompt_type(prompt, self), sorted(context)),
+        )
 
     def _documents_pair(self, query: str, documents: Any) -> ChatPlan:
         """complete(query, documents=...): fides-rag's own 2-shot template (as langchain-fides' documents=)."""
@@ -93,30 +107,52 @@ class CallPairing:
         plan.extra = _extra("fides_rag")
         return plan
 
-    def _chat_plan(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any], max_new_tokens: int) -> tuple[ChatPlan, ToolCalling | None]:
+    def _chat_plan(
+        self, messages: Sequence[ChatMessage], kwargs: dict[str, Any], max_new_tokens: int
+    ) -> tuple[ChatPlan, ToolCalling | None]:
         """The plan of a chat and its tools (None without tools). The context: documents= (one question: fides-rag's
         template; a longer chat: the first chat_context_templates entry's system message), the tool messages, or a
         system message rendered from a chat_context_templates entry."""
         calling = self._calls.tools(kwargs.get("tools"), kwargs.get("tool_choice"))
         turns = [turn_of(m.role, m.content or "", message_calls(m)) for m in self._extend_messages(list(messages))]
         documents = None if kwargs.get("documents") is None else document_texts(kwargs["documents"])
-        variables = {"tool_messages": ["tool messages"], "context": ["context_str" if documents is not None else "system message"]}
+        variables = {
+            "tool_messages": ["tool messages"],
+            "context": ["context_str" if documents is not None else "system message"],
+        }
         source = "documents"
         if calling is not None and documents is None and not any(r == "tool" for r, _ in turns):
             found = self._program_context(turns)
             if found is not None:  # a program's call (FunctionCallingProgram): its context variables' text
                 documents, variables["context"], source = found[0], found[1], "context"
         if calling is not None or any(r == "tool" for r, _ in turns):  # the core's chat with tools
-            plan = self._calls.planner(calling).conversation(turns, max_new_tokens, documents=documents, source=source, system_as_context=False)
+            plan = self._calls.planner(calling).conversation(
+                turns, max_new_tokens, documents=documents, source=source, system_as_context=False
+            )
         else:
-            context = ContextMessages((self.chat_context_templates or [DEFAULT_CONTEXT_TEMPLATE])[0], self.chat_context_templates,
-                                      CONTEXT_VARIABLES, self.context_separator)
+            context = ContextMessages(
+                (self.chat_context_templates or [DEFAULT_CONTEXT_TEMPLATE])[0],
+                self.chat_context_templates,
+                CONTEXT_VARIABLES,
+                self.context_separator,
+            )
             planner = self._calls.planner(
-                context_messages=context, render_text=lambda turns: self.messages_to_prompt([ChatMessage(role=r, content=c) for r, c in turns]),
-                question_prompt=self._question_text)
-            plan = planner.conversation(turns, max_new_tokens, documents=documents, template_first=True, template_question=turns[-1][1],
-                                        system_as_context=False)
-        plan.extra = {**_extra("fides_rag" if plan.kind == "template" else "chat", variables.get(plan.source, [])), **plan.extra}
+                context_messages=context,
+                render_text=lambda turns: self.messages_to_prompt([ChatMessage(role=r, content=c) for r, c in turns]),
+                question_prompt=self._question_text,
+            )
+            plan = planner.conversation(
+                turns,
+                max_new_tokens,
+                documents=documents,
+                template_first=True,
+                template_question=turns[-1][1],
+                system_as_context=False,
+            )
+        plan.extra = {
+            **_extra("fides_rag" if plan.kind == "template" else "chat", variables.get(plan.source, [])),
+            **plan.extra,
+        }
         return plan, calling
 
     def _program_context(self, turns: Sequence[tuple[str, str]]) -> tuple[list[str], list[str]] | None:
@@ -133,14 +169,26 @@ class CallPairing:
 
     def _pair_for_complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> ChatPlan:
         if kwargs.get("tools") or kwargs.get("tool_choice") is not None:
-            raise TypeError("complete does not take tools= or tool_choice=; use chat_with_tools(tools, ...) or chat(messages, " "tools=[...])")
+            raise TypeError(
+                "complete does not take tools= or tool_choice=; use chat_with_tools(tools, ...) or chat(messages, "
+                "tools=[...])"
+            )
         documents, no_ctx = kwargs.get("documents"), kwargs.get("no_context_prompt")
         if no_ctx is not None:
             if documents is not None:
                 raise TypeError("pass documents= or no_context_prompt=, not both")
-            return ChatPlan("prompts", "context", context_prompt=self._completion_text(prompt, formatted), no_context_prompt=no_ctx,
-                            extra=_extra("explicit"))
+            return ChatPlan(
+                "prompts",
+                "context",
+                context_prompt=self._completion_text(prompt, formatted),
+                no_context_prompt=no_ctx,
+                extra=_extra("explicit"),
+            )
         if documents is not None:
             return self._documents_pair(prompt, documents)
-        return ChatPlan.as_given(self._completion_text(prompt, formatted), "no documents= were given", untrusted=[] if formatted else [prompt],
-                                 extra=_extra("completion"))
+        return ChatPlan.as_given(
+            self._completion_text(prompt, formatted),
+            "no documents= were given",
+            untrusted=[] if formatted else [prompt],
+            extra=_extra("completion"),
+        )

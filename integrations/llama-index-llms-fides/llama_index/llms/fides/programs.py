@@ -38,19 +38,38 @@ class ProgramCalls(BaseSpanHandler[Any]):
     def class_name(cls) -> str:
         return "FidesProgramCalls"
 
-    def span_enter(self, id_: str, bound_args: inspect.BoundArguments, instance: Any | None = None,
-                   parent_id: str | None = None, tags: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def span_enter(
+        self,
+        id_: str,
+        bound_args: inspect.BoundArguments,
+        instance: Any | None = None,
+        parent_id: str | None = None,
+        tags: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         prompt = getattr(instance, "_prompt", None)
         if isinstance(instance, BasePydanticProgram) and isinstance(prompt, BasePromptTemplate):
             arguments = {k: v for k, v in bound_args.kwargs.items() if k != "llm_kwargs"}
             self._tokens[id_] = _CURRENT.set(ProgramCall(getattr(instance, "_llm", None), prompt, arguments))
 
-    def span_exit(self, id_: str, bound_args: inspect.BoundArguments, instance: Any | None = None, result: Any | None = None,
-                  **kwargs: Any) -> None:
+    def span_exit(
+        self,
+        id_: str,
+        bound_args: inspect.BoundArguments,
+        instance: Any | None = None,
+        result: Any | None = None,
+        **kwargs: Any,
+    ) -> None:
         self._close(id_)
 
-    def span_drop(self, id_: str, bound_args: inspect.BoundArguments, instance: Any | None = None,
-                  err: BaseException | None = None, **kwargs: Any) -> None:
+    def span_drop(
+        self,
+        id_: str,
+        bound_args: inspect.BoundArguments,
+        instance: Any | None = None,
+        err: BaseException | None = None,
+        **kwargs: Any,
+    ) -> None:
         self._close(id_)
 
     def _close(self, id_: str) -> None:
@@ -58,16 +77,35 @@ class ProgramCalls(BaseSpanHandler[Any]):
         if token is not None:
             _CURRENT.reset(token)  # a program's __call__ enters and exits its span in one context
 
-    def new_span(self, id_: str, bound_args: inspect.BoundArguments, instance: Any | None = None,
-                 parent_span_id: str | None = None, tags: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def new_span(
+        self,
+        id_: str,
+        bound_args: inspect.BoundArguments,
+        instance: Any | None = None,
+        parent_span_id: str | None = None,
+        tags: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         return None
 
-    def prepare_to_exit_span(self, id_: str, bound_args: inspect.BoundArguments, instance: Any | None = None,
-                             result: Any | None = None, **kwargs: Any) -> None:
+    def prepare_to_exit_span(
+        self,
+        id_: str,
+        bound_args: inspect.BoundArguments,
+        instance: Any | None = None,
+        result: Any | None = None,
+        **kwargs: Any,
+    ) -> None:
         return None
 
-    def prepare_to_drop_span(self, id_: str, bound_args: inspect.BoundArguments, instance: Any | None = None,
-                             err: BaseException | None = None, **kwargs: Any) -> None:
+    def prepare_to_drop_span(
+        self,
+        id_: str,
+        bound_args: inspect.BoundArguments,
+        instance: Any | None = None,
+        err: BaseException | None = None,
+        **kwargs: Any,
+    ) -> None:
         return None
 
 

@@ -44,18 +44,32 @@ class StructuredPrediction:
         chat: Any
         stream_chat: Any
 
-    def _program_kwargs(self, prompt: BasePromptTemplate, llm_kwargs: dict[str, Any] | None, prompt_args: dict[str, Any]) -> dict[str, Any]:
+    def _program_kwargs(
+        self, prompt: BasePromptTemplate, llm_kwargs: dict[str, Any] | None, prompt_args: dict[str, Any]
+    ) -> dict[str, Any]:
         """LlamaIndex's own programs (pydantic_program_mode other than DEFAULT) format the prompt into messages, so its
         context variables reach the chat as text only: they go along as documents=, the same context as predict's."""
-        context = find_context(prompt, split_template_args(prompt_args, prompt.template_vars, CALL_OPTIONS)[0], self.context_variables, self, self.context_separator)
+        context = find_context(
+            prompt,
+            split_template_args(prompt_args, prompt.template_vars, CALL_OPTIONS)[0],
+            self.context_variables,
+            self,
+            self.context_separator,
+        )
         texts = [t for t in context.values() if t.strip()]
         if not texts or "documents" in (llm_kwargs or {}):
             return dict(llm_kwargs or {})
         return {**(llm_kwargs or {}), "documents": texts}
 
     def _structured_calls(
-        self, output_cls: type[BaseModel], prompt: BasePromptTemplate, llm_kwargs: dict[str, Any] | None, prompt_args: dict[str, Any]
-    ) -> tuple[Callable[[], CompletionResponse | ChatResponse], Callable[[], Iterator[CompletionResponse | ChatResponse]]]:
+        self,
+        output_cls: type[BaseModel],
+        prompt: BasePromptTemplate,
+        llm_kwargs: dict[str, Any] | None,
+        prompt_args: dict[str, Any],
+    ) -> tuple[
+        Callable[[], CompletionResponse | ChatResponse], Callable[[], Iterator[CompletionResponse | ChatResponse]]
+    ]:
         """(one call, its streaming form) under the output class's schema."""
         template_args, call = split_template_args(prompt_args, prompt.template_vars, CALL_OPTIONS)
         if not (isinstance(output_cls, type) and issubclass(output_cls, BaseModel)):
@@ -65,8 +79,10 @@ class StructuredPrediction:
             if "documents" in call:
                 raise TypeError("the prompt's context variables hold the context; drop documents=")
             plan = self._template_pair(prompt, template_args, self._options(dict(call)).max_new_tokens)
-            return (lambda: self.complete(plan.context_prompt or "", formatted=True, _plan=plan, **call),
-                    lambda: self.stream_complete(plan.context_prompt or "", formatted=True, _plan=plan, **call))
+            return (
+                lambda: self.complete(plan.context_prompt or "", formatted=True, _plan=plan, **call),
+                lambda: self.stream_complete(plan.context_prompt or "", formatted=True, _plan=plan, **call),
+            )
         messages = prompt.format_messages(llm=self, **template_args)  # type: ignore[arg-type]  # self is a FidesLLM
         return lambda: self.chat(messages, **call), lambda: self.stream_chat(messages, **call)
 
@@ -77,13 +93,21 @@ class StructuredPrediction:
 
     @dispatcher.span
     def structured_predict(
-        self, output_cls: type[BaseModel], prompt: BasePromptTemplate, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any
+        self,
+        output_cls: type[BaseModel],
+        prompt: BasePromptTemplate,
+        llm_kwargs: dict[str, Any] | None = None,
+        **prompt_args: Any,
     ) -> BaseModel:
         """An `output_cls` object, decoded under its JSON schema (llm_kwargs: per-call options, documents=)."""
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
             base: Any = super()  # FidesLLM's LlamaIndex LLM, which a mixin cannot name
-            return base.structured_predict(output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args)
-        dispatcher.event(LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt, template_args=prompt_args))
+            return base.structured_predict(
+                output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args
+            )
+        dispatcher.event(
+            LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt, template_args=prompt_args)
+        )
         one, _ = self._structured_calls(output_cls, prompt, llm_kwargs, prompt_args)
         text, info = self._text_and_info(one())
         result = parse_structure(text, info.get("finish_reason"), output_cls)
@@ -92,20 +116,32 @@ class StructuredPrediction:
 
     @dispatcher.span
     async def astructured_predict(
-        self, output_cls: type[BaseModel], prompt: BasePromptTemplate, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any
+        self,
+        output_cls: type[BaseModel],
+        prompt: BasePromptTemplate,
+        llm_kwargs: dict[str, Any] | None = None,
+        **prompt_args: Any,
     ) -> BaseModel:
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
             base: Any = super()  # FidesLLM's LlamaIndex LLM, which a mixin cannot name
-            return await base.astructured_predict(output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args)
+            return await base.astructured_predict(
+                output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args
+            )
         return await asyncio.to_thread(self.structured_predict, output_cls, prompt, llm_kwargs, **prompt_args)
 
     def _structured_stream_call(
-        self, output_cls: type[BaseModel], prompt: BasePromptTemplate, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any
+        self,
+        output_cls: type[BaseModel],
+        prompt: BasePromptTemplate,
+        llm_kwargs: dict[str, Any] | None = None,
+        **prompt_args: Any,
     ) -> Generator[Any, None, None]:
         """Partial objects as the answer grows (LlamaIndex's flexible models), the validated object last."""
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
             base: Any = super()  # FidesLLM's LlamaIndex LLM, which a mixin cannot name
-            return base._structured_stream_call(output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args)
+            return base._structured_stream_call(
+                output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args
+            )
         _, stream = self._structured_calls(output_cls, prompt, llm_kwargs, prompt_args)
 
         def gen() -> Generator[Any, None, None]:
@@ -115,16 +151,23 @@ class StructuredPrediction:
                 text, info = self._text_and_info(response)
                 if response.raw is None and text:
                     current = process_streaming_objects(  # type: ignore[type-var,assignment]  # one object at a time, never a list
-                        CompletionResponse(text=text), output_cls, cur_objects=None if current is None else [current])
+                        CompletionResponse(text=text), output_cls, cur_objects=None if current is None else [current]
+                    )
                     yield current
             yield parse_structure(text, info.get("finish_reason"), output_cls)
 
         return gen()
 
     async def _structured_astream_call(
-        self, output_cls: type[BaseModel], prompt: BasePromptTemplate, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any
+        self,
+        output_cls: type[BaseModel],
+        prompt: BasePromptTemplate,
+        llm_kwargs: dict[str, Any] | None = None,
+        **prompt_args: Any,
     ) -> AsyncGenerator[Any, None]:
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
             base: Any = super()  # FidesLLM's LlamaIndex LLM, which a mixin cannot name
-            return await base._structured_astream_call(output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args)
+            return await base._structured_astream_call(
+                output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args
+            )
         return iterate_in_thread(lambda: self._structured_stream_call(output_cls, prompt, llm_kwargs, **prompt_args))

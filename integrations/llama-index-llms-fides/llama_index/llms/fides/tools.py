@@ -15,10 +15,14 @@ def message_calls(message: ChatMessage) -> list[ToolCall]:
     calls = calls_from_openai(message.additional_kwargs.get("tool_calls") or [])
     for block in message.blocks:
         if isinstance(block, ToolCallBlock) and not any(c.id and c.id == block.tool_call_id for c in calls):
-            calls += calls_from_openai([{"name": block.tool_name, "arguments": block.tool_kwargs, "id": block.tool_call_id}])
+            calls += calls_from_openai(
+                [{"name": block.tool_name, "arguments": block.tool_kwargs, "id": block.tool_call_id}]
+            )
     return calls
 
 
 def tool_selections(response: ChatResponse) -> list[ToolSelection]:
     """The response's calls as LlamaIndex ToolSelections."""
-    return [ToolSelection(tool_id=c.id, tool_name=c.name, tool_kwargs=c.arguments) for c in message_calls(response.message)]
+    return [
+        ToolSelection(tool_id=c.id, tool_name=c.name, tool_kwargs=c.arguments) for c in message_calls(response.message)
+    ]
