@@ -1,7 +1,8 @@
 """Gates: per token, they leave the choice to a contrast rule or take one path as it is. One file each, registered
 by name; a method names one after a `+` (`fides+agree`, `cad+nwcad`). The default, `none`, gates nothing."""
 
-from fides_rag.rules.gates.agree import AgreeGate
+# The import order is the registration order: none, agree, nwcad, defer, blend.
+# isort: off
 from fides_rag.rules.gates.base import (
     CONTEXT_AS_IS,
     MEMORY_LEANING,
@@ -14,10 +15,12 @@ from fides_rag.rules.gates.base import (
     get_gate,
     register_gate,
 )
-from fides_rag.rules.gates.blend import BlendGate
-from fides_rag.rules.gates.defer import DeferGate
-from fides_rag.rules.gates.none import NoGate  # noqa: I001 - registration order: none, agree, nwcad
+from fides_rag.rules.gates.none import NoGate
+from fides_rag.rules.gates.agree import AgreeGate
 from fides_rag.rules.gates.nwcad import NwcadGate
+from fides_rag.rules.gates.defer import DeferGate
+from fides_rag.rules.gates.blend import BlendGate
+# isort: on
 
 __all__ = [
     "CONTEXT_AS_IS",
