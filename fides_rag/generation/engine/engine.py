@@ -184,8 +184,10 @@ class DecodeEngine:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.pool_blocks: int | None = None
         """Fast mode's KV pool, in blocks of BLOCK positions (fixed; None in exact mode)."""
-        if self.mode == "fast":
-            self.pool_blocks = pool_blocks(
+        if (
+            self.mode == "fast" or kv_pool_tokens is not None or kv_cache_memory is not None
+        ):  # exact mode checks them too
+            blocks = pool_blocks(
                 self.anatomy.config,
                 model.dtype,
                 self.input_device,
@@ -194,16 +196,7 @@ class DecodeEngine:
                 kv_pool_tokens,
                 kv_cache_memory,
             )
-        elif kv_pool_tokens is not None or kv_cache_memory is not None:
-            pool_blocks(
-                self.anatomy.config,
-                model.dtype,
-                self.input_device,
-                self.context_window,
-                max_rows,
-                kv_pool_tokens,
-                kv_cache_memory,
-            )  # checked all the same
+            self.pool_blocks = blocks if self.mode == "fast" else None
         self.scheduler.pool_blocks = self.pool_blocks
         self.captured = self._captured_step(compile, buckets)
         if warmup is not False and self.captured is None:
