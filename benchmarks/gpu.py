@@ -35,6 +35,7 @@ A GPU window is spent in two calls of under 6 minutes each on one H100; each sec
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import platform
@@ -212,15 +213,69 @@ def block_attention(
     return out.reshape(rows, heads, dim)
 
 
+@functools.cache
+def _compiled_flex() -> Any:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def flex_block_mask(tables: list[list[int]], lengths: list[int], positions: int, device: torch.device) -> Any:
+    """The BlockMask the engine builds on CUDA: row r lists its own blocks of 16 (every one but the last full, the
+    last partial, masked by position) over a pool of `positions` slots."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    rows, width = len(tables), max(len(t) for t in tables)
+    full_num = torch.tensor([len(t) - 1 for t in tables], dtype=torch.int32)
+    full_idx = torch.zeros((rows, width), dtype=torch.int32)
+    last_idx = torch.zeros((rows, width), dtype=torch.int32)
+    owner = torch.full((positions // 16,), -1, dtype=torch.int32)
+    ordinal = torch.zeros((positions // 16,), dtype=torch.int32)
+    for r, table in enumerate(tables):
+        full_idx[r, : len(table) - 1] = torch.tensor(table[:-1], dtype=torch.int32)
+        last_idx[r, 0] = table[-1]
+        owner[table] = r
+        ordinal[table] = torch.arange(len(table), dtype=torch.int32)
+    last_position = torch.tensor(lengths, dtype=torch.int32) - 1
+    owner, ordinal, last_position = owner.to(device), ordinal.to(device), last_position.to(device)
+
+    def mask_mod(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        block = kv // 16
+        return (owner[block] == b) & (ordinal[block] * 16 + kv % 16 <= last_position[b])
+
+    return BlockMask.from_kv_blocks(
+        kv_num_blocks=torch.ones((rows, 1, 1), dtype=torch.int32, device=device),
+        kv_indices=last_idx[:, None, None].to(device),
+        full_kv_num_blocks=full_num[:, None, None].to(device),
+        full_kv_indices=full_idx[:, None, None].to(device),
+        BLOCK_SIZE=(16, 16),
+        mask_mod=mask_mod,
+        seq_lengths=(1, positions),
+        compute_q_blocks=False,
+    )
+
+
+def flex_attention_rows(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, block_mask: Any) -> Any:
+    """query [R, heads, 1, d] over the whole pool [1, kv_heads, P, d] under `block_mask`: flex visits each row's own
+    blocks only (compiled on CUDA; eager elsewhere, which materialises every score)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    run = _compiled_flex() if query.device.type == "cuda" else flex_attention
+    return run(query, keys, values, block_mask=block_mask, enable_gqa=True).reshape(query.shape[0], query.shape[1], -1)
+
+
 def attention(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     """Attention alone, one layer, one decode step: the whole-pool masked SDPA (every slot of the pool, each row's
-    queries masked to its own) against block attention (each row's slots gathered, then one padded SDPA), at
-    --attention-rows rows and --attention-positions pool positions shared out among them (rows of unequal lengths,
-    in scattered blocks of 16). Block attention here is written in this script; the package's own replaces it."""
-    config = decoder.model.config
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    dtype = decoder.model.dtype
+    queries masked to its own) against block attention, at --attention-rows rows and --attention-positions pool
+    positions shared out among them (rows of unequal lengths, in scattered blocks of 16). Block attention is
+    measured both ways the engine runs it, written here as the engine writes them: each row's slots gathered, then
+    one padded SDPA (the CPU's path), and flex attention under a BlockMask of each row's blocks (CUDA's path).
+    `decoder` is unused: the section needs only the configuration (args.config_values), so it runs first, before
+    any decoder is built or compiled."""
+    config = args.config_values
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    dim = config.get("head_dim") or config["hidden_size"] // heads
+    dtype = args.torch_dtype
     generator = torch.Generator().manual_seed(0)
     out: dict[str, Any] = {
         "heads": heads,
@@ -251,6 +306,8 @@ def attention(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: 
             query = torch.randn((rows, heads, 1, dim), generator=generator).to(device, dtype)
             query_rows = torch.arange(rows).repeat_interleave(heads // kv_heads)[:, None]
             mask = (owner[None, :] == query_rows)[None, None].to(device)  # [1, 1, R * groups, P]
+            tables = [order[r * per_row : r * per_row + counts[r]].tolist() for r in range(rows)]
+            block_mask = flex_block_mask(tables, [c * 16 for c in counts], positions, device)
             slot_table, valid = slot_table.to(device), valid.to(device)
             whole = _time_ms(
                 lambda q=query, k=keys, v=values, m=mask: whole_pool_attention(q, k, v, m),
@@ -262,14 +319,14 @@ def attention(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: 
                 device,
                 args.attention_repeats,
             )
-            difference = (
-                (
-                    whole_pool_attention(query, keys, values, mask).float()
-                    - block_attention(query, keys, values, slot_table, valid).float()
-                )
-                .abs()
-                .max()
+            flex = _time_ms(
+                lambda q=query, k=keys, v=values, m=block_mask: flex_attention_rows(q, k, v, m),
+                device,
+                args.attention_repeats,
             )
+            reference = whole_pool_attention(query, keys, values, mask).float()
+            difference = (reference - block_attention(query, keys, values, slot_table, valid).float()).abs().max()
+            flex_difference = (reference - flex_attention_rows(query, keys, values, block_mask).float()).abs().max()
             out["cases"][f"R={rows},P={positions}"] = {
                 "rows": rows,
                 "positions": positions,
@@ -277,7 +334,10 @@ def attention(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: 
                 "whole_pool_ms": whole,
                 "block_ms": block,
                 "whole_pool/block": whole / block,
+                "flex_ms": flex,
+                "whole_pool/flex": whole / flex,
                 "max_abs_difference": float(difference),
+                "flex_max_abs_difference": float(flex_difference),
             }
         del keys, values
     out["memory"] = peak_memory(device)
@@ -333,8 +393,12 @@ def latency(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: to
         out["methods"][method] = {
             "decode_ms_per_token": statistics.median(r["decode_ms_per_token"] for r in measured),
             "first_token_ms": statistics.median(r["first_token_ms"] for r in measured),
-            "ops_per_token": statistics.median(r["ops_per_token"] for r in measured),
-            "traffic_bytes_per_token": statistics.median(r["traffic_bytes_per_token"]["median"] for r in measured),
+            "ops_per_token": None
+            if measured[0]["ops_per_token"] is None
+            else statistics.median(r["ops_per_token"] for r in measured),
+            "traffic_bytes_per_token": None
+            if measured[0]["traffic_bytes_per_token"] is None
+            else statistics.median(r["traffic_bytes_per_token"]["median"] for r in measured),
             "host_syncs_per_token": measured[0]["host_syncs_per_token"],
             "samples": len(measured),
         }
@@ -525,7 +589,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model, tokenizer = build(values, device, dtype)
     modes = args.modes or (["exact", "fast"] if device.type == "cpu" else ["fast"])
     compile_ = device.type == "cuda" if args.compile is None else args.compile
-    fast = {"compile": compile_, "buckets": args.buckets, "warmup": list(METHODS) if compile_ else False}
+    fast = {
+        "compile": args.compile_backend if compile_ else False,
+        "buckets": args.buckets,
+        "warmup": list(METHODS) if compile_ else False,
+    }
     if args.kv_pool_tokens is not None:
         fast["kv_pool_tokens"] = args.kv_pool_tokens
     report: dict[str, Any] = {
@@ -542,22 +610,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "sections": {},
     }
+    args.config_values, args.torch_dtype = values, dtype
     with CompileLog() as log:
-        decoders = {}
-        for mode in modes:  # a captured fast decoder compiles every bucket here, timed apart from the sections
-            decoders[mode] = FidesDecoder(model, tokenizer, mode=mode, **(fast if mode == "fast" else {}))
-        if "fast" in decoders:
-            report["compile"] = {
-                "enabled": compile_,
-                "buckets": args.buckets,
-                "warmup_s": decoders["fast"].stats.warmup_s,
-            }
-            write(report, args.out)
+        decoders: dict[str, Any] = {}
         prompts = Prompts(
             values["vocab_size"],
             {values["bos_token_id"], *values["eos_token_id"], tokenizer.pad_token_id, tokenizer.unk_token_id},
         )
         for name in args.sections:
+            if name != "attention" and not decoders:
+                # a captured fast decoder compiles every bucket here, timed apart from the sections
+                for mode in modes:
+                    decoders[mode] = FidesDecoder(model, tokenizer, mode=mode, **(fast if mode == "fast" else {}))
+                if "fast" in decoders:
+                    report["compile"] = {
+                        "enabled": compile_,
+                        "backend": args.compile_backend if compile_ else None,
+                        "buckets": args.buckets,
+                        "warmup_s": decoders["fast"].stats.warmup_s,
+                    }
+                    report["compile_log"] = log.summary()
+                    write(report, args.out)
             print(f"{name} ...", file=sys.stderr, flush=True)
             begun = time.perf_counter()
             if name in MODED:
@@ -566,7 +639,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     report["sections"][name]["modes"][mode] = SECTIONS[name](decoder, prompts, args, device)
                     write(report, args.out)
             else:
-                report["sections"][name] = SECTIONS[name](decoders[modes[-1]], prompts, args, device)
+                report["sections"][name] = SECTIONS[name](decoders.get(modes[-1]), prompts, args, device)
             report["sections"][name]["seconds"] = time.perf_counter() - begun
             if "fast" in decoders:
                 report["compile"]["fallback_steps"] = decoders["fast"].stats.captured_fallback_steps
@@ -605,13 +678,14 @@ def tables(report: dict[str, Any]) -> str:
             f"Attention alone ({att['heads']} heads, {att['kv_heads']} KV heads, head dim {att['head_dim']}, "
             f"{att['dtype']}):",
             "",
-            "| rows | pool positions | whole-pool masked ms | block ms | whole/block |",
-            "|---|---|---|---|---|",
+            "| rows | pool positions | whole-pool masked ms | gathered block ms | whole/gathered | flex block ms | "
+            "whole/flex |",
+            "|---|---|---|---|---|---|---|",
         ]
         for d in att["cases"].values():
             lines.append(
                 f"| {d['rows']} | {d['positions']:,} | {d['whole_pool_ms']:.3f} | {d['block_ms']:.3f} | "
-                f"{d['whole_pool/block']:.1f}x |"
+                f"{d['whole_pool/block']:.1f}x | {d['flex_ms']:.3f} | {d['whole_pool/flex']:.1f}x |"
             )
         lines.append("")
     for mode, exact in sections.get("exactness", {}).get("modes", {}).items():
@@ -639,7 +713,7 @@ def tables(report: dict[str, Any]) -> str:
             syncs = "-" if d["host_syncs_per_token"] is None else f"{d['host_syncs_per_token']:.1f}"
             lines.append(
                 f"| {method} | {d['decode_ms_per_token']:.2f} | {d['first_token_ms']:.1f} | {syncs} | "
-                f"{d['ops_per_token']:,.0f} |"
+                f"{_count(d['ops_per_token'])} |"
             )
         lines += ["", "Ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in lat["ratios"].items()), ""]
     for mode, batch in sections.get("batch", {}).get("modes", {}).items():
@@ -721,6 +795,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="capture fast mode's decode step with torch.compile, every bucket compiled first (default: on CUDA only)",
+    )
+    parser.add_argument(
+        "--compile-backend",
+        default="inductor",
+        help="torch.compile backend of the captured step (default: inductor; CUDA graphs on CUDA)",
     )
     parser.add_argument(
         "--buckets",

@@ -31,11 +31,21 @@ SYNC_WARNING = "synchroniz"
 class StepProbe(StoppingCriteria):
     """Marks the end of every step (time, dispatch totals, host syncs so far); counts decode steps 1..`counted`."""
 
-    def __init__(self, counted: int, device: torch.device, tokens: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        counted: int,
+        device: torch.device,
+        tokens: Callable[[], int] | None = None,
+        count_ops: bool | None = None,
+    ) -> None:
         self.counted = counted
         self.tokens = tokens
         """For an engine: the tokens it has decoded so far; a step that decoded none (a prompt chunk) is no mark."""
         self.cuda = device.type == "cuda"
+        self.count_ops = not self.cuda if count_ops is None else count_ops
+        """Whether counted steps count aten ops (default: off on CUDA, where a counted step would run eagerly instead
+        of replaying its captured graph, and flex attention would run unfused: another program than the one timed;
+        host syncs are counted either way)."""
         self.counter = DispatchCounter()
         self.marks: list[tuple[float, DispatchTotals, int]] = []
         self._caught: list[warnings.WarningMessage] = []
@@ -44,7 +54,10 @@ class StepProbe(StoppingCriteria):
 
     @contextlib.contextmanager
     def _counting(self) -> Iterator[None]:
-        with self.counter, warnings.catch_warnings(record=True) as caught:
+        with (
+            self.counter if self.count_ops else contextlib.nullcontext(),
+            warnings.catch_warnings(record=True) as caught,
+        ):
             warnings.simplefilter("always")
             self._active = caught
             if self.cuda:
@@ -120,14 +133,14 @@ class StepProbe(StoppingCriteria):
             "decode_ms_per_token": (times[-1] - times[self.counted]) / timed * 1000 if timed > 0 else None,
             "timed_steps": max(timed, 0),
             "counted_steps": len(steps),
-            "ops_per_token": statistics.median(s["ops"] for s in steps) if steps else None,
+            "ops_per_token": statistics.median(s["ops"] for s in steps) if steps and self.count_ops else None,
             "traffic_bytes_per_token": {
                 "median": statistics.median(traffic),
                 "mean": statistics.fmean(traffic),
                 "max": max(traffic),
                 "min": min(traffic),
             }
-            if steps
+            if steps and self.count_ops
             else None,
             "host_syncs_per_token": statistics.fmean(s["host_syncs"] for s in steps) if steps and self.cuda else None,
             "steps": steps,

@@ -5,9 +5,10 @@ from __future__ import annotations
 import contextlib
 
 import pytest
+import torch
 
 from fides_rag import FidesDecoder, PromptTemplate
-from fides_rag.eval.step_probe import measure_engine, measure_generate, prepared_from_ids
+from fides_rag.eval.step_probe import StepProbe, measure_engine, measure_generate, prepared_from_ids
 
 
 @pytest.fixture(scope="module")
@@ -51,3 +52,11 @@ def test_a_measured_generate_gives_standard_decoding_tokens(tiny_llama, tokenize
 def test_classifier_free_guidance_is_measured_with_its_negative_prompt(tiny_llama, tokenizer, example):
     measured = measure_generate(tiny_llama, example[0], 5, 2, negative_ids=example[1], guidance_scale=2.0)
     assert len(measured["token_ids"]) == 5 and measured["ops_per_token"] > 0
+
+
+def test_counted_steps_count_aten_ops_on_the_cpu_and_only_host_syncs_on_cuda():
+    """On CUDA a step under a dispatch mode would run eagerly instead of replaying its captured graph: another program
+    than the one timed. Counting ops there is opt-in."""
+    assert StepProbe(2, torch.device("cpu")).count_ops
+    assert not StepProbe(2, torch.device("cuda")).count_ops
+    assert StepProbe(2, torch.device("cuda"), count_ops=True).count_ops

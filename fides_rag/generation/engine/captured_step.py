@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from fides_rag.method.lens import ModelAnatomy
 
@@ -73,8 +74,12 @@ def _reason(error: BaseException) -> str:
         kind = "dynamo's recompile limit was hit"
     else:
         kind = "its compilation failed"
-    first = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
-    return f"{kind} ({type(error).__name__}: {first})"
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    guards = [
+        line.removeprefix("- ") for line in lines if "guard failure" not in line and not line.startswith("- User")
+    ]
+    said = "; ".join(guards[:4])[:600]  # the message's first line and the guards that failed
+    return f"{kind} ({type(error).__name__}: {said})"
 
 
 class CapturedStep:
@@ -99,6 +104,8 @@ class CapturedStep:
         """Seconds the warm-up took (None: none ran)."""
         self.fallback_steps = 0
         """Steps of a bucket that ran eagerly because its graph could not be compiled or run."""
+        self.eager_steps = 0
+        """Steps that ran eagerly by choice: under a dispatch mode (aten-op counting)."""
         self._failed: dict[tuple[Any, ...], str] = {}  # (bucket, hooks) -> why it runs eagerly
         self._warned: set[str] = set()
         self._projections: list[torch.nn.Module] | None = None
@@ -130,6 +137,11 @@ class CapturedStep:
                 torch._dynamo.mark_static_address(tensor)
 
     def __call__(self, ids: torch.Tensor, mask: Any, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+        if _get_current_dispatch_mode() is not None:
+            # A dispatch mode (counting aten ops) sees every op, which a graph replay hides; it also changes what
+            # dynamo guards on. Such a step runs eagerly and leaves its bucket's graph as it is.
+            self.eager_steps += 1
+            return self._step(ids, mask, positions, cache)
         pool = getattr(cache, "pool", None)
         if pool is not None:
             self.mark_static(pool.static_tensors())

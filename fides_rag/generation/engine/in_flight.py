@@ -102,6 +102,9 @@ class InFlight:
         chunks, after the decodes, over as many steps as the budget needs, and a request starts decoding at the step
         its last chunk ran."""
         self.drop_cancelled()
+        # The decode forward hooks only the layers its own rows' rules read, so its hook set (part of a captured
+        # step's graph) follows the rows it runs, never a request still being prefilled.
+        _, decode_layers = self.lanes.capture_layers()
         whole = plan.newcomers if plan.prefill_whole else []
         if not plan.prefill_whole:
             self.prefilling += [self._prefill_job(t, plan.chunk_tokens) for t in plan.newcomers]
@@ -116,17 +119,12 @@ class InFlight:
         state_layers, layers = self.lanes.capture_layers(
             [r.effective for j in self.prefilling for r in j.ticket.request.decoded]
         )
-        with LayerCapture(self.anatomy, layers) as capture, self._masking() as masker:
+        with self._masking() as masker:
             if not batch.empty:
-                batch.forward(batch.layout.next_tokens(old_units), capture, masker, plan.bucket)
-            if whole:
-                units = [(u, t.request.example, u.head_set) for t in whole for u in t.units]
-                groups, head_sets = prefill_groups(units, batch.layout.num_rows)
-                batch.join(groups, head_sets, capture, masker)
-            for chunk in plan.prefill_chunks(self.prefilling, self._start_row):
-                self.stats.prefill_tokens += chunk.row.run_chunk(
-                    self.anatomy, self.input_device, capture, masker, self.prefixes
-                )
+                with LayerCapture(self.anatomy, decode_layers) as decode_capture:
+                    batch.forward(batch.layout.next_tokens(old_units), decode_capture, masker, plan.bucket)
+            with LayerCapture(self.anatomy, layers) as capture:
+                self._prefill(whole, plan, capture, masker)
         joined = whole + self._join_prefilled(layers)
         if joined:
             self.stats.admissions += 1
@@ -163,6 +161,19 @@ class InFlight:
 
     def _start_row(self, row: RowPrefill) -> None:
         row.start(self.anatomy, self.prefixes)
+
+    def _prefill(
+        self, whole: Sequence[Ticket], plan: ScheduledStep, capture: LayerCapture, masker: HeadMasker | None
+    ) -> None:
+        """Prefill this step's prompts: the newcomers prefilled whole join the batch now, then the plan's chunks."""
+        if whole:
+            units = [(u, t.request.example, u.head_set) for t in whole for u in t.units]
+            groups, head_sets = prefill_groups(units, self.batch.layout.num_rows)
+            self.batch.join(groups, head_sets, capture, masker)
+        for chunk in plan.prefill_chunks(self.prefilling, self._start_row):
+            self.stats.prefill_tokens += chunk.row.run_chunk(
+                self.anatomy, self.input_device, capture, masker, self.prefixes
+            )
 
     def _join_prefilled(self, layers: tuple[int, ...]) -> list[Ticket]:
         """Requests whose every row is prefilled join the decode (their rows after the current ones)."""

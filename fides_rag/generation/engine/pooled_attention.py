@@ -29,7 +29,9 @@ IMPLEMENTATION = "fides_pooled"
 def _compiled_flex() -> Any:
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False)
+    # Automatic dynamic shapes: an eager step's row count changes from step to step, and one dynamic graph holds them
+    # all (a static graph per count would soon pass dynamo's recompile limit, and flex would then run unfused).
+    return torch.compile(flex_attention, dynamic=None)
 
 
 def flex_pooled(

@@ -16,6 +16,11 @@ from fides_rag.generation.engine.pooled_attention import pooled_attention
 from fides_rag.generation.engine.running import RunningBatch, _states
 
 
+def pool_attention_kind(device: torch.device) -> Attention:
+    """How the pool's attention runs on `device`: flex over a BlockMask on CUDA, the gather elsewhere."""
+    return "flex" if device.type == "cuda" and flex_available() else "gather"
+
+
 class PooledBatch(RunningBatch):
     """`RunningBatch` over a `KVPool`: one attention call per layer for every row."""
 
@@ -73,7 +78,7 @@ class PooledBatch(RunningBatch):
             if self.pool is None:  # kept while the batch empties and fills again: one size, one captured shape
                 windows = [getattr(layer.segments[0], "sliding_window", None) for layer in layers]
                 like = layers[0].segments[0].keys
-                attention: Attention = "flex" if like.device.type == "cuda" and flex_available() else "gather"
+                attention = pool_attention_kind(like.device)
                 self.pool = KVPool(windows, like, self.pool_blocks, self.max_rows, self.max_row_blocks, attention)
                 self.cache = PooledCache(self.pool, self.anatomy.config)
             self.positions, self.hidden, self.states = state.positions, state.last_hidden, states

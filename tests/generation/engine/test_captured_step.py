@@ -195,3 +195,38 @@ def test_many_methods_at_many_batch_sizes_fit_in_the_recompile_limit(tiny_llama,
 def test_warmup_without_compile_or_of_no_methods_is_refused(tiny_llama, tokenizer, options, message):
     with pytest.raises(ValueError, match=message):
         FidesDecoder(tiny_llama, tokenizer, **options)
+
+
+def test_a_decode_step_carries_only_its_own_rows_hooks_so_a_request_still_prefilling_costs_no_recompilation(
+    tiny_llama, tokenizer, monkeypatch
+):
+    """Long prompts are prefilled in chunks while other rows decode: the decode step's hooks (part of its graph) are
+    those of the rows it runs, so after warm-up no step of any method recompiles. Run on flex attention, the path
+    whose shapes stay fixed from step to step, as on CUDA."""
+    import fides_rag.generation.engine.pooled_batch as pooled_batch
+
+    monkeypatch.setattr(pooled_batch, "pool_attention_kind", lambda device: "flex")
+    methods = ["standard", "cad", "fides"]
+    _, captured = eager_and_captured(tiny_llama, tokenizer, buckets=[1, 2], warmup=methods)
+    captured.configure(max_num_batched_tokens=64)
+    document = [" ".join(["Lyon is the capital of France."] * 40)]
+    for method in methods:  # alone: a FIDES request's short no-context row is prefilled before its long one
+        assert (
+            len(captured.generate(QUESTIONS[0], document, method=method, max_new_tokens=4, min_new_tokens=4).token_ids)
+            == 4
+        )
+    handles = [captured.submit(QUESTIONS[1], document, method=m, max_new_tokens=6) for m in methods]
+    assert all(h.result().finish_reason is not None for h in handles)
+    assert captured.stats.captured_fallback_steps == 0 and captured.stats.failed == 0
+
+
+def test_a_step_under_a_dispatch_mode_runs_eagerly_and_keeps_its_bucket_captured(tiny_llama, tokenizer):
+    from fides_rag.eval.dispatch_counts import DispatchCounter
+
+    _, captured = eager_and_captured(tiny_llama, tokenizer, buckets=[1], warmup=["standard"])
+    counter = DispatchCounter()
+    with counter:  # counting aten ops: a graph replay would hide them, so this step runs eagerly
+        counted = captured.generate(QUESTIONS[0], DOCUMENTS[0], max_new_tokens=3, min_new_tokens=3).token_ids
+    with torch.compiler.set_stance("fail_on_recompile"):
+        again = captured.generate(QUESTIONS[0], DOCUMENTS[0], max_new_tokens=3, min_new_tokens=3).token_ids
+    assert again == counted and captured.stats.captured_fallback_steps == 0 and captured.stats.failed == 0
