@@ -83,11 +83,16 @@ def test_the_gpu_benchmark_runs_with_a_tiny_configuration_on_cpu(tmp_path):
         assert latency["memory"]["peak_rss_gib"] > 0
         assert "standard/hf-static-compile" in latency["ratios"]
 
-    for batch in report["sections"]["batch"]["modes"].values():
+    for mode, batch in report["sections"]["batch"]["modes"].items():
         for method in ("standard", "fides"):
             assert list(batch[method]) == ["1", "2"]
             assert all(size["decode_ms_per_step"] > 0 and size["tokens_per_s"] > 0 for size in batch[method].values())
-            assert batch[method]["2"]["ops_per_step"] >= batch[method]["1"]["ops_per_step"] > 0
+            one, two = batch[method]["1"]["ops_per_step"], batch[method]["2"]["ops_per_step"]
+            assert one > 0 and two > 0
+            if mode == "fast":  # one attention call per layer: the ops of a step stay flat in the requests
+                assert two <= 1.3 * one
+            else:  # exact mode attends each group of rows on its own
+                assert two > one
 
     serving = report["sections"]["serving"]
     assert list(serving["loads"]) == ["4.0", "8.0"]

@@ -9,10 +9,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-import torch
 from transformers import (
     LogitsProcessorList,
-    MinNewTokensLengthLogitsProcessor,
     StoppingCriteriaList,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
@@ -59,16 +57,6 @@ def _stacklevel_outside_package() -> int:
     while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "fides_rag":
         frame, level = frame.f_back, level + 1
     return level
-
-
-class _MinNewTokensOnScoresDevice(MinNewTokensLengthLogitsProcessor):
-    """transformers' min_new_tokens processor with its EOS ids moved to the scores' device at first use: that is the
-    output head's device, known only then (CUDA, or the last device of a model split over several)."""
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if self.eos_token_id.device != scores.device:
-            self.eos_token_id = self.eos_token_id.to(scores.device)
-        return super().__call__(input_ids, scores)
 
 
 @dataclass(frozen=True)
@@ -142,14 +130,11 @@ class GenerationSettings:
             **rest,
         )
 
-    def unit_processors(self, prompt_width: int, eos_token_ids: set[int]) -> LogitsProcessorList | None:
-        """transformers' processors of one request that read its own history: min_new_tokens, then the user's
-        (None when there are none). They see that request's context prompt and answer, as when it decodes alone."""
-        processors = LogitsProcessorList()
-        if self.min_new_tokens > 0 and eos_token_ids:
-            processors.append(_MinNewTokensOnScoresDevice(prompt_width, self.min_new_tokens, sorted(eos_token_ids)))
-        processors.extend(self.logits_processor or [])
-        return processors or None
+    def unit_processors(self) -> LogitsProcessorList | None:
+        """The user's logits processors of one request (None when there are none): they see that request's context
+        prompt and answer, as when it decodes alone. min_new_tokens is not among them: the engine holds EOS back for
+        every such request at once (transformers' `MinNewTokensLengthLogitsProcessor`, batched)."""
+        return LogitsProcessorList(self.logits_processor) if self.logits_processor else None
 
     def sampling_warpers(self) -> LogitsProcessorList:
         """transformers' sampling warpers (temperature, top-k, top-p): row by row, so shared by every request

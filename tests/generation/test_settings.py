@@ -41,7 +41,7 @@ def test_good_settings_pass():
         "TopKLogitsWarper",
         "TopPLogitsWarper",
     ]
-    assert settings.unit_processors(10, {2}) is None  # nothing that reads a request's own history
+    assert settings.unit_processors() is None  # nothing that reads a request's own history
 
 
 def test_lone_surrogates_are_refused_with_their_position(tiny_llama, tokenizer):
@@ -150,12 +150,3 @@ def test_an_infinitely_likely_token_is_the_one_drawn(tiny_llama, tokenizer):
         logits_processor=LogitsProcessorList([_Certain(7)]),
     )
     assert result.token_ids == [7] * 5
-
-
-def test_min_new_tokens_processor_follows_the_scores_device():
-    """Built before the logits exist, the processor must still run on the logits' device (CUDA, or the last device of a
-    split model); the meta device stands in for one that is not the CPU."""
-    processors = GenerationSettings(max_new_tokens=4, min_new_tokens=2).unit_processors(3, {7})
-    scores = torch.zeros(1, 10, device="meta")
-    out = processors(torch.zeros(1, 3, dtype=torch.long, device="meta"), scores)
-    assert out.device.type == "meta" and processors[0].eos_token_id.device.type == "meta"

@@ -1,6 +1,6 @@
-"""Choosing each unit's next token from its rule's scores: each request's own logits processors (on its own
-history, as when it decodes alone), the lane's sampling warpers, then argmax or a seeded draw per unit.
-Everything stays on the device; the caller moves the ids to the host once."""
+"""Choosing each unit's next token from its rule's scores: EOS held back below min_new_tokens (every row at once),
+each request's own logits processors (on its own history, as when it decodes alone), the lane's sampling warpers,
+then argmax or a seeded draw per unit. Everything stays on the device; the caller moves the ids to the host once."""
 
 from __future__ import annotations
 
@@ -38,6 +38,23 @@ def _drawable(scores: torch.Tensor) -> torch.Tensor:
     return certain.where(infinite.any(dim=-1, keepdim=True), scores.masked_fill(scores.isnan(), 0.0))
 
 
+def hold_eos(scores: torch.Tensor, units: Sequence[Unit]) -> torch.Tensor:
+    """[n, V] `scores` with the EOS ids at -inf on the rows of units that have generated fewer tokens than their
+    min_new_tokens: transformers' `MinNewTokensLengthLogitsProcessor`, for every row at once."""
+    held = [i for i, u in enumerate(units) if u.eos_ids and len(u.generated) < u.min_new_tokens]
+    if not held:
+        return scores
+    vocab = scores.shape[-1]
+    eos = sorted({e for i in held for e in units[i].eos_ids if 0 <= e < vocab})
+    if not eos:
+        return scores
+    rows = torch.tensor(held, dtype=torch.long).to(scores.device, non_blocking=True)
+    columns = torch.tensor(eos, dtype=torch.long).to(scores.device, non_blocking=True)
+    held_scores = scores.clone()
+    held_scores[rows[:, None], columns[None, :]] = float("-inf")
+    return held_scores
+
+
 def choose(
     scores: torch.Tensor, lane: Lane, errors: dict[int, BaseException]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -45,6 +62,7 @@ def choose(
     caller raises once it is on the host), and the processed scores [n, V]. A unit whose own processors raise gets
     its error in `errors` (its row is then chosen from unprocessed scores and discarded)."""
     units = lane.units
+    scores = hold_eos(scores, units)
     if any(u.processors is not None for u in units):
         rows = []
         for i, u in enumerate(units):

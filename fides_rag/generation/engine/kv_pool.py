@@ -27,18 +27,13 @@ from transformers.cache_utils import CacheLayerMixin, DynamicCache
 
 from fides_rag.generation.engine.kv_cache import RaggedLayer
 from fides_rag.generation.engine.kv_pool_size import BLOCK
+from fides_rag.generation.engine.pool_index import FILL, FULL_NUM, LAST, PART_NUM, POS, SELF, HostIndex
 
 __all__ = ["BLOCK", "SCRATCH", "KVPool", "PooledCache", "PooledLayer", "flex_available"]
 SCRATCH = 0
 """The block padding rows write and read (never given to a row)."""
 Attention = Literal["gather", "flex"]
-# The packed index buffer, one row per batch row: FILL (positions used in the last block), LAST (the last block),
-# POS (the position written this step), FULL_NUM (blocks before the last), PART_NUM (1), SELF (the row's number; -2
-# for a padding row), one count per sliding window, then regions of `max_row_blocks` block ids each: the row's blocks
-# in order, its last block, and per sliding window the blocks within the window.
-FILL, LAST, POS, FULL_NUM, PART_NUM, SELF, HEAD = 0, 1, 2, 3, 4, 5, 6
-PADDING_ROW = -2
-"""The owner of the scratch block, and the SELF of padding rows."""
+# The packed index buffer, one row per batch row: see pool_index.py.
 
 
 def flex_available() -> bool:
@@ -84,16 +79,8 @@ class KVPool:
         self.max_row_blocks = max(1, min(max_row_blocks, blocks))
         self.max_rows = max(1, max_rows)
         self.window_sizes = sorted({w for w in self.windows if w is not None})
-        width = self.max_row_blocks
-        self._num: dict[int | None, int] = {None: FULL_NUM, **{w: HEAD + i for i, w in enumerate(self.window_sizes)}}
-        first = HEAD + len(self.window_sizes)
-        self._region: dict[str | int, int] = {
-            "full": first,
-            "last": first + width,
-            **{w: first + (2 + i) * width for i, w in enumerate(self.window_sizes)},
-        }
-        self.columns = first + (2 + len(self.window_sizes)) * width
         total = blocks + 1
+        self.columns = HostIndex.columns_for(len(self.window_sizes), self.max_row_blocks)
         self._flat = torch.zeros(2 * total + self.max_rows * self.columns, dtype=torch.int32, device=self.device)
         """Every index buffer in one, filled by one host-to-device copy per step."""
         self.block_owner, self.block_ordinal = self._flat[:total], self._flat[total : 2 * total]
@@ -101,6 +88,9 @@ class KVPool:
         self.index = self._flat[2 * total :].view(self.max_rows, self.columns)
         """[rows, columns] this step's packed index (see FILL...HEAD)."""
         self._staging = torch.zeros_like(self._flat, device="cpu", pin_memory=self.device.type == "cuda")
+        owners = (self._staging[:total], self._staging[total : 2 * total]) if attention == "flex" else None
+        self._host = HostIndex(self.window_sizes, self.max_row_blocks, self.max_rows, owners)
+        """The packed index rows, kept on the host from step to step."""
         self.write_slots = torch.zeros(self.max_rows, dtype=torch.long, device=self.device)
         """[rows] this step's slot of every row."""
         self._arange = torch.arange(BLOCK, device=self.device)
@@ -183,8 +173,11 @@ class KVPool:
                     values[rows_t, :, cols_t].transpose(0, 1)[None],
                 )
                 at += rows
+        start = self.num_rows
         self.tables += tables
         self.lengths += list(lengths)
+        for row in range(start, self.num_rows):
+            self._host.pack(row, self.tables[row], self.lengths[row])
 
     def _take_all(self, counts: Sequence[int]) -> list[list[int]]:
         taken = self._take(sum(counts))
@@ -200,25 +193,27 @@ class KVPool:
         scratch slot only."""
         rows = self.num_rows
         padded = max(padded_rows or rows, rows)
+        grown = []
         for row, length in enumerate(self.lengths):
             if length % BLOCK == 0:
                 self.tables[row] += self._take(1)
+                grown.append(row)
             self.lengths[row] = length + 1
         width = max((len(t) for t in self.tables), default=1)
         if padded_rows is not None:  # a captured step: few shapes (powers of two of blocks)
             width = min(self.max_row_blocks, 1 << (width - 1).bit_length())
         if width > self.max_row_blocks:
             raise ValueError(f"a row holds {width} blocks, more than the pool's max_row_blocks={self.max_row_blocks}")
-        host = self._host_index(padded)
-        if self.attention == "flex":
-            self._host_owners()
+        self._host.step(self.tables, self.lengths, grown)
+        self._host.reserve(padded)
+        host = self._host.rows[:padded]
         if padded <= self.max_rows:
             end = 2 * self._total + padded * self.columns
             self._staging[2 * self._total : end].view(padded, self.columns).copy_(host)
             self._flat[:end].copy_(self._staging[:end], non_blocking=True)
             index, write_slots, self._own_slots = self.index[:padded], self.write_slots[:padded], None
         else:  # more rows than the persistent buffers hold: an eager step's own buffers
-            index = host.to(self.device)
+            index = host.to(self.device, copy=True)
             write_slots = self._own_slots = torch.empty(padded, dtype=torch.long, device=self.device)
         torch.add(index[:, LAST].long() * BLOCK, index[:, FILL].long() - 1, out=write_slots)
         self.rows = padded
@@ -226,7 +221,7 @@ class KVPool:
             self.masks = {w: self._block_mask(padded, w, index) for w in {*self.windows}}
             self.gather_slots = None
             return
-        blocks = index[:, self._region["full"] : self._region["full"] + width].long()  # [Rb, W]
+        blocks = index[:, self._host.region["full"] : self._host.region["full"] + width].long()  # [Rb, W]
         self.gather_slots = (blocks[:, :, None] * BLOCK + self._arange).reshape(-1)  # [Rb * W * BLOCK]
         key_positions = torch.arange(width * BLOCK, device=self.device)[None]  # [1, L]
         row_length = index[:, POS : POS + 1].long() + 1  # [Rb, 1]
@@ -236,50 +231,6 @@ class KVPool:
             if window is not None:
                 visible = visible & (key_positions >= row_length - window)
             self.masks[window] = visible[:, None, None, :]  # [Rb, 1, 1, L]
-
-    def _host_index(self, padded: int) -> torch.Tensor:
-        """This step's packed index, [Rb, columns], built on the host."""
-        host = torch.zeros((padded, self.columns), dtype=torch.int32)
-        full, last = self._region["full"], self._region["last"]
-        rows: list[list[int]] = []
-        for table, length in zip(self.tables, self.lengths):
-            row = [0] * self.columns
-            row[FILL], row[LAST], row[POS], row[FULL_NUM], row[PART_NUM] = (
-                (length - 1) % BLOCK + 1,
-                table[-1],
-                length - 1,
-                len(table) - 1,
-                1,
-            )
-            row[SELF] = len(rows)
-            row[full : full + len(table)] = table
-            row[last] = table[-1]
-            for window in self.window_sizes:
-                first = max(0, length - window) // BLOCK
-                start = self._region[window]
-                row[self._num[window]] = len(table) - first
-                row[start : start + len(table) - first] = table[first:]
-            rows.append(row)
-        if rows:
-            host[: len(rows)] = torch.tensor(rows, dtype=torch.int32)
-        host[len(rows) :, FILL] = 1  # padding rows: the scratch block's first slot
-        host[len(rows) :, PART_NUM] = 1
-        host[len(rows) :, SELF] = PADDING_ROW
-        for window in self.window_sizes:
-            host[len(rows) :, self._num[window]] = 1
-        return host
-
-    def _host_owners(self) -> None:
-        """The blocks' owners and places, on the host (flex's mask reads them): every block a row holds, the scratch
-        block (padding rows'), and free blocks (-1: nobody's)."""
-        owner, ordinal = self._staging[: self._total], self._staging[self._total : 2 * self._total]
-        owner.fill_(-1)  # free blocks: no row's
-        owner[0], ordinal[0] = PADDING_ROW, 0
-        blocks = [b for table in self.tables for b in table]
-        if blocks:
-            at = torch.tensor(blocks, dtype=torch.long)
-            owner[at] = torch.tensor([r for r, table in enumerate(self.tables) for _ in table], dtype=torch.int32)
-            ordinal[at] = torch.tensor([i for table in self.tables for i in range(len(table))], dtype=torch.int32)
 
     def _mask_mod(self, window: int | None) -> Callable[..., torch.Tensor]:
         """flex's mask_mod: key slot `kv` is visible to row `b` when the row holds its block and its position is at most
@@ -303,14 +254,14 @@ class KVPool:
         block within it, as partial blocks."""
         width = self.max_row_blocks
         if window is None:
-            full, last = self._region["full"], self._region["last"]
+            full, last = self._host.region["full"], self._host.region["last"]
             return {
                 "full_kv_num_blocks": index[:, None, FULL_NUM : FULL_NUM + 1],
                 "full_kv_indices": index[:, None, None, full : full + width],
                 "kv_num_blocks": index[:, None, PART_NUM : PART_NUM + 1],
                 "kv_indices": index[:, None, None, last : last + width],
             }
-        start, num = self._region[window], self._num[window]
+        start, num = self._host.region[window], self._host.num[window]
         return {
             "kv_num_blocks": index[:, None, num : num + 1],
             "kv_indices": index[:, None, None, start : start + width],
@@ -374,11 +325,12 @@ class KVPool:
         for old in range(self.num_rows):
             if old not in seen:
                 self.free += self.tables[old][::-1]
-        tables, lengths, done = [], [], set()
+        tables, lengths, done, fresh_rows = [], [], set(), []
         fresh_of = iter(fresh)
         for old in rows:
             if old in done:
                 table = next(fresh_of)
+                fresh_rows.append(len(tables))
                 length = self.lengths[old]
                 source = self._slots(self.tables[old], range(length))
                 src = torch.tensor(source, dtype=torch.long).to(self.device, non_blocking=True)
@@ -393,6 +345,7 @@ class KVPool:
             tables.append(table)
             lengths.append(self.lengths[old])
         self.tables, self.lengths = tables, lengths
+        self._host.keep(list(rows), fresh_rows, tables, lengths)
 
 
 class PooledLayer(CacheLayerMixin):

@@ -42,7 +42,11 @@ class Unit:
     """The engine's index of this unit's set of masked heads (MASKED_HEADS path), -1 for none."""
     generator: torch.Generator | None = None
     processors: Any = None
-    """This unit's own logits processors (min_new_tokens and the user's), built at admission; None when none."""
+    """This unit's own logits processors (the user's), built at admission; None when none."""
+    min_new_tokens: int = 0
+    """Tokens before which EOS is held back (the engine does it for all units at once, before their processors)."""
+    eos_ids: tuple[int, ...] = ()
+    """The ids min_new_tokens holds back."""
     criteria: Any = None
     """This unit's stopping criteria (transformers' StoppingCriteriaList), or None."""
     grammar: Any = None
