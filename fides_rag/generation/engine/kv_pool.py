@@ -325,7 +325,10 @@ class KVPool:
         for old in range(self.num_rows):
             if old not in seen:
                 self.free += self.tables[old][::-1]
-        tables, lengths, done, fresh_rows = [], [], set(), []
+        tables: list[list[int]] = []
+        lengths: list[int] = []
+        done: set[int] = set()
+        fresh_rows: list[int] = []
         fresh_of = iter(fresh)
         for old in rows:
             if old in done:
