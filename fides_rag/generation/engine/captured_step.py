@@ -104,8 +104,6 @@ class CapturedStep:
         """Seconds the warm-up took (None: none ran)."""
         self.fallback_steps = 0
         """Steps of a bucket that ran eagerly because its graph could not be compiled or run."""
-        self.eager_steps = 0
-        """Steps that ran eagerly by choice: under a dispatch mode (aten-op counting)."""
         self._failed: dict[tuple[Any, ...], str] = {}  # (bucket, hooks) -> why it runs eagerly
         self._warned: set[str] = set()
         self._projections: list[torch.nn.Module] | None = None
@@ -140,7 +138,6 @@ class CapturedStep:
         if _get_current_dispatch_mode() is not None:
             # A dispatch mode (counting aten ops) sees every op, which a graph replay hides; it also changes what
             # dynamo guards on. Such a step runs eagerly and leaves its bucket's graph as it is.
-            self.eager_steps += 1
             return self._step(ids, mask, positions, cache)
         pool = getattr(cache, "pool", None)
         if pool is not None:

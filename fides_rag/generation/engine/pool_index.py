@@ -54,10 +54,7 @@ class HostIndex:
         self._firsts: list[tuple[int, ...]] = []  # per row: the first block inside each window
         self._written = 0  # rows from the first that may differ from a padding row
         self.owners = owners
-        if owners is not None:
-            owner, ordinal = owners
-            owner.fill_(-1)
-            owner[0], ordinal[0] = PADDING_ROW, 0
+        self._clear_owners()
 
     @staticmethod
     def columns_for(windows: int, max_row_blocks: int) -> int:
@@ -94,10 +91,7 @@ class HostIndex:
         while len(self._firsts) <= row:
             self._firsts.append(())
         self._firsts[row] = firsts
-        if self.owners is not None:
-            owner, ordinal = self.owners
-            owner[blocks.long()] = row
-            ordinal[blocks.long()] = torch.arange(len(table), dtype=torch.int32)
+        self._own(row, blocks)
 
     def step(self, tables: Sequence[Sequence[int]], lengths: Sequence[int], grown: Sequence[int]) -> None:
         """A decode step: rows `grown` took a block, every row's length grew by one (`lengths`, this step's
@@ -134,10 +128,20 @@ class HostIndex:
         for row in sorted({*fresh, *unpacked}):
             self.pack(row, tables[row], lengths[row])
         if self.owners is not None:
+            self._clear_owners()
+            for row, table in enumerate(tables):
+                self._own(row, torch.tensor(table, dtype=torch.int32))
+
+    def _clear_owners(self) -> None:
+        """No block is any row's, but the scratch block, the padding rows'."""
+        if self.owners is not None:
             owner, ordinal = self.owners
             owner.fill_(-1)
             owner[0], ordinal[0] = PADDING_ROW, 0
-            for row, table in enumerate(tables):
-                blocks = torch.tensor(table, dtype=torch.long)
-                owner[blocks] = row
-                ordinal[blocks] = torch.arange(len(table), dtype=torch.int32)
+
+    def _own(self, row: int, blocks: torch.Tensor) -> None:
+        """Row `row` holds `blocks` (int32, in table order)."""
+        if self.owners is not None:
+            owner, ordinal = self.owners
+            owner[blocks.long()] = row
+            ordinal[blocks.long()] = torch.arange(len(blocks), dtype=torch.int32)
