@@ -4,12 +4,13 @@ committed eval runs.
 Reads `results/eval/<run>/results.json` (written by `fides-rag eval`) for the conflict rows (`--dataset nq-swap`)
 and the no-conflict rows (`--dataset nq-swap-original`) of each backbone, and prints markdown:
 
-    python benchmarks/scale_trend.py            # the headline table (README): CF and no-conflict EM, FIDES gated or not
+    python benchmarks/scale_trend.py            # the scale-trend table: CF and no-conflict EM, FIDES gated or not
     python benchmarks/scale_trend.py --gates    # each method against standard and AdaCAD with CIs, its contrasted share
     python benchmarks/scale_trend.py --full     # CF, Acc and MemR of every method, and the no-conflict slice (docs)
     python benchmarks/scale_trend.py --targets  # the do-no-harm targets, met or not, with the figures
     python benchmarks/scale_trend.py --strata --json     # per backbone, stratum, method: n, score, regressions, CI
     python benchmarks/scale_trend.py --strata --targets  # the true-conflict targets, held or not
+    python benchmarks/scale_trend.py --strata --headline # the README's table: true-conflict CF, known-agreeing EM
 
 With --strata it reads each backbone's strata run (`fides-rag eval --dataset nq-swap-both --strata`, see
 docs/evaluation.md): rows split by the passage (swapped or original) and by whether the backbone knew the original
@@ -368,6 +369,42 @@ def _ci(e: dict | None) -> str:
     return f"[{e['ci_vs_standard'][0]:+.1f}, {e['ci_vs_standard'][1]:+.1f}]"
 
 
+STRATA_HEADLINE_METHODS = ("standard", "adacad", "fides")
+
+
+def _score_cell(entry: dict | None, reference: bool) -> str:
+    """A method's score in a stratum, with its regressions against standard (rows standard gets right it breaks)."""
+    if entry is None or entry["score"] is None:
+        return "–"
+    return f"{entry['score']:.1f}" if reference else f"{entry['score']:.1f} ({entry['regressions']})"
+
+
+def strata_headline(root: Path = RESULTS, recommended: str | None = None) -> str:
+    """One row per backbone: true-conflict CF and known-agreeing EM of standard, AdaCAD, FIDES and the recommended
+    variant, each with its regressions against standard."""
+    backbones = strata_backbones(root)
+    chosen = recommended or recommend(backbones)
+    shown = [*STRATA_HEADLINE_METHODS, *([chosen] if chosen not in STRATA_HEADLINE_METHODS else [])]
+    names = {"standard": "standard", "adacad": "AdaCAD", "fides": "FIDES"}
+    head = ["backbone", "true-conflict n"] + [f"CF {names.get(m, m)}" for m in shown]
+    head += ["known-agreeing n"] + [f"EM {names.get(m, m)}" for m in shown]
+    rows = []
+    for b in BACKBONES:
+        data = backbones.get(b.name)
+        if data is None:
+            rows.append([f"{b.name} ({b.size})", "not run", *["–"] * len(shown), "not run", *["–"] * len(shown)])
+            continue
+        tc, ka = data["strata"]["true_conflict"], data["strata"]["known_agreeing"]
+        n_tc, n_ka = (s.get("standard", {}).get("n", 0) for s in (tc, ka))
+        rows.append(
+            [f"{b.name} ({b.size})", f"{n_tc} of {data['true_conflict_available']}"]
+            + [_score_cell(tc.get(m), m == "standard") for m in shown]
+            + [str(n_ka)]
+            + [_score_cell(ka.get(m), m == "standard") for m in shown]
+        )
+    return table(head, rows)
+
+
 def strata_targets(root: Path = RESULTS, recommended: str | None = None) -> str:
     """Per backbone: true-conflict rows, FIDES and the recommended variant against standard on true-conflict CF, the
     recommended variant's harm on known-agreeing rows; then which targets hold."""
@@ -451,6 +488,11 @@ def main() -> None:
         help="the do-no-harm targets of gated FIDES (with --strata: the true-conflict targets)",
     )
     shown.add_argument("--json", action="store_true", help="with --strata: the strata figures as one JSON object")
+    shown.add_argument(
+        "--headline",
+        action="store_true",
+        help="with --strata: the README's table (true-conflict CF, known-agreeing EM, regressions)",
+    )
     parser.add_argument(
         "--strata", action="store_true", help="read each backbone's strata run (fides-rag eval --strata)"
     )
@@ -461,16 +503,16 @@ def main() -> None:
     args = parser.parse_args()
     if args.strata:
         if args.gates or args.full:
-            parser.error("--strata takes --json or --targets")
+            parser.error("--strata takes --json, --targets or --headline")
         try:
-            shown_strata = strata_targets if args.targets else strata_json
+            shown_strata = strata_targets if args.targets else strata_headline if args.headline else strata_json
             print(shown_strata(args.results, args.recommended))
         except NoStrataResults as err:
             print(f"scale_trend.py: error: {err}", file=sys.stderr)
             raise SystemExit(2) from None
         return
-    if args.json or args.recommended:
-        parser.error("--json and --recommended need --strata")
+    if args.json or args.recommended or args.headline:
+        parser.error("--json, --headline and --recommended need --strata")
     shown = full if args.full else targets if args.targets else gates if args.gates else headline
     print(shown(args.results))
 

@@ -119,6 +119,17 @@ def test_targets_fail_on_too_few_rows_few_wins_and_regressions(tmp_path):
     assert "| Qwen2.5-Coder-0.5B-Instruct (0.5B) | not run |" in text
 
 
+def test_the_headline_gives_each_backbones_true_conflict_cf_and_known_agreeing_em_with_regressions(tmp_path):
+    _write(tmp_path, "gemma3-nqswap-strata", {"strata": _strata([1.0, 4.0], agreeing_regressions=4, tc_n=42)})
+    text = _run(tmp_path, "--strata", "--headline").stdout
+    head = text.splitlines()[0]
+    assert head.startswith("| backbone | true-conflict n | CF standard | CF AdaCAD | CF FIDES | CF fides+nwcad |")
+    row = "| gemma3-270m (270M) | 42 of 400 | 20.0 | – | 30.0 (5) | 25.0 (2) | 200 | 90.0 | – | 85.0 (20) | 89.5 (4) |"
+    assert row in text
+    assert "| SmolLM2-135M-Instruct (135M) | not run |" in text
+    assert _run(tmp_path, "--headline", check=False).returncode == 2  # the headline is the strata one
+
+
 def test_all_available_true_conflict_rows_count_as_enough(tmp_path):
     _write(tmp_path, "gemma3-nqswap-strata", {"strata": _strata([1.0, 4.0], tc_n=42, available=42)})
     text = _run(tmp_path, "--strata", "--targets").stdout

@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from fides_rag.cli.models_command import add_models_parser, run_models_command
 from fides_rag.decoder import MIN_BATCHED_TOKENS, FidesDecoder
@@ -246,7 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--no-progress", action="store_true")
     calibrate = commands.add_parser(
         "calibrate",
-        help="label-free calibration of FIDES's scales and weights for a backbone (writes a FidesConfig JSON)",
+        help="label-free calibration of FIDES's scales and weights, or of a gate's threshold, for a backbone (writes "
+        "a FidesConfig JSON)",
     )
     calibrate.add_argument("--model", required=True, help="bundled alias, hub id, local folder or .gguf file")
     calibrate.add_argument(
@@ -262,6 +263,20 @@ def build_parser() -> argparse.ArgumentParser:
         type=_integer_at_least(0),
         default=0,
         help="skip the first K examples (keep the pool apart from an eval on the first ones)",
+    )
+    calibrate.add_argument(
+        "--gate",
+        help="fit this gate's threshold instead of FIDES's scales (evidence: tau; blend: kappa), so that the rule "
+        "acts on --target-share of the tokens",
+    )
+    calibrate.add_argument(
+        "--target-share",
+        type=float,
+        default=None,
+        help="with --gate: the share of tokens the rule acts on, strictly between 0 and 1 (default 0.1)",
+    )
+    calibrate.add_argument(
+        "--config", help="with --gate: the FidesConfig JSON to add the gate's threshold to (default: the defaults)"
     )
     calibrate.add_argument("--batch-size", type=_integer_at_least(1), default=8)
     calibrate.add_argument("--max-new-tokens", type=_integer_at_least(1), default=16)
@@ -407,7 +422,7 @@ def _eval(args: argparse.Namespace) -> int:
         "data": args.data,
         "data_files": [str(f) for f in files],
         "data_sha256": files_sha256(files) if files else f"hub:{args.data}",
-        "config": config.to_dict(),
+        "config": config.without_gates().to_dict(),  # gate options are recorded with each gated method's options
     }
     if args.mode is not None:
         info["mode"] = args.mode
@@ -476,8 +491,15 @@ def _calibrate(args: argparse.Namespace) -> int:
     """Decode an unlabelled pool (questions and documents only), write the calibrated config and its statistics."""
     from fides_rag.eval.calibration import calibrate, check_writable, write_report
     from fides_rag.eval.datasets import data_dir, load_examples
+    from fides_rag.eval.gate_calibration import DEFAULT_TARGET_SHARE, check_target_share, thresholded_gate
 
-    check_writable(args.out)  # before any work
+    if args.gate is None and (args.target_share is not None or args.config is not None):
+        raise ValueError("--target-share and --config go with --gate (the gate whose threshold to fit)")
+    if args.gate is not None:  # bad input before any work
+        thresholded_gate(args.gate)
+        check_target_share(DEFAULT_TARGET_SHARE if args.target_share is None else args.target_share)
+    base = FidesConfig.from_file(args.config) if args.config else None
+    check_writable(args.out)
     examples = load_examples(args.dataset, args.data, limit=args.offset + args.n, passages=args.passages)
     available = len(examples)
     examples = examples[args.offset :]
@@ -510,6 +532,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         "device": str(decoder.device),
         "dtype": str(decoder.model.dtype),
     }
+    if args.gate is not None:
+        return _calibrate_gate(args, decoder, pairs, base, source)
     report = calibrate(
         decoder,
         pairs,
@@ -521,6 +545,31 @@ def _calibrate(args: argparse.Namespace) -> int:
     config_path, md_path = write_report(report, args.out)
     print(report.markdown())
     print(f"calibrated config: {config_path} (use with --config {config_path}); statistics: {md_path}")
+    return 0
+
+
+def _calibrate_gate(
+    args: argparse.Namespace, decoder: FidesDecoder, pairs: list[Any], base: FidesConfig | None, source: dict
+) -> int:
+    from fides_rag.eval.gate_calibration import DEFAULT_TARGET_SHARE, calibrate_gate, write_gate_calibration
+
+    calibration = calibrate_gate(
+        decoder,
+        pairs,
+        args.gate,
+        target_share=DEFAULT_TARGET_SHARE if args.target_share is None else args.target_share,
+        base=base,
+        batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens,
+        progress=not args.no_progress,
+        source={**source, "base_config_file": args.config},
+    )  # a target share out of reach raises before anything is written
+    config_path, md_path = write_gate_calibration(calibration, args.out)
+    print(calibration.markdown())
+    print(
+        f"config with {args.gate}'s {calibration.option} = {calibration.value:.4g}: {config_path} (use with --config "
+        f"{config_path} and a method such as fides+{args.gate}); table: {md_path}"
+    )
     return 0
 
 

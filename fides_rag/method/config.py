@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,19 @@ MAX_ALPHA = 1e30
 """The largest contrast strength a_t a config may produce: the rules compute (1 + a)·z_ctx − a·z_noctx in float32,
 whose largest value is 3.4e38, so with a ≤ 1e30 the products stay finite for logits up to 1e8 in magnitude."""
 _NUMBERS = ("lambda_", "alpha_min", "shift_scale", "noise_scale", "noise_layer_ratio", "fixed_alpha")
+
+
+def _checked_gates(gates: Any) -> dict[str, dict[str, float]]:
+    """`gates` as {gate name: {option: float}} (whether each gate and option exists is checked where a rule takes the
+    config: `FidesRule`, below the gates' registry)."""
+    _require(
+        isinstance(gates, Mapping)
+        and all(isinstance(name, str) and isinstance(o, Mapping) for name, o in gates.items())
+        and all(isinstance(option, str) and _is_real(v) for o in gates.values() for option, v in o.items()),
+        "gates",
+        f'expected {{gate name: {{option: finite number}}}}, e.g. {{"evidence": {{"tau": 0.2}}}}, got {gates!r:.120}',
+    )
+    return {name: {option: float(value) for option, value in options.items()} for name, options in gates.items()}
 
 
 def _require(condition: bool, field_name: str, message: str) -> None:
@@ -49,6 +63,9 @@ class FidesConfig:
     """The logit-lens layer is floor(ratio * L); the source finds 0.3-0.6 equivalent."""
     fixed_alpha: float | None = None
     """Ablation: use this constant a_t instead of the fused score (signals are still recorded)."""
+    gates: Mapping[str, Mapping[str, float]] = field(default_factory=dict, hash=False)
+    """Calibrated options of gates by gate name, e.g. {"evidence": {"tau": 0.21}} (`fides-rag calibrate --gate`): a
+    method `rule+gate` built with this config takes them. FIDES itself, ungated, ignores them."""
     source: dict[str, Any] = field(default_factory=dict, compare=False)
     """Free-form provenance, e.g. the model and data a calibrated config came from."""
 
@@ -100,6 +117,7 @@ class FidesConfig:
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, float(getattr(self, name)))
         self._check_strengths()
+        object.__setattr__(self, "gates", _checked_gates(self.gates))
 
     def _check_strengths(self) -> None:
         """Every contrast strength this config can produce stays <= MAX_ALPHA (see there why)."""
@@ -148,9 +166,22 @@ class FidesConfig:
 
     # -- files --------------------------------------------------------------------------------
 
+    def gate_options(self, gate: str) -> dict[str, float]:
+        """The calibrated options of the gate named `gate` (empty when this config has none)."""
+        return dict(self.gates.get(gate, {}))
+
+    def without_gates(self) -> FidesConfig:
+        """This config with no gate options (nor their provenance): the constants of FIDES alone."""
+        return replace(self, gates={}, source={k: v for k, v in self.source.items() if k != "gates"})
+
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; `gates` only when some gate has options."""
         data = asdict(self)
         data["weights"] = list(self.weights)
+        if self.gates:
+            data["gates"] = {name: dict(options) for name, options in self.gates.items()}
+        else:
+            del data["gates"]
         return data
 
     @classmethod

@@ -20,6 +20,19 @@ from fides_rag.rules.base import CONTEXT, NO_CONTEXT, ContrastRule, StepInputs, 
 from fides_rag.rules.registry import register_method
 
 
+def _check_gate_options(config: FidesConfig) -> None:
+    """Every gate a config carries options for exists and takes them (a ValueError naming the gate otherwise)."""
+    from fides_rag.rules.gates import available_gates, get_gate
+
+    for name, options in config.gates.items():
+        if name not in available_gates():
+            raise ValueError(f"FidesConfig.gates: unknown gate {name!r}; gates: {', '.join(available_gates())}")
+        try:
+            get_gate(name, **options)
+        except ValueError as err:
+            raise ValueError(f"FidesConfig.gates: {err}") from None
+
+
 def noise_layer(num_layers: int, ratio: float) -> int:
     """mid = floor(ratio · L), at least block 1 (1-based, so never the embedding output)."""
     return max(1, math.floor(ratio * num_layers))
@@ -40,6 +53,7 @@ class FidesRule(ContrastRule):
             raise TypeError(f"config must be a FidesConfig, got {type(config).__name__}")
         if overrides:
             config = FidesConfig.from_dict({**config.to_dict(), **overrides})
+        _check_gate_options(config)
         self.config = config
 
     @property
@@ -75,4 +89,5 @@ class FidesRule(ContrastRule):
     def options(self) -> dict:
         cfg = self.config.to_dict()
         cfg.pop("source", None)
+        cfg.pop("gates", None)  # the gates' options, not FIDES's: they change nothing here
         return cfg

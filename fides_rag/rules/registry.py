@@ -70,7 +70,8 @@ def split_method(method: str) -> tuple[str, str | None]:
 def get_method(method: str | ContrastRule, *, gate: Any = None, **options: Any) -> ContrastRule:
     """A configured rule: `get_method("cad", alpha=0.5)`; behind a gate `get_method("fides+agree")` or
     `get_method("cad", alpha=0.5, gate=NwcadGate(tau=0.2))` (options configure the rule). A rule object passes
-    through unchanged (or gets `gate`). The gate `none` leaves the rule as it is."""
+    through unchanged (or gets `gate`). The gate `none` leaves the rule as it is. A gate given by name takes the
+    options that the rule's config (FIDES's FidesConfig) holds for it in `gates` (`fides-rag calibrate --gate`)."""
     from fides_rag.rules.gated import GatedRule
     from fides_rag.rules.gates import get_gate
 
@@ -93,6 +94,9 @@ def get_method(method: str | ContrastRule, *, gate: Any = None, **options: Any) 
             raise ValueError(f"bad options for method {name!r}: {err}") from None
     if gate is None:
         return rule
+    if isinstance(gate, str):  # a gate by name takes the options the rule's config carries for it (calibrated)
+        config = getattr(rule, "config", None)
+        gate = get_gate(gate, **(config.gate_options(gate) if hasattr(config, "gate_options") else {}))
     gate = get_gate(gate)
     return rule if type(gate).name == "none" else GatedRule(rule, gate)
 

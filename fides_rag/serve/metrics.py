@@ -55,6 +55,11 @@ class ServerMetrics:
                 "kv_pool_used_tokens",
             ),
             (
+                "fides_kv_pool_shared_blocks",
+                "KV pool blocks rows took by reference instead of a copy (prompt blocks found kept, duplicated rows)",
+                "kv_pool_shared_blocks",
+            ),
+            (
                 "fides_prompt_tokens_computed",
                 "Of those, tokens computed (the rest came from the prefix cache)",
                 "prefill_tokens",

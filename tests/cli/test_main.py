@@ -208,6 +208,51 @@ def test_calibrate_never_reads_answers(tiny_folder, tmp_path):
     assert a == b
 
 
+def test_calibrate_gate_writes_a_threshold_that_generate_gates_with(tiny_folder, tmp_path, capsys):
+    from fides_rag import FidesConfig
+
+    data = write_pool(tmp_path / "pool.jsonl")
+    base = FidesConfig(lambda_=1.0).to_file(tmp_path / "base.json")
+    out = tmp_path / "gated.json"
+    extra = ("--gate", "evidence", "--target-share", "0.25", "--config", str(base))
+    assert cli.main(calibrate_args(tiny_folder, data, out, *extra)) == 0
+    printed = capsys.readouterr().out
+    assert "| evidence | tau |" in printed and "fides+evidence" in printed
+    cfg = FidesConfig.from_file(out)
+    tau = cfg.gates["evidence"]["tau"]
+    assert cfg.lambda_ == 1.0 and cfg.source["gates"]["evidence"]["target_share"] == 0.25
+    generate = ["generate", "Which city?", "--doc", "Lyon.", "--model", str(tiny_folder), "--max-new-tokens", "2"]
+    assert cli.main([*generate, "--methods", "fides+evidence", "--config", str(out), "--json"]) == 0
+    record = json.loads(capsys.readouterr().out.strip())
+    assert record["method_options"]["gate_options"] == {"tau": tau}
+    # A calibrated gate's lane joins a run made with the default config: the thresholds are the gated method's options.
+    run = tmp_path / "eval"
+    evaluate = ["eval", "--model", str(tiny_folder), "--dataset", "jsonl", "--data", str(data), "--limit", "2"]
+    evaluate += ["--out", str(run), "--max-new-tokens", "2", "--bootstrap", "10", "--no-progress"]
+    assert cli.main([*evaluate, "--methods", "standard,fides", "--config", str(base)]) == 0
+    assert cli.main([*evaluate, "--methods", "standard,fides,fides+evidence", "--config", str(out)]) == 0
+    info = json.loads((run / "run.json").read_text())
+    assert "gates" not in info["config"] and info["config"]["lambda_"] == 1.0
+    assert info["method_options"]["fides+evidence"]["options"]["gate_options"] == {"tau": tau}
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (("--gate", "agree"), "the gate 'agree' has no threshold to calibrate; gates that have one: blend, evidence"),
+        (("--gate", "evidence", "--target-share", "1.5"), "target_share must be a number strictly between 0 and 1"),
+        (("--target-share", "0.2"), "--target-share and --config go with --gate"),
+        (("--gate", "evidence", "--target-share", "0.01"), "cannot hold a share of 0.01"),
+    ],
+)
+def test_calibrate_gate_bad_input_is_one_line_and_writes_nothing(tiny_folder, tmp_path, capsys, extra, message):
+    data = write_pool(tmp_path / "pool.jsonl")
+    out = tmp_path / "gated.json"
+    assert cli.main(calibrate_args(tiny_folder, data, out, *extra)) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists() and not out.with_suffix(".md").exists()
+
+
 def test_calibrate_argument_errors(capsys):
     with pytest.raises(SystemExit):
         cli.main(["calibrate", "--model", "m", "--n", "1"])

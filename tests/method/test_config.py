@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from fides_rag import FidesConfig
+from fides_rag import FidesConfig, get_method
 
 
 def test_defaults_are_the_sources():
@@ -125,3 +125,38 @@ def test_from_file_names_a_directory_or_a_binary_file(tmp_path):
     (tmp_path / "weights.bin").write_bytes(bytes(range(256)))
     with pytest.raises(ValueError, match=r"FidesConfig file .*weights\.bin is not a text file; pass a JSON file"):
         FidesConfig.from_file(tmp_path / "weights.bin")
+
+
+def test_gate_options_round_trip_and_leave_the_constants_alone(tmp_path):
+    config = FidesConfig(gates={"evidence": {"tau": 0.2}, "blend": {"kappa": 0.1}})
+    assert config.gate_options("evidence") == {"tau": 0.2} and config.gate_options("agree") == {}
+    again = FidesConfig.from_file(config.to_file(tmp_path / "c.json"))
+    assert again == config and again != FidesConfig()
+    assert config.without_gates() == FidesConfig() and "gates" not in FidesConfig().to_dict()
+
+
+@pytest.mark.parametrize(
+    "gates, message",
+    [
+        ({"evidence": {"tau": "0.1"}}, "expected {gate name: {option: finite number}}"),
+        ({"evidence": 0.1}, "expected {gate name: {option: finite number}}"),
+        ({"evidence": {"tau": float("nan")}}, "expected {gate name: {option: finite number}}"),
+    ],
+)
+def test_gate_options_that_are_not_numbers_by_name_are_refused(gates, message):
+    with pytest.raises(ValueError, match=rf"FidesConfig.gates: {message}"):
+        FidesConfig(gates=gates)
+
+
+@pytest.mark.parametrize(
+    "gates, message",
+    [
+        ({"nope": {"tau": 0.1}}, "unknown gate 'nope'"),
+        ({"evidence": {"tau": 0.9}}, r"evidence: tau must be a number in \[0, 0.693147\]"),
+        ({"evidence": {"threshold": 0.1}}, "bad options for gate 'evidence'"),
+    ],
+)
+def test_a_config_naming_an_unknown_gate_or_option_is_refused_where_fides_takes_it(gates, message):
+    config = FidesConfig(gates=gates)  # the config knows no gates; the rules do
+    with pytest.raises(ValueError, match=rf"FidesConfig.gates: .*{message}"):
+        get_method("fides", config=config)

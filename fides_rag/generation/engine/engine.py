@@ -315,6 +315,7 @@ class DecodeEngine:
     def snapshot(self) -> DecoderStats:
         """The counters, what is in flight and the prefix cache's counters, as they are now."""
         cache = self.prefix_cache
+        blocks = self._flight.pool_blocks
         return DecoderStats(
             **asdict(self.stats),
             queue_length=self.queue_length,
@@ -328,6 +329,9 @@ class DecodeEngine:
             prefix_cache_bytes=cache.bytes,
             kv_pool_tokens=(self.pool_blocks or 0) * BLOCK,
             kv_pool_used_tokens=self._flight.pool_used_tokens,
+            kv_pool_kept_tokens=blocks.kept * BLOCK if blocks is not None else 0,
+            kv_pool_shared_blocks=blocks.counts.shared if blocks is not None else 0,
+            kv_pool_copied_on_write=blocks.counts.copied_on_write if blocks is not None else 0,
             captured_fallback_steps=self.captured.fallback_steps if self.captured is not None else 0,
             warmup_s=self.captured.warmup_s if self.captured is not None else None,
         )

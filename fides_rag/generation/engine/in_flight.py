@@ -15,8 +15,10 @@ import torch
 
 from fides_rag.generation.engine.gather import StepPlan
 from fides_rag.generation.engine.hooks import HeadMasker, LayerCapture
+from fides_rag.generation.engine.kv_pool_size import BLOCK
 from fides_rag.generation.engine.lanes import Lanes
 from fides_rag.generation.engine.layout import Unit, prefill_groups
+from fides_rag.generation.engine.pool_blocks import PoolBlocks, PromptBlocks
 from fides_rag.generation.engine.prefilling import RowPrefill, TicketPrefill, row_prefills
 from fides_rag.generation.engine.prefix_cache import PrefixCache
 from fides_rag.generation.engine.running import RunningBatch
@@ -82,6 +84,12 @@ class InFlight:
         """Positions of the KV pool's blocks the running rows hold (0: no pool)."""
         pool = getattr(self.batch, "pool", None)
         return pool.used_tokens if pool is not None else 0
+
+    @property
+    def pool_blocks(self) -> PoolBlocks | None:
+        """The KV pool's block accounting (None: no pool)."""
+        pool = getattr(self.batch, "pool", None)
+        return pool.block_refs if pool is not None else None
 
     @property
     def extendable(self) -> bool:
@@ -182,11 +190,22 @@ class InFlight:
             offset = self.batch.layout.num_rows
             head_sets = [g.head_set for g in job.groups for _ in g.sequences]
             self.batch.append(
-                job.prefilled(self.anatomy.config), job.states(layers), head_sets, [len(r.ids) for r in job.rows]
+                job.prefilled(self.anatomy.config),
+                job.states(layers),
+                head_sets,
+                [len(r.ids) for r in job.rows],
+                self._prompt_blocks(job),
             )
             self._wire(job.ticket, offset)  # after its rows joined: a request whose rows could not join is in no lane
         self.prefilling = [job for job in self.prefilling if not job.finished]
         return [job.ticket for job in done]
+
+    def _prompt_blocks(self, job: TicketPrefill) -> list[PromptBlocks] | None:
+        """The rows' prompt blocks, where the batch takes them by reference and the prefix cache's blocks are the
+        pool's (hashing them is otherwise wasted)."""
+        if not (self.batch.shares_prompt_blocks and self.prefixes.enabled and self.prefixes.block_size == BLOCK):
+            return None
+        return [row.prompt_blocks(self.prefixes) for row in job.rows]
 
     def _masking(self) -> AbstractContextManager[HeadMasker | None]:
         """The head masker over every set of heads registered so far (rebuilt when a new set arrives)."""

@@ -2,9 +2,11 @@
 so one attention call per layer serves every row of every request and path.
 
 The pool is cut into blocks of `BLOCK` positions (block 0 is scratch: padding rows of a captured step write and read
-it). Each row owns a list of blocks (its block table, on the host); a row's position p lives at slot
-`table[p // BLOCK] * BLOCK + p % BLOCK` of every layer. The scheduler admits a request only when the blocks of all
-its rows fit (prompt plus max_new_tokens), so the pool never runs out and never grows.
+it). Each row holds a list of blocks (its block table, on the host); a row's position p lives at slot
+`table[p // BLOCK] * BLOCK + p % BLOCK` of every layer. Rows may hold a block together, counted (`pool_blocks.py`):
+a joining row takes kept prompt blocks by reference, a repeated row its original's blocks, and a row about to write
+into a shared block copies it first. The scheduler admits a request only when the blocks of all its rows fit (prompt
+plus max_new_tokens, each row its own), so the pool never runs out and never grows.
 
 At each decode step, `begin_step` copies every row's length and block table to the device in one host-to-device copy
 (into persistent index buffers) and the step writes one slot per row per layer (`index_copy_`). Attention then runs
@@ -27,7 +29,8 @@ from transformers.cache_utils import CacheLayerMixin, DynamicCache
 
 from fides_rag.generation.engine.kv_cache import RaggedLayer
 from fides_rag.generation.engine.kv_pool_size import BLOCK
-from fides_rag.generation.engine.pool_index import FILL, FULL_NUM, LAST, PART_NUM, POS, SELF, HostIndex
+from fides_rag.generation.engine.pool_blocks import PoolBlocks, PromptBlocks
+from fides_rag.generation.engine.pool_index import FILL, FULL_NUM, LAST, PART_NUM, POS, HostIndex
 
 __all__ = ["BLOCK", "SCRATCH", "KVPool", "PooledCache", "PooledLayer", "flex_available"]
 SCRATCH = 0
@@ -71,7 +74,8 @@ class KVPool:
         shape = (1, self.kv_heads, slots, self.head_dim)
         self.keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.windows]
         self.values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.windows]
-        self.free = list(range(blocks, 0, -1))  # popped from the end: low blocks first
+        self.block_refs = PoolBlocks(blocks)
+        """Free blocks, each block's holders, and the prompt blocks kept for reuse (`pool_blocks.py`)."""
         self.tables: list[list[int]] = []
         """Per row: its blocks, in position order."""
         self.lengths: list[int] = []
@@ -81,15 +85,15 @@ class KVPool:
         self.window_sizes = sorted({w for w in self.windows if w is not None})
         total = blocks + 1
         self.columns = HostIndex.columns_for(len(self.window_sizes), self.max_row_blocks)
-        self._flat = torch.zeros(2 * total + self.max_rows * self.columns, dtype=torch.int32, device=self.device)
+        self._flat = torch.zeros(total + self.max_rows * self.columns, dtype=torch.int32, device=self.device)
         """Every index buffer in one, filled by one host-to-device copy per step."""
-        self.block_owner, self.block_ordinal = self._flat[:total], self._flat[total : 2 * total]
-        """[blocks + 1] each: the row that holds each block (flex) and its place in the row's table."""
-        self.index = self._flat[2 * total :].view(self.max_rows, self.columns)
+        self.block_ordinal = self._flat[:total]
+        """[blocks + 1] each block's place in the tables that hold it (flex's mask)."""
+        self.index = self._flat[total:].view(self.max_rows, self.columns)
         """[rows, columns] this step's packed index (see FILL...HEAD)."""
         self._staging = torch.zeros_like(self._flat, device="cpu", pin_memory=self.device.type == "cuda")
-        owners = (self._staging[:total], self._staging[total : 2 * total]) if attention == "flex" else None
-        self._host = HostIndex(self.window_sizes, self.max_row_blocks, self.max_rows, owners)
+        ordinals = self._staging[:total] if attention == "flex" else None
+        self._host = HostIndex(self.window_sizes, self.max_row_blocks, self.max_rows, ordinals)
         """The packed index rows, kept on the host from step to step."""
         self.write_slots = torch.zeros(self.max_rows, dtype=torch.long, device=self.device)
         """[rows] this step's slot of every row."""
@@ -123,18 +127,11 @@ class KVPool:
 
     @property
     def used_tokens(self) -> int:
-        """Positions of the blocks rows hold now."""
-        return (self.blocks - len(self.free)) * BLOCK
+        """Positions of the blocks rows hold now (a block several rows share counts once)."""
+        return self.block_refs.held * BLOCK
 
     def _take(self, count: int) -> list[int]:
-        if count > len(self.free):
-            raise RuntimeError(
-                f"the KV pool has {len(self.free)} free blocks of {self.blocks}, {count} asked: the scheduler "
-                "admits a request only when its blocks fit, so this is a bug"
-            )
-        taken = self.free[len(self.free) - count :][::-1]
-        del self.free[len(self.free) - count :]
-        return taken
+        return self.block_refs.take(count)
 
     def _slots(self, table: list[int], positions: range) -> list[int]:
         return [table[p // BLOCK] * BLOCK + p % BLOCK for p in positions]
@@ -144,19 +141,29 @@ class KVPool:
         self.keys[layer].index_copy_(2, index, keys.to(self.dtype))
         self.values[layer].index_copy_(2, index, values.to(self.dtype))
 
-    def add_rows(self, cache: Any, lengths: Sequence[int]) -> None:
+    def add_rows(self, cache: Any, lengths: Sequence[int], prompts: Sequence[PromptBlocks] | None = None) -> None:
         """Append the rows of a prefill's ragged cache (every row's real length in `lengths`) after the current ones.
-        Their blocks are taken first: a pool short of them raises with nothing changed."""
+        With `prompts` (per row: its prompt blocks' hashes and how many lead to a cut), a row takes the kept blocks of
+        its leading blocks by reference instead of a copy, and its own prompt blocks are kept for later rows. Its
+        other blocks are taken first: a pool short of them raises with nothing changed."""
         for index, layer in enumerate(cache.layers):
             if not isinstance(layer, RaggedLayer):
                 raise TypeError(f"fast mode needs a ragged prefill cache, got {type(layer).__name__} at layer {index}")
-        tables = self._take_all([math.ceil(length / BLOCK) for length in lengths])
+        shared = [self._shared_prefix(p) for p in prompts] if prompts is not None else [[] for _ in lengths]
+        own = self._take_all([math.ceil(length / BLOCK) - len(s) for length, s in zip(lengths, shared)])
+        for blocks in shared:
+            self.block_refs.share(blocks)
+        tables = [s + o for s, o in zip(shared, own)]
+        skip = [len(s) * BLOCK for s in shared]  # positions held by reference: not copied
+        written = [0] * len(lengths)  # per row: the first position from which every layer wrote
         for index, layer in enumerate(cache.layers):
             at = 0
             for segment in layer.segments:
                 keys, values = segment.keys, segment.values  # [n, kv_heads, T_s, d]
                 rows, width = keys.shape[0], keys.shape[-2]
-                taken = [min(lengths[at + i], width) for i in range(rows)]
+                taken = [min(lengths[at + i], width, lengths[at + i] - skip[at + i]) for i in range(rows)]
+                for i in range(rows):
+                    written[at + i] = max(written[at + i], lengths[at + i] - min(lengths[at + i], width))
                 row_index = [i for i in range(rows) for _ in range(taken[i])]
                 column = [width - taken[i] + j for i in range(rows) for j in range(taken[i])]
                 slots = [
@@ -178,6 +185,24 @@ class KVPool:
         self.lengths += list(lengths)
         for row in range(start, self.num_rows):
             self._host.pack(row, self.tables[row], self.lengths[row])
+        for i, prompt in enumerate(prompts or []):
+            self._keep_prompt(prompt, tables[i], written[i], lengths[i])
+
+    def _shared_prefix(self, prompt: PromptBlocks) -> list[int]:
+        """The kept blocks a row takes by reference: its leading blocks found kept, up to the last that ends at one
+        of its chunk cuts (whose states its own forwards would compute alike), never its last position's block."""
+        found = self.block_refs.found(prompt.hashes)
+        usable = max((n for n in prompt.cut_blocks if n <= len(found)), default=0)
+        return found[:usable]
+
+    def _keep_prompt(self, prompt: PromptBlocks, table: Sequence[int], written: int, length: int) -> None:
+        """Keep a joined row's full prompt blocks that every layer wrote (a sliding-window layer holds only its
+        window) and that no later write touches (its last position's block is left out)."""
+        first = -(-written // BLOCK)
+        last = (length - 1) // BLOCK  # the block of the row's last position: left out
+        end = min(last, len(prompt.hashes))
+        if first < end:
+            self.block_refs.keep(prompt.hashes[first:end], table[first:end])
 
     def _take_all(self, counts: Sequence[int]) -> list[list[int]]:
         taken = self._take(sum(counts))
@@ -198,6 +223,9 @@ class KVPool:
             if length % BLOCK == 0:
                 self.tables[row] += self._take(1)
                 grown.append(row)
+            elif self.block_refs.is_shared(self.tables[row][-1]):  # about to write into a shared block: copy it
+                self._copy_on_write(row)
+                grown.append(row)
             self.lengths[row] = length + 1
         width = max((len(t) for t in self.tables), default=1)
         if padded_rows is not None:  # a captured step: few shapes (powers of two of blocks)
@@ -208,8 +236,8 @@ class KVPool:
         self._host.reserve(padded)
         host = self._host.rows[:padded]
         if padded <= self.max_rows:
-            end = 2 * self._total + padded * self.columns
-            self._staging[2 * self._total : end].view(padded, self.columns).copy_(host)
+            end = self._total + padded * self.columns
+            self._staging[self._total : end].view(padded, self.columns).copy_(host)
             self._flat[:end].copy_(self._staging[:end], non_blocking=True)
             index, write_slots, self._own_slots = self.index[:padded], self.write_slots[:padded], None
         else:  # more rows than the persistent buffers hold: an eager step's own buffers
@@ -233,15 +261,17 @@ class KVPool:
             self.masks[window] = visible[:, None, None, :]  # [Rb, 1, 1, L]
 
     def _mask_mod(self, window: int | None) -> Callable[..., torch.Tensor]:
-        """flex's mask_mod: key slot `kv` is visible to row `b` when the row holds its block and its position is at most
+        """flex's mask_mod: key slot `kv` is visible to row `b` when the row's table holds its block (at the block's
+        place, which every row sharing the block shares) and its position is at most
         the row's (and, in a window, within it). It reads the persistent buffers: one function per window for every
         step (no new closure, no recompilation); complete on its own, though flex applies it to partial blocks only."""
-        index, owner, ordinal = self.index, self.block_owner, self.block_ordinal
+        index, ordinal, full = self.index, self.block_ordinal, self._host.region["full"]
 
         def mask_mod(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
             block = kv // BLOCK
-            position = ordinal[block] * BLOCK + kv % BLOCK
-            visible = (owner[block] == index[b, SELF]) & (position <= index[b, POS])
+            place = ordinal[block]  # the block's place in the tables that hold it (rows sharing it hold it alike)
+            position = place * BLOCK + kv % BLOCK
+            visible = (index[b, full + place] == block) & (position <= index[b, POS])
             if window is not None:
                 visible = visible & (position > index[b, POS] - window)
             return visible
@@ -313,42 +343,33 @@ class KVPool:
             values.index_select(2, self.gather_slots).view(shape).transpose(0, 1),
         )
 
+    def _copy_on_write(self, row: int) -> None:
+        """Row `row`'s last block, shared, replaced by a copy of its own (every layer's slots of that block)."""
+        shared = self.tables[row][-1]
+        (fresh,) = self._take(1)
+        src, dst = shared * BLOCK + self._arange, fresh * BLOCK + self._arange  # [BLOCK] each, on the device
+        for tensor in (*self.keys, *self.values):
+            tensor.index_copy_(2, dst, tensor.index_select(2, src))
+        self.block_refs.release([shared])
+        self.block_refs.counts.copied_on_write += 1
+        self.tables[row] = [*self.tables[row][:-1], fresh]
+
     def keep(self, rows: Sequence[int]) -> None:
-        """Keep rows `rows` (in that order; a repeated row gets a copy of its slots in new blocks)."""
+        """Keep rows `rows` (in that order; a repeated row shares its blocks by reference, and copies one before it
+        writes into it)."""
+        kept = set(rows)
+        for old in range(self.num_rows):
+            if old not in kept:
+                self.block_refs.release(self.tables[old])
         seen: set[int] = set()
-        copies = []
         for old in rows:
             if old in seen:
-                copies.append(old)
+                self.block_refs.share(self.tables[old])
             seen.add(old)
-        fresh = self._take_all([len(self.tables[old]) for old in copies])
-        for old in range(self.num_rows):
-            if old not in seen:
-                self.free += self.tables[old][::-1]
-        tables: list[list[int]] = []
-        lengths: list[int] = []
-        done: set[int] = set()
-        fresh_rows: list[int] = []
-        fresh_of = iter(fresh)
-        for old in rows:
-            if old in done:
-                table = next(fresh_of)
-                fresh_rows.append(len(tables))
-                length = self.lengths[old]
-                source = self._slots(self.tables[old], range(length))
-                src = torch.tensor(source, dtype=torch.long).to(self.device, non_blocking=True)
-                dst = torch.tensor(self._slots(table, range(length)), dtype=torch.long).to(
-                    self.device, non_blocking=True
-                )
-                for tensor in (*self.keys, *self.values):
-                    tensor.index_copy_(2, dst, tensor.index_select(2, src))
-            else:
-                done.add(old)
-                table = self.tables[old]
-            tables.append(table)
-            lengths.append(self.lengths[old])
-        self.tables, self.lengths = tables, lengths
-        self._host.keep(list(rows), fresh_rows, tables, lengths)
+        tables = [list(self.tables[old]) for old in rows]
+        self.lengths = [self.lengths[old] for old in rows]
+        self.tables = tables
+        self._host.keep(list(rows), [], tables, self.lengths)
 
 
 class PooledLayer(CacheLayerMixin):

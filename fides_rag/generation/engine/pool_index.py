@@ -8,8 +8,8 @@ row's blocks in order, its last block, and per sliding window the blocks within 
 A row holds up to `max_row_blocks` ids per region, so rebuilding every row at every step costs the host rows x
 columns (64 rows of an 8B model's 128k-token window: a million entries a step). Here a row is rewritten only when its
 blocks change (once every BLOCK positions) or a window moves past a block; POS and FILL of every row are set at once;
-rows past the last are padding rows and stay so. With `owners`, it also keeps which row holds each block and its
-place in that row's table (flex attention's mask reads them).
+rows past the last are padding rows and stay so. With `ordinals`, it also keeps each block's place in the tables that
+hold it (flex attention's mask reads it; rows sharing a block hold it at the same place).
 """
 
 from __future__ import annotations
@@ -22,18 +22,18 @@ from fides_rag.generation.engine.kv_pool_size import BLOCK
 
 FILL, LAST, POS, FULL_NUM, PART_NUM, SELF, HEAD = 0, 1, 2, 3, 4, 5, 6
 PADDING_ROW = -2
-"""The owner of the scratch block, and the SELF of padding rows."""
+"""The SELF of padding rows."""
 
 
 class HostIndex:
-    """The packed index rows (`rows`, [capacity, columns]) and, with `owners`, the blocks' owners and places."""
+    """The packed index rows (`rows`, [capacity, columns]) and, with `ordinals`, each block's place in its tables."""
 
     def __init__(
         self,
         window_sizes: Sequence[int],
         max_row_blocks: int,
         capacity: int,
-        owners: tuple[torch.Tensor, torch.Tensor] | None = None,
+        ordinals: torch.Tensor | None = None,
     ) -> None:
         self.window_sizes = list(window_sizes)
         width = max_row_blocks
@@ -53,8 +53,7 @@ class HostIndex:
         self.rows = self.template.repeat(max(1, capacity), 1)
         self._firsts: list[tuple[int, ...]] = []  # per row: the first block inside each window
         self._written = 0  # rows from the first that may differ from a padding row
-        self.owners = owners
-        self._clear_owners()
+        self.ordinals = ordinals
 
     @staticmethod
     def columns_for(windows: int, max_row_blocks: int) -> int:
@@ -91,7 +90,7 @@ class HostIndex:
         while len(self._firsts) <= row:
             self._firsts.append(())
         self._firsts[row] = firsts
-        self._own(row, blocks)
+        self._place(blocks)
 
     def step(self, tables: Sequence[Sequence[int]], lengths: Sequence[int], grown: Sequence[int]) -> None:
         """A decode step: rows `grown` took a block, every row's length grew by one (`lengths`, this step's
@@ -127,21 +126,11 @@ class HostIndex:
         unpacked = [row for row, old in enumerate(order) if old >= known]  # rows never packed
         for row in sorted({*fresh, *unpacked}):
             self.pack(row, tables[row], lengths[row])
-        if self.owners is not None:
-            self._clear_owners()
-            for row, table in enumerate(tables):
-                self._own(row, torch.tensor(table, dtype=torch.int32))
+        if self.ordinals is not None:
+            for table in tables:
+                self._place(torch.tensor(table, dtype=torch.int32))
 
-    def _clear_owners(self) -> None:
-        """No block is any row's, but the scratch block, the padding rows'."""
-        if self.owners is not None:
-            owner, ordinal = self.owners
-            owner.fill_(-1)
-            owner[0], ordinal[0] = PADDING_ROW, 0
-
-    def _own(self, row: int, blocks: torch.Tensor) -> None:
-        """Row `row` holds `blocks` (int32, in table order)."""
-        if self.owners is not None:
-            owner, ordinal = self.owners
-            owner[blocks.long()] = row
-            ordinal[blocks.long()] = torch.arange(len(blocks), dtype=torch.int32)
+    def _place(self, blocks: torch.Tensor) -> None:
+        """A table's `blocks` (int32, in table order) are at places 0, 1, ... in it."""
+        if self.ordinals is not None:
+            self.ordinals[blocks.long()] = torch.arange(len(blocks), dtype=torch.int32)

@@ -12,6 +12,7 @@ from fides_rag.generation.engine.captured_step import CapturedStep
 from fides_rag.generation.engine.hooks import HeadMasker, LayerCapture
 from fides_rag.generation.engine.kv_cache import Prefilled, RaggedLayer, mergeable
 from fides_rag.generation.engine.kv_pool import Attention, KVPool, PooledCache, flex_available
+from fides_rag.generation.engine.pool_blocks import PromptBlocks
 from fides_rag.generation.engine.pooled_attention import pooled_attention
 from fides_rag.generation.engine.running import RunningBatch, _states
 
@@ -33,6 +34,8 @@ class PooledBatch(RunningBatch):
     """Rows the pool's persistent index buffers hold (the most a captured step runs; more run with their own)."""
     max_row_blocks: int = 512
     """Blocks one row may hold at most (the context window's)."""
+
+    shares_prompt_blocks = True
 
     @property
     def extendable(self) -> bool:
@@ -69,7 +72,12 @@ class PooledBatch(RunningBatch):
         self.states = {layer: state[:rows] for layer, state in capture.states.items()}
 
     def append(
-        self, state: Prefilled, states: dict[int, torch.Tensor], head_sets: Sequence[int], lengths: Sequence[int]
+        self,
+        state: Prefilled,
+        states: dict[int, torch.Tensor],
+        head_sets: Sequence[int],
+        lengths: Sequence[int],
+        prompts: Sequence[PromptBlocks] | None = None,
     ) -> None:
         layers = state.cache.layers
         if not all(isinstance(layer, RaggedLayer) for layer in layers):
@@ -94,7 +102,7 @@ class PooledBatch(RunningBatch):
                 )
                 for layer in {*self.states, *states}
             }
-        self.pool.add_rows(state.cache, lengths)
+        self.pool.add_rows(state.cache, lengths, prompts)
         self.layout.append(head_sets, lengths)
 
     def keep(self, rows: list[int] | None) -> None:

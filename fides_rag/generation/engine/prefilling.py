@@ -19,6 +19,7 @@ import torch
 from fides_rag.generation.engine.hooks import HeadMasker, LayerCapture
 from fides_rag.generation.engine.kv_cache import DecodeCache, Prefilled, ragged_cache
 from fides_rag.generation.engine.layout import GroupSpec
+from fides_rag.generation.engine.pool_blocks import PromptBlocks
 from fides_rag.generation.engine.prefix_cache import PrefixCache, head_key
 from fides_rag.generation.prompting import common_prefix
 from fides_rag.method.lens import ModelAnatomy
@@ -56,6 +57,13 @@ class RowPrefill:
     @property
     def finished(self) -> bool:
         return self.done == len(self.ids)
+
+    def prompt_blocks(self, prefixes: PrefixCache) -> PromptBlocks:
+        """Its full blocks' chained hashes (the prefix cache's), and the block counts where its chunk cuts fall."""
+        size = prefixes.block_size
+        hashes = prefixes.block_hashes(self.ids, self.cuts, self.head_key)
+        cut_blocks = [c // size for c in self.cuts if c < len(self.ids) and c % size == 0]
+        return PromptBlocks(hashes, cut_blocks)
 
     def next_cut(self) -> int:
         return next(c for c in self.cuts if c > self.done)

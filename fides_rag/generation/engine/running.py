@@ -22,11 +22,15 @@ from fides_rag.generation.engine.kv_cache import (
     prune,
 )
 from fides_rag.generation.engine.layout import GroupSpec, RowLayout
+from fides_rag.generation.engine.pool_blocks import PromptBlocks
 from fides_rag.method.lens import ModelAnatomy
 
 
 class RunningBatch:
     """Rows in flight and their cache; `forward` advances every row one token, `join` appends newcomers' rows."""
+
+    shares_prompt_blocks = False
+    """Whether joining rows take their prompt's cached blocks by reference (fast mode's pool)."""
 
     def __init__(self, anatomy: ModelAnatomy, pad_id: int, input_device: torch.device, split_prefill: bool) -> None:
         self.anatomy = anatomy
@@ -96,10 +100,15 @@ class RunningBatch:
         self.append(state, dict(capture.states), head_sets, lengths)
 
     def append(
-        self, state: Prefilled, states: dict[int, torch.Tensor], head_sets: Sequence[int], lengths: Sequence[int]
+        self,
+        state: Prefilled,
+        states: dict[int, torch.Tensor],
+        head_sets: Sequence[int],
+        lengths: Sequence[int],
+        prompts: Sequence[PromptBlocks] | None = None,
     ) -> None:
         """Append prefilled rows (their cache, mask, last positions and states, layer -> [n, H]) after the current
-        ones."""
+        ones. `prompts`: the rows' prompt blocks, which a batch that `shares_prompt_blocks` takes by reference."""
         if self.empty:
             self.cache, self.positions, self.hidden = state.cache, state.positions, state.last_hidden
             self.mask = state.attention_mask.bool()

@@ -71,11 +71,17 @@ class DecoderStats:
     prefix_cache_evictions: int
     prefix_cache_entries: int
     prefix_cache_bytes: int
+    """Bytes of KV states the prefix cache holds."""
     kv_pool_tokens: int = 0
     """Fast mode's KV pool: the positions it holds (fixed; 0 in exact mode)."""
     kv_pool_used_tokens: int = 0
-    """Of those, the positions of the blocks rows hold now."""
-    """Bytes of KV states the prefix cache holds."""
+    """Of those, the positions of the blocks rows hold now (a block rows share counts once)."""
+    kv_pool_kept_tokens: int = 0
+    """Of the pool's positions, those of prompt blocks kept for later rows (given back when blocks run short)."""
+    kv_pool_shared_blocks: int = 0
+    """Blocks rows took by reference instead of a copy, so far (prompt blocks found kept, duplicated rows' blocks)."""
+    kv_pool_copied_on_write: int = 0
+    """Shared blocks copied because a row was about to write into them, so far."""
     captured_fallback_steps: int = 0
     """Decode steps of a captured bucket that ran eagerly because its graph could not be compiled, or would have
     been recompiled after warm-up (the tokens are the same; the log says why)."""

@@ -38,10 +38,19 @@ class Gate(ABC):
     name: ClassVar[str] = ""
     state_size: ClassVar[int] = 0
     """Values a gate keeps per sequence between steps (`StepInputs.state`; zeros at a sequence's first step)."""
+    threshold: ClassVar[str | None] = None
+    """The option `fides-rag calibrate --gate` fits, where the gate leaves a token to the rule on one side of a
+    threshold on one per-token `statistic` (None: the gate has no such option)."""
+    rule_above: ClassVar[bool] = True
+    """Whether the rule acts where `statistic` >= the threshold (True) or where it is below (False)."""
 
     @abstractmethod
     def decide(self, step: StepInputs) -> GateDecision:
         """Each row's choice from the two paths' logits. Runs on the device: no host synchronisation."""
+
+    def statistic(self, step: StepInputs) -> torch.Tensor:
+        """[B] the per-token value the gate compares with its `threshold` option (gates that declare one)."""
+        raise NotImplementedError(f"the gate {self.name!r} has no threshold to calibrate")
 
     def options(self) -> dict[str, Any]:
         """The gate's settings, recorded with every result; equal options must gate alike."""
@@ -66,6 +75,11 @@ def register_gate(name: str) -> Callable[[GateType], GateType]:
 def available_gates() -> list[str]:
     """Names a method accepts after its `+` (e.g. `fides+agree`), in registration order."""
     return GATES.names()
+
+
+def calibrated_gates() -> list[str]:
+    """Names of the gates with a threshold `fides-rag calibrate --gate` can fit."""
+    return [name for name in GATES.names() if GATES.get(name).threshold is not None]
 
 
 def gate_is_registered(gate: Gate) -> bool:

@@ -27,6 +27,9 @@ class BlendGate(Gate):
     >>> get_method("fides", gate=BlendGate(context_weight=0.5))
     """
 
+    threshold = "kappa"
+    rule_above = False
+
     def __init__(self, context_weight: float = 0.75, kappa: float = 0.05) -> None:
         self.context_weight = checked_fraction("blend", "context_weight", context_weight)
         self.kappa = checked_fraction("blend", "kappa", kappa)
@@ -38,9 +41,13 @@ class BlendGate(Gate):
         lam = self.context_weight
         weights = [math.log(w) if w > 0 else -math.inf for w in (lam, 1.0 - lam)]
         mixed = torch.logaddexp(ctx.log_softmax(dim=-1) + weights[0], prior.log_softmax(dim=-1) + weights[1])  # [B, V]
-        confident = top_two_margin(ctx) >= self.kappa  # [B]
+        confident = self.statistic(step) >= self.kappa  # [B]
         choice = torch.where(confident, MEMORY_LEANING, RULE)  # [B]
         return GateDecision(choice, mixed)
+
+    def statistic(self, step: StepInputs) -> torch.Tensor:
+        """[B] the context path's margin p₁ − p₂: the rule acts below `kappa`."""
+        return top_two_margin(step.ctx_logits)
 
     def options(self) -> dict:
         return {"context_weight": self.context_weight, "kappa": self.kappa}

@@ -3,11 +3,16 @@ reference, the block lists flex receives are each row's blocks, and the pool's b
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers.cache_utils import DynamicLayer
 
+from fides_rag.generation.engine.kv_cache import RaggedLayer
 from fides_rag.generation.engine.kv_pool import BLOCK, KVPool, flex_available
+from fides_rag.generation.engine.pool_blocks import PromptBlocks
 from fides_rag.generation.engine.pooled_attention import flex_pooled
 
 KV_HEADS, HEADS, DIM = 2, 4, 8
@@ -18,7 +23,7 @@ def pool_with_rows(attention: str, lengths: list[int], windows=(None,), blocks: 
     torch.manual_seed(seed)
     like = torch.zeros(1, KV_HEADS, 1, DIM)
     pool = KVPool(list(windows), like, blocks=blocks, max_rows=8, max_row_blocks=6, attention=attention)
-    pool.free = pool.free[::-1]  # hand out high blocks first: tables are not in slot order
+    pool.block_refs.free = pool.block_refs.free[::-1]  # hand out high blocks first: tables are not in slot order
     for layer in range(len(windows)):
         pool.keys[layer].normal_()
         pool.values[layer].normal_()
@@ -111,13 +116,58 @@ def test_flex_attention_over_the_block_mask_matches_the_gather_path(window):
     torch.testing.assert_close(flex_pooled(query, keys, values, block_mask, None, compiled=False), expected)
 
 
-def test_rows_that_leave_give_their_blocks_back_and_copies_take_new_ones():
+def test_rows_that_leave_give_their_blocks_back_and_a_repeated_row_shares_them_until_it_writes():
     pool = pool_with_rows("gather", [20, 5])  # 2 + 1 blocks of 12
     assert pool.used_tokens == 3 * BLOCK and pool.capacity_tokens == 12 * BLOCK
-    pool.keep([0, 0])  # row 1 leaves, row 0 is copied
-    assert pool.used_tokens == 4 * BLOCK and pool.tables[0] != pool.tables[1]
-    slots = [torch.tensor(pool._slots(t, range(20))) for t in pool.tables]
-    torch.testing.assert_close(pool.keys[0][:, :, slots[0]], pool.keys[0][:, :, slots[1]])
+    before = pool.keys[0].clone()
+    pool.keep([0, 0])  # row 1 leaves, row 0 is repeated: by reference, nothing copied
+    assert pool.tables[0] == pool.tables[1] and pool.used_tokens == 2 * BLOCK
+    shared = pool.tables[0][-1]
+    assert pool.block_refs.counts.shared == 2 and torch.equal(pool.keys[0], before)
+    new_keys, new_values = torch.randn(2, KV_HEADS, 1, DIM), torch.randn(2, KV_HEADS, 1, DIM)
+    (keys, _), mask = step(pool, new_keys, new_values)  # both rows write position 20, in their shared last block
+    first, last = zip(*[(t[0], t[-1]) for t in pool.tables])
+    assert first[0] == first[1] and last[0] != last[1]  # the full block stays shared, the written one is copied
+    assert pool.block_refs.counts.copied_on_write == 1 and pool.used_tokens == 3 * BLOCK
+    assert shared in last  # one row keeps the block, the other writes into its copy
+    old = torch.tensor(pool._slots([shared], range(4)))
+    copy = torch.tensor(pool._slots([b for b in last if b != shared], range(4)))
+    torch.testing.assert_close(pool.keys[0][:, :, copy], before[:, :, old])  # the copy holds the shared states
+    for row in range(2):  # each row sees its own new key at position 20
+        torch.testing.assert_close(keys[row, :, 20], new_keys[row, :, 0])
     with pytest.raises(RuntimeError, match="free blocks"):
-        pool._take(9)
-    assert pool.used_tokens == 4 * BLOCK  # nothing taken
+        pool._take(10)
+    assert pool.used_tokens == 3 * BLOCK  # nothing taken
+
+
+def ragged_rows(rows: list[torch.Tensor]) -> SimpleNamespace:
+    """A one-layer prefill cache of rows [1, kv_heads, T, d] (keys and values alike)."""
+    segments = []
+    for keys in rows:
+        layer = DynamicLayer()
+        layer.update(keys, keys.clone())
+        segments.append(layer)
+    return SimpleNamespace(layers=[RaggedLayer(segments)])
+
+
+def test_a_row_whose_prompt_blocks_are_kept_takes_them_by_reference_and_copies_only_the_rest():
+    pool = KVPool([None], torch.zeros(1, KV_HEADS, 1, DIM), blocks=12, max_rows=8, max_row_blocks=6)
+    first = torch.randn(1, KV_HEADS, 40, DIM)
+    pool.add_rows(ragged_rows([first]), [40], [PromptBlocks([b"a", b"b"], [2])])
+    assert pool.used_tokens == 3 * BLOCK and pool.block_refs.kept == 2  # its two full prompt blocks are kept
+    second = torch.cat([first[:, :, :32], torch.randn(1, KV_HEADS, 5, DIM)], dim=2)
+    pool.add_rows(ragged_rows([second]), [37], [PromptBlocks([b"a", b"b"], [2])])
+    assert pool.tables[1][:2] == pool.tables[0][:2] and pool.tables[1][2] != pool.tables[0][2]
+    assert pool.used_tokens == 4 * BLOCK and pool.block_refs.counts.shared == 2
+    held = pool.keys[0][0][:, torch.tensor(pool._slots(pool.tables[1], range(37)))]
+    torch.testing.assert_close(held, second[0])
+    pool.add_rows(ragged_rows([torch.randn(1, KV_HEADS, 37, DIM)]), [37], [PromptBlocks([b"x", b"b"], [2])])
+    assert pool.block_refs.counts.shared == 2  # another first block: nothing found, nothing shared
+
+
+def test_only_the_leading_blocks_up_to_a_chunk_cut_are_taken_by_reference():
+    pool = KVPool([None], torch.zeros(1, KV_HEADS, 1, DIM), blocks=12, max_rows=8, max_row_blocks=6)
+    first = torch.randn(1, KV_HEADS, 50, DIM)
+    pool.add_rows(ragged_rows([first]), [50], [PromptBlocks([b"a", b"b", b"c"], [1, 3])])
+    pool.add_rows(ragged_rows([first[:, :, :49]]), [49], [PromptBlocks([b"a", b"b", b"c"], [1])])
+    assert pool.tables[1][:1] == pool.tables[0][:1] and pool.tables[1][1] != pool.tables[0][1]

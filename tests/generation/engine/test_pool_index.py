@@ -13,7 +13,6 @@ from fides_rag.generation.engine.pool_index import (
     FILL,
     FULL_NUM,
     LAST,
-    PADDING_ROW,
     PART_NUM,
     POS,
     SELF,
@@ -39,22 +38,22 @@ def rebuilt(index: HostIndex, tables: list[list[int]], lengths: list[int], padde
     return host
 
 
-def owners(tables: list[list[int]], blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
-    owner = torch.full((blocks,), -1, dtype=torch.int32)
+def places(tables: list[list[int]], blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each held block's place in its table, and which blocks are held."""
     ordinal = torch.zeros(blocks, dtype=torch.int32)
-    owner[0] = PADDING_ROW
-    for r, table in enumerate(tables):
+    held = torch.zeros(blocks, dtype=torch.bool)
+    for table in tables:
         for i, b in enumerate(table):
-            owner[b], ordinal[b] = r, i
-    return owner, ordinal
+            ordinal[b], held[b] = i, True
+    return ordinal, held
 
 
 @pytest.mark.parametrize("windows", [(), (24,), (24, 40)])
 def test_the_index_kept_step_by_step_equals_the_index_rebuilt_from_the_tables(windows):
     rng = random.Random(0)
     blocks = 400
-    owner, ordinal = torch.zeros(blocks, dtype=torch.int32), torch.zeros(blocks, dtype=torch.int32)
-    index = HostIndex(windows, max_row_blocks=40, capacity=2, owners=(owner, ordinal))
+    ordinal = torch.zeros(blocks, dtype=torch.int32)
+    index = HostIndex(windows, max_row_blocks=40, capacity=2, ordinals=ordinal)
     free = list(range(blocks - 1, 0, -1))
     tables: list[list[int]] = []
     lengths: list[int] = []
@@ -93,7 +92,5 @@ def test_the_index_kept_step_by_step_equals_the_index_rebuilt_from_the_tables(wi
         padded = len(tables) + rng.randint(0, 3)
         index.reserve(padded)
         assert torch.equal(index.rows[:padded], rebuilt(index, tables, lengths, padded))
-        expected_owner, expected_ordinal = owners(tables, blocks)
-        assert torch.equal(owner, expected_owner)
-        held = expected_owner >= 0
+        expected_ordinal, held = places(tables, blocks)
         assert torch.equal(ordinal[held], expected_ordinal[held])
