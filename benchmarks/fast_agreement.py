@@ -93,6 +93,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             **compare(results["exact"], results["fast"]),
             "seconds": time.perf_counter() - began,
         }
+        fast = modes["fast"].stats
+        report["fast_mode_pool"] = {  # so far: prompt blocks fast mode took by reference instead of a copy
+            "shared_blocks": fast.kv_pool_shared_blocks,
+            "copied_on_write": fast.kv_pool_copied_on_write,
+            "prefix_cache_hits": fast.prefix_cache_hits,
+        }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
         d = report["methods"][method]

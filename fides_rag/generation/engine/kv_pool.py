@@ -150,9 +150,9 @@ class KVPool:
             if not isinstance(layer, RaggedLayer):
                 raise TypeError(f"fast mode needs a ragged prefill cache, got {type(layer).__name__} at layer {index}")
         shared = [self._shared_prefix(p) for p in prompts] if prompts is not None else [[] for _ in lengths]
-        own = self._take_all([math.ceil(length / BLOCK) - len(s) for length, s in zip(lengths, shared)])
-        for blocks in shared:
+        for blocks in shared:  # held first: taking the other blocks may give back kept blocks nothing holds
             self.block_refs.share(blocks)
+        own = self._take_all([math.ceil(length / BLOCK) - len(s) for length, s in zip(lengths, shared)])
         tables = [s + o for s, o in zip(shared, own)]
         skip = [len(s) * BLOCK for s in shared]  # positions held by reference: not copied
         written = [0] * len(lengths)  # per row: the first position from which every layer wrote

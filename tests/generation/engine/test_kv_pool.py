@@ -171,3 +171,18 @@ def test_only_the_leading_blocks_up_to_a_chunk_cut_are_taken_by_reference():
     pool.add_rows(ragged_rows([first]), [50], [PromptBlocks([b"a", b"b", b"c"], [1, 3])])
     pool.add_rows(ragged_rows([first[:, :, :49]]), [49], [PromptBlocks([b"a", b"b", b"c"], [1])])
     assert pool.tables[1][:1] == pool.tables[0][:1] and pool.tables[1][1] != pool.tables[0][1]
+
+
+def test_kept_blocks_nothing_holds_are_given_back_to_make_room_but_not_those_a_joining_row_takes():
+    pool = KVPool([None], torch.zeros(1, KV_HEADS, 1, DIM), blocks=5, max_rows=8, max_row_blocks=6)
+    first = torch.randn(1, KV_HEADS, 33, DIM)
+    pool.add_rows(ragged_rows([first]), [33], [PromptBlocks([b"a", b"b"], [2])])
+    pool.keep([])  # the row leaves: its two prompt blocks stay kept, held by nothing else
+    pool.add_rows(ragged_rows([torch.randn(1, KV_HEADS, 33, DIM)]), [33], [PromptBlocks([b"x", b"y"], [2])])
+    pool.keep([])
+    assert pool.block_refs.kept == 4 and len(pool.block_refs.free) == 1 and pool.used_tokens == 0
+    second = torch.cat([first[:, :, :32], torch.randn(1, KV_HEADS, 48, DIM)], dim=2)
+    pool.add_rows(ragged_rows([second]), [80], [PromptBlocks([b"a", b"b", b"c", b"d", b"e"], [2])])
+    held = pool.keys[0][0][:, torch.tensor(pool._slots(pool.tables[0], range(80)))]
+    torch.testing.assert_close(held, second[0])  # three own blocks: the free one and the other chain's two
+    assert pool.block_refs.counts.kept_evicted == 2 and pool.block_refs.found([b"a", b"b"]) == pool.tables[0][:2]

@@ -1,0 +1,179 @@
+"""Fast mode's KV pool with prompt blocks shared by reference, against the same decoder without the prefix cache
+(every row's prompt copied into blocks of its own), on a real backbone (CPU).
+
+`--requests` FIDES requests over the same document, each with its own question, are submitted at once (a RAG
+service answering many users over one retrieved document), then once more (a second wave, after the first's rows
+left, whose prompts find the first wave's kept blocks). For each decoder it records, at every engine step
+(`FidesDecoder.around_steps`), the positions of the pool's blocks the rows hold (`kv_pool_used_tokens`, a shared
+block counted once), and reports the peak; the blocks taken by reference and copied on write; the bytes of prompt
+states not copied into the pool; and whether each request's tokens equal the unshared decoder's.
+
+    python benchmarks/pool_sharing.py --out results/pool-sharing/smollm2-135m-cpu.json
+    python benchmarks/pool_sharing.py --table results/pool-sharing/smollm2-135m-cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import platform
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import fides_rag
+from fides_rag import FidesDecoder
+from fides_rag.generation.engine.kv_pool_size import BLOCK, bytes_per_position
+
+DOCUMENT = (
+    "The Millau Viaduct is a cable-stayed bridge that spans the gorge valley of the Tarn near Millau in southern "
+    "France. Designed by the structural engineer Michel Virlogeux and the architect Norman Foster, it was formally "
+    "inaugurated on 14 December 2004 and opened to traffic two days later. One of its masts rises 343 metres above "
+    "the base of the structure, and the deck is 2,460 metres long. "
+)
+QUESTIONS = (
+    "Who designed the Millau Viaduct?",
+    "How long is the deck of the viaduct?",
+    "When was the viaduct inaugurated?",
+    "Which river does the viaduct span?",
+    "How tall is the highest mast?",
+    "Near which town is the viaduct?",
+    "Who was the architect of the viaduct?",
+    "When did the viaduct open to traffic?",
+)
+
+
+class PoolUse:
+    """The most pool positions rows held at the end of an engine step with all `requests` requests decoding (the
+    decoders are compared at the same occupancy, whatever their prefill speed)."""
+
+    def __init__(self, decoder: FidesDecoder, requests: int) -> None:
+        self.decoder, self.requests, self.peak, self.steps = decoder, requests, 0, 0
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        yield
+        stats = self.decoder.stats
+        if stats.requests_in_flight == self.requests and stats.queue_length == 0:
+            self.steps += 1
+            self.peak = max(self.peak, stats.kv_pool_used_tokens)
+
+
+def wave(decoder: FidesDecoder, requests: int, new_tokens: int, repeats: int) -> tuple[list[list[int]], int]:
+    """`requests` FIDES requests at once; their tokens, and the peak pool positions held with all of them decoding."""
+    use = PoolUse(decoder, requests)
+    with decoder.around_steps(use):
+        handles = [
+            decoder.submit(
+                f"{QUESTIONS[i % len(QUESTIONS)]} ({i})",
+                [DOCUMENT * repeats],
+                method="fides",
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+            )
+            for i in range(requests)
+        ]
+        tokens = [h.result().token_ids for h in handles]
+    if not use.steps:
+        raise RuntimeError(f"no step ran with all {requests} requests decoding; raise --new-tokens")
+    return tokens, use.peak
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    if args.tiny:  # a tiny random Llama: the script's own check
+        from fides_rag.testing import build_tiny_model, build_tokenizer
+
+        tokenizer = build_tokenizer()
+        model = build_tiny_model("llama", len(tokenizer), max_position_embeddings=4096)
+    else:
+        model, tokenizer = fides_rag.load_model(args.backbone, dtype=torch.float32)
+    per_position = bytes_per_position(model.config, torch.float32)
+    report: dict[str, Any] = {
+        "backbone": "tiny-llama" if args.tiny else args.backbone,
+        "dtype": "float32",
+        "device": "cpu",
+        "machine": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "fides_rag": fides_rag.__version__,
+        "requests": args.requests,
+        "new_tokens": args.new_tokens,
+        "document_repeats": args.repeats,
+        "kv_pool_tokens": args.kv_pool_tokens,
+        "decoders": {},
+    }
+    tokens: dict[str, list[list[int]]] = {}
+    for label, caching in (("shared", True), ("copied", False)):
+        decoder = FidesDecoder(
+            model, tokenizer, mode="fast", kv_pool_tokens=args.kv_pool_tokens, prefix_caching=caching
+        )
+        start = time.perf_counter()
+        first, first_peak = wave(decoder, args.requests, args.new_tokens, args.repeats)
+        second, second_peak = wave(decoder, args.requests, args.new_tokens, args.repeats)
+        stats = decoder.stats
+        tokens[label] = first + second
+        report["decoders"][label] = {
+            "prefix_caching": caching,
+            "peak_used_tokens_first_wave": first_peak,
+            "peak_used_tokens_second_wave": second_peak,
+            "shared_blocks": stats.kv_pool_shared_blocks,
+            "copied_on_write": stats.kv_pool_copied_on_write,
+            "kept_tokens_after": stats.kv_pool_kept_tokens,
+            "prompt_bytes_not_copied": stats.kv_pool_shared_blocks * BLOCK * per_position,
+            "prompt_tokens": stats.prompt_tokens,
+            "prefill_tokens": stats.prefill_tokens,
+            "failed": stats.failed,
+            "seconds": time.perf_counter() - start,
+        }
+        print(label, json.dumps(report["decoders"][label]), flush=True)
+    equal = sum(a == b for a, b in zip(tokens["shared"], tokens["copied"]))
+    report["requests_with_equal_tokens"] = f"{equal} / {len(tokens['shared'])}"
+    shared, copied = report["decoders"]["shared"], report["decoders"]["copied"]
+    for wave_name in ("first_wave", "second_wave"):
+        key = f"peak_used_tokens_{wave_name}"
+        report[f"peak_ratio_{wave_name}"] = shared[key] / copied[key] if copied[key] else None
+    return report
+
+
+def table(report: dict[str, Any]) -> str:
+    rows = [
+        "| decoder | peak pool positions held, wave 1 | wave 2 | blocks taken by reference | copied on write | "
+        "prompt bytes not copied | failed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, d in report["decoders"].items():
+        rows.append(
+            f"| {label} | {d['peak_used_tokens_first_wave']:,} | {d['peak_used_tokens_second_wave']:,} | "
+            f"{d['shared_blocks']:,} | {d['copied_on_write']} | {d['prompt_bytes_not_copied'] / 2**20:.1f} MiB | "
+            f"{d['failed']} |"
+        )
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backbone", default="smollm2-135m-instruct")
+    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=6, help="the document repeated this many times (~500 tokens)")
+    parser.add_argument("--kv-pool-tokens", type=int, default=65536)
+    parser.add_argument("--tiny", action="store_true", help="a tiny random Llama instead of the backbone")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--table", type=Path, help="print the table of a results file and exit")
+    args = parser.parse_args()
+    if args.table:
+        print(table(json.loads(args.table.read_text())))
+        return
+    report = measure(args)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(table(report))
+    print(f"equal tokens: {report['requests_with_equal_tokens']}")
+
+
+if __name__ == "__main__":
+    main()
