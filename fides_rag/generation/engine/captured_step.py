@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from fides_rag.generation.engine.captured_decide import CapturedDecide
 from fides_rag.method.lens import ModelAnatomy
 
 logger = logging.getLogger(__name__)
@@ -98,6 +99,8 @@ class CapturedStep:
         # sharing `_step`'s code would share one recompile limit and one graph cache.
         own = types.FunctionType(CapturedStep._step.__code__.replace(), CapturedStep._step.__globals__, "_step")
         self._forward = torch.compile(types.MethodType(own, self), **options)
+        self.decide = CapturedDecide(backend)
+        """Each eligible lane's combine and greedy choice, compiled (`captured_decide.py`)."""
         self.warmed = False
         """Set after warm-up: from then on a recompilation is refused, and its step runs eagerly."""
         self.warmup_s: float | None = None

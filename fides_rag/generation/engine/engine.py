@@ -333,6 +333,8 @@ class DecodeEngine:
             kv_pool_shared_blocks=blocks.counts.shared if blocks is not None else 0,
             kv_pool_copied_on_write=blocks.counts.copied_on_write if blocks is not None else 0,
             captured_fallback_steps=self.captured.fallback_steps if self.captured is not None else 0,
+            captured_combine_lanes=self.captured.decide.compiled_lanes if self.captured is not None else 0,
+            captured_combine_fallbacks=self.captured.decide.fallback_lanes if self.captured is not None else 0,
             warmup_s=self.captured.warmup_s if self.captured is not None else None,
         )
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from fides_rag.errors import NonFiniteLogitsError
+from fides_rag.generation.engine.captured_decide import CapturedDecide, compilable, lane_rows
 from fides_rag.generation.engine.choosing import choose, criteria_hits
 from fides_rag.generation.engine.gather import StepPlan
 from fides_rag.generation.engine.hooks import stack_states
@@ -75,6 +77,8 @@ def decide(
     """Every lane's combine and choice; returns the step's host values (one transfer) and what each lane packed."""
     logits = head_logits(anatomy, batch, plan)  # [R + n_lens, V], float32
     layer_states = stack_states(batch.states, state_layers, logits.device) if state_layers else None  # [L, R, H]
+    captured = getattr(batch, "captured", None)
+    compiled = captured.decide if captured is not None else None
     packed: list[torch.Tensor] = []
     steps: list[LaneStep] = []
     for index, lane in enumerate(lanes):
@@ -82,6 +86,10 @@ def decide(
         steps.append(taken)
         n = len(taken.units)
         try:
+            parts = _compiled_parts(compiled, lane, plan.lanes[index], logits, layer_states, anatomy, taken)
+            if parts is not None:
+                packed.append(_pack(parts, logits.device))
+                continue
             inputs = plan.inputs(index, logits, layer_states, anatomy.num_layers)
             if lane.rule.state_size:
                 inputs.state = _lane_state(taken.units, lane.rule.state_size, logits)  # [n, state_size]
@@ -104,12 +112,36 @@ def decide(
         except Exception as error:  # noqa: BLE001 - the lane's requests get it
             taken.error = error
             continue
-        packed.append(
-            torch.stack([p.to(logits.device, _packed_dtype(logits.device)) for p in parts], dim=-1).reshape(-1)
-        )  # [n * k]
+        packed.append(_pack(parts, logits.device))
     if not packed:
         return [], steps
     return torch.cat(packed).tolist(), steps  # the step's one device-to-host transfer
+
+
+def _pack(parts: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """A lane's values, unit by unit: [n] each -> [n * k]."""
+    return torch.stack([p.to(device, _packed_dtype(device)) for p in parts], dim=-1).reshape(-1)
+
+
+def _compiled_parts(
+    compiled: CapturedDecide | None,
+    lane: Lane,
+    lane_plan: Any,
+    logits: torch.Tensor,
+    layer_states: torch.Tensor | None,
+    anatomy: ModelAnatomy,
+    taken: LaneStep,
+) -> list[torch.Tensor] | None:
+    """The lane's packed parts from its compiled combine and choice; None where the lane runs eagerly."""
+    if compiled is None or not compilable(lane, bool(lane_plan.padded)):
+        return None
+    rows, lens = lane_rows(lane_plan, logits.device)
+    out = compiled(lane.rule, logits, layer_states, rows, lens, anatomy.num_layers)
+    if out is None:
+        return None
+    chosen, not_finite, has_nan, records = out
+    taken.names = list(records)
+    return [chosen, not_finite, has_nan, *(records[name].detach().reshape(-1) for name in taken.names)]
 
 
 def _lane_state(units: Sequence[Unit], size: int, like: torch.Tensor) -> torch.Tensor:

@@ -85,5 +85,9 @@ class DecoderStats:
     captured_fallback_steps: int = 0
     """Decode steps of a captured bucket that ran eagerly because its graph could not be compiled, or would have
     been recompiled after warm-up (the tokens are the same; the log says why)."""
+    captured_combine_lanes: int = 0
+    """Lane steps whose combine and greedy choice ran compiled with the captured step (fast mode with `compile`)."""
+    captured_combine_fallbacks: int = 0
+    """Lane steps that ran their combine eagerly because it could not be compiled for their rule (the log says why)."""
     warmup_s: float | None = None
     """Seconds the warm-up (`warmup=`) took to compile the captured step; None when none ran."""
