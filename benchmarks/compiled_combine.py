@@ -3,8 +3,9 @@ random logits of a model's shape: the time per call, the aten ops the eager call
 GPU), and whether the chosen tokens agree.
 
 Each method's lane takes `--rows` requests: their context and no-context rows, a logit-lens row where the rule reads
-one, and per-layer states where it reads them. The compiled function is the engine's (`captured_decide.decide_lane`
-under `CapturedDecide`, inductor by default).
+one, and per-layer states where it reads them. `lane` below is the engine's lane function
+(`generation/engine/captured_decide.py`), copied because benchmarks reach the engine only through the decoder; it is
+compiled as the engine compiles it (dynamic shapes, inductor by default).
 
     python benchmarks/compiled_combine.py --out results/compiled-combine/smollm2-shape-cpu.json
     python benchmarks/compiled_combine.py --vocab 128256 --layers 32 --hidden 4096 --device cuda --out ...
@@ -25,8 +26,31 @@ import torch
 import fides_rag
 from fides_rag import get_method
 from fides_rag.eval.dispatch_counts import DispatchCounter
-from fides_rag.generation.engine.captured_decide import CapturedDecide, decide_lane
-from fides_rag.rules.base import CONTEXT, NO_CONTEXT
+from fides_rag.rules.base import CONTEXT, NO_CONTEXT, StepInputs
+
+
+def decide_lane(
+    rule: Any,
+    logits: torch.Tensor,
+    layer_states: torch.Tensor | None,
+    rows: dict[str, torch.Tensor],
+    lens: dict[int, torch.Tensor],
+    num_layers: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """One lane's combine, argmax and NaN/inf checks, as the engine's compiled lane function computes them."""
+    step = StepInputs(
+        logits={path: logits[index] for path, index in rows.items()},
+        lens_logits={layer: logits[index] for layer, index in lens.items()},
+        num_layers=num_layers,
+    )
+    if layer_states is not None:
+        for path in rule.layer_state_paths:
+            step.layer_states[path] = layer_states[:, rows[path]]
+    decided = rule.combine(step)
+    scores = decided.logits
+    read = [*step.logits.values(), *step.lens_logits.values()]
+    not_finite = torch.stack([~torch.isfinite(x).flatten(1).all(dim=-1) for x in read]).any(dim=0)
+    return scores.argmax(dim=-1), not_finite, torch.isnan(scores).any(dim=-1), dict(decided.records)
 
 
 def inputs(rule: Any, rows: int, vocab: int, layers: int, hidden: int, device: torch.device) -> dict[str, Any]:
@@ -88,7 +112,7 @@ def main() -> None:
     }
     for method in args.methods.split(","):
         rule = get_method(method)
-        compiled = CapturedDecide(args.backend)
+        compiled = torch.compile(decide_lane, fullgraph=False, dynamic=None, backend=args.backend)
         for rows in (int(r) for r in args.rows.split(",")):
             lane = inputs(rule, rows, args.vocab, args.layers, args.hidden, device)
             with DispatchCounter() as counter:
@@ -96,8 +120,6 @@ def main() -> None:
             start = time.perf_counter()
             compiled_out = compiled(**lane)
             compile_s = time.perf_counter() - start
-            if compiled_out is None:
-                raise RuntimeError(f"{method}: the lane function did not compile (see the log)")
             row = {
                 "method": method,
                 "rows": rows,

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         }
         fast = modes["fast"].stats
         report["fast_mode_pool"] = {  # so far: prompt blocks fast mode took by reference instead of a copy
-            "shared_blocks": fast.kv_pool_shared_blocks,
+            "shared_tokens": fast.kv_pool_shared_tokens,
             "copied_on_write": fast.kv_pool_copied_on_write,
             "prefix_cache_hits": fast.prefix_cache_hits,
         }

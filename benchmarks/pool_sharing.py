@@ -27,7 +27,6 @@ import torch
 
 import fides_rag
 from fides_rag import FidesDecoder
-from fides_rag.generation.engine.kv_pool_size import BLOCK, bytes_per_position
 
 DOCUMENT = (
     "The Millau Viaduct is a cable-stayed bridge that spans the gorge valley of the Tarn near Millau in southern "
@@ -91,7 +90,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         model = build_tiny_model("llama", len(tokenizer), max_position_embeddings=4096)
     else:
         model, tokenizer = fides_rag.load_model(args.backbone, dtype=torch.float32)
-    per_position = bytes_per_position(model.config, torch.float32)
+    config = model.config
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    per_position = 2 * config.num_hidden_layers * kv_heads * head_dim * 4  # keys and values, float32
     report: dict[str, Any] = {
         "backbone": "tiny-llama" if args.tiny else args.backbone,
         "dtype": "float32",
@@ -119,10 +121,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "prefix_caching": caching,
             "peak_used_tokens_first_wave": first_peak,
             "peak_used_tokens_second_wave": second_peak,
-            "shared_blocks": stats.kv_pool_shared_blocks,
+            "shared_tokens": stats.kv_pool_shared_tokens,
             "copied_on_write": stats.kv_pool_copied_on_write,
             "kept_tokens_after": stats.kv_pool_kept_tokens,
-            "prompt_bytes_not_copied": stats.kv_pool_shared_blocks * BLOCK * per_position,
+            "prompt_bytes_not_copied": stats.kv_pool_shared_tokens * per_position,
             "prompt_tokens": stats.prompt_tokens,
             "prefill_tokens": stats.prefill_tokens,
             "failed": stats.failed,
@@ -140,14 +142,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def table(report: dict[str, Any]) -> str:
     rows = [
-        "| decoder | peak pool positions held, wave 1 | wave 2 | blocks taken by reference | copied on write | "
+        "| decoder | peak pool positions held, wave 1 | wave 2 | positions taken by reference | copied on write | "
         "prompt bytes not copied | failed |",
         "|---|---|---|---|---|---|---|",
     ]
     for label, d in report["decoders"].items():
         rows.append(
             f"| {label} | {d['peak_used_tokens_first_wave']:,} | {d['peak_used_tokens_second_wave']:,} | "
-            f"{d['shared_blocks']:,} | {d['copied_on_write']} | {d['prompt_bytes_not_copied'] / 2**20:.1f} MiB | "
+            f"{d['shared_tokens']:,} | {d['copied_on_write']} | {d['prompt_bytes_not_copied'] / 2**20:.1f} MiB | "
             f"{d['failed']} |"
         )
     return "\n".join(rows)

@@ -45,10 +45,7 @@ FRONT_DOORS = [
     REPOSITORY / "integrations",
 ]
 """What reaches the engine only through `fides_rag`, the decoder and the call layer."""
-ROOM_BENCHMARKS = {
-    REPOSITORY / "benchmarks" / "grammar_step_cost.py",
-    REPOSITORY / "benchmarks" / "compiled_combine.py",
-}
+ROOM_BENCHMARKS = {REPOSITORY / "benchmarks" / "grammar_step_cost.py"}
 """Micro-benchmarks of one generation room on its own (no decoder, no call): they time the room's functions."""
 
 

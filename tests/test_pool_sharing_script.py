@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_script_reports_peaks_shared_blocks_and_equal_tokens(tmp_path):
+def test_the_script_reports_peaks_shared_positions_and_equal_tokens(tmp_path):
     out = tmp_path / "sharing.json"
     args = ["--tiny", "--requests", "3", "--new-tokens", "24", "--repeats", "2", "--kv-pool-tokens", "8192"]
     subprocess.run(
@@ -22,7 +22,7 @@ def test_the_script_reports_peaks_shared_blocks_and_equal_tokens(tmp_path):
     )
     report = json.loads(out.read_text())
     shared, copied = report["decoders"]["shared"], report["decoders"]["copied"]
-    assert shared["shared_blocks"] > 0 and copied["shared_blocks"] == 0
+    assert shared["shared_tokens"] > 0 and copied["shared_tokens"] == 0
     assert shared["failed"] == copied["failed"] == 0
     assert 0 < shared["peak_used_tokens_second_wave"] < copied["peak_used_tokens_second_wave"]
     assert report["requests_with_equal_tokens"].endswith("/ 6")

@@ -158,3 +158,9 @@ def test_reads_what_the_harness_writes(tmp_path):
         out["backbones"]["SmolLM2-135M-Instruct"]["strata"]["supplied"]["fides"]["n"] == 0
     )  # an empty stratum: n 0, no score
     assert out["backbones"]["SmolLM2-135M-Instruct"]["strata"]["supplied"]["fides"]["score"] is None
+
+
+def test_the_readmes_table_is_the_headline_of_the_committed_results():
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("<!-- strata-headline -->\n")[1].split("<!-- /strata-headline -->")[0]
+    assert block.strip() == _run(ROOT / "results" / "eval", "--strata", "--headline").stdout.strip()

@@ -55,9 +55,9 @@ class ServerMetrics:
                 "kv_pool_used_tokens",
             ),
             (
-                "fides_kv_pool_shared_blocks",
-                "KV pool blocks rows took by reference instead of a copy (prompt blocks found kept, duplicated rows)",
-                "kv_pool_shared_blocks",
+                "fides_kv_pool_shared_tokens",
+                "Positions of KV pool blocks rows took by reference instead of a copy",
+                "kv_pool_shared_tokens",
             ),
             (
                 "fides_prompt_tokens_computed",

@@ -330,7 +330,7 @@ class DecodeEngine:
             kv_pool_tokens=(self.pool_blocks or 0) * BLOCK,
             kv_pool_used_tokens=self._flight.pool_used_tokens,
             kv_pool_kept_tokens=blocks.kept * BLOCK if blocks is not None else 0,
-            kv_pool_shared_blocks=blocks.counts.shared if blocks is not None else 0,
+            kv_pool_shared_tokens=blocks.counts.shared * BLOCK if blocks is not None else 0,
             kv_pool_copied_on_write=blocks.counts.copied_on_write if blocks is not None else 0,
             captured_fallback_steps=self.captured.fallback_steps if self.captured is not None else 0,
             captured_combine_lanes=self.captured.decide.compiled_lanes if self.captured is not None else 0,

@@ -78,8 +78,9 @@ class DecoderStats:
     """Of those, the positions of the blocks rows hold now (a block rows share counts once)."""
     kv_pool_kept_tokens: int = 0
     """Of the pool's positions, those of prompt blocks kept for later rows (given back when blocks run short)."""
-    kv_pool_shared_blocks: int = 0
-    """Blocks rows took by reference instead of a copy, so far (prompt blocks found kept, duplicated rows' blocks)."""
+    kv_pool_shared_tokens: int = 0
+    """Positions of the blocks rows took by reference instead of a copy, so far (prompt blocks found kept, duplicated
+    rows' blocks)."""
     kv_pool_copied_on_write: int = 0
     """Shared blocks copied because a row was about to write into them, so far."""
     captured_fallback_steps: int = 0

@@ -38,10 +38,10 @@ def test_shared_prompt_blocks_give_the_tokens_and_values_of_the_decoder_without_
             same(first, plain)
             same(again, plain)
     shared, unshared = on.stats, off.stats
-    assert unshared.kv_pool_shared_blocks == 0 and unshared.kv_pool_kept_tokens == 0
+    assert unshared.kv_pool_shared_tokens == 0 and unshared.kv_pool_kept_tokens == 0
     assert shared.kv_pool_used_tokens == 0 and shared.failed == 0  # every row gone; kept blocks are not rows'
     if family == "llama":  # gemma3's 16-token window leaves few blocks every layer wrote, and so few to keep
-        assert shared.kv_pool_shared_blocks > 0 and shared.kv_pool_kept_tokens > 0
+        assert shared.kv_pool_shared_tokens > 0 and shared.kv_pool_kept_tokens > 0
 
 
 def close(a, b):
@@ -58,7 +58,7 @@ def test_requests_in_flight_together_take_their_common_prompt_blocks_by_referenc
     copied = [h.result() for h in [off.submit(q, docs, method="fides", max_new_tokens=12) for _ in range(4)]]
     for a, b in zip(shared, copied):
         close(a, b)
-    assert on.stats.kv_pool_shared_blocks > 0 and off.stats.kv_pool_shared_blocks == 0
+    assert on.stats.kv_pool_shared_tokens > 0 and off.stats.kv_pool_shared_tokens == 0
     assert on.stats.kv_pool_used_tokens == 0 and on.stats.failed == 0
 
 
@@ -72,4 +72,4 @@ def test_kept_blocks_are_given_back_when_the_pool_runs_short(tiny_llama, tokeniz
                 plain.generate(q, docs, method="fides", max_new_tokens=6),
             )
     stats = decoder.stats  # four prompts of ~400 tokens and their no-context rows do not all fit kept in the pool
-    assert stats.failed == 0 and stats.kv_pool_kept_tokens <= 1024 and stats.kv_pool_shared_blocks > 0
+    assert stats.failed == 0 and stats.kv_pool_kept_tokens <= 1024 and stats.kv_pool_shared_tokens > 0
