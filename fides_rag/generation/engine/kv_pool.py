@@ -154,8 +154,21 @@ class KVPool:
             self.block_refs.share(blocks)
         own = self._take_all([math.ceil(length / BLOCK) - len(s) for length, s in zip(lengths, shared)])
         tables = [s + o for s, o in zip(shared, own)]
-        skip = [len(s) * BLOCK for s in shared]  # positions held by reference: not copied
-        written = [0] * len(lengths)  # per row: the first position from which every layer wrote
+        written = self._copy_rows(cache, lengths, tables, [len(s) * BLOCK for s in shared])
+        start = self.num_rows
+        self.tables += tables
+        self.lengths += list(lengths)
+        for row in range(start, self.num_rows):
+            self._host.pack(row, self.tables[row], self.lengths[row])
+        for i, prompt in enumerate(prompts or []):
+            self._keep_prompt(prompt, tables[i], written[i], lengths[i])
+
+    def _copy_rows(
+        self, cache: Any, lengths: Sequence[int], tables: Sequence[list[int]], skip: Sequence[int]
+    ) -> list[int]:
+        """Copy every row's states into its blocks, past its first `skip` positions (held by reference); returns per
+        row the first position from which every layer wrote (a sliding-window layer holds only its window)."""
+        written = [0] * len(lengths)
         for index, layer in enumerate(cache.layers):
             at = 0
             for segment in layer.segments:
@@ -180,13 +193,7 @@ class KVPool:
                     values[rows_t, :, cols_t].transpose(0, 1)[None],
                 )
                 at += rows
-        start = self.num_rows
-        self.tables += tables
-        self.lengths += list(lengths)
-        for row in range(start, self.num_rows):
-            self._host.pack(row, self.tables[row], self.lengths[row])
-        for i, prompt in enumerate(prompts or []):
-            self._keep_prompt(prompt, tables[i], written[i], lengths[i])
+        return written
 
     def _shared_prefix(self, prompt: PromptBlocks) -> list[int]:
         """The kept blocks a row takes by reference: its leading blocks found kept, up to the last that ends at one
