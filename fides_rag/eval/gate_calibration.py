@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from fides_rag.eval.calibration import Pair, check_pairs, check_writable, markdown_path, signal_statistics
+from fides_rag.eval.calibration import Pair, check_pairs, check_writable, signal_statistics
 from fides_rag.method.config import FidesConfig
 from fides_rag.rules.base import CONTEXT, NO_CONTEXT, ContrastRule, StepInputs, StepOutput
 from fides_rag.rules.gates import Gate, calibrated_gates, get_gate
@@ -212,13 +212,15 @@ def calibrate_gate(
     values, trimmed = collect_gate_statistic(
         decoder, pairs, prototype, batch_size=batch_size, max_new_tokens=max_new_tokens, progress=progress
     )
+    if values.size < 2:
+        raise TargetShareUnreachable(f"the pool gave {values.size} tokens; decode more or longer prompts")
     option = str(prototype.threshold)
     value, share = fit_threshold(values, target, rule_above=prototype.rule_above)
     try:
         get_gate(gate, **{option: value})
     except ValueError as err:
         raise TargetShareUnreachable(f"the threshold for {target:.1%} of the tokens is out of range: {err}") from None
-    statistics = signal_statistics(values, None, gate) if values.size >= 2 else {"n": float(values.size)}
+    statistics = signal_statistics(values, None, gate)
     provenance = {
         **dict(source or {}),
         "batch_size": batch_size,
@@ -260,7 +262,6 @@ __all__ = [
     "check_target_share",
     "collect_gate_statistic",
     "fit_threshold",
-    "markdown_path",
     "thresholded_gate",
     "write_gate_calibration",
 ]
