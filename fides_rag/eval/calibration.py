@@ -23,7 +23,7 @@ from __future__ import annotations
 import datetime
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,11 +34,12 @@ from tqdm.auto import tqdm
 from fides_rag.method.config import SIGNAL_NAMES, FidesConfig
 from fides_rag.method.signals import kl_divergence, layer_mean_unit_distance
 from fides_rag.prompts.template import document_texts
-from fides_rag.rules.base import CONTEXT, NO_CONTEXT, StepInputs, StepOutput
+from fides_rag.rules.base import CONTEXT, NO_CONTEXT, ContrastRule, StepInputs, StepOutput
 from fides_rag.rules.fides import FidesRule, noise_layer
 
 if TYPE_CHECKING:
     from fides_rag.decoder import FidesDecoder
+    from fides_rag.result import GenerationResult
 
 SOURCE_MEASURED_WEIGHTS: tuple[float, float, float] = (0.533, 0.278, 0.189)
 """The weights the source measured with the 1/σ rule (FidesConfig's default is their rounding)."""
@@ -250,9 +251,27 @@ def collect_raw_signals(
     order = sorted(range(len(checked)), key=lambda i: len(checked[i][0]) + sum(len(t) for t in checked[i][1]))
     collected: dict[str, list[float]] = {name: [] for name in SIGNAL_NAMES}
     trimmed = 0
+    for result in decode_pool(decoder, [checked[i] for i in order], rule, batch_size, max_new_tokens, progress):
+        trimmed += int(result.documents_trimmed)
+        for step in result.steps:
+            for name in SIGNAL_NAMES:
+                collected[name].append(float(getattr(step, name)))
+    return RawSignals({name: np.asarray(v, dtype=np.float64) for name, v in collected.items()}, len(checked), trimmed)
+
+
+def decode_pool(
+    decoder: FidesDecoder,
+    checked: Sequence[tuple[str, list[str]]],
+    rule: ContrastRule,
+    batch_size: int,
+    max_new_tokens: int,
+    progress: bool,
+) -> Iterator[GenerationResult]:
+    """Each (question, documents) pair decoded greedily with `rule`, `batch_size` at a time, under a progress bar;
+    a decode that fell back to another method is an error (the statistics would not be the rule's)."""
     with tqdm(total=len(checked), unit="ex", desc="calibrate", disable=not progress, dynamic_ncols=True) as bar:
-        for start in range(0, len(order), batch_size):
-            batch = [checked[i] for i in order[start : start + batch_size]]
+        for start in range(0, len(checked), batch_size):
+            batch = checked[start : start + batch_size]
             results = decoder.generate_batch(
                 [q for q, _ in batch],
                 [d for _, d in batch],
@@ -265,12 +284,8 @@ def collect_raw_signals(
                     raise RuntimeError(
                         f"expected a {rule.name!r} decode, got {result.method!r} ({'; '.join(result.notes)})"
                     )
-                trimmed += int(result.documents_trimmed)
-                for step in result.steps:
-                    for name in SIGNAL_NAMES:
-                        collected[name].append(float(getattr(step, name)))
+                yield result
             bar.update(len(batch))
-    return RawSignals({name: np.asarray(v, dtype=np.float64) for name, v in collected.items()}, len(checked), trimmed)
 
 
 def _check_positive(value: Any, name: str) -> None:

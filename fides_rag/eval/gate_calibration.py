@@ -25,9 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
-from fides_rag.eval.calibration import Pair, check_pairs, check_writable, signal_statistics
+from fides_rag.eval.calibration import Pair, check_pairs, check_writable, decode_pool, signal_statistics
 from fides_rag.method.config import FidesConfig
 from fides_rag.rules.base import CONTEXT, NO_CONTEXT, ContrastRule, StepInputs, StepOutput
 from fides_rag.rules.gates import Gate, calibrated_gates, get_gate
@@ -135,24 +134,9 @@ def collect_gate_statistic(
     rule = GateStatisticRule(gate)
     values: list[float] = []
     trimmed = 0
-    with tqdm(total=len(checked), unit="ex", desc="calibrate", disable=not progress, dynamic_ncols=True) as bar:
-        for start in range(0, len(checked), batch_size):
-            batch = checked[start : start + batch_size]
-            results = decoder.generate_batch(
-                [q for q, _ in batch],
-                [d for _, d in batch],
-                method=rule,
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-            )
-            for result in results:
-                if result.method != rule.name:
-                    raise RuntimeError(
-                        f"expected a {rule.name!r} decode, got {result.method!r} ({'; '.join(result.notes)})"
-                    )
-                trimmed += int(result.documents_trimmed)
-                values += [float(step.values["statistic"]) for step in result.steps]
-            bar.update(len(batch))
+    for result in decode_pool(decoder, checked, rule, batch_size, max_new_tokens, progress):
+        trimmed += int(result.documents_trimmed)
+        values += [float(step.values["statistic"]) for step in result.steps]
     return np.asarray(values, dtype=np.float64), trimmed
 
 
