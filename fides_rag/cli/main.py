@@ -60,6 +60,15 @@ def _integer_at_least(minimum: int):
     return parse
 
 
+def _per_stratum(value: str) -> int | dict[str, int | None]:
+    from fides_rag.eval.strata import parse_per_stratum
+
+    try:
+        return parse_per_stratum(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, with a bad argument reported on one line that names it (and where the usage is), exit code 2."""
 
@@ -235,8 +244,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument(
         "--per-stratum",
-        type=_integer_at_least(1),
-        help="with --strata: score the first N rows of each stratum of a seeded shuffle (default every row)",
+        type=_per_stratum,
+        metavar="N|STRATUM=N,...",
+        help="with --strata: score the first N rows of each stratum of a seeded shuffle (default every row), or "
+        "a count per stratum, a bare N for the strata not named, e.g. 50,true_conflict=300,known_agreeing=300",
     )
     evaluate.add_argument(
         "--strata-seed", type=int, default=0, help="with --strata: the seed of that shuffle (default 0)"

@@ -82,15 +82,60 @@ def count_strata(strata: Mapping[str, str]) -> dict[str, int]:
     return {s: sum(1 for v in strata.values() if v == s) for s in STRATA}
 
 
+PerStratum = int | Mapping[str, int | None] | None
+"""Rows to score per stratum: one count for every stratum, a count per stratum (None: every row), or None (all)."""
+
+
+def parse_per_stratum(text: str) -> int | dict[str, int | None]:
+    """`--per-stratum`'s value: `N` (every stratum), or comma-separated `STRATUM=N` entries with at most one bare `N`
+    for the strata not named (without it they keep every row), e.g. `50,true_conflict=300,known_agreeing=300`."""
+    default: int | None = None
+    named: dict[str, int | None] = {}
+    entries = [entry.strip() for entry in text.split(",")]
+    for entry in entries:
+        name, _, count = entry.rpartition("=")
+        if name and name not in STRATA:
+            raise ValueError(f"unknown stratum {name!r} in --per-stratum {text!r}; strata: {', '.join(STRATA)}")
+        if name in named or (not name and default is not None):
+            raise ValueError(f"--per-stratum {text!r} sets {name or 'the default count'} twice")
+        try:
+            number = int(count)
+        except ValueError:
+            raise ValueError(f"expected N or STRATUM=N in --per-stratum, got {entry!r}") from None
+        if number < 1:
+            raise ValueError(f"--per-stratum counts must be >= 1, got {entry!r}")
+        if name:
+            named[name] = number
+        else:
+            default = number
+    if not named:
+        assert default is not None  # one entry, a bare count
+        return default
+    return {s: named.get(s, default) for s in STRATA}
+
+
+def _quotas(per_stratum: PerStratum) -> dict[str, int | None]:
+    if per_stratum is None or isinstance(per_stratum, int):
+        quotas: dict[str, int | None] = dict.fromkeys(STRATA, per_stratum)
+    else:
+        unknown = sorted(set(per_stratum) - set(STRATA))
+        if unknown:
+            raise ValueError(f"per_stratum names unknown strata {unknown}; strata: {', '.join(STRATA)}")
+        quotas = {s: per_stratum.get(s) for s in STRATA}
+    for stratum, quota in quotas.items():
+        if quota is not None and quota < 1:
+            raise ValueError(f"per_stratum must be >= 1 (or None for every row), got {quota} for {stratum}")
+    return quotas
+
+
 def select_rows(
-    examples: Sequence[QAExample], strata: Mapping[str, str], per_stratum: int | None, seed: int
+    examples: Sequence[QAExample], strata: Mapping[str, str], per_stratum: PerStratum, seed: int
 ) -> list[QAExample]:
-    """The first `per_stratum` rows of each stratum in a fixed shuffle of `examples` (random.Random(seed)), in shuffle
-    order; every row when per_stratum is None. Chosen from the closed-book lane alone, before any method is scored,
-    so every method runs on the same rows."""
-    if per_stratum is not None and per_stratum < 1:
-        raise ValueError(f"per_stratum must be >= 1 (or None for every row), got {per_stratum}")
-    if per_stratum is None:
+    """The first `per_stratum` rows of each stratum (a count for all, or one per stratum, None meaning every row) in a
+    fixed shuffle of `examples` (random.Random(seed)), in shuffle order; every row when per_stratum is None. Chosen
+    from the closed-book lane alone, before any method is scored, so every method runs on the same rows."""
+    quotas = _quotas(per_stratum)
+    if all(quota is None for quota in quotas.values()):
         return list(examples)
     order = list(examples)
     random.Random(seed).shuffle(order)
@@ -98,10 +143,20 @@ def select_rows(
     chosen = []
     for example in order:
         stratum = strata[example.id]
-        if taken[stratum] < per_stratum:
+        quota = quotas[stratum]
+        if quota is None or taken[stratum] < quota:
             taken[stratum] += 1
             chosen.append(example)
     return chosen
+
+
+def describe_per_stratum(per_stratum: PerStratum) -> str:
+    """How many rows of each stratum were scored, in words (results.md)."""
+    if per_stratum is None:
+        return "every row"
+    if isinstance(per_stratum, int):
+        return f"the first {per_stratum} of each"
+    return "the first " + ", ".join(f"{'all' if per_stratum.get(s) is None else per_stratum[s]} of {s}" for s in STRATA)
 
 
 def check_strata_folder(out_dir: str | Path) -> None:
@@ -208,7 +263,7 @@ def strata_markdown(strata: Mapping[str, Any]) -> str:
         f"Strata (closed-book lane: each distinct question answered without documents; rows available per stratum: "
         f"{', '.join(f'{s} {available.get(s, 0)}' for s in STRATA)}"
         + (
-            f"; scored: the first {strata['per_stratum']} of each in a shuffle with seed {strata['seed']}"
+            f"; scored: {describe_per_stratum(strata['per_stratum'])} in a shuffle with seed {strata['seed']}"
             if strata.get("per_stratum")
             else ""
         )

@@ -24,6 +24,7 @@ from fides_rag.eval.strata import (
     KNOWN_BY,
     REFERENCE,
     STRATA_KEY,
+    PerStratum,
     assign_strata,
     check_original_answers,
     check_strata_folder,
@@ -35,7 +36,7 @@ from fides_rag.eval.strata import (
 from fides_rag.rules import ContrastRule
 
 
-def strata_settings(per_stratum: int | None, seed: int) -> dict[str, Any]:
+def strata_settings(per_stratum: PerStratum, seed: int) -> dict[str, Any]:
     """The run.json entry of a strata run."""
     return {"seed": seed, "per_stratum": per_stratum, "known_by": KNOWN_BY, "closed_book": CLOSED_BOOK}
 
@@ -62,7 +63,7 @@ def run_strata_eval(
     out_dir: str | Path,
     *,
     model: str,
-    per_stratum: int | None = None,
+    per_stratum: PerStratum = None,
     seed: int = 0,
     batch_size: int = 8,
     max_new_tokens: int = 32,
@@ -72,8 +73,9 @@ def run_strata_eval(
     bootstrap_by: str = "question",
 ) -> dict[str, Any]:
     """Answer each distinct question closed-book (cached in the run folder), split the rows into strata, keep the
-    first `per_stratum` rows of each in a shuffle seeded with `seed`, decode them under every method and write the
-    results with their strata ("strata" in results.json: settings, rows available and scored, per-stratum results)."""
+    first `per_stratum` rows of each (one count, or a count per stratum) in a shuffle seeded with `seed`, decode them
+    under every method and write the results with their strata ("strata" in results.json: settings, rows available
+    and scored, per-stratum results)."""
     out = Path(out_dir)
     check_strata_run(examples, list(methods), out)
     questions = distinct_questions(e.question for e in examples)

@@ -14,6 +14,8 @@ from fides_rag.eval.strata import (
     check_strata_folder,
     check_strata_results,
     count_strata,
+    describe_per_stratum,
+    parse_per_stratum,
     score_metric,
     select_rows,
     strata_markdown,
@@ -74,6 +76,58 @@ def test_selection_takes_the_first_n_of_each_stratum_of_a_seeded_shuffle():
     assert select_rows(examples, strata, None, seed=7) == examples
     with pytest.raises(ValueError, match="per_stratum"):
         select_rows(examples, strata, 0, seed=7)
+
+
+def test_a_count_per_stratum_takes_every_row_of_small_strata_and_samples_the_rest():
+    examples = [_example(i, i % 2 == 0) for i in range(40)]
+    strata = {
+        e.id: ("true_conflict" if e.is_conflict else "known_agreeing")
+        if int(e.id[1:]) % 4 < 2
+        else ("supplied" if e.is_conflict else "unknown_agreeing")
+        for e in examples
+    }
+    spec = parse_per_stratum("2,true_conflict=300,known_agreeing=4")
+    chosen = select_rows(examples, strata, spec, seed=7)
+    assert count_strata({e.id: strata[e.id] for e in chosen}) == {
+        "true_conflict": 10,
+        "supplied": 2,
+        "known_agreeing": 4,
+        "unknown_agreeing": 2,
+    }
+    uniform = {e.id for e in select_rows(examples, strata, 2, seed=7)}
+    assert uniform <= {e.id for e in chosen}  # the same shuffle: a larger count only adds rows
+    every_conflict = select_rows(examples, strata, {"true_conflict": 1}, seed=7)  # strata not named keep every row
+    assert count_strata({e.id: strata[e.id] for e in every_conflict})["supplied"] == 10
+    assert describe_per_stratum(spec) == (
+        "the first 300 of true_conflict, 2 of supplied, 4 of known_agreeing, 2 of unknown_agreeing"
+    )
+    assert describe_per_stratum(300) == "the first 300 of each"
+
+
+def test_per_stratum_spec_parses_a_count_or_counts_by_stratum():
+    assert parse_per_stratum("300") == 300
+    assert parse_per_stratum("true_conflict=300") == {
+        "true_conflict": 300,
+        "supplied": None,
+        "known_agreeing": None,
+        "unknown_agreeing": None,
+    }
+    assert parse_per_stratum(" 50, supplied=10 ")["unknown_agreeing"] == 50
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("conflict=3", "unknown stratum 'conflict'"),
+        ("supplied=3,supplied=4", "sets supplied twice"),
+        ("3,4", "sets the default count twice"),
+        ("supplied=many", "expected N or STRATUM=N"),
+        ("supplied=0", ">= 1"),
+    ],
+)
+def test_a_bad_per_stratum_spec_names_what_to_fix(spec, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_per_stratum(spec)
 
 
 def _record(i, question, swapped, answers):

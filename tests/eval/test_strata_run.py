@@ -170,6 +170,10 @@ def test_cli_strata_needs_standard_and_per_stratum_needs_strata(tiny_folder, tmp
     assert "add standard to --methods" in capsys.readouterr().err
     assert main(_args(tiny_folder, data, tmp_path / "b", "--methods", "standard", "--per-stratum", "3")) == 2
     assert "needs --strata" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as bad_spec:
+        main(_args(tiny_folder, data, tmp_path / "c", "--strata", "--per-stratum", "truth=3"))
+    assert bad_spec.value.code == 2 and not (tmp_path / "c").exists()
+    assert "unknown stratum 'truth'" in capsys.readouterr().err
 
 
 def test_cli_strata_rerun_resumes_without_decoding_again_and_a_plain_run_is_refused(tiny_folder, tmp_path, capsys):
@@ -187,4 +191,20 @@ def test_cli_strata_rerun_resumes_without_decoding_again_and_a_plain_run_is_refu
     assert main(_args(tiny_folder, data, out, "--methods", "standard,cad")) == 2  # without --strata: never mixed
     assert "strata" in capsys.readouterr().err
     assert main([*argv[:-1], "5"]) == 2  # another seed would choose other rows
+    assert "strata" in capsys.readouterr().err
+
+
+def test_cli_counts_per_stratum_are_recorded_and_a_rerun_resumes(tiny_folder, tmp_path, capsys):
+    data = _jsonl(tmp_path / "qa.jsonl")
+    out = tmp_path / "run"
+    argv = _args(tiny_folder, data, out, "--methods", "standard", "--strata", "--per-stratum", "1,true_conflict=2")
+    assert main(argv) == 0
+    recorded = json.loads((out / "run.json").read_text())["strata"]["per_stratum"]
+    assert recorded == {"true_conflict": 2, "supplied": 1, "known_agreeing": 1, "unknown_agreeing": 1}
+    predictions = (out / "predictions.jsonl").read_text()
+    assert main(argv) == 0
+    assert (out / "predictions.jsonl").read_text() == predictions
+    assert "of true_conflict" in (out / "results.md").read_text()
+    capsys.readouterr()
+    assert main([*argv[:-1], "2"]) == 2  # other counts would choose other rows
     assert "strata" in capsys.readouterr().err
