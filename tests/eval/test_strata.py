@@ -58,7 +58,8 @@ def test_a_missing_closed_book_answer_is_an_error():
         assign_strata([_example(0, True)], {})
 
 
-def test_selection_takes_the_first_n_of_each_stratum_of_a_seeded_shuffle():
+def _forty_rows_in_four_strata():
+    """40 rows, alternately swapped and original, 10 in each stratum."""
     examples = [_example(i, i % 2 == 0) for i in range(40)]
     strata = {
         e.id: ("true_conflict" if e.is_conflict else "known_agreeing")
@@ -66,6 +67,11 @@ def test_selection_takes_the_first_n_of_each_stratum_of_a_seeded_shuffle():
         else ("supplied" if e.is_conflict else "unknown_agreeing")
         for e in examples
     }
+    return examples, strata
+
+
+def test_selection_takes_the_first_n_of_each_stratum_of_a_seeded_shuffle():
+    examples, strata = _forty_rows_in_four_strata()
     chosen = select_rows(examples, strata, 3, seed=7)
     assert count_strata({e.id: strata[e.id] for e in chosen}) == dict.fromkeys(STRATA, 3)
     assert [e.id for e in chosen] == [e.id for e in select_rows(examples, strata, 3, seed=7)]
@@ -79,13 +85,7 @@ def test_selection_takes_the_first_n_of_each_stratum_of_a_seeded_shuffle():
 
 
 def test_a_count_per_stratum_takes_every_row_of_small_strata_and_samples_the_rest():
-    examples = [_example(i, i % 2 == 0) for i in range(40)]
-    strata = {
-        e.id: ("true_conflict" if e.is_conflict else "known_agreeing")
-        if int(e.id[1:]) % 4 < 2
-        else ("supplied" if e.is_conflict else "unknown_agreeing")
-        for e in examples
-    }
+    examples, strata = _forty_rows_in_four_strata()
     spec = parse_per_stratum("2,true_conflict=300,known_agreeing=4")
     chosen = select_rows(examples, strata, spec, seed=7)
     assert count_strata({e.id: strata[e.id] for e in chosen}) == {
