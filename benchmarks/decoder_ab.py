@@ -45,7 +45,7 @@ def import_revision(revision: str, root: Path = ROOT) -> ModuleType:
     for path in target.rglob("*.py"):
         path.write_text(re.sub(r"\bfides_rag\b", "fides_rag_old", path.read_text()))
     sys.path.insert(0, str(target.parent))
-    import fides_rag_old  # noqa: F401  (imports its subpackages below)
+    import fides_rag_old
     import fides_rag_old.eval.bench
 
     return fides_rag_old

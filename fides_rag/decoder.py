@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -22,6 +22,7 @@ from typing_extensions import Unpack  # typing.Unpack from Python 3.11 on
 
 from fides_rag.errors import NonFiniteLogitsError, QueueFullError
 from fides_rag.generation.engine.engine import DecodeEngine
+from fides_rag.generation.engine.modes import MODES, Mode, check_mode_settings
 from fides_rag.generation.engine.scheduler import MIN_BATCHED_TOKENS, check_batched_tokens
 from fides_rag.generation.engine.tickets import RequestHandle
 from fides_rag.generation.engine.views import DecoderLimits, DecoderStats
@@ -32,6 +33,9 @@ from fides_rag.generation.settings import GenerationSettings
 from fides_rag.generation.streaming import AsyncTextStream, TextStream
 from fides_rag.prompts.template import PromptTemplate
 from fides_rag.rules import ContrastRule, get_method
+
+_MODE_SETTINGS = ("compile", "buckets", "warmup", "kv_pool_tokens", "kv_cache_memory")
+"""The engine settings that apply in one mode only (`check_mode_settings`)."""
 
 __all__ = [
     "MIN_BATCHED_TOKENS",
@@ -145,8 +149,12 @@ class FidesDecoder:
     ) -> FidesDecoder:
         """Load a model with `load_model` (`device_map="auto"` splits it over the available devices, offloading
         what does not fit to `offload_folder`) and wrap it; `kwargs` go to the decoder."""
-        from fides_rag.models.loading import load_model
+        from fides_rag.models.loading import load_model, select_device
 
+        if device_map is None:  # a setting the mode would ignore is refused before minutes of loading
+            mode = kwargs.get("mode") or ("exact" if select_device(device).type == "cpu" else "fast")
+            if mode in MODES:
+                check_mode_settings(cast(Mode, mode), **{k: v for k, v in kwargs.items() if k in _MODE_SETTINGS})
         load_kwargs: dict[str, Any] = {"offload_folder": offload_folder} if offload_folder is not None else {}
         model, tokenizer = load_model(name_or_path, device=device, dtype=dtype, device_map=device_map, **load_kwargs)
         return cls(model, tokenizer, **kwargs)

@@ -138,7 +138,7 @@ def test_docs_fragments_run_in_order(page, monkeypatch):
     namespace = runpy.run_path(str((page.parent / after.group(1)).resolve())) if after else {}
     for code, reason in fragments(page):
         if reason is None:
-            exec(compile(code, f"{page.name} fragment", "exec"), namespace)  # noqa: S102 - the docs' own code
+            exec(compile(code, f"{page.name} fragment", "exec"), namespace)  # the docs' own code
 
 
 def test_the_docs_run_examples():

@@ -95,7 +95,7 @@ class Call:
         *,
         calling: ToolCalling | None = None,
         native_tools: bool = False,
-        structure: Any = None,
+        structure: object = None,
         extra: dict[str, Any] | None = None,
     ) -> None:
         self.decoder, self.plan, self.options, self.calling = decoder, plan, options, calling

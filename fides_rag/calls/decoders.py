@@ -5,7 +5,7 @@ identity as a framework's cache key sees it."""
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fides_rag.calls.fields import check_fides_config
 from fides_rag.calls.options import resolve_method
@@ -15,18 +15,24 @@ from fides_rag.method.config import FidesConfig
 from fides_rag.models.loading import load_model
 from fides_rag.prompts.raw import check_no_context_path
 
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from fides_rag.rules import ContrastRule
+
 
 def decoder_for(
     decoder: FidesDecoder | None = None,
     *,
-    model: Any = None,
-    tokenizer: Any = None,
+    model: PreTrainedModel | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
     model_id: str | None = None,
     method: str = "fides",
     max_new_tokens: int = 128,
     config: FidesConfig | None = None,
     device: str = "auto",
-    dtype: Any = None,
+    dtype: torch.dtype | str | None = None,
 ) -> FidesDecoder:
     """`decoder` as given (it must be a FidesDecoder, and comes without `model`/`tokenizer`), else a FidesDecoder of
     `model` and `tokenizer`, else of `model_id` loaded (cached by `load_model`) on `device` in `dtype`."""
@@ -45,7 +51,7 @@ def decoder_for(
     return FidesDecoder(model, tokenizer, method=method, config=config, max_new_tokens=max_new_tokens)
 
 
-def check_defaults(method: Any, no_context_path: str = "emptied", fides_config: Any = None) -> None:
+def check_defaults(method: str | ContrastRule, no_context_path: str = "emptied", fides_config: object = None) -> None:
     """A front door's default options checked when it is made, not at its first call (a ValueError naming the option):
     the method known to the registry, the no-context design, the FIDES constants a FidesConfig or None."""
     resolve_method(method)

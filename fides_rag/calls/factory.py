@@ -7,10 +7,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from typing_extensions import Unpack  # typing.Unpack from Python 3.11 on
+
 from fides_rag.calls.answering import Call
 from fides_rag.calls.options import CallOptions
-from fides_rag.calls.planning import ChatPlan, ChatPrompts
-from fides_rag.calls.tools import ToolCalling
+from fides_rag.calls.planning import ChatPlan, ChatPrompts, PlannerSettings
+from fides_rag.calls.tools import ToolCalling, ToolChoice
 
 if TYPE_CHECKING:
     from fides_rag.decoder import FidesDecoder
@@ -29,7 +31,7 @@ class CallFactory:
         *,
         max_batch_size: int | None = None,
         batch_window_s: float | None = None,
-        **planning: Any,
+        **planning: Unpack[PlannerSettings],
     ) -> None:
         self.decoder, self.planning = decoder, planning
         batching = {
@@ -42,15 +44,16 @@ class CallFactory:
         self._chat = self.planner()
 
     def tools(
-        self, tools: Sequence[Any] | None, tool_choice: Any = None, *, required: bool = False
+        self, tools: Sequence[Any] | None, tool_choice: ToolChoice = None, *, required: bool = False
     ) -> ToolCalling | None:
         """The call's tool calling, or None without tools (a forcing tool_choice without tools is refused)."""
         return ToolCalling.of_call(self.decoder.tokenizer, tools, tool_choice, required=required)
 
-    def planner(self, calling: ToolCalling | None = None, **overrides: Any) -> ChatPrompts:
+    def planner(self, calling: ToolCalling | None = None, **overrides: Unpack[PlannerSettings]) -> ChatPrompts:
         """The planner of a call with `calling`'s tools in front of both paths; `overrides` change this call's
         planning settings (e.g. `chat=False` for a completion, a request's `no_context_path`)."""
-        return ChatPrompts.for_decoder(self.decoder, **{**self.planning, **overrides}, tools=calling)
+        settings: PlannerSettings = {**self.planning, **overrides}
+        return ChatPrompts.for_decoder(self.decoder, **settings, tools=calling)
 
     def renders_tools(self, calling: ToolCalling | None) -> bool:
         """Whether the chat template renders `calling`'s tools itself (else they go in the fallback system block)."""
@@ -62,7 +65,7 @@ class CallFactory:
         options: CallOptions,
         calling: ToolCalling | None = None,
         *,
-        structure: Any = None,
+        structure: object = None,
         extra: dict[str, Any] | None = None,
     ) -> Call:
         """The call of `plan` (bad input raises here: `CallInputError`, `FidesFallbackError` when strict)."""

@@ -4,8 +4,6 @@ and adds its own (its temperature, its model and prompt fields)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, Field, field_validator
 
 from fides_rag.calls.options import resolve_method
@@ -14,7 +12,7 @@ from fides_rag.method.config import FidesConfig
 from fides_rag.prompts.raw import check_no_context_path
 
 
-def check_fides_config(value: Any) -> Any:
+def check_fides_config(value: object) -> FidesConfig | None:
     """`value` when it is a FidesConfig or None, else a ValueError naming its type: a dict is refused, not built into
     a FidesConfig on the source's defaults (constants given by name fold onto the decoder's, `fold_fides_constants`)."""
     if value is not None and not isinstance(value, FidesConfig):
@@ -64,5 +62,5 @@ class DecodingFields(BaseModel):
 
     @field_validator("fides_config", mode="before")
     @classmethod
-    def _a_fides_config_or_none(cls, value: Any) -> Any:
+    def _a_fides_config_or_none(cls, value: object) -> FidesConfig | None:
         return check_fides_config(value)

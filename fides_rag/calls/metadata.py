@@ -5,27 +5,31 @@ knows (its notes first, where the documents came from, trimming) and what the ca
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fides_rag.result import GenerationResult
+
+if TYPE_CHECKING:
+    from fides_rag.calls.planning import ChatPlan
+    from fides_rag.calls.tools import ToolCalling
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "criteria": "stop", "length": "length", "cancelled": "stop"}
 """The engine's finish reasons as OpenAI's (a parsed tool call makes it "tool_calls")."""
 
 
 def record(
-    plan: Any,
+    plan: ChatPlan,
     result: GenerationResult,
     requested: str,
     *,
-    calling: Any = None,
+    calling: ToolCalling | None = None,
     native_tools: bool = False,
     notes: Sequence[str] = (),
-    **extra: Any,
+    **extra: object,
 ) -> dict[str, Any]:
     """The record: `plan.metadata(result)` with the method asked for, the fallback (None: the documents were used as
     asked), the tools' format and choice when tools were bound, the call's own `notes` last, and `extra`."""
-    meta = {**plan.metadata(result), "requested_method": requested, "fallback": plan.fallback, **extra}
+    meta: dict[str, Any] = {**plan.metadata(result), "requested_method": requested, "fallback": plan.fallback, **extra}
     if calling is not None:
         meta["tool_format"] = "native" if native_tools else "fallback"
         meta["tool_choice"] = calling.tool_choice

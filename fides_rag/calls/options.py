@@ -8,7 +8,7 @@ import dataclasses
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from fides_rag.errors import CallInputError, FidesFallbackError
 from fides_rag.generation.request_options import CALL, REQUEST_OPTIONS, options_of
@@ -17,7 +17,11 @@ from fides_rag.method.config import FidesConfig
 from fides_rag.prompts.template import document_texts
 from fides_rag.rules import ContrastRule, accepts_option, get_method
 
+if TYPE_CHECKING:
+    from fides_rag.calls.planning import ChatPlan
+
 logger = logging.getLogger("fides_rag.calls")
+_T = TypeVar("_T")
 
 CONSTRAINTS = options_of(CALL, "constraint")
 """Grammar-constrained decoding options (at most one per call)."""
@@ -92,12 +96,12 @@ def resolve_method(
     return method
 
 
-def positive_budget(value: Any) -> int:
+def positive_budget(value: object) -> int:
     """`value` as a token budget (a positive integer), or a ValueError naming max_new_tokens."""
-    return _checked("max_new_tokens", value)
+    return cast(int, _checked("max_new_tokens", value))  # checked: a positive integer
 
 
-def _checked(name: str, value: Any) -> Any:
+def _checked(name: str, value: _T) -> _T:
     """`value` of option `name`, or a CallInputError naming the option and what it must be."""
     try:
         REQUEST_OPTIONS[name].check(value)
@@ -164,7 +168,7 @@ class CallOptions:
         budget = positive_budget(merged.get("max_new_tokens", REQUEST_OPTIONS["max_new_tokens"].default))
         return cls(method, requested, budget, list(dict.fromkeys(stops)), sampling, constraint, strict)
 
-    def check_fallback(self, plan: Any) -> None:
+    def check_fallback(self, plan: ChatPlan) -> None:
         """Raise FidesFallbackError under strict mode, else log a warning, when `plan` cannot use the documents as asked
         (a call that asked for 'standard' loses nothing)."""
         if plan.fallback is None or self.requested == "standard":

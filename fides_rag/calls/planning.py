@@ -20,11 +20,12 @@ An assistant turn's earlier calls are part of its text (`ToolCalling.render_call
 from __future__ import annotations
 
 import copy
+import enum
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, TypedDict
 
 from fides_rag.calls.tools import ToolCalling, calls_from_openai, render_calls
 from fides_rag.generation.requests import PromptPair
@@ -33,16 +34,25 @@ from fides_rag.prompts.template import PromptTemplate, template_stops
 from fides_rag.result import GenerationResult
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from fides_rag.decoder import FidesDecoder
 
 logger = logging.getLogger("fides_rag.calls")
+
+
+class _LastUserTurn(enum.Enum):
+    """The type of `LAST_USER_TURN`, a default that no caller can pass by mistake."""
+
+    LAST_USER_TURN = "the last user turn"
+
 
 Turn = tuple[str, str]
 """(role, content), role one of user, assistant, system, tool."""
 DOCUMENTS_INSTRUCTION = "Use the following documents to answer the question."
 STANDARD = "decoded with 'standard'"
 """What a call without documents to contrast does (the second half of its note)."""
-LAST_USER_TURN: Any = object()
+LAST_USER_TURN: Final = _LastUserTurn.LAST_USER_TURN
 """`ChatPrompts.conversation`'s default question: the last user turn's text."""
 ROLE_LINE_STOPS = ("\nUser:", "\nHuman:", "\nQuestion:")
 """An answer ends where the model starts writing the next turn's role line (each starts with a newline, so an
@@ -65,12 +75,12 @@ ROLES = {
 planner's four roles; anything else is a user turn."""
 
 
-def role_of(role: Any) -> str:
+def role_of(role: object) -> str:
     """A role name (or an enum whose value is one) as user, assistant, system or tool."""
     return ROLES.get(str(getattr(role, "value", role)).lower(), "user")
 
 
-def turn_of(role: Any, text: str, calls: Sequence[Any] = ()) -> Turn:
+def turn_of(role: object, text: str, calls: Sequence[Any] = ()) -> Turn:
     """A front door's message as a planner turn: its role read by `role_of`; an assistant's earlier tool calls (OpenAI's
     shape, LangChain's or Ollama's, or ToolCalls) written after its content, as the model is asked to write them."""
     role = role_of(role)
@@ -247,13 +257,25 @@ class ChatPlan:
         ), None
 
 
+class PlannerSettings(TypedDict, total=False):
+    """`ChatPrompts.for_decoder`'s keywords other than `tools`, as a front door sets them once for all its calls."""
+
+    chat: bool
+    use_chat_template: bool | None
+    no_context_path: str
+    documents_instruction: str
+    context_messages: ContextMessages | None
+    render_text: Callable[[Sequence[Turn]], str] | None
+    question_prompt: Callable[[str], str] | None
+
+
 class ChatPrompts:
     """Renders conversations with one tokenizer's chat template (or plain `Role:` lines, or a framework's `render_text`)
     and plans their two paths."""
 
     def __init__(
         self,
-        tokenizer: Any,
+        tokenizer: PreTrainedTokenizerBase,
         *,
         context_window: int,
         use_chat_template: bool,
@@ -581,7 +603,7 @@ class ChatPrompts:
         found: Sequence[str] = (),
         retrieved: Sequence[str] | None = None,
         system_as_context: bool = True,
-        question: Any = LAST_USER_TURN,
+        question: str | None | _LastUserTurn = LAST_USER_TURN,
         where: str = "the messages",
     ) -> ChatPlan:
         """Where a conversation's context comes from, first that applies: `documents` given beside it; the tool turns'

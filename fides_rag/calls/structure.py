@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 from fides_rag.calls.options import CONSTRAINTS, CallInputError
 from fides_rag.errors import IncompleteAnswerError
@@ -17,8 +17,15 @@ from fides_rag.generation.grammar.constraint import GrammarConstraint
 from fides_rag.generation.grammar.schema_support import check_schema_shape
 from fides_rag.generation.requests import special_token_id
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
-def closed_schema(schema: Any) -> Any:
+
+@overload
+def closed_schema(schema: dict[str, Any]) -> dict[str, Any]: ...
+@overload
+def closed_schema(schema: object) -> object: ...
+def closed_schema(schema: object) -> object:
     """`schema` with every object that lists its properties closed to others (`additionalProperties: false` where
     the schema does not say), as OpenAI's strict mode does: a grammar then cannot add keys the caller did not ask
     for."""
@@ -40,7 +47,7 @@ def closed_schema(schema: Any) -> Any:
     return closed
 
 
-def schema_of(spec: Any, field: str = "json_schema") -> dict[str, Any]:
+def schema_of(spec: object, field: str = "json_schema") -> dict[str, Any]:
     """A JSON schema from a dict, JSON text or a pydantic model class."""
     if isinstance(spec, type) and hasattr(spec, "model_json_schema"):
         return spec.model_json_schema()
@@ -81,9 +88,9 @@ def check_json_schema(schema: Mapping[str, Any], field: str, *, what: str | None
 
 def constraint_of(
     *,
-    json_schema: Any = None,
+    json_schema: object = None,
     regex: str | None = None,
-    grammar: Any = None,
+    grammar: str | None = None,
     strict: bool = True,
     field: str = "json_schema",
 ) -> dict[str, Any]:
@@ -102,7 +109,7 @@ def constraint_of(
     return given
 
 
-def with_structure(call: Mapping[str, Any], spec: Any, what: str = "a structured answer") -> dict[str, Any]:
+def with_structure(call: Mapping[str, Any], spec: object, what: str = "a structured answer") -> dict[str, Any]:
     """`call` (one call's keywords) decoded under `spec`'s JSON schema (a pydantic class or a schema; objects closed,
     checked before anything decodes). A grammar the call gives as well is refused: `what` is held to the schema."""
     refuse_other_grammar(call, f"{what} holds the answer to its JSON schema")
@@ -118,7 +125,7 @@ def refuse_other_grammar(call: Mapping[str, Any], why: str) -> None:
         raise CallInputError(f"{why}; drop {', '.join(given)}=", given[0])
 
 
-def refuse_cutting_stops(stop: Sequence[str], tokenizer: Any, what: str) -> None:
+def refuse_cutting_stops(stop: Sequence[str], tokenizer: PreTrainedTokenizerBase | None, what: str) -> None:
     """A CallInputError naming `stop` where `what` (a structured answer, a forced call) is asked with a stop string
     that could cut it: its grammar decides where it ends, and a stop string matched in its text ("a" inside a key)
     would end it mid-structure. A stop that is one special token (an end-of-turn token) is taken: it ends the grammar
@@ -136,7 +143,12 @@ def refuse_cutting_stops(stop: Sequence[str], tokenizer: Any, what: str) -> None
 
 
 def shortest_answer_tokens(
-    tokenizer: Any, *, json_schema: Any = None, regex: str | None = None, grammar: Any = None, limit: int = 200
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    json_schema: Mapping[str, Any] | str | type | None = None,
+    regex: str | None = None,
+    grammar: str | None = None,
+    limit: int = 200,
 ) -> int:
     """Tokens of the shortest complete answer the constraint allows (searched up to `limit` tokens): the least
     max_new_tokens a structured call or a forced tool call can be given. None found within `limit`: ValueError."""
@@ -157,7 +169,7 @@ def check_complete(text: str, finish_reason: str | None) -> str:
     return text
 
 
-def parse_structure(text: str, finish_reason: str | None, schema: Any = None) -> Any:
+def parse_structure(text: str, finish_reason: str | None, schema: object = None) -> Any:
     """The answer as `schema`'s object (a pydantic class validates it), or as JSON; cut answers raise."""
     check_complete(text, finish_reason)
     if isinstance(schema, type) and hasattr(schema, "model_validate_json"):

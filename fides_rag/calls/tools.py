@@ -17,14 +17,19 @@ import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fides_rag.calls.options import CallInputError
 from fides_rag.calls.structure import check_json_schema, closed_schema
 from fides_rag.prompts.raw import render_chat
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 CHOICES = ("auto", "none", "required", "any")
 """tool_choice values other than a tool's name ("any" is "required")."""
+ToolChoice = str | bool | Mapping[str, Any] | None
+"""Every front door's tool_choice forms, as `tool_choice_name` reads them."""
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _PROBE = "fides_probe_tool_3f9c"
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
@@ -83,14 +88,15 @@ class ToolSpec:
         return cls(function["name"], function.get("description") or "", dict(parameters))
 
     @classmethod
-    def from_any(cls, tool: Any) -> ToolSpec:
+    def from_any(cls, tool: object) -> ToolSpec:
         """A ToolSpec, an OpenAI tool dict, or an object with `.metadata.to_openai_tool()` (a LlamaIndex tool)."""
         if isinstance(tool, ToolSpec):
             return tool
         if isinstance(tool, Mapping):
             return cls.from_openai(tool)
-        if hasattr(getattr(tool, "metadata", None), "to_openai_tool"):
-            return cls.from_openai(tool.metadata.to_openai_tool(skip_length_check=True))
+        metadata = getattr(tool, "metadata", None)
+        if metadata is not None and hasattr(metadata, "to_openai_tool"):
+            return cls.from_openai(metadata.to_openai_tool(skip_length_check=True))
         raise CallInputError(
             f"tools must be ToolSpecs, OpenAI tool dicts or LlamaIndex tools, got {type(tool).__name__}", "tools"
         )
@@ -113,14 +119,14 @@ class ToolCall:
         }
 
 
-def _rebased(schema: Any, prefix: str) -> Any:
+def _rebased(schema: object, prefix: str) -> object:
     """`schema` moved under the JSON pointer `prefix` of a larger schema: its local references ("#/$defs/Item",
     "#") rewritten to point where their targets now are (values of const, enum, ... kept as they are)."""
     if isinstance(schema, list):
         return [_rebased(item, prefix) for item in schema]
     if not isinstance(schema, dict):
         return schema
-    moved = {}
+    moved: dict[str, object] = {}
     for key, value in schema.items():
         if key == "$ref" and isinstance(value, str) and value.startswith("#"):
             moved[key] = f"#{prefix}{value[1:]}"
@@ -143,7 +149,7 @@ def _call_schema(tool: ToolSpec, at: str = "") -> dict:
     }
 
 
-def tool_choice_name(tool_choice: Any, names: Sequence[str], *, required: bool = False) -> str:
+def tool_choice_name(tool_choice: ToolChoice, names: Sequence[str], *, required: bool = False) -> str:
     """Every front door's tool_choice as one string: None ("required" when `required`, else "auto"), "auto", "none",
     "any"/"required", a tool's name, True (the only tool), False ("none"), or OpenAI's {"type": "function",
     "function": {"name": ...}} (and {"type": "required"}). A ValueError names tool_choice when it fits no tool."""
@@ -194,7 +200,7 @@ def tool_choice_name(tool_choice: Any, names: Sequence[str], *, required: bool =
     return choice
 
 
-def _arguments(value: Any) -> dict:
+def _arguments(value: object) -> dict:
     if isinstance(value, str):
         try:
             value = json.loads(value) if value.strip() else {}
@@ -229,7 +235,12 @@ class ToolCalling:
     """Puts tools in front of a model and reads its calls back."""
 
     def __init__(
-        self, tokenizer: Any, tools: Sequence[Any], tool_choice: Any = "auto", *, required: bool = False
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        tools: Sequence[Any],
+        tool_choice: ToolChoice = "auto",
+        *,
+        required: bool = False,
     ) -> None:
         """`tools`: ToolSpecs, OpenAI tool dicts or LlamaIndex tools; `tool_choice`: any form `tool_choice_name`
         reads."""
@@ -250,7 +261,12 @@ class ToolCalling:
 
     @classmethod
     def of_call(
-        cls, tokenizer: Any, tools: Sequence[Any] | None, tool_choice: Any = None, *, required: bool = False
+        cls,
+        tokenizer: PreTrainedTokenizerBase,
+        tools: Sequence[Any] | None,
+        tool_choice: ToolChoice = None,
+        *,
+        required: bool = False,
     ) -> ToolCalling | None:
         """A call's tool calling, or None without tools (a forcing tool_choice without tools is refused)."""
         if not tools:
@@ -349,7 +365,7 @@ class ToolCalling:
         calls = [self._call(item) for item in items]
         return [c for c in calls if c is not None] if all(calls) else []
 
-    def _call(self, item: Any) -> ToolCall | None:
+    def _call(self, item: object) -> ToolCall | None:
         if not isinstance(item, dict) or item.get("name") not in {t.name for t in self.tools}:
             return None
         arguments = item.get("arguments", item.get("parameters", {}))
@@ -386,7 +402,7 @@ def render_calls(content: str, calls: Sequence[ToolCall]) -> str:
     return "\n".join([*([content] if content.strip() else []), *(render_call(c) for c in calls)])
 
 
-def _renders_tools(tokenizer: Any) -> bool:
+def _renders_tools(tokenizer: PreTrainedTokenizerBase) -> bool:
     if not getattr(tokenizer, "chat_template", None):
         return False
     probe = ToolSpec(_PROBE, "probe", {"type": "object", "properties": {}})

@@ -17,14 +17,18 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from fides_rag.calls.answering import Call
     from fides_rag.decoder import FidesDecoder
+    from fides_rag.result import GenerationResult
 
 MARKUP_STARTS = ("<", "{", "[")
 _CALL_START = re.compile(r'\s*\[?\s*\{\s*"(?:name|function)"\s*:')
 """What an answer's first token may not start with under the answer rules (a tag, a bare JSON call)."""
 
 
-def is_agent_turn(call: Any) -> bool:
+def is_agent_turn(call: Call) -> bool:
     """Whether `call` is an agent's turn that answers in free text."""
     free = call.structure is None and not call.options.constraint and (call.calling is None or not call.calling.forced)
     return free and (call.calling is not None or call.plan.source == "tool_messages")
@@ -39,7 +43,7 @@ def call_shaped(text: str) -> bool:
     return _CALL_START.match(text) is not None
 
 
-def unanswered_cause(call: Any, text: str, tool_calls: list, result: Any) -> str | None:
+def unanswered_cause(call: Call, text: str, tool_calls: list, result: GenerationResult) -> str | None:
     """Why an agent's turn answered nothing (None: it answered, or it is not an agent's turn)."""
     if not is_agent_turn(call) or tool_calls:
         return None
@@ -84,7 +88,7 @@ class BarredFirstToken(LogitsProcessor):
 
 
 @functools.lru_cache(maxsize=8)
-def _markup_or_empty_tokens(tokenizer: Any) -> tuple[int, ...]:
+def _markup_or_empty_tokens(tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
     """The tokenizer's ids whose text is empty, blank or starts with markup (special tokens included)."""
     texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=True)
     barred = {i for i, t in enumerate(texts) if not t.strip() or t.lstrip().startswith(MARKUP_STARTS)}

@@ -1,7 +1,7 @@
 """Dense retrieval for the demo: the bundled all-MiniLM-L6-v2 (sentence-transformers) and a FAISS
 inner-product index over L2-normalised embeddings (cosine similarity).
 
-Passage embeddings are cached under `fides_rag.models.loading.cache_root()/demo/embeddings/`, in a file
+Passage embeddings are cached under `fides_rag.models.cache.cache_root()/demo/embeddings/`, in a file
 named by the embedding model and the SHA-256 of the corpus texts, so reruns skip the embedding.
 """
 
@@ -33,7 +33,7 @@ def bundled_minilm_path() -> Path:
 
 
 def embedding_cache_dir() -> Path:
-    from fides_rag.models.loading import cache_root
+    from fides_rag.models.cache import cache_root
 
     return cache_root() / "demo" / "embeddings"
 

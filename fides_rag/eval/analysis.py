@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from fides_rag.eval.harness import PREDICTIONS, read_predictions
 from fides_rag.eval.metrics import aggregate, normalize_answer
+from fides_rag.eval.records import read_predictions
+from fides_rag.eval.store import PREDICTIONS
 from fides_rag.extras import require
 
 ANALYSIS_DIR = "analysis"

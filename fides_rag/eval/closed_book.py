@@ -15,7 +15,10 @@ import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fides_rag.decoder import FidesDecoder
 
 CLOSED_BOOK = "closed_book.jsonl"
 """The cache file of the closed-book answers, in the run folder."""
@@ -77,7 +80,7 @@ class _DropNoDocumentsNote(logging.Filter):
 
 
 def closed_book_answers(
-    decoder: Any,
+    decoder: FidesDecoder,
     questions: Sequence[str],
     path: str | Path,
     *,

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 from fides_rag.eval.datasets import QAExample
 from fides_rag.eval.metrics import METRIC_LABELS, METRICS, aggregate
 from fides_rag.eval.parallel import barrier, gather, shard
-from fides_rag.eval.records import example_record, read_predictions, trim_result  # noqa: F401  (public here too)
+from fides_rag.eval.records import read_predictions
 from fides_rag.eval.shard_progress import ShardProgress
 from fides_rag.eval.significance import paired_bootstrap
-from fides_rag.eval.store import METHOD_OPTIONS, PREDICTIONS, RUN_INFO, PredictionStore, check_resume, check_reuse  # noqa: F401
+from fides_rag.eval.store import METHOD_OPTIONS, PREDICTIONS, RUN_INFO, PredictionStore, check_reuse
 from fides_rag.eval.tables import markdown_table
 from fides_rag.method.config import FidesConfig
 from fides_rag.rules import ContrastRule, accepts_option, get_method

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fides_rag.eval.closed_book import (
     CLOSED_BOOK,
@@ -35,6 +35,9 @@ from fides_rag.eval.strata import (
 )
 from fides_rag.rules import ContrastRule
 
+if TYPE_CHECKING:
+    from fides_rag.decoder import FidesDecoder
+
 
 def strata_settings(per_stratum: PerStratum, seed: int) -> dict[str, Any]:
     """The run.json entry of a strata run."""
@@ -57,7 +60,7 @@ def check_strata_run(
 
 
 def run_strata_eval(
-    decoder: Any,
+    decoder: FidesDecoder,
     examples: Sequence[QAExample],
     methods: Mapping[str, str | ContrastRule],
     out_dir: str | Path,

@@ -17,7 +17,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from fides_rag.generation.request_options import MAX_SEED, MAX_TEMPERATURE, REQUEST_OPTIONS  # noqa: F401 (MAX_*: still importable here)
+from fides_rag.generation.request_options import REQUEST_OPTIONS
 
 GREEDY_BELOW_TEMPERATURE = 1e-5
 """A sampling temperature below this decodes greedily (vLLM's convention): the limit of sampling as the

@@ -185,7 +185,7 @@ async def iterate_in_thread(factory: Callable[[], Iterator[Item]]) -> AsyncGener
                 close = getattr(iterator, "close", None)
                 if close is not None:
                     close()
-        except BaseException as error:  # noqa: BLE001 - raised again in the consumer
+        except BaseException as error:  # raised again in the consumer
             channel.close(error)
         else:
             channel.close()

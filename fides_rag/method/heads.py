@@ -70,7 +70,7 @@ from typing import Any
 import torch
 
 from fides_rag.method.lens import ModelAnatomy
-from fides_rag.models.loading import cache_root
+from fides_rag.models.cache import cache_root
 
 logger = logging.getLogger(__name__)
 

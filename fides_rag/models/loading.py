@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from fides_rag.models.cache import CACHE_ENV, cache_root  # noqa: F401  (public here too)
+from fides_rag.models.cache import cache_root
 from fides_rag.models.fetching import FETCHED_MODELS, fetched_path
 from fides_rag.models.memory import check_fits
 

@@ -19,10 +19,11 @@ class AdaCadRule(ContrastRule):
         self.floor = float(floor)
 
     def combine(self, step: StepInputs) -> StepOutput:
-        jsd = opposition(step.ctx_logits, step.no_ctx_logits)
+        no_ctx = step.require("no_ctx_logits")
+        jsd = opposition(step.ctx_logits, no_ctx)
         alpha = jsd.clamp_min(self.floor)
         return StepOutput(
-            logits=contrast_logits(step.ctx_logits, step.no_ctx_logits, alpha),
+            logits=contrast_logits(step.ctx_logits, no_ctx, alpha),
             records={"alpha": alpha, "opposition": jsd},
         )
 

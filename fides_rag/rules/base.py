@@ -6,7 +6,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -20,6 +20,10 @@ MASKED_HEADS = "masked_heads"
 """The context path with the attention heads of `ContrastRule.masked_heads` zeroed (DeCoRe)."""
 PATHS = (CONTEXT, NO_CONTEXT, DOCUMENTS, MASKED_HEADS)
 """Every path kind, in the order their rows sit in the decoder's batch."""
+OptionalInput = Literal[
+    "no_ctx_logits", "document_logits", "masked_logits", "ctx_layer_states", "no_ctx_layer_states", "document_mask"
+]
+"""The `StepInputs` a step carries only for a rule that declared their path (`StepInputs.require`)."""
 
 
 @dataclass
@@ -95,6 +99,16 @@ class StepInputs:
     @property
     def no_ctx_layer_states(self) -> torch.Tensor | None:
         return self.layer_states.get(NO_CONTEXT)
+
+    def require(self, name: OptionalInput) -> torch.Tensor:
+        """The input `name` of a path the rule declared (the decoder always fills those); a ValueError naming it
+        when it is missing, i.e. the rule reads a path it did not declare."""
+        value: torch.Tensor | None = getattr(self, name)
+        if value is None:
+            raise ValueError(
+                f"this step has no {name}: the rule reads a path it does not declare (paths, layer_state_paths)"
+            )
+        return value
 
 
 @dataclass

@@ -24,12 +24,13 @@ class CadRule(ContrastRule):
         self.alpha = float(alpha)
 
     def combine(self, step: StepInputs) -> StepOutput:
+        no_ctx = step.require("no_ctx_logits")
         alpha = torch.full(
             (step.ctx_logits.shape[0],), self.alpha, dtype=step.ctx_logits.dtype, device=step.ctx_logits.device
         )
         return StepOutput(
-            logits=contrast_logits(step.ctx_logits, step.no_ctx_logits, alpha),
-            records={"alpha": alpha, "opposition": opposition(step.ctx_logits, step.no_ctx_logits)},
+            logits=contrast_logits(step.ctx_logits, no_ctx, alpha),
+            records={"alpha": alpha, "opposition": opposition(step.ctx_logits, no_ctx)},
         )
 
     def options(self) -> dict:

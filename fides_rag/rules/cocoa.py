@@ -125,7 +125,8 @@ class CocoaRule(ContrastRule):
 
     def combine(self, step: StepInputs) -> StepOutput:
         log_ctx = torch.log_softmax(step.ctx_logits, dim=-1)  # [B, V]
-        log_no = torch.log_softmax(step.no_ctx_logits, dim=-1)  # [B, V]
+        no_ctx = step.require("no_ctx_logits")
+        log_no = torch.log_softmax(no_ctx, dim=-1)  # [B, V]
         p_ctx, p_no = log_ctx.exp(), log_no.exp()
         delta_h = (-(p_no * log_no).sum(-1, keepdim=True)) - (-(p_ctx * log_ctx).sum(-1, keepdim=True))  # [B, 1]
         if self.alpha == "adaptive":
@@ -150,7 +151,7 @@ class CocoaRule(ContrastRule):
             logits=scores,
             records={
                 "alpha": alpha.squeeze(-1),
-                "opposition": opposition(step.ctx_logits, step.no_ctx_logits),
+                "opposition": opposition(step.ctx_logits, no_ctx),
                 "entropy_gap": delta_h.squeeze(-1),
             },
         )

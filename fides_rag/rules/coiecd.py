@@ -77,13 +77,12 @@ class CoiecdRule(ContrastRule):
 
     def combine(self, step: StepInputs) -> StepOutput:
         cond = torch.log_softmax(step.ctx_logits, dim=-1)  # [B, V]
-        uncond = torch.log_softmax(step.no_ctx_logits, dim=-1)  # [B, V]
+        no_ctx = step.require("no_ctx_logits")
+        uncond = torch.log_softmax(no_ctx, dim=-1)  # [B, V]
         cad = coiecd_cad_mask(cond, uncond, self.threshold_ratio).to(cond.dtype)  # [B, V], 1 = CAD branch
         merged = cad * cond + (1 - cad) * uncond + self.alpha * (cond - uncond)
         alpha = torch.full((cond.shape[0],), self.alpha, dtype=cond.dtype, device=cond.device)
-        return StepOutput(
-            logits=merged, records={"alpha": alpha, "opposition": opposition(step.ctx_logits, step.no_ctx_logits)}
-        )
+        return StepOutput(logits=merged, records={"alpha": alpha, "opposition": opposition(step.ctx_logits, no_ctx)})
 
     def options(self) -> dict[str, Any]:
         return {"alpha": self.alpha, "threshold_ratio": self.threshold_ratio}

@@ -213,6 +213,8 @@ class DecoreRule(ContrastRule):
             alpha = decore_entropy(base, self.scale_alpha)  # [B]
             if self.alpha_cap is not None:
                 alpha = alpha.clamp(max=self.alpha_cap)
+        elif self.alpha is None:
+            raise ValueError("decore: variant='vanilla' decodes with a fixed alpha; it is unset")
         else:
             alpha = torch.full((base.shape[0],), self.alpha, dtype=base.dtype, device=base.device)
         return StepOutput(logits=contrast_logits(base, masked, alpha), records={"alpha": alpha})
@@ -228,6 +230,6 @@ class DecoreRule(ContrastRule):
         else:
             options.update(
                 num_heads=self.num_heads if self.num_heads is not None else "auto (50/1024 of the heads)",
-                discovery=self.discovery.to_dict(),
+                discovery=(self.discovery or DiscoverySettings()).to_dict(),  # the discovery's own default
             )
         return options

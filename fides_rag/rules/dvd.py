@@ -155,6 +155,8 @@ class DvdRule(ContrastRule):
             gamma = (top_two_gap(amplify) - top_two_gap(suppress)).clamp_min(0.0)  # [B]
             beta = (top_two_gap(full) - top_two_gap(closed)).clamp_min(0.0)  # [B]
             base = closed  # the reference's dynamic branch starts from the closed-book path
+        elif self.beta is None or self.gamma is None:
+            raise ValueError("dvd: dynamic_weight=False decodes with the fixed weights beta and gamma, which are unset")
         else:
             gamma = full.new_full(rows.shape, self.gamma)
             beta = full.new_full(rows.shape, self.beta)

@@ -67,10 +67,13 @@ class FidesRule(ContrastRule):
 
     def combine(self, step: StepInputs) -> StepOutput:
         cfg = self.config
-        opp = opposition(step.ctx_logits, step.no_ctx_logits)
+        no_ctx = step.require("no_ctx_logits")
+        opp = opposition(step.ctx_logits, no_ctx)
         shift = None
         if cfg.weights[1] > 0:
-            shift = hidden_state_shift(step.ctx_layer_states, step.no_ctx_layer_states, cfg.shift_scale)
+            shift = hidden_state_shift(
+                step.require("ctx_layer_states"), step.require("no_ctx_layer_states"), cfg.shift_scale
+            )
         noise = None
         if cfg.weights[2] > 0:
             mid = noise_layer(step.num_layers, cfg.noise_layer_ratio)
@@ -82,7 +85,7 @@ class FidesRule(ContrastRule):
             alpha = adaptive_alpha(score, cfg.lambda_, cfg.alpha_min)
         signals = {"alpha": alpha, "opposition": opp, "shift": shift, "noise": noise, "score": score}
         return StepOutput(
-            logits=contrast_logits(step.ctx_logits, step.no_ctx_logits, alpha),
+            logits=contrast_logits(step.ctx_logits, no_ctx, alpha),
             records={name: value for name, value in signals.items() if value is not None},
         )
 

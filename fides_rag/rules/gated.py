@@ -26,7 +26,7 @@ class GatedRule(ContrastRule):
         self.rule, self.gate = rule, gate
 
     @property
-    def name(self) -> str:  # type: ignore[override]  # noqa: D102 - derived from the rule and the gate
+    def name(self) -> str:  # type: ignore[override]  # derived from the rule and the gate
         return f"{self.rule.name}+{self.gate.name}"
 
     @property

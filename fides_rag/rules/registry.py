@@ -96,7 +96,8 @@ def get_method(method: str | ContrastRule, *, gate: Any = None, **options: Any) 
         return rule
     if isinstance(gate, str):  # a gate by name takes the options the rule's config carries for it (calibrated)
         config = getattr(rule, "config", None)
-        gate = get_gate(gate, **(config.gate_options(gate) if hasattr(config, "gate_options") else {}))
+        calibrated = config.gate_options(gate) if config is not None and hasattr(config, "gate_options") else {}
+        gate = get_gate(gate, **calibrated)
     gate = get_gate(gate)
     return rule if type(gate).name == "none" else GatedRule(rule, gate)
 

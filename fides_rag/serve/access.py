@@ -8,7 +8,8 @@ import hmac
 import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fides_rag.serve.errors import APIError
 
@@ -52,7 +53,7 @@ class AccessPolicy:
             hosts = None if "*" in allowed_hosts else tuple(h.lower() for h in allowed_hosts)
         return cls(api_key or None, hosts, tuple(cors_origins))
 
-    def refusal(self, scope: dict[str, Any]) -> APIError | None:
+    def refusal(self, scope: Scope) -> APIError | None:
         """Why this HTTP request is refused, or None."""
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         if self.allowed_hosts is not None and _hostname(headers.get("host", "")) not in self.allowed_hosts:
@@ -93,10 +94,10 @@ def _hostname(host: str) -> str:
 class AccessControl:
     """ASGI middleware applying an `AccessPolicy` to every HTTP request before it reaches a route."""
 
-    def __init__(self, app: Any, policy: AccessPolicy) -> None:
+    def __init__(self, app: ASGIApp, policy: AccessPolicy) -> None:
         self.app, self.policy = app, policy
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             refused = self.policy.refusal(scope)
             if refused is not None:

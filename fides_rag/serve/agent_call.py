@@ -5,6 +5,7 @@ a 400 naming the field that has to change."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,8 +18,8 @@ from fides_rag.calls import (
     constraint_of,
     unenforced_keywords,
 )
-from fides_rag.serve.errors import bad_request
-from fides_rag.serve.protocol import ChatCompletionRequest, Sampling
+from fides_rag.serve.errors import APIError, bad_request
+from fides_rag.serve.protocol import ChatCompletionRequest, GenerationRequest
 
 ANY_OBJECT = {"type": "object"}
 CALL_END = "</tool_call>"
@@ -36,11 +37,11 @@ class AgentCall:
     notes: list[str] = field(default_factory=list)
 
 
-def _named(err: CallInputError, param: str) -> Any:
+def _named(err: CallInputError, param: str) -> APIError:
     return bad_request(" ".join(str(err).split()), param, "invalid_value")
 
 
-def _strict(schema: Any, param: str) -> None:
+def _strict(schema: Mapping[str, object], param: str) -> None:
     try:
         check_strict_schema(schema)
     except ValueError as err:
@@ -108,9 +109,9 @@ def _response_format(body: ChatCompletionRequest, call: AgentCall) -> None:
         raise _named(err, param) from None
 
 
-def agent_call(calls: CallFactory, body: Sampling) -> AgentCall:
+def agent_call(calls: CallFactory, body: GenerationRequest) -> AgentCall:
     """The agent fields of `body` (a completions body has logprobs only)."""
-    call = AgentCall(logprobs=body.top_logprob_count())  # type: ignore[attr-defined]  # each request class has it
+    call = AgentCall(logprobs=body.top_logprob_count())
     if not isinstance(body, ChatCompletionRequest):
         return call
     if body.top_logprobs and not body.logprobs:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
@@ -23,6 +23,8 @@ from fides_rag.serve.limits import RequestLimits
 from fides_rag.serve.planning import chat_plan, completion_plan
 from fides_rag.serve.protocol import ChatCompletionRequest, CompletionRequest
 from fides_rag.serve.responses import chat_completion, text_completion
+
+_Endpoint = TypeVar("_Endpoint", bound=Callable[..., Any])
 
 
 def build_app(
@@ -60,8 +62,8 @@ def build_app(
     # body.
     app = FastAPI(title="fides-rag", lifespan=lifespan, redirect_slashes=False)
 
-    def _route(method: str, path: str) -> Any:
-        def register(endpoint: Any) -> Any:
+    def _route(method: str, path: str) -> Callable[[_Endpoint], _Endpoint]:
+        def register(endpoint: _Endpoint) -> _Endpoint:
             app.add_api_route(path, endpoint, methods=[method])
             app.add_api_route(f"{path}/", endpoint, methods=[method], include_in_schema=False)
             return endpoint

@@ -6,7 +6,6 @@ import argparse
 import logging
 import os
 import signal
-from typing import Any
 
 from fides_rag.models.options import add_model_arguments, load_options
 from fides_rag.rules import get_method
@@ -42,7 +41,7 @@ def _buckets(value: str) -> list[int]:
     return buckets
 
 
-def add_serve_parser(commands: Any, default_model: str) -> None:
+def add_serve_parser(commands: argparse._SubParsersAction, default_model: str) -> None:
     serve = commands.add_parser(
         "serve", help="an OpenAI-compatible server (chat, completions, models, health, metrics) on the engine"
     )

@@ -10,7 +10,7 @@ from typing import Any
 from fides_rag.calls import ChatPlan
 
 
-def _ascii(value: Any) -> str:
+def _ascii(value: object) -> str:
     text = value if isinstance(value, str) else json.dumps(value)
     return " ".join(text.encode("ascii", "backslashreplace").decode("ascii").split())
 

@@ -15,25 +15,25 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from fides_rag.calls import Answer, Call, CallFactory, ChatPlan, ChatPrompts
+from fides_rag.calls import Answer, Call, CallFactory
 from fides_rag.decoder import FidesDecoder, QueueFullError, RequestHandle
 from fides_rag.errors import BudgetBelowShortestAnswer, ContextWindowExceeded, GrammarLimitExceeded, KVPoolExceeded
+from fides_rag.result import GenerationResult
 from fides_rag.serve.agent_call import AgentCall, agent_call
 from fides_rag.serve.errors import APIError, bad_request, validation_error
 from fides_rag.serve.fides_headers import plan_headers, record_headers
 from fides_rag.serve.limits import RequestLimits
 from fides_rag.serve.logprobs import answer_steps, chat_logprobs, completion_logprobs
 from fides_rag.serve.metrics import ServerMetrics
-from fides_rag.serve.planning import build_call
-from fides_rag.serve.protocol import ChatCompletionRequest, Sampling, supported_fields
+from fides_rag.serve.planning import Planner, build_call
+from fides_rag.serve.protocol import ChatCompletionRequest, GenerationRequest, supported_fields
 from fides_rag.serve.responses import ChunkWriter, new_id
 
 logger = logging.getLogger("fides_rag.serve")
 DISCONNECT_POLL_S = 0.2
-Planner = Callable[[ChatPrompts, Any, int], ChatPlan]
 
 
-def _budget_below_shortest(body: Any, agent: AgentCall, err: BudgetBelowShortestAnswer) -> APIError:
+def _budget_below_shortest(body: GenerationRequest, agent: AgentCall, err: BudgetBelowShortestAnswer) -> APIError:
     """The 400 of a structured answer (response_format, a forced call) whose budget cannot hold its shortest answer."""
     param = _budget_field(body)
     what = "tool call" if agent.calling is not None and agent.calling.forced else "response_format answer"
@@ -45,9 +45,9 @@ def _budget_below_shortest(body: Any, agent: AgentCall, err: BudgetBelowShortest
     )
 
 
-def _grammar_param(body: Any, agent: AgentCall) -> str:
+def _grammar_param(body: GenerationRequest, agent: AgentCall) -> str:
     """The field whose grammar this is: the response format's schema, or the forced tool's parameters."""
-    if agent.calling is None or not agent.calling.forced:
+    if agent.calling is None or not agent.calling.forced or not isinstance(body, ChatCompletionRequest):
         return "response_format.json_schema.schema"
     forced = agent.calling.forced
     names = [tool.function.name for tool in body.tools or []]
@@ -58,11 +58,11 @@ def _grammar_param(body: Any, agent: AgentCall) -> str:
     )
 
 
-def _budget_field(body: Any) -> str:
+def _budget_field(body: GenerationRequest) -> str:
     return "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
 
 
-def _not_fitting(body: Any, err: ContextWindowExceeded) -> APIError:
+def _not_fitting(body: GenerationRequest, err: ContextWindowExceeded) -> APIError:
     """The 400 of a prompt that, with the budget, passes the context window: `param` names the larger of the two."""
     prompt, budget = ("messages" if isinstance(body, ChatCompletionRequest) else "prompt"), _budget_field(body)
     return bad_request(
@@ -73,7 +73,7 @@ def _not_fitting(body: Any, err: ContextWindowExceeded) -> APIError:
     )
 
 
-def _request_field(body: Any, field: str | None) -> str | None:
+def _request_field(body: GenerationRequest, field: str | None) -> str | None:
     """The request's field that a core error's `field` names: the question and the prompt are the body's messages
     (chat) or prompt (completions)."""
     if field in ("question", "prompt"):
@@ -115,7 +115,7 @@ class RequestHandling:
         self,
         raw: Request,
         endpoint: str,
-        model: type[Sampling],
+        model: type[GenerationRequest],
         plan_of: Planner,
         respond: Callable[..., dict[str, Any]],
     ) -> Response:
@@ -166,7 +166,7 @@ class RequestHandling:
         steps, decode = answer_steps(answer.result.steps), self.decoder.tokenizer.decode
         return answer, chat_logprobs(steps, decode) if admitted.chat else completion_logprobs(steps, decode)  # type: ignore[arg-type]  # one id list: a str
 
-    def _validated(self, body: bytes, model: type[Sampling]) -> Any:
+    def _validated(self, body: bytes, model: type[GenerationRequest]) -> GenerationRequest:
         try:
             return model.model_validate(self.limits.parse(body), strict=True)
         except ValidationError as err:
@@ -189,7 +189,9 @@ class RequestHandling:
             )
         self.admitting += 1
 
-    def _admit(self, raw_body: bytes, model: type[Sampling], plan_of: Planner) -> tuple[Any, Admitted]:
+    def _admit(
+        self, raw_body: bytes, model: type[GenerationRequest], plan_of: Planner
+    ) -> tuple[GenerationRequest, Admitted]:
         """Validate, plan, build and submit one request (on a worker thread)."""
         started = time.perf_counter()
         body = self._validated(raw_body, model)
@@ -223,7 +225,7 @@ class RequestHandling:
         return body, Admitted(call, agent, handle, model is ChatCompletionRequest, started)
 
     @staticmethod
-    async def _answer(raw: Request, admitted: Admitted) -> Any:
+    async def _answer(raw: Request, admitted: Admitted) -> GenerationResult:
         """The result, cancelling the request if the client goes away first."""
         waiting = asyncio.wrap_future(admitted.handle.future)
         while True:
@@ -234,7 +236,9 @@ class RequestHandling:
                 admitted.handle.cancel()
                 raise asyncio.CancelledError
 
-    def _observe(self, endpoint: str, admitted: Admitted, result: Any, first_token_at: float | None) -> None:
+    def _observe(
+        self, endpoint: str, admitted: Admitted, result: GenerationResult, first_token_at: float | None
+    ) -> None:
         end, metrics = time.perf_counter(), self.metrics
         metrics.requests.labels(endpoint, "200").inc()
         metrics.prompt_tokens.inc(result.prompt_tokens)

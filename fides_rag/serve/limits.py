@@ -7,12 +7,15 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 
 from fides_rag.serve.defaults import DEFAULT_MAX_REQUEST_BYTES
 from fides_rag.serve.errors import APIError, bad_request
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 MAX_JSON_DEPTH = 64
 """OpenAI's bodies nest a handful of levels (messages, content parts, tool schemas); deeper is refused."""
@@ -76,7 +79,9 @@ class RequestLimits:
     def _too_deep(self) -> APIError:
         return _too_deep(self.max_json_depth)
 
-    def check_documents(self, tokenizer: Any, texts: Sequence[str], context_window: int, max_new_tokens: int) -> None:
+    def check_documents(
+        self, tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], context_window: int, max_new_tokens: int
+    ) -> None:
         """Refuse (400) documents past `max_document_tokens`, or, unless trimming is allowed, documents that alone
         leave no room in the context window for the answer (cheaper than planning them to find out)."""
         if not texts or (self.max_document_tokens is None and self.trim_documents):
@@ -141,7 +146,7 @@ def _param(path: tuple[Any, ...]) -> str | None:
     return ".".join(str(part) for part in path) or None
 
 
-def _check_tree(value: Any, limit: int) -> None:
+def _check_tree(value: object, limit: int) -> None:
     """Refuse (400, naming the field) nesting past `limit` levels, the values `_Refused` marks, and strings that are
     not Unicode text (a lone surrogate such as "\\ud800" is valid JSON but no character); walked without recursion."""
     stack: list[tuple[Any, int, tuple[Any, ...]]] = [(value, 1, ())]

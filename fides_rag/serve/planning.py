@@ -3,6 +3,7 @@ the same planner as every front door, so the same messages and documents mean th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fides_rag.calls import (
@@ -19,10 +20,12 @@ from fides_rag.decoder import FidesDecoder
 from fides_rag.method.config import FidesConfig
 from fides_rag.serve.agent_call import AgentCall
 from fides_rag.serve.errors import bad_request
-from fides_rag.serve.protocol import ChatCompletionRequest, CompletionRequest
+from fides_rag.serve.protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest
 
 FIELDS = {"json_schema": "response_format"}
 """The call layer's option names that are another field over HTTP."""
+Planner = Callable[[ChatPrompts, Any, int], ChatPlan]
+"""An endpoint's plan of its body (`chat_plan`, `completion_plan`), each taking its own endpoint's body."""
 
 
 def chat_plan(prompts: ChatPrompts, body: ChatCompletionRequest, max_new: int) -> ChatPlan:
@@ -45,9 +48,7 @@ def completion_plan(prompts: ChatPrompts, body: CompletionRequest, max_new: int)
     return prompts.with_documents([("user", prompt)], body.documents, "documents", max_new, question=prompt)
 
 
-def call_options(
-    decoder: FidesDecoder, body: ChatCompletionRequest | CompletionRequest, default_method: str
-) -> CallOptions:
+def call_options(decoder: FidesDecoder, body: GenerationRequest, default_method: str) -> CallOptions:
     """The call's options: the server's method unless the body names one, greedy unless a temperature above 0."""
     config = None
     if body.fides_config is not None:
@@ -69,7 +70,9 @@ def call_options(
     return CallOptions.parse(defaults, {k: v for k, v in call.items() if v is not None})
 
 
-def build_call(calls: CallFactory, body: Any, default_method: str, plan_of: Any, agent: AgentCall) -> Call:
+def build_call(
+    calls: CallFactory, body: GenerationRequest, default_method: str, plan_of: Planner, agent: AgentCall
+) -> Call:
     """The request's call with its agent fields, its planner built once (bad input: a 400 naming the field)."""
     try:
         options = call_options(calls.decoder, body, default_method)

@@ -127,5 +127,9 @@ class CompletionRequest(Sampling):
         return self.logprobs
 
 
+GenerationRequest = ChatCompletionRequest | CompletionRequest
+"""A body of either generation endpoint."""
+
+
 def supported_fields(model: type[BaseModel]) -> list[str]:
     return sorted(model.model_fields)

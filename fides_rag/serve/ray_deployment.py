@@ -7,6 +7,7 @@ over the replicas. `serve run fides_rag.serve.ray_deployment:app_builder model=s
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from fides_rag.decoder import FidesDecoder
@@ -26,7 +27,7 @@ class FidesReplica:
         model: str,
         method: str = "fides",
         load_options: dict[str, Any] | None = None,
-        decoder_factory: Any = None,
+        decoder_factory: Callable[[], FidesDecoder] | None = None,
         serving: dict[str, Any] | None = None,
     ) -> None:
         self.model_name, self.method, self.serving = model, method, dict(serving or {})
@@ -69,7 +70,7 @@ def deployment(
     num_cpus: float = 1.0,
     num_gpus: float = 0.0,
     upscale_delay_s: float | None = None,
-    decoder_factory: Any = None,
+    decoder_factory: Callable[[], FidesDecoder] | None = None,
     serving: dict[str, Any] | None = None,
 ):
     """A bound deployment: `num_replicas` fixed replicas, or autoscaling between `min_replicas` and `max_replicas`.

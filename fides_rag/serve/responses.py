@@ -56,7 +56,7 @@ class ChunkWriter:
         self.id = new_id("chatcmpl" if chat else "cmpl")
         self.created = int(time.time())
 
-    def _event(self, choices: list[dict[str, Any]], **extra: Any) -> str:
+    def _event(self, choices: list[dict[str, Any]], **extra: object) -> str:
         kind = "chat.completion.chunk" if self.chat else "text_completion"
         body = {
             "id": self.id,

@@ -11,8 +11,8 @@ from fides_rag.eval.analysis import (
     token_category,
     token_selectivity,
 )
-from fides_rag.eval.harness import PREDICTIONS
 from fides_rag.eval.metrics import score_prediction
+from fides_rag.eval.store import PREDICTIONS
 
 
 def _step(token, alpha=None, opposition=None):

@@ -10,7 +10,8 @@ import pytest
 
 from fides_rag import FidesDecoder, load_model
 from fides_rag.eval.datasets import data_dir, load_examples
-from fides_rag.eval.harness import build_methods, read_predictions, run_eval
+from fides_rag.eval.harness import build_methods, run_eval
+from fides_rag.eval.records import read_predictions
 
 pytestmark = pytest.mark.slow
 

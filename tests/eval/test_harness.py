@@ -6,17 +6,17 @@ import pytest
 from fides_rag.decoder import FidesDecoder
 from fides_rag.eval.datasets import QAExample
 from fides_rag.eval.harness import (
-    PREDICTIONS,
     RESULTS_JSON,
     RESULTS_MD,
     ablation_methods,
     build_methods,
-    read_predictions,
     results_markdown,
     run_eval,
     runnable_methods,
     summarize,
 )
+from fides_rag.eval.records import read_predictions
+from fides_rag.eval.store import PREDICTIONS
 from fides_rag.method.config import FidesConfig
 
 EXAMPLES = [
@@ -235,7 +235,8 @@ def test_bootstrap_is_checked_before_decoding(decoder, tmp_path, monkeypatch):
 
 
 def test_run_json_records_each_labels_rule_and_a_changed_one_is_refused(decoder, tmp_path):
-    from fides_rag.eval.harness import METHOD_OPTIONS, RUN_INFO, check_resumable
+    from fides_rag.eval.harness import check_resumable
+    from fides_rag.eval.store import METHOD_OPTIONS, RUN_INFO
     from fides_rag.rules import get_method
 
     methods = {"cad": get_method("cad", alpha=0.5), "fides": "fides"}

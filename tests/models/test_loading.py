@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fides_rag import FidesDecoder, load_model, select_device
-from fides_rag.models import loading
+from fides_rag.models import cache, loading
 from fides_rag.testing import build_tiny_model
 
 
@@ -62,8 +62,8 @@ def test_missing_gguf_file_is_a_clear_error(tmp_path):
 
 
 def test_cache_folder_follows_the_environment(monkeypatch, tmp_path):
-    monkeypatch.setenv(loading.CACHE_ENV, str(tmp_path / "cache"))
-    assert loading.cache_root() == tmp_path / "cache"
+    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "cache"))
+    assert cache.cache_root() == tmp_path / "cache"
 
 
 def test_missing_folder_is_named_before_any_hub_lookup(tmp_path):

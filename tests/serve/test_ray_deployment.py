@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("ray.serve", reason="the scale extra (ray[serve]) is not installed")
 pytest.importorskip("fides_rag.serve.app", reason="the serve extra is not installed")
 
-from fides_rag.serve.ray_deployment import deployment  # noqa: E402
+from fides_rag.serve.ray_deployment import deployment
 
 MODEL = "smollm2-135m-instruct"
 PORT = 8250

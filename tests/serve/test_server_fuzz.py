@@ -678,7 +678,7 @@ def _invalid(instance: Any, schema: Any) -> str | None:
         error = jsonschema.exceptions.best_match(
             VALIDATOR(schema, format_checker=FORMAT_CHECKER, registry=NO_REMOTE).iter_errors(instance)
         )
-    except Exception as err:  # noqa: BLE001 - a schema the validator cannot evaluate, though the server took it
+    except Exception as err:  # a schema the validator cannot evaluate, though the server took it
         return f"the validator cannot evaluate the schema: {type(err).__name__}: {err}"
     return None if error is None else f"{error.message} at {list(error.absolute_path)}"
 

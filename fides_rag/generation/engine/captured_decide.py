@@ -111,7 +111,7 @@ class CapturedDecide:
                 out = self._compiled(rule, logits, layer_states, rows, lens, num_layers)
             self.compiled_lanes += 1
             return out
-        except Exception as error:  # noqa: BLE001 - compiling changes no result: the lane runs eagerly instead
+        except Exception as error:  # compiling changes no result: the lane runs eagerly instead
             reason = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300] if str(error) else ''}"
             self._failed[key] = reason
             if reason not in self._warned:

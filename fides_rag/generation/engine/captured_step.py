@@ -160,7 +160,7 @@ class CapturedStep:
             stance = torch.compiler.set_stance("fail_on_recompile") if self.warmed else contextlib.nullcontext()
             with torch._dynamo.config.patch(**limits), stance:
                 return self._forward(ids, mask, positions, cache)
-        except Exception as error:  # noqa: BLE001 - compiling changes no result: the step runs eagerly instead
+        except Exception as error:  # compiling changes no result: the step runs eagerly instead
             reason = _reason(error)
             self._failed[key] = reason
             if reason not in self._warned:

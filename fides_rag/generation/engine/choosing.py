@@ -25,7 +25,7 @@ def _own(unit: Unit, errors: dict[int, BaseException], i: int, call) -> Any:
     only its own request)."""
     try:
         return call()
-    except Exception as error:  # noqa: BLE001 - handed to that request
+    except Exception as error:  # handed to that request
         errors.setdefault(i, error)
         return None
 

@@ -33,7 +33,7 @@ from fides_rag.generation.engine.in_flight import InFlight
 from fides_rag.generation.engine.kv_cache import DecodeCache, mergeable
 from fides_rag.generation.engine.kv_pool_size import BLOCK, pool_blocks
 from fides_rag.generation.engine.layout import Unit
-from fides_rag.generation.engine.modes import Mode, resolve_mode
+from fides_rag.generation.engine.modes import Mode, check_mode_settings, resolve_mode
 from fides_rag.generation.engine.pooled_batch import PooledBatch
 from fides_rag.generation.engine.prefix_cache import DEFAULT_PREFIX_BLOCK_SIZE, DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
 from fides_rag.generation.engine.ragged_attention import per_segment_attention
@@ -142,7 +142,7 @@ class DecodeEngine:
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
         mode: Mode | None = None,
         compile: bool | str = False,
-        buckets: Sequence[int] = DEFAULT_BUCKETS,
+        buckets: Sequence[int] | None = None,
         kv_pool_tokens: int | None = None,
         prefix_block_size: int = DEFAULT_PREFIX_BLOCK_SIZE,
         kv_cache_memory: int | float | None = None,
@@ -181,13 +181,19 @@ class DecodeEngine:
         self.mode = resolve_mode(mode, self.input_device, model.config)
         """'exact': a greedy request's tokens do not depend on what else is in flight; 'fast': one attention call per
         layer over every row (see `modes.py`)."""
+        check_mode_settings(
+            self.mode,
+            compile=compile,
+            buckets=buckets,
+            warmup=warmup,
+            kv_pool_tokens=kv_pool_tokens,
+            kv_cache_memory=kv_cache_memory,
+        )
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.pool_blocks: int | None = None
         """Fast mode's KV pool, in blocks of BLOCK positions (fixed; None in exact mode)."""
-        if (
-            self.mode == "fast" or kv_pool_tokens is not None or kv_cache_memory is not None
-        ):  # exact mode checks them too
-            blocks = pool_blocks(
+        if self.mode == "fast":
+            self.pool_blocks = pool_blocks(
                 self.anatomy.config,
                 model.dtype,
                 self.input_device,
@@ -196,14 +202,8 @@ class DecodeEngine:
                 kv_pool_tokens,
                 kv_cache_memory,
             )
-            self.pool_blocks = blocks if self.mode == "fast" else None
         self.scheduler.pool_blocks = self.pool_blocks
-        self.captured = self._captured_step(compile, buckets)
-        if warmup is not False and self.captured is None:
-            raise ValueError(
-                f"warmup={warmup!r} needs compile= (True or a torch.compile backend name) in mode='fast': it "
-                "compiles the captured decode step's buckets at start-up"
-            )
+        self.captured = self._captured_step(compile, DEFAULT_BUCKETS if buckets is None else buckets)
         self.scheduler.buckets = self.captured.buckets if self.captured is not None else None
         """The compiled decode step (`compile`), or None."""
         self._flight = InFlight(
@@ -223,11 +223,6 @@ class DecodeEngine:
         backend, buckets = check_compile(compile), check_buckets(buckets)
         if backend is None:
             return None
-        if self.mode != "fast":
-            raise ValueError(
-                "compile needs mode='fast': exact mode attends each group of rows on its own, in shapes that "
-                "change every step"
-            )
         return CapturedStep(self.anatomy, backend, buckets, self.input_device)
 
     def warm_up(self, build: Callable[[Any], Request], methods: Sequence[Any], progress: bool = True) -> float:
@@ -506,7 +501,7 @@ class DecodeEngine:
                     if self.chunked:
                         self.prefix_cache.bind(self.model, self.tokenizer)
                     self._flight.step(plan, self.eos_token_ids, self.model.dtype, self.scheduler.release)
-            except BaseException as error:  # noqa: BLE001 - a failed forward fails what was decoding, not the engine
+            except BaseException as error:  # a failed forward fails what was decoding, not the engine
                 self._flight.fail_all(error, [*plan.newcomers, *self.scheduler.drop_held()])
                 if not isinstance(error, Exception):  # KeyboardInterrupt in a caller's thread: stop there
                     raise

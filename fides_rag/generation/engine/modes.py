@@ -41,3 +41,39 @@ def resolve_mode(mode: Any, device: torch.device, config: Any) -> Mode:
         if reason is not None:
             raise ValueError(f"mode='fast' cannot run this model: {reason}; use mode='exact'")
     return mode
+
+
+def check_mode_settings(
+    mode: Mode,
+    *,
+    compile: object = False,
+    buckets: object = None,
+    warmup: object = False,
+    kv_pool_tokens: object = None,
+    kv_cache_memory: object = None,
+) -> None:
+    """Refuse a setting that would have no effect in `mode`, naming the setting and the mode that uses it: a user who
+    sets a pool expects a pool, or an error, never a setting dropped in silence."""
+    if mode == "exact":
+        for name, value in (("kv_pool_tokens", kv_pool_tokens), ("kv_cache_memory", kv_cache_memory)):
+            if value is not None:
+                raise ValueError(
+                    f"{name}={value!r} sizes fast mode's KV pool, but mode='exact' (the CPU's default) keeps each "
+                    f"request's own cache and no pool; drop {name}, or pass mode='fast'"
+                )
+        if compile not in (False, None):
+            raise ValueError(
+                f"compile={compile!r} captures fast mode's decode step, but mode='exact' attends each group of rows "
+                "on its own, in shapes that change every step; drop compile, or pass mode='fast'"
+            )
+    if compile in (False, None):
+        if buckets is not None:
+            raise ValueError(
+                f"buckets={buckets!r} are the row counts compile= captures the decode step at; without compile they "
+                "have no effect: drop buckets, or pass compile=True (mode='fast')"
+            )
+        if warmup not in (False, None):
+            raise ValueError(
+                f"warmup={warmup!r} needs compile= (True or a torch.compile backend name) in mode='fast': it "
+                "compiles the captured decode step's buckets at start-up"
+            )

@@ -109,7 +109,7 @@ def decide(
                 parts += logprob_columns(scores, chosen, taken.top_k)
             taken.names = list(decided.records)
             parts += [decided.records[name].detach().reshape(-1) for name in taken.names]  # [n] each
-        except Exception as error:  # noqa: BLE001 - the lane's requests get it
+        except Exception as error:  # the lane's requests get it
             taken.error = error
             continue
         packed.append(_pack(parts, logits.device))

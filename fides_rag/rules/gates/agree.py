@@ -46,13 +46,14 @@ class AgreeGate(Gate):
         self.commitment = checked_fraction("agree", "commitment", commitment)
 
     def decide(self, step: StepInputs) -> GateDecision:
+        prior = step.require("no_ctx_logits")  # [B, V]
         log_ctx = torch.log_softmax(step.ctx_logits, dim=-1)  # [B, V]
-        log_prior = torch.log_softmax(step.no_ctx_logits, dim=-1)
+        log_prior = torch.log_softmax(prior, dim=-1)
         a_c, a_p = log_ctx.argmax(dim=-1, keepdim=True), log_prior.argmax(dim=-1, keepdim=True)  # [B, 1]
         agree = (a_c == a_p).squeeze(-1)  # [B]
         trust = step.state[:, 0] if step.state is not None else torch.zeros_like(agree, dtype=log_ctx.dtype)
         memory_wins = (log_prior.gather(-1, a_p).squeeze(-1).exp() > self.prior_confidence) & (
-            entropy(step.no_ctx_logits) < entropy(step.ctx_logits)
+            entropy(prior) < entropy(step.ctx_logits)
         )
         decided = torch.where(memory_wins, TRUST_MEMORY, TRUST_CONTEXT).to(trust.dtype)
         trust = torch.where((trust == UNDECIDED) & ~agree, decided, trust)  # [B]

@@ -20,5 +20,5 @@ class DeferGate(Gate):
 
     def decide(self, step: StepInputs) -> GateDecision:
         ctx = step.ctx_logits  # [B, V]
-        departs = ctx.argmax(dim=-1) != step.no_ctx_logits.argmax(dim=-1)  # [B]
+        departs = ctx.argmax(dim=-1) != step.require("no_ctx_logits").argmax(dim=-1)  # [B]
         return GateDecision(torch.where(departs, CONTEXT_AS_IS, RULE), ctx)

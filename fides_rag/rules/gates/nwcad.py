@@ -44,7 +44,7 @@ class NwcadGate(Gate):
         self.top_k = top_k
 
     def decide(self, step: StepInputs) -> GateDecision:
-        ctx, prior = step.ctx_logits, step.no_ctx_logits  # [B, V] each
+        ctx, prior = step.ctx_logits, step.require("no_ctx_logits")  # [B, V] each
         neutral = (top_k_jensen_shannon(ctx, prior, self.top_k) <= self.tau) & (
             top_two_margin(prior) >= self.kappa_prior
         )

@@ -10,6 +10,7 @@ chain-input questions (keys `QUESTION_KEYS`).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from contextvars import ContextVar
 from typing import Any
@@ -32,11 +33,21 @@ model_parent_var: ContextVar[UUID | None] = ContextVar("fides_model_parent_run",
 class RetrievalRecorder(RunRetrievals, BaseCallbackHandler):
     """LangChain's run callbacks into the core's run log (lookups: `documents_for`, `retrieved_for`, `question_for`)."""
 
-    run_inline = True  # record before the next step of the chain runs, also under asyncio
     raise_error = False
     ignore_agent = True
     ignore_retry = True
     ignore_custom_event = True
+
+    @property
+    def run_inline(self) -> bool:  # type: ignore[override]  # a property over the base's class attribute: read only
+        """Inline (record before the next step of the chain runs, in the caller's context, also under asyncio), but
+        for a completion model's start under asyncio: there langchain-core's `AsyncCallbackManager.on_llm_start`
+        calls the other handlers (`astream_events`' among them) only when no handler is inline. A completion model's
+        start needs no recording (the model reads its parent run from its run manager)."""
+        caller = sys._getframe(1)
+        while caller.f_back is not None and caller.f_code.co_name.startswith("<"):  # a comprehension's own frame
+            caller = caller.f_back
+        return caller.f_code.co_name != "on_llm_start"
 
     def on_chain_start(
         self, serialized: Any, inputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any

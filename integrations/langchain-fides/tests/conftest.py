@@ -9,12 +9,12 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from typing import Any  # noqa: E402
+from typing import Any
 
-from langchain_core.callbacks import BaseCallbackHandler  # noqa: E402
+from langchain_core.callbacks import BaseCallbackHandler
 
-from fides_rag import FidesDecoder  # noqa: E402
-from fides_rag.testing import build_tiny_model, build_tokenizer  # noqa: E402
+from fides_rag import FidesDecoder
+from fides_rag.testing import build_tiny_model, build_tokenizer
 
 _TINY: dict[str, FidesDecoder] = {}
 

@@ -8,8 +8,8 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from fides_rag import FidesDecoder  # noqa: E402
-from fides_rag.testing import build_tiny_model, build_tokenizer  # noqa: E402
+from fides_rag import FidesDecoder
+from fides_rag.testing import build_tiny_model, build_tokenizer
 
 CONFLICT_DOCUMENTS = [
     "The Eiffel Tower is a wrought-iron lattice tower in Rome, Italy.",

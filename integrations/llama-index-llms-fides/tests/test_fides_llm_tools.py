@@ -204,9 +204,7 @@ def test_structured_predict_is_held_to_the_schema(llm):
     )  # a forced call of the class
     assert isinstance(function.structured_predict(Answer, prompt, context_str=DOC, query_str=Q), Answer)
     info = function.history[-1]["info"]  # context_str is the context here too, as in predict
-    assert (
-        info["method"] == "fides" and info["documents_source"] == "documents" and DOC not in info["no_context_prompt"]
-    )
+    assert info["method"] == "fides" and info["documents_source"] == "context" and DOC not in info["no_context_prompt"]
     with pytest.raises(ValueError, match="max_new_tokens=2 is fewer than the .* raise max_new_tokens to at least"):
         llm.structured_predict(
             Answer, prompt, llm_kwargs={"max_new_tokens": 2}, context_str=DOC, query_str=Q

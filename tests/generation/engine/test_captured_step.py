@@ -107,7 +107,7 @@ def test_buckets_that_are_not_increasing_positive_integers_are_refused(tiny_llam
 
 
 def test_compile_needs_fast_mode_and_a_backend_name(tiny_llama, tokenizer):
-    with pytest.raises(ValueError, match="compile needs mode='fast'"):
+    with pytest.raises(ValueError, match="compile=True captures fast mode's decode step, but mode='exact'"):
         FidesDecoder(tiny_llama, tokenizer, mode="exact", compile=True)
     with pytest.raises(ValueError, match="compile must be True, False or the name of a torch.compile backend"):
         FidesDecoder(tiny_llama, tokenizer, mode="fast", compile=3)

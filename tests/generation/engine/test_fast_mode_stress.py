@@ -79,7 +79,7 @@ def _decode_from_threads(decoder: FidesDecoder, jobs: list[dict], threads: int =
         for i, handle in handles:
             try:
                 results[i] = handle.result(timeout=max(0.1, deadline - time.monotonic()))
-            except Exception as error:  # noqa: BLE001 - counted below
+            except Exception as error:  # counted below
                 results[i] = error
 
     first = decoder.submit(jobs[0]["prompt"], method=jobs[0]["method"], max_new_tokens=jobs[0]["max_new_tokens"])
@@ -90,7 +90,7 @@ def _decode_from_threads(decoder: FidesDecoder, jobs: list[dict], threads: int =
         worker.start()
     try:
         results[0] = first.result(timeout=max(0.1, deadline - time.monotonic()))
-    except Exception as error:  # noqa: BLE001 - counted below
+    except Exception as error:  # counted below
         results[0] = error
     for worker in workers:
         worker.join()

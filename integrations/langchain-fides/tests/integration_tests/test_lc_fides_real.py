@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -71,6 +72,53 @@ def test_lcel_chain_over_faiss_decodes_with_retrieved_documents(retriever):
                 doc not in info["no_context_prompt"] and all(a is not None for a in info["alphas"])
             )
         print(method, answers)
+
+
+WALL = "Where was the Great Wall of China built?"
+
+
+async def _events_answer(chain: Any, cap: Capture) -> str:
+    """The chain's answer through astream_events; the model's record from its on_llm_end event."""
+    parts = []
+    async for event in chain.astream_events(WALL, version="v2"):
+        if event["event"] == "on_llm_end":
+            cap.infos.append(event["data"]["output"]["generations"][0][0]["generation_info"])
+        elif event["event"] == "on_chain_stream" and not event["parent_ids"]:
+            parts.append(event["data"]["chunk"])
+    return "".join(parts)
+
+
+FORMS: dict[str, Any] = {
+    "invoke": lambda chain, cap: chain.invoke(WALL, config={"callbacks": [cap]}),
+    "ainvoke": lambda chain, cap: asyncio.run(chain.ainvoke(WALL, config={"callbacks": [cap]})),
+    "stream": lambda chain, cap: "".join(chain.stream(WALL, config={"callbacks": [cap]})),
+    "astream": lambda chain, cap: asyncio.run(_joined(chain.astream(WALL, config={"callbacks": [cap]}))),
+    "batch": lambda chain, cap: chain.batch([WALL], config={"callbacks": [cap]})[0],
+    "abatch": lambda chain, cap: asyncio.run(chain.abatch([WALL], config={"callbacks": [cap]}))[0],
+    "astream_events": lambda chain, cap: asyncio.run(_events_answer(chain, cap)),
+}
+
+
+async def _joined(parts: Any) -> str:
+    return "".join([part async for part in parts])
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_every_call_form_of_a_retrieval_chain_decodes_fides_on_the_retrieved_document(retriever, form):
+    prompt = PromptTemplate.from_template(
+        "Answer the question using only the context.\nContext: {context}\nQuestion: {question}\nAnswer:"
+    )
+    retrieve = {
+        "context": retriever | (lambda ds: "\n\n".join(d.page_content for d in ds)),
+        "question": RunnablePassthrough(),
+    }
+    cap = Capture()
+    answer = FORMS[form](retrieve | prompt | real_llm() | StrOutputParser(), cap)
+    info = cap.infos[-1]
+    show(form, answer, info)
+    assert info["method"] == "fides" and info["documents_source"] == "retriever"
+    assert DOCS[1] in info["context_prompt"] and DOCS[1] not in info["no_context_prompt"]
+    assert "Egypt" in answer  # the document's answer, not the model's memory (China)
 
 
 def test_chat_fides_follows_system_context_where_standard_does_not():

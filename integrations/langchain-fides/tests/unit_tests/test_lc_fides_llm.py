@@ -120,6 +120,28 @@ def test_chain_async_forms(chain):
     asyncio.run(run())
 
 
+def test_astream_events_reports_the_models_run_with_its_documents(chain, caplog):
+    """langchain-core's async on_llm_start skips every other handler when one is inline (this package's retrieval
+    recorder is): the events stream must still see the model's start, its tokens and its end, with no callback
+    error, for this LLM and for any other LLM in the same process."""
+    from langchain_core.language_models import FakeStreamingListLLM
+
+    async def events(runnable: Any, value: Any) -> list[dict[str, Any]]:
+        return [event async for event in runnable.astream_events(value, version="v2")]
+
+    with caplog.at_level(logging.WARNING):
+        ours = asyncio.run(events(chain, "france"))
+        other = asyncio.run(
+            events(PROMPT | FakeStreamingListLLM(responses=["Lyon"]), {"context": "c", "question": "q"})
+        )
+    kinds = [e["event"] for e in ours]
+    assert "on_llm_start" in kinds and "on_llm_stream" in kinds and kinds.count("on_llm_end") == 1
+    end = next(e for e in ours if e["event"] == "on_llm_end")
+    check_item(end["data"]["output"]["generations"][0][0]["generation_info"], "france")
+    assert [e["event"] for e in other if e["event"].startswith("on_llm")][:1] == ["on_llm_start"]
+    assert not [r for r in caplog.records if "callback" in r.getMessage()], [r.getMessage() for r in caplog.records]
+
+
 def test_empty_retrieval_falls_back_to_standard_with_warning(chain, caplog):
     cap = Capture()
     with caplog.at_level(logging.WARNING, logger="langchain_fides"):

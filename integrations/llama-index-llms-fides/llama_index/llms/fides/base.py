@@ -36,7 +36,7 @@ from llama_index.llms.fides.decoding import PairDecoding
 from llama_index.llms.fides.function_calling import FunctionCalling
 from llama_index.llms.fides.options import CALL_OPTIONS, GENERATION_OPTIONS, FidesFallbackError
 from llama_index.llms.fides.pairing import CallPairing
-from llama_index.llms.fides.programs import watch_programs
+from llama_index.llms.fides.programs import program_call, watch_programs
 from llama_index.llms.fides.structured import StructuredPrediction
 
 from fides_rag import FidesConfig, FidesDecoder, GenerationResult
@@ -237,6 +237,9 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
     def _complete_inputs(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> tuple[ChatPlan, Any]:
         """The call's plan (one `predict` made, `_plan`, or one of `prompt`) and options."""
         plan = kwargs.pop("_plan", None)
+        program = None if plan is not None else program_call(self)
+        if program is not None:
+            kwargs.update(program.call_defaults(kwargs))
         options = self._options(kwargs)
         return plan or self._pair_for_complete(prompt, formatted, kwargs), options
 
@@ -248,6 +251,9 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
         """The call's plan, tools (a ToolCalling, or None without tools) and options."""
         if "no_context_prompt" in kwargs:
             raise TypeError("chat does not take no_context_prompt=; use complete(..., no_context_prompt=...)")
+        program = program_call(self)
+        if program is not None:
+            kwargs.update(program.call_defaults(kwargs))
         options = self._options(kwargs)
         return *self._chat_plan(messages, kwargs, options.max_new_tokens), options
 

@@ -11,13 +11,16 @@ from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.chat_engine.context import DEFAULT_CONTEXT_TEMPLATE
 from llama_index.core.prompts.base import BasePromptTemplate
 from llama_index.llms.fides.context import CONTEXT_VARIABLES, find_context, prompt_type
-from llama_index.llms.fides.programs import program_call
+from llama_index.llms.fides.programs import ProgramCall, program_call
 from llama_index.llms.fides.prompts import is_fides_rag_template
 from llama_index.llms.fides.tools import message_calls
 
-from fides_rag.calls import ChatPlan, ChatPrompts, ContextMessages, ToolCalling, role_of, turn_of
+from fides_rag.calls import STANDARD, ChatPlan, ChatPrompts, ContextMessages, ToolCalling, role_of, turn_of
 from fides_rag.prompts.raw import render_chat
 from fides_rag.prompts.template import document_texts
+
+if TYPE_CHECKING:
+    from fides_rag.decoder import FidesDecoder
 
 
 def _extra(prompt_type: str | None, variables: Sequence[str] = (), context: str | None = None) -> dict[str, Any]:
@@ -34,7 +37,7 @@ class CallPairing:
 
     if TYPE_CHECKING:  # what FidesLLM and its LlamaIndex base give this mixin
         _calls: Any
-        _decoder: Any
+        _decoder: FidesDecoder
         chat_template_active: Any
         context_variables: Any
         context_separator: Any
@@ -45,6 +48,7 @@ class CallPairing:
         _extend_messages: Any
         _get_messages: Any
         _get_prompt: Any
+        _options: Any
 
     @property
     def _chat_prompts(self) -> ChatPrompts:
@@ -121,11 +125,13 @@ class CallPairing:
             "context": ["context_str" if documents is not None else "system message"],
         }
         source = "documents"
-        if calling is not None and documents is None and not any(r == "tool" for r, _ in turns):
-            found = self._program_context(turns)
+        program = None
+        if documents is None and not any(r == "tool" for r, _ in turns):
+            program = program_call(self)
+            found = None if program is None else self._program_context(program, turns)
             if found is not None:  # a program's call (FunctionCallingProgram): its context variables' text
                 documents, variables["context"], source = found[0], found[1], "context"
-        if calling is not None or any(r == "tool" for r, _ in turns):  # the core's chat with tools
+        if calling is not None or source == "context" or any(r == "tool" for r, _ in turns):  # the core's chat
             plan = self._calls.planner(calling).conversation(
                 turns, max_new_tokens, documents=documents, source=source, system_as_context=False
             )
@@ -149,18 +155,23 @@ class CallPairing:
                 template_question=turns[-1][1],
                 system_as_context=False,
             )
+        if program is not None and documents is None and plan.fallback is None:  # a program with nothing to contrast
+            plan.fall_back(
+                f"the program's prompt has no context variable ({', '.join(self.context_variables)}) whose text is "
+                "in its messages, and llm_kwargs has no documents=",
+                STANDARD,
+            )
         plan.extra = {
             **_extra("fides_rag" if plan.kind == "template" else "chat", variables.get(plan.source, [])),
             **plan.extra,
         }
         return plan, calling
 
-    def _program_context(self, turns: Sequence[tuple[str, str]]) -> tuple[list[str], list[str]] | None:
-        """The texts of the context variables (and their names) of the program call in progress on this LLM, when its
-        messages hold them verbatim; None outside a program's call, or when its template has no context variable."""
-        call = program_call(self)
-        if call is None:
-            return None
+    def _program_context(
+        self, call: ProgramCall, turns: Sequence[tuple[str, str]]
+    ) -> tuple[list[str], list[str]] | None:
+        """The texts of the context variables (and their names) of a program's call on this LLM, when its messages
+        hold them verbatim; None when its template has no context variable or they are not in the messages."""
         context = find_context(call.prompt, call.arguments, self.context_variables, self, self.context_separator)
         texts = [t for t in context.values() if t.strip()]
         if not context or not all(any(t in c for _, c in turns) for t in texts):
@@ -186,9 +197,39 @@ class CallPairing:
             )
         if documents is not None:
             return self._documents_pair(prompt, documents)
+        program = program_call(self)
+        if program is not None:  # a program's completion (LLMTextCompletionProgram): its context variables' text
+            return self._program_completion_pair(program, prompt, formatted, kwargs)
         return ChatPlan.as_given(
             self._completion_text(prompt, formatted),
             "no documents= were given",
             untrusted=[] if formatted else [prompt],
             extra=_extra("completion"),
+        )
+
+    def _program_completion_pair(
+        self, program: ProgramCall, prompt: str, formatted: bool, kwargs: dict[str, Any]
+    ) -> ChatPlan:
+        """A program's prompt, formatted by the program, with its context variables emptied on the no-context path
+        (as `predict` pairs a template); 'standard', said, when they hold no text of the prompt."""
+        context = find_context(program.prompt, program.arguments, self.context_variables, self, self.context_separator)
+        if not context or not all(t in prompt for t in context.values() if t.strip()):
+            return ChatPlan.as_given(
+                self._completion_text(prompt, formatted),
+                "the program's prompt has no context variable "
+                f"({', '.join(self.context_variables)}) whose text is in its prompt, and llm_kwargs has no documents=",
+                untrusted=[] if formatted else [prompt],
+                extra=_extra("completion"),
+            )
+        return self._chat_prompts.variables_pair(
+            lambda c: self._completion_text(
+                program.prompt.format(llm=program.llm, **{**program.arguments, **c}), formatted
+            ),
+            context,
+            self._options(dict(kwargs)).max_new_tokens,
+            variables=self.context_variables,
+            separator=self.context_separator,
+            question=None,
+            question_prompt=self._question_text,
+            extra=_extra(prompt_type(program.prompt, self), sorted(context)),
         )

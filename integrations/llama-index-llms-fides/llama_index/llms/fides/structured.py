@@ -5,7 +5,8 @@ model returns a valid object.
 A prompt whose context variables (context_str/context_msg) are filled is paired as `predict` pairs it; any other
 prompt is formatted into messages and paired as `chat` pairs them (documents= in llm_kwargs, tool messages, a context
 system message). With `pydantic_program_mode` other than DEFAULT, LlamaIndex's own programs run instead (FUNCTION:
-a call of the class as a tool, forced by grammar too).
+a call of the class as a tool, forced by grammar too), and their prompt's context variables are the context path as
+in any program's call (`programs.py`).
 """
 
 from __future__ import annotations
@@ -43,23 +44,6 @@ class StructuredPrediction:
         stream_complete: Any
         chat: Any
         stream_chat: Any
-
-    def _program_kwargs(
-        self, prompt: BasePromptTemplate, llm_kwargs: dict[str, Any] | None, prompt_args: dict[str, Any]
-    ) -> dict[str, Any]:
-        """LlamaIndex's own programs (pydantic_program_mode other than DEFAULT) format the prompt into messages, so its
-        context variables reach the chat as text only: they go along as documents=, the same context as predict's."""
-        context = find_context(
-            prompt,
-            split_template_args(prompt_args, prompt.template_vars, CALL_OPTIONS)[0],
-            self.context_variables,
-            self,
-            self.context_separator,
-        )
-        texts = [t for t in context.values() if t.strip()]
-        if not texts or "documents" in (llm_kwargs or {}):
-            return dict(llm_kwargs or {})
-        return {**(llm_kwargs or {}), "documents": texts}
 
     def _structured_calls(
         self,
@@ -102,9 +86,7 @@ class StructuredPrediction:
         """An `output_cls` object, decoded under its JSON schema (llm_kwargs: per-call options, documents=)."""
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
             base: Any = super()  # FidesLLM's LlamaIndex LLM, which a mixin cannot name
-            return base.structured_predict(
-                output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args
-            )
+            return base.structured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
         dispatcher.event(
             LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt, template_args=prompt_args)
         )
@@ -124,9 +106,7 @@ class StructuredPrediction:
     ) -> BaseModel:
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
             base: Any = super()  # FidesLLM's LlamaIndex LLM, which a mixin cannot name
-            return await base.astructured_predict(
-                output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args
-            )
+            return await base.astructured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
         return await asyncio.to_thread(self.structured_predict, output_cls, prompt, llm_kwargs, **prompt_args)
 
     def _structured_stream_call(
@@ -139,9 +119,7 @@ class StructuredPrediction:
         """Partial objects as the answer grows (LlamaIndex's flexible models), the validated object last."""
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
             base: Any = super()  # FidesLLM's LlamaIndex LLM, which a mixin cannot name
-            return base._structured_stream_call(
-                output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args
-            )
+            return base._structured_stream_call(output_cls, prompt, llm_kwargs, **prompt_args)
         _, stream = self._structured_calls(output_cls, prompt, llm_kwargs, prompt_args)
 
         def gen() -> Generator[Any, None, None]:
@@ -167,7 +145,5 @@ class StructuredPrediction:
     ) -> AsyncGenerator[Any, None]:
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
             base: Any = super()  # FidesLLM's LlamaIndex LLM, which a mixin cannot name
-            return await base._structured_astream_call(
-                output_cls, prompt, self._program_kwargs(prompt, llm_kwargs, prompt_args), **prompt_args
-            )
+            return await base._structured_astream_call(output_cls, prompt, llm_kwargs, **prompt_args)
         return iterate_in_thread(lambda: self._structured_stream_call(output_cls, prompt, llm_kwargs, **prompt_args))
