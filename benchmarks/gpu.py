@@ -589,11 +589,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model, tokenizer = build(values, device, dtype)
     modes = args.modes or (["exact", "fast"] if device.type == "cpu" else ["fast"])
     compile_ = device.type == "cuda" if args.compile is None else args.compile
-    fast = {
-        "compile": args.compile_backend if compile_ else False,
-        "buckets": args.buckets,
-        "warmup": list(METHODS) if compile_ else False,
-    }
+    fast: dict[str, Any] = {"compile": False}  # buckets and warm-up apply only to a compiled step
+    if compile_:
+        fast = {"compile": args.compile_backend, "buckets": args.buckets, "warmup": list(METHODS)}
     if args.kv_pool_tokens is not None:
         fast["kv_pool_tokens"] = args.kv_pool_tokens
     report: dict[str, Any] = {

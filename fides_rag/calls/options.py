@@ -8,7 +8,7 @@ import dataclasses
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from fides_rag.errors import CallInputError, FidesFallbackError
 from fides_rag.generation.request_options import CALL, REQUEST_OPTIONS, options_of
@@ -17,10 +17,16 @@ from fides_rag.method.config import FidesConfig
 from fides_rag.prompts.template import document_texts
 from fides_rag.rules import ContrastRule, accepts_option, get_method
 
-if TYPE_CHECKING:
-    from fides_rag.calls.planning import ChatPlan
-
 logger = logging.getLogger("fides_rag.calls")
+
+
+class FallbackPlan(Protocol):
+    """What `check_fallback` reads of a call's plan (`ChatPlan`, which imports this module's options)."""
+
+    fallback: str | None
+    notes: list[str]
+
+
 _T = TypeVar("_T")
 
 CONSTRAINTS = options_of(CALL, "constraint")
@@ -168,7 +174,7 @@ class CallOptions:
         budget = positive_budget(merged.get("max_new_tokens", REQUEST_OPTIONS["max_new_tokens"].default))
         return cls(method, requested, budget, list(dict.fromkeys(stops)), sampling, constraint, strict)
 
-    def check_fallback(self, plan: ChatPlan) -> None:
+    def check_fallback(self, plan: FallbackPlan) -> None:
         """Raise FidesFallbackError under strict mode, else log a warning, when `plan` cannot use the documents as asked
         (a call that asked for 'standard' loses nothing)."""
         if plan.fallback is None or self.requested == "standard":

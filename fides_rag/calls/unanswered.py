@@ -19,7 +19,6 @@ from transformers import LogitsProcessor, LogitsProcessorList
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from fides_rag.calls.answering import Call
     from fides_rag.decoder import FidesDecoder
     from fides_rag.result import GenerationResult
 
@@ -28,7 +27,7 @@ _CALL_START = re.compile(r'\s*\[?\s*\{\s*"(?:name|function)"\s*:')
 """What an answer's first token may not start with under the answer rules (a tag, a bare JSON call)."""
 
 
-def is_agent_turn(call: Call) -> bool:
+def is_agent_turn(call: Any) -> bool:  # a `Call` (answering.py, which imports this module)
     """Whether `call` is an agent's turn that answers in free text."""
     free = call.structure is None and not call.options.constraint and (call.calling is None or not call.calling.forced)
     return free and (call.calling is not None or call.plan.source == "tool_messages")
@@ -43,7 +42,7 @@ def call_shaped(text: str) -> bool:
     return _CALL_START.match(text) is not None
 
 
-def unanswered_cause(call: Call, text: str, tool_calls: list, result: GenerationResult) -> str | None:
+def unanswered_cause(call: Any, text: str, tool_calls: list, result: GenerationResult) -> str | None:
     """Why an agent's turn answered nothing (None: it answered, or it is not an agent's turn)."""
     if not is_agent_turn(call) or tool_calls:
         return None
