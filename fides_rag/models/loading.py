@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from fides_rag.models.cache import cache_root
 from fides_rag.models.fetching import FETCHED_MODELS, fetched_path
-from fides_rag.models.memory import check_fits
+from fides_rag.models.memory import check_fits, saved_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -129,10 +129,11 @@ def convert_gguf(gguf_path: str | Path) -> Path:
     gguf_path = Path(gguf_path).resolve()
     if not gguf_path.is_file():
         raise FileNotFoundError(f"no .gguf file at {gguf_path}; pass the path of an existing GGUF file")
-    check_fits(gguf_path)  # before dequantising, and before every load of the converted copy
     target = _gguf_cache_dir(gguf_path)
-    if (target / "fides_rag_source.json").is_file():
+    if (target / "fides_rag_source.json").is_file():  # before every load of the converted copy: its size on disk
+        check_fits(gguf_path, needed=saved_bytes(target))
         return target
+    check_fits(gguf_path)  # before dequantising: the header's tensor shapes
     logger.warning("dequantising %s once into %s (this takes a minute or two)", gguf_path.name, target)
     kwargs = {"gguf_file": gguf_path.name}
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)

@@ -32,12 +32,19 @@ def available_bytes() -> int | None:
     return None
 
 
-def check_fits(gguf_path: str | Path, available: int | None = None) -> None:
-    """Raise a MemoryError naming both sizes when the float32 weights of `gguf_path` exceed the available memory."""
+def saved_bytes(folder: str | Path) -> int:
+    """Bytes of the weights saved as safetensors in `folder` (a dequantised copy: float32, so its size on disk)."""
+    return sum(path.stat().st_size for path in Path(folder).glob("*.safetensors"))
+
+
+def check_fits(gguf_path: str | Path, available: int | None = None, needed: int | None = None) -> None:
+    """Raise a MemoryError naming both sizes when the float32 weights of `gguf_path` (`needed` bytes when known, e.g.
+    from its dequantised copy; else read from the GGUF header, which parses its whole vocabulary) exceed the available
+    memory."""
     available = available_bytes() if available is None else available
     if available is None:
         return  # this platform does not say; loading will tell
-    needed = float32_bytes(gguf_path)
+    needed = float32_bytes(gguf_path) if needed is None else needed
     if needed > available:
         raise MemoryError(
             f"{Path(gguf_path).name} needs about {needed / 2**30:.1f} GiB once dequantised to float32, and only "

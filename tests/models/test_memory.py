@@ -43,3 +43,19 @@ def test_loading_checks_memory_before_dequantising(tiny_gguf, monkeypatch):
 
 def test_available_memory_is_reported_on_this_platform():
     assert available_bytes() is None or available_bytes() > 0
+
+
+@pytest.mark.slow
+def test_a_dequantised_copy_is_checked_by_its_size_on_disk_without_parsing_the_gguf_again(monkeypatch):
+    """Reading the header parses the whole vocabulary (about 20 s for gemma3's 262k tokens); a load of the cached copy
+    takes the size of its safetensors files instead, and is refused all the same when it does not fit."""
+    folder = loading.resolve_model_source("smollm2-135m-instruct")  # dequantised here once, if not yet
+
+    def parse_again(path):
+        raise AssertionError(f"the GGUF header of {path} was parsed again")
+
+    monkeypatch.setattr("fides_rag.models.memory.float32_bytes", parse_again)
+    assert loading.resolve_model_source("smollm2-135m-instruct") == folder
+    monkeypatch.setattr("fides_rag.models.memory.available_bytes", lambda: 100)
+    with pytest.raises(MemoryError, match=r"needs about 0\.[0-9] GiB once dequantised"):
+        loading.resolve_model_source("smollm2-135m-instruct")
