@@ -1,16 +1,16 @@
 """Structured output against a document that contradicts memory, by route: the answer as a JSON schema
-(`response_format`), as a forced call of the schema as a tool (`tools` + a named `tool_choice`: what LangChain's
-`with_structured_output(method="function_calling")` and LlamaIndex's `PydanticProgramMode.FUNCTION` send), and two
-controls that separate the call's prompt from its grammar.
+(`response_format`) and as a forced call of the schema as a tool (`tools` + a named `tool_choice`: what LangChain's
+`with_structured_output(method="function_calling")` and LlamaIndex's `PydanticProgramMode.FUNCTION` send).
 
 Each request is planned and decoded as the server plans and decodes it (`fides_rag.serve.planning.build_call` on a
 `ChatCompletionRequest` with `documents`), greedy:
 
 - json_schema: `response_format` = the Place schema (one question with documents: fides-rag's template);
-- function: the Place schema as a tool, forced (the tool block and the documents in a system turn; the documents emptied
-  on the no-context path), under the call's grammar {"name": "Place", "arguments": {...}};
-- function prompt, Place grammar: the forced call's two prompts, decoded under the Place schema alone (no call wrapper);
-- template, call grammar: the json_schema route's prompts, decoded under the forced call's grammar.
+- function: the Place schema as a tool, forced. A call forced to one tool is decoded as its arguments alone under the
+  tool's schema, with no tool block in the prompt, and wrapped into the call (`ToolCalling.arguments_only`), so its
+  prompt is the json_schema route's; "same answer" counts the rows where the two routes give the same city and
+  country (the tool's parameters are closed, as OpenAI's strict function calling closes them; `response_format` here
+  is not `strict`, so its answer may add keys).
 
 Scored: "city from the document" (the city the document names) and "country of that city" (the country the document's
 city lies in: the model infers it; the document names only the city).
@@ -53,12 +53,12 @@ ROWS = [  # (landmark, the document's city, that city's country)
     ("the Taj Mahal", "Cairo", "Egypt"),
     ("the Kremlin", "Lisbon", "Portugal"),
 ]
-FORMS = ("json_schema", "function", "function prompt, Place grammar", "template, call grammar")
+FORMS = ("json_schema", "function")
 METHODS = ("standard", "fides")
 
 
 def body(landmark: str, city: str, form: str, method: str, max_tokens: int) -> dict[str, Any]:
-    """The chat request of one route (the controls reuse the json_schema or function request's plan)."""
+    """The chat request of one route."""
     request: dict[str, Any] = {
         "model": "m",
         "method": method,
@@ -66,7 +66,7 @@ def body(landmark: str, city: str, form: str, method: str, max_tokens: int) -> d
         "documents": [f"{landmark[0].upper()}{landmark[1:]} is in {city}."],
         "messages": [{"role": "user", "content": f"Where is {landmark}? Give the city and the country."}],
     }
-    if form in ("json_schema", "template, call grammar"):
+    if form == "json_schema":
         request["response_format"] = {
             "type": "json_schema",
             "json_schema": {"name": "Place", "schema": Place.model_json_schema()},
@@ -79,30 +79,17 @@ def body(landmark: str, city: str, form: str, method: str, max_tokens: int) -> d
     return request
 
 
-def answer(
-    decoder: FidesDecoder, calls: CallFactory, landmark: str, city: str, form: str, method: str, max_tokens: int
-) -> dict[str, Any]:
+def answer(calls: CallFactory, landmark: str, city: str, form: str, method: str, max_tokens: int) -> dict[str, Any]:
     request = ChatCompletionRequest.model_validate(body(landmark, city, form, method, max_tokens))
-    agent = agent_call(calls, request)
-    call = build_call(calls, request, method, chat_plan, agent)
-    if form in ("json_schema", "function"):
-        done = call.run()
-        place = done.tool_calls[0].arguments if done.tool_calls else _json(done.text)
-        return {"text": done.text or json.dumps(place), "place": place, "method": done.record["method"]}
-    pair = call.plan.prompt()[0] if call.plan.kind == "prompts" else None
-    grammar = Place.model_json_schema() if form == "function prompt, Place grammar" else _forced(calls)
-    question, documents = (pair, None) if pair is not None else call.plan.prompt()
-    result = decoder.generate(question, documents, method=method, max_new_tokens=max_tokens, json_schema=grammar)
-    value = _json(result.text)
-    place = value.get("arguments", value) if isinstance(value, dict) else value
-    return {"text": result.text, "place": place, "method": result.method}
+    done = build_call(calls, request, method, chat_plan, agent_call(calls, request)).run()
+    place = done.tool_calls[0].arguments if done.tool_calls else _json(done.text)
+    return {"text": done.text or json.dumps(place), "place": place, "method": done.record["method"]}
 
 
-def _forced(calls: CallFactory) -> Any:
-    return calls.tools(
-        [{"type": "function", "function": {"name": "Place", "parameters": Place.model_json_schema()}}],
-        {"type": "function", "function": {"name": "Place"}},
-    ).constraint()
+def _fields(out: dict[str, Any]) -> tuple[Any, Any]:
+    """The (city, country) an answer gives (the JSON-schema route may add keys: its schema is not closed)."""
+    place = out["place"] if isinstance(out["place"], dict) else {}
+    return place.get("city"), place.get("country")
 
 
 def _json(text: str) -> Any:
@@ -128,23 +115,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--out", default="results/structured-conflict/forced-call")
     args = parser.parse_args(argv)
-    decoder = FidesDecoder.from_pretrained(args.model)
-    calls = CallFactory(decoder)
+    calls = CallFactory(FidesDecoder.from_pretrained(args.model))
     records = []
     for landmark, city, country in ROWS:
         row: dict[str, Any] = {"landmark": landmark, "city": city, "country": country, "forms": {}}
         for form in FORMS:
             row["forms"][form] = {}
             for method in METHODS:
-                out = answer(decoder, calls, landmark, city, form, method, args.max_tokens)
+                out = answer(calls, landmark, city, form, method, args.max_tokens)
                 row["forms"][form][method] = {**out, **score(out["place"], city, country)}
         records.append(row)
-    summary = {
+    summary: dict[str, Any] = {
         form: {
             method: {k: sum(r["forms"][form][method][k] for r in records) for k in ("city", "country")}
             for method in METHODS
         }
         for form in FORMS
+    }
+    summary["same_answer"] = {
+        method: sum(
+            _fields(r["forms"]["function"][method]) == _fields(r["forms"]["json_schema"][method]) for r in records
+        )
+        for method in METHODS
     }
     name = Path(args.model).name
     flags = f"--model {args.model} --max-tokens {args.max_tokens} --out {args.out}"
@@ -154,20 +146,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     (out / f"{name}.json").write_text(
         json.dumps({"command": command, "rows": len(records), "summary": summary, "records": records}, indent=1) + "\n"
     )
+    n = len(records)
     rows = [
         [
             form,
             method,
-            f"{summary[form][method]['city']}/{len(records)}",
-            f"{summary[form][method]['country']}/{len(records)}",
+            f"{summary[form][method]['city']}/{n}",
+            f"{summary[form][method]['country']}/{n}",
+            f"{summary['same_answer'][method]}/{n}",
         ]
         for form in FORMS
         for method in METHODS
     ]
+    header = ["route", "method", "city from the document", "country of that city", "same answer as json_schema"]
     text = (
-        f"Model `{name}`, {len(records)} landmarks each placed in another city by its document, greedy.\n\n"
-        f"{markdown_table(['route', 'method', 'city from the document', 'country of that city'], rows)}\n\nCommand: "
-        f"`{command}`\n"
+        f"Model `{name}`, {n} landmarks each placed in another city by its document, greedy.\n\n"
+        f"{markdown_table(header, rows)}\n\nCommand: `{command}`\n"
     )
     (out / f"{name}.md").write_text(text)
     print(text)

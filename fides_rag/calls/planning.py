@@ -383,7 +383,8 @@ class ChatPrompts:
         elif block:
             turns = [("system", block), *turns]
         if self.use_chat_template:
-            tools = self.tools.openai_tools() if native else None  # type: ignore[union-attr]  # native: tools are bound
+            offered = self.tools if native and self.tools is not None and self.tools.arguments_only is None else None
+            tools = None if offered is None else offered.openai_tools()  # a call's bare arguments: no tools shown
             return render_chat(self.tokenizer, [{"role": r, "content": c} for r, c in turns], tools=tools)
         if self.render_text is not None:
             return self.render_text(turns)
@@ -558,7 +559,8 @@ class ChatPrompts:
         then "prompt_value"), used when there are documents. `template_first` (one prompt with documents beside it, as
         a completion LLM takes them): the template whenever a question is asked or the documents are not all in the
         prompt, empty documents included ('standard' on the question, noted), with `source` as the source."""
-        single = len(turns) == 1 and self.tools is None  # fides-rag's template has no place for tools
+        # fides-rag's template has no place for tools; a call forced to one tool shows none (`arguments_only`)
+        single = len(turns) == 1 and (self.tools is None or self.tools.arguments_only is not None)
         if template_first and single and (template_question is not None or documents_beside(turns[0][1], texts)):
             return self.fides_template(turns[0][1] if template_question is None else template_question, texts, source)
         if self.context_messages is not None and not single:

@@ -73,13 +73,21 @@ def test_a_tool_name_outside_openais_rule_is_refused_naming_the_tool(name):
 def test_constraint_forces_one_valid_call(chat_tokenizer):
     assert ToolCalling(chat_tokenizer, [SEARCH, ADD]).constraint() is None
     assert ToolCalling(chat_tokenizer, [SEARCH, ADD], "none").constraint() is None
-    named = ToolCalling(chat_tokenizer, [SEARCH, ADD], "add").constraint()
-    assert named["properties"]["name"] == {"const": "add"} and named["properties"]["arguments"] == {
-        **ADD.parameters,
-        "additionalProperties": False,
-    }
-    required = ToolCalling(chat_tokenizer, [SEARCH, ADD], "required").constraint()
-    assert [s["properties"]["name"]["const"] for s in required["anyOf"]] == ["search", "add"]
+    named = ToolCalling(chat_tokenizer, [SEARCH, ADD], "add")
+    assert named.arguments_only == ADD and named.constraint() == {**ADD.parameters, "additionalProperties": False}
+    only = ToolCalling(chat_tokenizer, [ADD], "required")
+    assert only.arguments_only == ADD and only.constraint() == named.constraint()
+    required = ToolCalling(chat_tokenizer, [SEARCH, ADD], "required")
+    assert required.arguments_only is None
+    assert [s["properties"]["name"]["const"] for s in required.constraint()["anyOf"]] == ["search", "add"]
+
+
+def test_a_call_forced_to_one_tool_is_its_arguments_wrapped_into_the_call(chat_tokenizer):
+    named = ToolCalling(chat_tokenizer, [SEARCH, ADD], "add")
+    content, calls = named.parse(' {"a": 1, "b": 2}\n')
+    assert content == "" and [(c.name, c.arguments) for c in calls] == [("add", {"a": 1, "b": 2})]
+    assert named.parse('{"a": 1') == ('{"a": 1', [])  # cut: no call, the text kept (missing_call_note says why)
+    assert named.parse("[1, 2]") == ("[1, 2]", [])
 
 
 def test_closed_schema_refuses_keys_nobody_asked_for():
@@ -151,15 +159,20 @@ def test_render_call_is_the_format_parse_reads(chat_tokenizer):
 
 
 def test_fallback_block_and_native_template(chat_tokenizer, tokenizer, native_tokenizer):
-    fallback = ToolCalling(chat_tokenizer, [SEARCH], "search")
+    fallback = ToolCalling(chat_tokenizer, [SEARCH, ADD], "required")
     assert not fallback.native and not ToolCalling(tokenizer, [SEARCH]).native
     block = fallback.system_block()
-    assert (
-        "<tools>\n" + json.dumps(SEARCH.openai()) + "\n</tools>" in block and "You must call the tool search." in block
-    )
+    listed = "\n".join(json.dumps(t.openai()) for t in (SEARCH, ADD))
+    assert f"<tools>\n{listed}\n</tools>" in block and "You must call one of the tools." in block
     assert ToolCalling(chat_tokenizer, [SEARCH], "none").system_block() is None  # no call may be made: none offered
+    for forced in (ToolCalling(chat_tokenizer, [SEARCH, ADD], "search"), ToolCalling(chat_tokenizer, [SEARCH], "any")):
+        assert forced.system_block() is None  # its arguments alone are asked, as a JSON-schema answer is
     native = ToolCalling(native_tokenizer, [SEARCH])
     assert native.native and native.system_block() is None and "<tools>" in native.fallback_text()
+    for choice, shown in (("auto", True), ("search", False)):  # a forced call's arguments: the template shows none
+        planner = ChatPrompts(native_tokenizer, context_window=2048, use_chat_template=True)
+        prompt = planner.with_tools(ToolCalling(native_tokenizer, [SEARCH], choice)).render([("user", "Where?")])
+        assert ("<|tools|>" in prompt) is shown, prompt
 
 
 def test_tools_enter_both_paths_identically(chat_tokenizer, native_tokenizer, tokenizer):
@@ -274,7 +287,7 @@ def test_the_bundled_backbones_get_the_fallback_format(alias):
     from fides_rag.models.loading import resolve_model_source
 
     tok = AutoTokenizer.from_pretrained(resolve_model_source(alias))
-    calling = ToolCalling(tok, [SEARCH], "search")
+    calling = ToolCalling(tok, [SEARCH], "auto")
     assert not calling.native  # SmolLM2's template has no tools section; gemma3-270m has no chat template
     planner = ChatPrompts(tok, context_window=2048, use_chat_template=True, tools=calling)
     doc = "The Eiffel Tower is in Rome."

@@ -1,7 +1,7 @@
 """Structured output through a forced function call answers from the document as the JSON-schema route does (real
-backbone, planned and decoded as the server plans and decodes a request). On gemma3-270m it does not yet: the call's
-wrapper ({"name": ..., "arguments": {...}}) turns the country back to memory; see docs/agents-http.md and
-benchmarks/forced_call_conflict.py."""
+backbone, planned and decoded as the server plans and decodes a request): a call forced to one tool is decoded as its
+arguments alone, with the JSON-schema answer's prompt. Under the {"name": ..., "arguments": {...}} wrapper gemma3-270m
+answered France here; see docs/agents-http.md and benchmarks/forced_call_conflict.py."""
 
 from __future__ import annotations
 
@@ -45,9 +45,6 @@ def calls() -> CallFactory:
     return CallFactory(FidesDecoder.from_pretrained("gemma3-270m"))
 
 
-@pytest.mark.xfail(
-    strict=True, reason="the forced call's wrapper turns the country back to memory on gemma3-270m (France)"
-)
 def test_a_forced_function_call_answers_from_the_document_as_json_schema_does(calls):
     schema = Place.model_json_schema()
     as_schema = _place(

@@ -1,10 +1,8 @@
 """Every call form of a LlamaIndex program and of structured_predict on the real backbone (smollm2-135m-instruct), with
 a document that contradicts what the model knows: each records `fides` with the prompt's context_str as its context
-path, and the answer follows the document where the answer is held to the class's JSON schema.
-
-Measured: every form below records fides and the context; the schema-held forms answer Rome, Italy. A
-FunctionCallingProgram's forced call answers Paris, Italy in all four forms (the call's {"name", "arguments"} wrapper
-precedes the arguments), so that answer is an expected failure, strict: it flags the day it follows the document."""
+path, and the answer follows the document (Rome, Italy; the model's memory says Paris). A FunctionCallingProgram's
+call, forced to its class's tool, is decoded as the arguments alone and wrapped: with the {"name", "arguments"}
+wrapper before the arguments, every form answered Paris."""
 
 from __future__ import annotations
 
@@ -68,23 +66,12 @@ def _recorded(llm: FidesLLM, label: str, place: Any) -> None:
     assert EIFFEL in info["context_prompt"] and EIFFEL not in info["no_context_prompt"]
 
 
-FORCED_CALL_FOLLOWS_MEMORY = pytest.mark.xfail(
-    strict=True, reason="a forced call's {name, arguments} wrapper: smollm2 answers Paris under FIDES"
-)
-
-
 @pytest.mark.parametrize("form", list(PROGRAM_FORMS))
-def test_a_function_calling_program_records_fides_on_its_context_in_every_form(llm, form):
+def test_a_function_calling_program_answers_from_the_document_in_every_form(llm, form):
     place = PROGRAM_FORMS[form](FunctionCallingProgram.from_defaults(output_cls=Place, prompt=PROMPT, llm=llm))
     _recorded(llm, f"FunctionCallingProgram.{form}", place)
-    assert isinstance(place, Place) and llm.history[-1]["info"]["tool_choice"] == "required"
-
-
-@FORCED_CALL_FOLLOWS_MEMORY
-@pytest.mark.parametrize("form", ["call", "acall"])
-def test_a_function_calling_program_answers_from_the_document(llm, form):
-    place = PROGRAM_FORMS[form](FunctionCallingProgram.from_defaults(output_cls=Place, prompt=PROMPT, llm=llm))
-    assert place.city == "Rome"
+    assert llm.history[-1]["info"]["tool_choice"] == "required"
+    assert isinstance(place, Place) and place.city == "Rome" and place.country == "Italy"
 
 
 @pytest.mark.parametrize("form", list(PROGRAM_FORMS))

@@ -54,6 +54,7 @@ def test_create_agent_runs_fides_on_the_tool_messages(chat, search):
     state = agent.invoke({"messages": [("user", "Where is the Eiffel Tower?")]}, {"recursion_limit": 6})
     messages = state["messages"]
     call, result, final = messages[1], messages[2], messages[-1]
+    assert "Eiffel" in call.tool_calls[0]["args"]["query"], call.tool_calls  # the forced call's query is the question's
     assert (
         call.tool_calls[0]["name"] == "search_documents"
         and isinstance(result, ToolMessage)
