@@ -28,6 +28,14 @@ def search(query: Literal["eiffel tower", "rome"]) -> str:
 TOOL = FunctionTool.from_defaults(search)
 
 
+def weather(city: Literal["rome", "paris"]) -> str:
+    """The weather in a city."""
+    return "sunny"
+
+
+WEATHER = FunctionTool.from_defaults(weather)
+
+
 class Answer(BaseModel):
     """The answer."""
 
@@ -62,8 +70,10 @@ def test_forced_tool_call_parses_streams_and_runs_async(llm):
         response = llm.chat_with_tools([TOOL], Q, **kwargs)
         assert_one_search_call(response, llm)
         info = response.additional_kwargs
-        assert (
-            info["tool_format"] == "fallback" and "<tools>" in info["context_prompt"] and info["method"] == "standard"
+        assert (  # one tool forced: its arguments alone are asked, with no tool block (a JSON-schema answer's prompt)
+            info["tool_format"] == "fallback"
+            and "<tools>" not in info["context_prompt"]
+            and info["method"] == "standard"
         )
         assert info["notes"] == [
             "tools are bound and no tool has answered yet: decoded with 'standard' on the prompt as given"
@@ -136,15 +146,18 @@ def test_a_template_that_renders_tools_gets_them_natively():
         ChatMessage(role=MessageRole.ASSISTANT, content="", additional_kwargs={"tool_calls": [call]}),
         ChatMessage(role=MessageRole.TOOL, content=DOC, additional_kwargs={"tool_call_id": "call_1"}),
     ]
-    response = llm.chat_with_tools([TOOL], chat_history=history, tool_choice="search")
+    response = llm.chat_with_tools([TOOL, WEATHER], chat_history=history, tool_required=True)  # one of two: shown
     info = response.additional_kwargs
-    assert info["tool_format"] == "native" and llm.get_tool_calls_from_response(response)[0].tool_name == "search"
+    assert info["tool_format"] == "native"
+    assert llm.get_tool_calls_from_response(response)[0].tool_name in ("search", "weather")
     assert info["documents_source"] == "tool_messages" and info["method"] == "fides"
     for prompt in (info["context_prompt"], info["no_context_prompt"]):
         assert (
             prompt.count("<|tool-def|>search") == 1 and "<tools>" not in prompt and "<|tool|>\n" in prompt
         )  # the tool role kept
     assert f"<|tool|>\n{DOC}<|end|>" in info["context_prompt"] and "<|tool|>\n<|end|>" in info["no_context_prompt"]
+    forced = llm.chat_with_tools([TOOL, WEATHER], chat_history=history, tool_choice="search").additional_kwargs
+    assert "<|tool-def|>" not in forced["context_prompt"]  # one tool forced: its arguments alone, no tools shown
 
 
 def test_parallel_calls_are_kept_only_when_allowed(llm):

@@ -24,6 +24,12 @@ def search(query: Literal["eiffel tower", "rome"]) -> str:
     return DOC
 
 
+@tool
+def weather(city: Literal["rome", "paris"]) -> str:
+    """The weather in a city."""
+    return "sunny"
+
+
 class Answer(BaseModel):
     """The answer."""
 
@@ -48,8 +54,9 @@ def test_forced_tool_call_parses_and_streams(chat):
         assert msg.tool_calls[0]["args"]["query"] in ("eiffel tower", "rome") and msg.tool_calls[0]["id"].startswith(
             "call_"
         )
-        assert (
-            msg.response_metadata["tool_format"] == "fallback" and "<tools>" in msg.response_metadata["context_prompt"]
+        assert (  # one tool forced: its arguments alone are asked, with no tool block (a JSON-schema answer's prompt)
+            msg.response_metadata["tool_format"] == "fallback"
+            and "<tools>" not in msg.response_metadata["context_prompt"]
         )
     strict = (
         chat.model_copy(update={"strict": True}).bind_tools([search], tool_choice="any").invoke(Q)
@@ -152,16 +159,17 @@ def test_a_template_that_renders_tools_gets_them_natively():
     )
     chat = ChatFides(decoder=FidesDecoder(build_tiny_model("llama", len(tok)), tok), max_new_tokens=80)
     call = {"name": "search", "args": {"query": "rome"}, "id": "call_1", "type": "tool_call"}
-    msg = chat.bind_tools([search], tool_choice="search").invoke(
-        [HumanMessage(Q), AIMessage("", tool_calls=[call]), ToolMessage(DOC, tool_call_id="call_1")]
-    )
+    history = [HumanMessage(Q), AIMessage("", tool_calls=[call]), ToolMessage(DOC, tool_call_id="call_1")]
+    msg = chat.bind_tools([search, weather], tool_choice="any").invoke(history)  # a call of one of two: tools shown
     meta = msg.response_metadata
-    assert meta["tool_format"] == "native" and msg.tool_calls[0]["name"] == "search"
+    assert meta["tool_format"] == "native" and msg.tool_calls[0]["name"] in ("search", "weather")
     assert meta["documents_source"] == "tool_messages" and meta["method"] == "fides"
     for prompt in (meta["context_prompt"], meta["no_context_prompt"]):
         assert (
             prompt.count("<|tool-def|>search") == 1 and "<tools>" not in prompt and "<|tool|>\n" in prompt
         )  # the tool role kept
+    forced = chat.bind_tools([search, weather], tool_choice="search").invoke(history).response_metadata
+    assert "<|tool-def|>" not in forced["context_prompt"]  # one tool forced: its arguments alone, no tools shown
     assert f"<|tool|>\n{DOC}<|end|>" in meta["context_prompt"] and "<|tool|>\n<|end|>" in meta["no_context_prompt"]
 
 

@@ -241,7 +241,7 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
         if program is not None:
             kwargs.update(program.call_defaults(kwargs))
         options = self._options(kwargs)
-        return plan or self._pair_for_complete(prompt, formatted, kwargs), options
+        return plan or self._pair_for_complete(prompt, formatted, kwargs, program, options.max_new_tokens), options
 
     # -- LlamaIndex hooks: chat ---------------------------------------------------------------------
 
@@ -255,7 +255,7 @@ class FidesLLM(PairDecoding, CallPairing, FunctionCalling, StructuredPrediction,
         if program is not None:
             kwargs.update(program.call_defaults(kwargs))
         options = self._options(kwargs)
-        return *self._chat_plan(messages, kwargs, options.max_new_tokens), options
+        return *self._chat_plan(messages, kwargs, options.max_new_tokens, program), options
 
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:

@@ -11,7 +11,7 @@ from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.chat_engine.context import DEFAULT_CONTEXT_TEMPLATE
 from llama_index.core.prompts.base import BasePromptTemplate
 from llama_index.llms.fides.context import CONTEXT_VARIABLES, find_context, prompt_type
-from llama_index.llms.fides.programs import ProgramCall, program_call
+from llama_index.llms.fides.programs import ProgramCall
 from llama_index.llms.fides.prompts import is_fides_rag_template
 from llama_index.llms.fides.tools import message_calls
 
@@ -48,7 +48,6 @@ class CallPairing:
         _extend_messages: Any
         _get_messages: Any
         _get_prompt: Any
-        _options: Any
 
     @property
     def _chat_prompts(self) -> ChatPrompts:
@@ -112,11 +111,16 @@ class CallPairing:
         return plan
 
     def _chat_plan(
-        self, messages: Sequence[ChatMessage], kwargs: dict[str, Any], max_new_tokens: int
+        self,
+        messages: Sequence[ChatMessage],
+        kwargs: dict[str, Any],
+        max_new_tokens: int,
+        program: ProgramCall | None = None,
     ) -> tuple[ChatPlan, ToolCalling | None]:
         """The plan of a chat and its tools (None without tools). The context: documents= (one question: fides-rag's
-        template; a longer chat: the first chat_context_templates entry's system message), the tool messages, or a
-        system message rendered from a chat_context_templates entry."""
+        template; a longer chat: the first chat_context_templates entry's system message), the tool messages, the
+        context variables of the `program` calling (`program_call`), or a system message rendered from a
+        chat_context_templates entry."""
         calling = self._calls.tools(kwargs.get("tools"), kwargs.get("tool_choice"))
         turns = [turn_of(m.role, m.content or "", message_calls(m)) for m in self._extend_messages(list(messages))]
         documents = None if kwargs.get("documents") is None else document_texts(kwargs["documents"])
@@ -125,10 +129,10 @@ class CallPairing:
             "context": ["context_str" if documents is not None else "system message"],
         }
         source = "documents"
-        program = None
-        if documents is None and not any(r == "tool" for r, _ in turns):
-            program = program_call(self)
-            found = None if program is None else self._program_context(program, turns)
+        if documents is not None or any(r == "tool" for r, _ in turns):
+            program = None  # the documents are given, or the tools answered: the program adds none
+        if program is not None:
+            found = self._program_context(program, turns)
             if found is not None:  # a program's call (FunctionCallingProgram): its context variables' text
                 documents, variables["context"], source = found[0], found[1], "context"
         if calling is not None or source == "context" or any(r == "tool" for r, _ in turns):  # the core's chat
@@ -178,7 +182,14 @@ class CallPairing:
             return None
         return texts, sorted(context)
 
-    def _pair_for_complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> ChatPlan:
+    def _pair_for_complete(
+        self,
+        prompt: str,
+        formatted: bool,
+        kwargs: dict[str, Any],
+        program: ProgramCall | None,
+        max_new_tokens: int,
+    ) -> ChatPlan:
         if kwargs.get("tools") or kwargs.get("tool_choice") is not None:
             raise TypeError(
                 "complete does not take tools= or tool_choice=; use chat_with_tools(tools, ...) or chat(messages, "
@@ -197,9 +208,8 @@ class CallPairing:
             )
         if documents is not None:
             return self._documents_pair(prompt, documents)
-        program = program_call(self)
         if program is not None:  # a program's completion (LLMTextCompletionProgram): its context variables' text
-            return self._program_completion_pair(program, prompt, formatted, kwargs)
+            return self._program_completion_pair(program, prompt, formatted, max_new_tokens)
         return ChatPlan.as_given(
             self._completion_text(prompt, formatted),
             "no documents= were given",
@@ -208,7 +218,7 @@ class CallPairing:
         )
 
     def _program_completion_pair(
-        self, program: ProgramCall, prompt: str, formatted: bool, kwargs: dict[str, Any]
+        self, program: ProgramCall, prompt: str, formatted: bool, max_new_tokens: int
     ) -> ChatPlan:
         """A program's prompt, formatted by the program, with its context variables emptied on the no-context path
         (as `predict` pairs a template); 'standard', said, when they hold no text of the prompt."""
@@ -226,7 +236,7 @@ class CallPairing:
                 program.prompt.format(llm=program.llm, **{**program.arguments, **c}), formatted
             ),
             context,
-            self._options(dict(kwargs)).max_new_tokens,
+            max_new_tokens,
             variables=self.context_variables,
             separator=self.context_separator,
             question=None,
