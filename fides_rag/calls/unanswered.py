@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
@@ -19,6 +19,8 @@ from transformers import LogitsProcessor, LogitsProcessorList
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from fides_rag.calls.options import CallOptions
+    from fides_rag.calls.tools import ToolCalling
     from fides_rag.decoder import FidesDecoder
     from fides_rag.result import GenerationResult
 
@@ -27,7 +29,27 @@ _CALL_START = re.compile(r'\s*\[?\s*\{\s*"(?:name|function)"\s*:')
 """What an answer's first token may not start with under the answer rules (a tag, a bare JSON call)."""
 
 
-def is_agent_turn(call: Any) -> bool:  # a `Call` (answering.py, which imports this module)
+class _PlanSource(Protocol):
+    @property
+    def source(self) -> str: ...
+
+
+class AgentTurn(Protocol):
+    """What the answer rules read of a call (`answering.Call`, which imports this module)."""
+
+    @property
+    def structure(self) -> object: ...
+    @property
+    def options(self) -> CallOptions: ...
+    @property
+    def calling(self) -> ToolCalling | None: ...
+    @property
+    def plan(self) -> _PlanSource: ...
+    @property
+    def decoder(self) -> FidesDecoder: ...
+
+
+def is_agent_turn(call: AgentTurn) -> bool:
     """Whether `call` is an agent's turn that answers in free text."""
     free = call.structure is None and not call.options.constraint and (call.calling is None or not call.calling.forced)
     return free and (call.calling is not None or call.plan.source == "tool_messages")
@@ -42,7 +64,7 @@ def call_shaped(text: str) -> bool:
     return _CALL_START.match(text) is not None
 
 
-def unanswered_cause(call: Any, text: str, tool_calls: list, result: GenerationResult) -> str | None:
+def unanswered_cause(call: AgentTurn, text: str, tool_calls: list, result: GenerationResult) -> str | None:
     """Why an agent's turn answered nothing (None: it answered, or it is not an agent's turn)."""
     if not is_agent_turn(call) or tool_calls:
         return None

@@ -105,12 +105,12 @@ def add_serve_parser(commands: argparse._SubParsersAction, default_model: str) -
         "--kv-pool-tokens",
         type=_positive,
         help="fast mode's KV pool in positions, fixed; a request whose rows can never fit gets 400 "
-        "(default: from the model's shape and the device's memory)",
+        "(default: from the model's shape and the device's memory; refused in exact mode, which keeps no pool)",
     )
     serve.add_argument(
         "--buckets",
         type=_buckets,
-        help="row counts the captured step is compiled at (default: 1,2,4,8, then every 16 to 256)",
+        help="with --compile: row counts the captured step is compiled at (default: 1,2,4,8, then every 16 to 256)",
     )
     serve.add_argument(
         "--shutdown-timeout",

@@ -32,6 +32,14 @@ def _extra(prompt_type: str | None, variables: Sequence[str] = (), context: str 
     }
 
 
+def _no_program_context(variables: Sequence[str], where: str) -> str:
+    """Why a program's call decodes 'standard': no context variable's text is in what it hands the LLM (`where`)."""
+    return (
+        f"the program's prompt has no context variable ({', '.join(variables)}) whose text is in its {where}, and "
+        "llm_kwargs has no documents="
+    )
+
+
 class CallPairing:
     """FidesLLM's pairing methods (a mixin: it reads the LLM's fields, decoder and LlamaIndex formatting hooks)."""
 
@@ -160,11 +168,7 @@ class CallPairing:
                 system_as_context=False,
             )
         if program is not None and documents is None and plan.fallback is None:  # a program with nothing to contrast
-            plan.fall_back(
-                f"the program's prompt has no context variable ({', '.join(self.context_variables)}) whose text is "
-                "in its messages, and llm_kwargs has no documents=",
-                STANDARD,
-            )
+            plan.fall_back(_no_program_context(self.context_variables, "messages"), STANDARD)
         plan.extra = {
             **_extra("fides_rag" if plan.kind == "template" else "chat", variables.get(plan.source, [])),
             **plan.extra,
@@ -226,8 +230,7 @@ class CallPairing:
         if not context or not all(t in prompt for t in context.values() if t.strip()):
             return ChatPlan.as_given(
                 self._completion_text(prompt, formatted),
-                "the program's prompt has no context variable "
-                f"({', '.join(self.context_variables)}) whose text is in its prompt, and llm_kwargs has no documents=",
+                _no_program_context(self.context_variables, "prompt"),
                 untrusted=[] if formatted else [prompt],
                 extra=_extra("completion"),
             )
