@@ -1,35 +1,32 @@
-"""The GPU benchmark in one command: a random-weight model with Llama-3.1-8B's configuration in bfloat16 (weights do not
-matter for timing; nothing is downloaded), on CUDA when present. It measures
+"""The GPU check in one command: a random-weight model with Llama-3.1-8B's configuration in bfloat16 (weights do not
+matter for timing; nothing is downloaded), on CUDA when present. Sections, each written to --out when it ends, in
+the order of `--call 1`:
 
-- attention alone: the whole-pool masked `scaled_dot_product_attention` (one call over every slot of the pool, each
-  row's queries masked to its own slots) against block attention (each row's slots gathered through its block table,
-  then one padded attention call), at R rows and P pool positions;
-- exactness, in each engine mode: every request's greedy tokens alone and among all the others in flight (standard,
-  CAD and FIDES requests of distinct prompt lengths together), which exact mode promises are equal;
-- per-token latency, in each mode, of standard, CAD and FIDES (fides-rag's engine) and of the peers: transformers'
-  CFG (`generate` with `guidance_scale`) and, on CUDA, `generate` with a static cache and `torch.compile`; with host
-  syncs per token on CUDA (`torch.cuda.set_sync_debug_mode`) and aten ops per step;
-- batch scaling of standard and FIDES from 1 to 32 requests, in each mode;
-- the serving benchmark (`fides_rag.eval.serving`): continuous against static batching at 1x and 2x the sequential
-  capacity;
-- the step budget (`max_num_batched_tokens`): continuous serving at one load under each budget, to choose the default;
-- peak memory of each part.
+- correctness: the engine's tokens and log-probabilities against a teacher-forced SDPA forward of the same model
+  (top-1 agreement), before anything is timed;
+- default: the configuration a user gets by default (fast mode, eager, flex attention on CUDA) at 1, 2, 3, 5, 9, 17
+  and 33 rows, counting failed requests;
+- attention alone: the whole-pool masked `scaled_dot_product_attention`, block attention (each row's slots gathered,
+  then one padded call) and flex attention as the engine calls it, at R rows and P pool positions (one short row in
+  the largest pool);
+- floor: one read of every weight, the least a batch-1 decode step must spend;
+- latency: per-token latency of standard, CAD and FIDES and of the peers (transformers' CFG, `generate` with
+  `guidance_scale`; with `--peers`, `generate` with a static cache and `torch.compile`), with host syncs per token on
+  CUDA and aten ops per step;
+- batch: standard and FIDES at --batch-sizes requests decoding together;
+- serving (`fides_rag.eval.serving`): continuous against static batching at --loads times the sequential capacity.
+Outside the call: exactness (alone against together, in each mode) and budget (the step-budget sweep).
 
 Prompts are token ids (a word-level tokenizer over the model's vocabulary is built offline): an instruction prefix,
 the documents and a question; the no-context prompt is the prefix and the question. It needs torch, transformers and
-accelerate only.
-
-Fast mode's decode step is captured (`--compile`, on by default on CUDA) at `--buckets`; every bucket is compiled
-before the first section (its seconds are reported apart from decode times, as `compile`), and dynamo's recompile
-and CUDA-graph log lines (whether graphs were skipped) are kept in the report.
+accelerate only. With `--compile` fast mode's decode step is captured at `--buckets`, every bucket compiled before
+the first section (reported apart, as `compile`), and dynamo's recompile and CUDA-graph log lines are kept.
 
 Modes: exact and fast on the CPU; fast only on CUDA (exact mode is refused there, see
 `fides_rag/generation/engine/modes.py`).
-A GPU window is spent in two calls of under 6 minutes each on one H100; each section is written when it ends:
 
-    python benchmarks/gpu.py --call 1 --out results/gpu/h100-call1.json   # attention, exactness, latency, batch scaling
-    python benchmarks/gpu.py --call 2 --out results/gpu/h100-call2.json   # serving, step-budget sweep
-    python benchmarks/gpu.py --tiny --device cpu --out /tmp/gpu.json      # a tiny configuration, seconds on a CPU
+    TORCHINDUCTOR_CACHE_DIR=results/gpu/inductor python benchmarks/gpu.py --call 1 --out results/gpu/h200.json
+    python benchmarks/gpu.py --tiny --device cpu --call 1 --out /tmp/gpu.json      # seconds on a CPU (CI runs it)
 """
 
 from __future__ import annotations
@@ -93,8 +90,8 @@ SPECIAL = {"pad": -252, "unk": -254}
 METHODS = ("standard", "cad", "fides")
 PEER = "hf-cfg"
 STATIC_PEER = "hf-static-compile"
-CALLS = {1: ("attention", "exactness", "latency", "batch"), 2: ("serving", "budget")}
-"""The sections of each of the two GPU calls."""
+CALLS = {1: ("correctness", "default", "attention", "floor", "latency", "batch", "serving")}
+"""The sections of the one GPU call, in order: correctness first, then the default configuration, then timings."""
 MODED = ("exactness", "latency", "batch")
 """Sections run once per engine mode."""
 OPTIONAL = ("gguf", "pandas", "fastapi", "llguidance")
@@ -213,27 +210,18 @@ def block_attention(
     return out.reshape(rows, heads, dim)
 
 
-@functools.cache
-def _compiled_flex() -> Any:
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention, dynamic=False)
-
-
 def flex_block_mask(tables: list[list[int]], lengths: list[int], positions: int, device: torch.device) -> Any:
-    """The BlockMask the engine builds on CUDA: row r lists its own blocks of 16 (every one but the last full, the
-    last partial, masked by position) over a pool of `positions` slots."""
+    """The BlockMask the engine's flex backend builds: row r lists its own blocks of 16, every one partial (masked by
+    position), over a pool of `positions` slots."""
     from torch.nn.attention.flex_attention import BlockMask
 
     rows, width = len(tables), max(len(t) for t in tables)
-    full_num = torch.tensor([len(t) - 1 for t in tables], dtype=torch.int32)
-    full_idx = torch.zeros((rows, width), dtype=torch.int32)
-    last_idx = torch.zeros((rows, width), dtype=torch.int32)
+    num = torch.tensor([len(t) for t in tables], dtype=torch.int32)
+    indices = torch.zeros((rows, width), dtype=torch.int32)
     owner = torch.full((positions // 16,), -1, dtype=torch.int32)
     ordinal = torch.zeros((positions // 16,), dtype=torch.int32)
     for r, table in enumerate(tables):
-        full_idx[r, : len(table) - 1] = torch.tensor(table[:-1], dtype=torch.int32)
-        last_idx[r, 0] = table[-1]
+        indices[r, : len(table)] = torch.tensor(table, dtype=torch.int32)
         owner[table] = r
         ordinal[table] = torch.arange(len(table), dtype=torch.int32)
     last_position = torch.tensor(lengths, dtype=torch.int32) - 1
@@ -244,10 +232,8 @@ def flex_block_mask(tables: list[list[int]], lengths: list[int], positions: int,
         return (owner[block] == b) & (ordinal[block] * 16 + kv % 16 <= last_position[b])
 
     return BlockMask.from_kv_blocks(
-        kv_num_blocks=torch.ones((rows, 1, 1), dtype=torch.int32, device=device),
-        kv_indices=last_idx[:, None, None].to(device),
-        full_kv_num_blocks=full_num[:, None, None].to(device),
-        full_kv_indices=full_idx[:, None, None].to(device),
+        kv_num_blocks=num[:, None, None].to(device),
+        kv_indices=indices[:, None, None].to(device),
         BLOCK_SIZE=(16, 16),
         mask_mod=mask_mod,
         seq_lengths=(1, positions),
@@ -255,13 +241,25 @@ def flex_block_mask(tables: list[list[int]], lengths: list[int], positions: int,
     )
 
 
+FLEX_KERNEL_OPTIONS = {"BLOCK_M": 16, "BLOCK_N": 16}
+"""The engine's flex tiles: its pool's block."""
+
+
+@functools.cache
+def _compiled_flex() -> Any:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
 def flex_attention_rows(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, block_mask: Any) -> Any:
-    """query [R, heads, 1, d] over the whole pool [1, kv_heads, P, d] under `block_mask`: flex visits each row's own
-    blocks only (compiled on CUDA; eager elsewhere, which materialises every score)."""
+    """query [R, heads, 1, d] over the whole pool [1, kv_heads, P, d] under `block_mask`, as the engine's flex backend
+    calls it (its kernel options; compiled on CUDA, eager elsewhere)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     run = _compiled_flex() if query.device.type == "cuda" else flex_attention
-    return run(query, keys, values, block_mask=block_mask, enable_gqa=True).reshape(query.shape[0], query.shape[1], -1)
+    out = run(query, keys, values, block_mask=block_mask, enable_gqa=True, kernel_options=FLEX_KERNEL_OPTIONS)
+    return out.reshape(query.shape[0], query.shape[1], -1)
 
 
 def attention(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
@@ -294,6 +292,8 @@ def attention(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: 
             order = torch.randperm(blocks, generator=generator)  # each row's blocks are scattered over the pool
             per_row = blocks // rows
             counts = [max(1, per_row - (r % 3)) for r in range(rows)]  # unequal lengths: the gather pads
+            if rows == 1 and positions > args.short_row:  # one short row in a large pool: flex's KV splits
+                per_row, counts = args.short_row // 16, [args.short_row // 16]
             width = max(counts) * 16
             slot_table = torch.zeros((rows, width), dtype=torch.long)
             valid = torch.zeros((rows, width), dtype=torch.bool)
@@ -484,6 +484,129 @@ def exactness(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: 
     return out
 
 
+DECISIVE_MARGIN = 0.5
+"""Nats between the reference's first and second token above which a step is decisive: random weights leave many
+near-ties, which any two kernels in bfloat16 may break differently."""
+
+
+def _teacher_forced(model: Any, prompt: list[int], tokens: list[int], device: torch.device) -> torch.Tensor:
+    """Log-probabilities of one SDPA forward over prompt plus tokens, at the positions that chose each token: [N, V]."""
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt + tokens], device=device)).logits[0].float()
+    start = len(prompt) - 1
+    return logits[start : start + len(tokens)].log_softmax(-1)
+
+
+def _agreement(reference: torch.Tensor, tokens: list[int]) -> dict[str, Any]:
+    top2 = reference.topk(2, dim=-1).values
+    margin = top2[:, 0] - top2[:, 1]
+    chosen = torch.tensor(tokens, device=reference.device)
+    same = reference.argmax(-1) == chosen
+    decisive = margin >= DECISIVE_MARGIN
+    return {"same": int(same.sum()), "decisive": int(decisive.sum()), "decisive_same": int((same & decisive).sum())}
+
+
+def correctness(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """The engine against a teacher-forced reference on the timed model, before anything is timed. --correct-requests
+    standard requests are decoded together (as they are served), and each is fed back through one SDPA forward of
+    the same model (prompt plus the engine's tokens): the share of steps whose reference argmax is the engine's token
+    (top-1 agreement, over every step and over decisive ones, where the reference's top two are at least
+    DECISIVE_MARGIN nats apart), and the largest difference of the chosen token's log-probability. transformers'
+    own greedy `generate` (batch 1, its cache, SDPA) is held to the same reference: the floor two correct decoders
+    reach in this dtype."""
+    from fides_rag.eval.step_probe import prepared_from_ids
+
+    pairs = [prompts.pair(args.context_tokens // 4 + 8 * i, args.question_tokens) for i in range(args.correct_requests)]
+    examples = [prepared_from_ids(decoder.tokenizer, *pair) for pair in pairs]
+    handles = [decoder.submit(e, method="standard", max_new_tokens=args.correct_tokens, logprobs=0) for e in examples]
+    results = [h.result() for h in handles]
+    model = decoder.model
+    totals = {"engine": [0, 0, 0, 0], "hf-generate": [0, 0, 0, 0]}  # steps, same, decisive, decisive same
+    worst = 0.0
+    for example, result in zip(examples, results):
+        prompt, tokens = list(example.context_ids), list(result.token_ids)
+        reference = _teacher_forced(model, prompt, tokens, device)
+        counts = _agreement(reference, tokens)
+        for step, token in enumerate(tokens):
+            recorded = result.steps[step].logprob if step < len(result.steps) else None
+            if recorded is not None:
+                worst = max(worst, abs(float(reference[step, token]) - recorded))
+        with torch.inference_mode():
+            generated = model.generate(
+                torch.tensor([prompt], device=device),
+                max_new_tokens=len(tokens),
+                min_new_tokens=len(tokens),
+                do_sample=False,
+                pad_token_id=decoder.tokenizer.pad_token_id,
+            )[0, len(prompt) :].tolist()
+        peer = _agreement(_teacher_forced(model, prompt, generated, device), generated)
+        for name, c, n in (("engine", counts, len(tokens)), ("hf-generate", peer, len(generated))):
+            for i, value in enumerate((n, c["same"], c["decisive"], c["decisive_same"])):
+                totals[name][i] += value
+    out: dict[str, Any] = {
+        "requests": len(examples),
+        "decisive_margin": DECISIVE_MARGIN,
+        "max_abs_logprob_difference": worst,
+        "failed_requests": decoder.stats.failed,
+        "attention": decoder.limits.attention,
+    }
+    for name, (steps, same, decisive, decisive_same) in totals.items():
+        out[name] = {
+            "tokens": steps,
+            "top1_agreement": same / max(steps, 1),
+            "decisive_tokens": decisive,
+            "decisive_top1_agreement": decisive_same / decisive if decisive else None,
+        }
+    return out
+
+
+def default_configuration(
+    decoder: Any, prompts: Prompts, args: argparse.Namespace, device: torch.device
+) -> dict[str, Any]:
+    """What a user gets by default (fast mode, eager, flex on CUDA): R standard requests submitted together at each
+    row count of --default-rows, every one of which must finish; the step padding and flex graphs per bucket are
+    exercised here. Counts failed requests and the seconds each row count took (flex compiles a bucket's graph the
+    first time it runs)."""
+    from fides_rag.eval.step_probe import prepared_from_ids
+
+    out: dict[str, Any] = {"attention": decoder.limits.attention, "rows": {}}
+    for rows in args.default_rows:
+        examples = [
+            prepared_from_ids(decoder.tokenizer, *prompts.pair(args.context_tokens // 8 + 8 * i, args.question_tokens))
+            for i in range(rows)
+        ]
+        failed_before = decoder.stats.failed
+        start = time.perf_counter()
+        handles = [decoder.submit(e, method="standard", max_new_tokens=args.default_tokens) for e in examples]
+        errors = []
+        for handle in handles:
+            try:
+                handle.result()
+            except Exception as error:  # counted and reported: the section's point is that none fail
+                errors.append(f"{type(error).__name__}: {error}"[:300])
+        out["rows"][str(rows)] = {
+            "seconds": time.perf_counter() - start,
+            "failed": decoder.stats.failed - failed_before,
+            "errors": errors[:2],
+        }
+    out["failed_requests"] = sum(r["failed"] for r in out["rows"].values())
+    return out
+
+
+def weight_floor(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """The weight-read floor measured on the card: one read of every weight (a sum per tensor), the least a decode
+    step of batch 1 must spend; and the bandwidth it implies."""
+    params = [p for p in decoder.model.parameters()]
+    weights = sum(p.numel() * p.element_size() for p in params)
+
+    def read_all() -> None:
+        for p in params:
+            p.sum(dtype=torch.float32)
+
+    ms = _time_ms(read_all, device, 5)
+    return {"weights_gib": weights / 2**30, "read_ms": ms, "bandwidth_gb_s": weights / ms / 1e6}
+
+
 def synthetic_examples(prompts: Prompts, args: argparse.Namespace, n: int) -> list[Any]:
     """`n` NQ-Swap-sized examples of the word-level vocabulary: a question and one document of half the context."""
     from fides_rag.eval.datasets import QAExample
@@ -530,7 +653,10 @@ def budget_sweep(decoder: Any, prompts: Prompts, args: argparse.Namespace, devic
 
 
 SECTIONS = {
+    "correctness": correctness,
+    "default": default_configuration,
     "attention": attention,
+    "floor": weight_floor,
     "exactness": exactness,
     "latency": latency,
     "batch": batch_scaling,
@@ -588,10 +714,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     model, tokenizer = build(values, device, dtype)
     modes = args.modes or (["exact", "fast"] if device.type == "cpu" else ["fast"])
-    compile_ = device.type == "cuda" if args.compile is None else args.compile
-    fast: dict[str, Any] = {"compile": False}  # buckets and warm-up apply only to a compiled step
+    compile_ = bool(args.compile)
+    fast: dict[str, Any] = {"compile": False, "attention": args.attention}  # buckets, warm-up: compiled steps only
     if compile_:
-        fast = {"compile": args.compile_backend, "buckets": args.buckets, "warmup": list(METHODS)}
+        fast |= {"compile": args.compile_backend, "buckets": args.buckets, "warmup": list(METHODS)}
     if args.kv_pool_tokens is not None:
         fast["kv_pool_tokens"] = args.kv_pool_tokens
     report: dict[str, Any] = {
@@ -631,13 +757,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     write(report, args.out)
             print(f"{name} ...", file=sys.stderr, flush=True)
             begun = time.perf_counter()
-            if name in MODED:
-                report["sections"][name] = {"modes": {}}
-                for mode, decoder in decoders.items():
-                    report["sections"][name]["modes"][mode] = SECTIONS[name](decoder, prompts, args, device)
-                    write(report, args.out)
-            else:
-                report["sections"][name] = SECTIONS[name](decoders.get(modes[-1]), prompts, args, device)
+            try:  # one section's failure is reported in its place, and the call goes on to the next
+                if name in MODED:
+                    report["sections"][name] = {"modes": {}}
+                    for mode, decoder in decoders.items():
+                        report["sections"][name]["modes"][mode] = SECTIONS[name](decoder, prompts, args, device)
+                        write(report, args.out)
+                else:
+                    report["sections"][name] = SECTIONS[name](decoders.get(modes[-1]), prompts, args, device)
+            except Exception as error:
+                report["sections"][name] = {"error": f"{type(error).__name__}: {error}"[:2000]}
+                print(f"{name} failed: {report['sections'][name]['error']}", file=sys.stderr, flush=True)
             report["sections"][name]["seconds"] = time.perf_counter() - begun
             if "fast" in decoders:
                 report["compile"]["fallback_steps"] = decoders["fast"].stats.captured_fallback_steps
@@ -661,7 +791,31 @@ def tables(report: dict[str, Any]) -> str:
         f"transformers {report.get('transformers', '?')}.",
         "",
     ]
-    sections = report["sections"]
+    sections = {k: v for k, v in report["sections"].items() if "error" not in v}
+    lines += [f"Section {k} failed: {v['error']}" for k, v in report["sections"].items() if "error" in v]
+    if "correctness" in sections:
+        c = sections["correctness"]
+        e, h = c["engine"], c["hf-generate"]
+        share = lambda x: "-" if x is None else f"{x:.1%}"  # noqa: E731
+        lines += [
+            f"Correctness ({c['attention']} attention), top-1 agreement with a teacher-forced SDPA forward of the same "
+            f"model: the engine {share(e['top1_agreement'])} of {e['tokens']} tokens "
+            f"({share(e['decisive_top1_agreement'])} of {e['decisive_tokens']} decisive ones, margin at least "
+            f"{c['decisive_margin']} nats); transformers' generate {share(h['top1_agreement'])} "
+            f"({share(h['decisive_top1_agreement'])} of {h['decisive_tokens']}); largest log-probability difference "
+            f"{c['max_abs_logprob_difference']:.3g}; {c['failed_requests']} failed requests.",
+            "",
+        ]
+    if "default" in sections:
+        d = sections["default"]
+        per_rows = ", ".join(f"{r} rows {v['seconds']:.1f} s" for r, v in d["rows"].items())
+        lines += [f"Default configuration ({d['attention']}): {d['failed_requests']} failed requests; {per_rows}.", ""]
+    if "floor" in sections:
+        f = sections["floor"]
+        lines += [
+            f"Weight read: {f['weights_gib']:.1f} GiB in {f['read_ms']:.2f} ms ({f['bandwidth_gb_s']:.0f} GB/s).",
+            "",
+        ]
     if report.get("compile", {}).get("enabled"):
         c, log = report["compile"], report.get("compile_log", {})
         lines += [
@@ -791,8 +945,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--compile",
         action=argparse.BooleanOptionalAction,
-        default=None,
-        help="capture fast mode's decode step with torch.compile, every bucket compiled first (default: on CUDA only)",
+        default=False,
+        help="capture fast mode's decode step with torch.compile, every bucket compiled first (default: off, the "
+        "configuration a user gets by default)",
+    )
+    parser.add_argument(
+        "--attention",
+        default="auto",
+        help="fast mode's attention backend (default: auto, flex on CUDA and gather elsewhere; flex runs on a CPU too)",
     )
     parser.add_argument(
         "--compile-backend",
@@ -819,6 +979,20 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--attention-repeats", type=int, default=20, help="timed calls per attention case (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--short-row",
+        type=int,
+        default=2048,
+        help="positions of the one row of the attention section's 1-row cases (default: %(default)s)",
+    )
+    parser.add_argument("--correct-requests", type=int, default=4, help="correctness requests (default: %(default)s)")
+    parser.add_argument("--correct-tokens", type=int, default=32, help="tokens each (default: %(default)s)")
+    parser.add_argument(
+        "--default-rows", type=ints, default=[1, 2, 3, 5, 9, 17, 33], help="row counts of the default section"
+    )
+    parser.add_argument(
+        "--default-tokens", type=int, default=16, help="tokens per request there (default: %(default)s)"
     )
     parser.add_argument("--context-tokens", type=int, default=2048, help="context prompt tokens (default: %(default)s)")
     parser.add_argument("--question-tokens", type=int, default=32, help="question tokens (default: %(default)s)")

@@ -1,5 +1,5 @@
-"""The scale trend: NQ-Swap faithfulness of each method, gated or not, on four backbones, 135M to 1.5B, from the
-committed eval runs.
+"""The scale trend: NQ-Swap (and BIG-bench conflicts) faithfulness of each method, gated or not, on four backbones,
+135M to 1.5B, from the committed eval runs.
 
 Reads `results/eval/<run>/results.json` (written by `fides-rag eval`) for the conflict rows (`--dataset nq-swap`)
 and the no-conflict rows (`--dataset nq-swap-original`) of each backbone, and prints markdown:
@@ -8,13 +8,19 @@ and the no-conflict rows (`--dataset nq-swap-original`) of each backbone, and pr
     python benchmarks/scale_trend.py --gates    # each method against standard and AdaCAD with CIs, its contrasted share
     python benchmarks/scale_trend.py --full     # CF, Acc and MemR of every method, and the no-conflict slice (docs)
     python benchmarks/scale_trend.py --targets  # the do-no-harm targets, met or not, with the figures
-    python benchmarks/scale_trend.py --strata --json     # per backbone, stratum, method: n, score, regressions, CI
+    python benchmarks/scale_trend.py --strata --json     # per backbone, stratum, method: n, questions, score,
+                                                         # regressions, CI, failures by class
+    python benchmarks/scale_trend.py --strata --json --dataset bigbench-conflicts   # the same on BIG-bench conflicts
     python benchmarks/scale_trend.py --strata --targets  # the true-conflict targets, held or not
     python benchmarks/scale_trend.py --strata --headline # the README's table: true-conflict CF, known-agreeing EM
 
 With --strata it reads each backbone's strata run (`fides-rag eval --dataset nq-swap-both --strata`, see
-docs/evaluation.md): rows split by the passage (swapped or original) and by whether the backbone knew the original
-answer closed-book; true_conflict rows are the real conflicts.
+docs/evaluation.md), `results/eval/<backbone>-nqswap-strata`, or with `--dataset bigbench-conflicts` the run of
+`--dataset bigbench-conflicts-both`, `results/eval/<backbone>-bigbench-strata`: rows split by the passage (swapped or
+original) and by whether the backbone knew the original answer closed-book; true_conflict rows are the real conflicts.
+Each cell of --json has `questions` (distinct) beside `n` (rows) and `failures`, the wrong answers by class
+(`fides_rag.eval.failures`): results written before they were counted are read again from the run folder's answers
+and its dataset (no model runs); where that cannot be done they are null, with a note on stderr.
 
 Differences are a method minus standard (or AdaCAD) in points, with the paired-bootstrap 95% CI that the eval
 wrote (over questions, each with all its rows, unless the run says rows). Three states: correction is CF on the
@@ -37,22 +43,29 @@ GATED_FIDES = ("fides+agree", "fides+nwcad", "fides+defer")
 SMALL_N = 100
 
 
+STRATA_DATASETS = {"nq-swap": "nqswap", "bigbench-conflicts": "bigbench"}
+"""--dataset with --strata -> the tag of its strata run folders, <backbone key>-<tag>-strata."""
+
+
 @dataclass(frozen=True)
 class Backbone:
     size: str
     name: str
     conflict_run: str
     original_run: str
-    strata_run: str
+    key: str
+    """The prefix of its run folders."""
+
+    def strata_run(self, dataset: str = "nq-swap") -> str:
+        """The folder of its strata run on `dataset` (a key of STRATA_DATASETS)."""
+        return f"{self.key}-{STRATA_DATASETS[dataset]}-strata"
 
 
 BACKBONES = (
-    Backbone(
-        "135M", "SmolLM2-135M-Instruct", "smollm2-nqswap-gated", "smollm2-nqswap-original", "smollm2-nqswap-strata"
-    ),
-    Backbone("270M", "gemma3-270m", "gemma3-nqswap-gated", "gemma3-nqswap-original", "gemma3-nqswap-strata"),
-    Backbone("0.5B", "Qwen2.5-Coder-0.5B-Instruct", "qwen05-nqswap", "qwen05-nqswap-original", "qwen05-nqswap-strata"),
-    Backbone("1.5B", "Qwen2.5-Coder-1.5B-Instruct", "qwen15-nqswap", "qwen15-nqswap-original", "qwen15-nqswap-strata"),
+    Backbone("135M", "SmolLM2-135M-Instruct", "smollm2-nqswap-gated", "smollm2-nqswap-original", "smollm2"),
+    Backbone("270M", "gemma3-270m", "gemma3-nqswap-gated", "gemma3-nqswap-original", "gemma3"),
+    Backbone("0.5B", "Qwen2.5-Coder-0.5B-Instruct", "qwen05-nqswap", "qwen05-nqswap-original", "qwen05"),
+    Backbone("1.5B", "Qwen2.5-Coder-1.5B-Instruct", "qwen15-nqswap", "qwen15-nqswap-original", "qwen15"),
 )
 
 
@@ -244,25 +257,30 @@ EM_SLACK = 1.0
 """Target: the recommended variant's known-agreeing EM is at least standard's minus this many points ..."""
 REGRESSION_SHARE = 3.0
 """... and its regressions there are at most this % of the rows standard gets right."""
-STRATA_COMMAND = (
-    "fides-rag eval --model MODEL --dataset nq-swap-both --methods standard,adacad,fides,fides+nwcad "
-    "--strata --per-stratum 300 --out results/eval/<backbone>-nqswap-strata"
-)
+
+
+def strata_command(dataset: str = "nq-swap") -> str:
+    """The command that produces a backbone's strata run on `dataset`."""
+    return (
+        f"fides-rag eval --model MODEL --dataset {dataset}-both --methods standard,adacad,fides,fides+nwcad "
+        f"--strata --per-stratum 300 --out results/eval/<backbone>-{STRATA_DATASETS[dataset]}-strata"
+    )
 
 
 class NoStrataResults(ValueError):
     """No backbone has strata results (or a strata run folder holds results written without --strata)."""
 
 
-def load_strata(b: Backbone, root: Path = RESULTS) -> dict | None:
+def load_strata(b: Backbone, root: Path = RESULTS, dataset: str = "nq-swap") -> dict | None:
     """A backbone's strata results, None when its strata run is absent; results without strata are refused."""
-    results = load(b.strata_run, root)
+    run = b.strata_run(dataset)
+    results = load(run, root)
     if results is None:
         return None
     if not isinstance(results.get("strata"), dict) or "results" not in results["strata"]:
         raise NoStrataResults(
-            f"{root / b.strata_run / 'results.json'} holds no strata results (written without "
-            f"--strata or by an older fides-rag); produce them with: {STRATA_COMMAND}"
+            f"{root / run / 'results.json'} holds no strata results (written without "
+            f"--strata or by an older fides-rag); produce them with: {strata_command(dataset)}"
         )
     return results["strata"]
 
@@ -271,31 +289,34 @@ def _entry(e: dict) -> dict:
     ci = e.get("ci_vs_standard")
     return {
         "n": int(e["n"]),
+        "questions": e.get("questions"),
         "score": e["score"],
         "regressions": int(e["regressions"]),
         "fixes": int(e["fixes"]),
         "ci_vs_standard": None if ci is None else [float(ci[0]), float(ci[1])],
         "standard_right": int(e.get("standard_right", 0)),
+        "failures": e.get("failures"),
     }
 
 
-def strata_backbones(root: Path = RESULTS) -> dict[str, dict]:
-    """backbone name -> {"strata": stratum -> method -> figures, "true_conflict_available": rows}, for the backbones
-    with strata results; NoStrataResults when none has any."""
+def strata_backbones(root: Path = RESULTS, dataset: str = "nq-swap") -> dict[str, dict]:
+    """backbone name -> {"strata": stratum -> method -> figures, "true_conflict_available": rows, "run": its folder},
+    for the backbones with strata results; NoStrataResults when none has any."""
     out = {}
     for b in BACKBONES:
-        strata = load_strata(b, root)
+        strata = load_strata(b, root, dataset)
         if strata is None:
             continue
         out[b.name] = {
             "strata": {s: {m: _entry(e) for m, e in strata["results"].get(s, {}).items()} for s in STRATA},
             "true_conflict_available": int(strata.get("available", {}).get("true_conflict", 0)),
+            "run": root / b.strata_run(dataset),
         }
     if not out:
-        runs = ", ".join(b.strata_run for b in BACKBONES)
+        runs = ", ".join(b.strata_run(dataset) for b in BACKBONES)
         raise NoStrataResults(
             f"no strata results under {root} (none of {runs} has a results.json); produce them per "
-            f"backbone with: {STRATA_COMMAND}"
+            f"backbone with: {strata_command(dataset)}"
         )
     return out
 
@@ -315,13 +336,13 @@ def _harmless(method: dict | None, standard: dict | None) -> bool | None:
     )
 
 
-def recommend(backbones: dict[str, dict]) -> str:
+def recommend(backbones: dict[str, dict], dataset: str = "nq-swap") -> str:
     """The variant to recommend: the non-standard method harmless on known-agreeing rows on most backbones, then winning
     true-conflict CF on most, then with the largest mean true-conflict CF gain."""
     methods = sorted({m for b in backbones.values() for s in b["strata"].values() for m in s} - {"standard"})
     if not methods:
         raise NoStrataResults(
-            f"the strata results hold no method besides standard; produce them with: {STRATA_COMMAND}"
+            f"the strata results hold no method besides standard; produce them with: {strata_command(dataset)}"
         )
 
     def merit(m: str) -> tuple:
@@ -345,22 +366,54 @@ def recommend(backbones: dict[str, dict]) -> str:
     return max(methods, key=merit)
 
 
-def strata_json(root: Path = RESULTS, recommended: str | None = None) -> str:
-    backbones = strata_backbones(root)
+JSON_FIGURES = ("n", "questions", "score", "regressions", "fixes", "ci_vs_standard", "failures")
+"""The figures of each cell of --strata --json."""
+
+
+def _read_counts(run: Path) -> dict | None:
+    """stratum -> method -> n, questions and failures, read again from a strata run folder; None (with a note on
+    stderr) when that cannot be done."""
+    if not (run / "run.json").is_file():
+        print(f"scale_trend.py: note: no questions or failure classes for {run}: it holds no run.json", file=sys.stderr)
+        return None
+    try:
+        from fides_rag.eval.strata_run import read_strata_counts
+
+        return read_strata_counts(run)
+    except (ImportError, OSError, ValueError) as err:
+        print(f"scale_trend.py: note: no questions or failure classes for {run}: {err}", file=sys.stderr)
+        return None
+
+
+def fill_counts(strata: dict, run: Path) -> None:
+    """Give the cells of a backbone's strata that lack questions or failure classes those read again from its run
+    folder, where the rows are the same (n agrees)."""
+    if all(e["questions"] is not None and e["failures"] is not None for s in strata.values() for e in s.values()):
+        return
+    counts = _read_counts(run)
+    if counts is None:
+        return
+    for stratum, methods in strata.items():
+        for method, e in methods.items():
+            found = counts.get(stratum, {}).get(method)
+            if found is None or found["n"] != e["n"]:
+                print(f"scale_trend.py: note: {run}: {stratum} {method}: other rows than the results", file=sys.stderr)
+                continue
+            e.update(questions=found["questions"], failures=found["failures"])
+
+
+def strata_json(root: Path = RESULTS, recommended: str | None = None, dataset: str = "nq-swap") -> str:
+    backbones = strata_backbones(root, dataset)
+    for b in backbones.values():
+        fill_counts(b["strata"], b["run"])
     figures = {
         name: {
-            "strata": {
-                s: {
-                    m: {k: e[k] for k in ("n", "score", "regressions", "fixes", "ci_vs_standard")}
-                    for m, e in b["strata"][s].items()
-                }
-                for s in STRATA
-            },
+            "strata": {s: {m: {k: e[k] for k in JSON_FIGURES} for m, e in b["strata"][s].items()} for s in STRATA},
             "true_conflict_available": b["true_conflict_available"],
         }
         for name, b in backbones.items()
     }
-    return json.dumps({"recommended": recommended or recommend(backbones), "backbones": figures}, indent=2)
+    return json.dumps({"recommended": recommended or recommend(backbones, dataset), "backbones": figures}, indent=2)
 
 
 def _ci(e: dict | None) -> str:
@@ -379,11 +432,11 @@ def _score_cell(entry: dict | None, reference: bool) -> str:
     return f"{entry['score']:.1f}" if reference else f"{entry['score']:.1f} ({entry['regressions']})"
 
 
-def strata_headline(root: Path = RESULTS, recommended: str | None = None) -> str:
+def strata_headline(root: Path = RESULTS, recommended: str | None = None, dataset: str = "nq-swap") -> str:
     """One row per backbone: true-conflict CF and known-agreeing EM of standard, AdaCAD, FIDES and the recommended
     variant, each with its regressions against standard."""
-    backbones = strata_backbones(root)
-    chosen = recommended or recommend(backbones)
+    backbones = strata_backbones(root, dataset)
+    chosen = recommended or recommend(backbones, dataset)
     shown = [*STRATA_HEADLINE_METHODS, *([chosen] if chosen not in STRATA_HEADLINE_METHODS else [])]
     names = {"standard": "standard", "adacad": "AdaCAD", "fides": "FIDES"}
     head = ["backbone", "true-conflict n"] + [f"CF {names.get(m, m)}" for m in shown]
@@ -405,11 +458,11 @@ def strata_headline(root: Path = RESULTS, recommended: str | None = None) -> str
     return table(head, rows)
 
 
-def strata_targets(root: Path = RESULTS, recommended: str | None = None) -> str:
+def strata_targets(root: Path = RESULTS, recommended: str | None = None, dataset: str = "nq-swap") -> str:
     """Per backbone: true-conflict rows, FIDES and the recommended variant against standard on true-conflict CF, the
     recommended variant's harm on known-agreeing rows; then which targets hold."""
-    backbones = strata_backbones(root)
-    chosen = recommended or recommend(backbones)
+    backbones = strata_backbones(root, dataset)
+    chosen = recommended or recommend(backbones, dataset)
     head = [
         "backbone",
         "true-conflict n / available",
@@ -499,6 +552,12 @@ def main() -> None:
     parser.add_argument(
         "--recommended", help="with --strata: the variant to recommend (default: chosen from the results)"
     )
+    parser.add_argument(
+        "--dataset",
+        choices=list(STRATA_DATASETS),
+        default="nq-swap",
+        help="with --strata: the dataset of the strata runs (default nq-swap)",
+    )
     parser.add_argument("--results", type=Path, default=RESULTS, help="the folder holding the eval runs")
     args = parser.parse_args()
     if args.strata:
@@ -506,13 +565,13 @@ def main() -> None:
             parser.error("--strata takes --json, --targets or --headline")
         try:
             shown_strata = strata_targets if args.targets else strata_headline if args.headline else strata_json
-            print(shown_strata(args.results, args.recommended))
+            print(shown_strata(args.results, args.recommended, args.dataset))
         except NoStrataResults as err:
             print(f"scale_trend.py: error: {err}", file=sys.stderr)
             raise SystemExit(2) from None
         return
-    if args.json or args.recommended or args.headline:
-        parser.error("--json, --headline and --recommended need --strata")
+    if args.json or args.recommended or args.headline or args.dataset != "nq-swap":
+        parser.error("--json, --headline, --recommended and --dataset need --strata")
     shown = full if args.full else targets if args.targets else gates if args.gates else headline
     print(shown(args.results))
 

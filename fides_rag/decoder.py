@@ -21,6 +21,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from typing_extensions import Unpack  # typing.Unpack from Python 3.11 on
 
 from fides_rag.errors import NonFiniteLogitsError, QueueFullError
+from fides_rag.generation.engine.attention import attention_choices
 from fides_rag.generation.engine.engine import DecodeEngine
 from fides_rag.generation.engine.modes import MODES, Mode, check_mode_settings
 from fides_rag.generation.engine.scheduler import MIN_BATCHED_TOKENS, check_batched_tokens
@@ -50,6 +51,7 @@ __all__ = [
     "QueueFullError",
     "RequestHandle",
     "TextStream",
+    "attention_choices",
     "check_batched_tokens",
 ]
 
@@ -81,15 +83,14 @@ class FidesDecoder:
         **engine_settings: Any,
     ) -> None:
         """`config`: a convenience for `method=get_method(method, config=config)` (e.g. a FidesConfig).
-        `engine_settings`: max_requests, max_rows, max_tokens, max_queue, window_s, admission, max_num_batched_tokens
-        (see
-        `configure`), prefix_caching, prefix_cache_bytes, and mode: "exact" (the CPU's default: a greedy request's
-        tokens
-        do not depend on what else is in flight) or "fast" (the default elsewhere: one attention call per layer over
-        every row); read back from `limits.mode`; compile (True or a torch.compile backend name: fast mode's decode step
-        captured per batch bucket), buckets; in fast mode kv_pool_tokens (the KV pool's positions) or kv_cache_memory
-        (its bytes, or on CUDA a fraction of free device memory) size the fixed pool, read back from
-        `stats.kv_pool_tokens`.
+        `engine_settings`: max_requests, max_rows, max_tokens, max_queue, window_s, admission,
+        max_num_batched_tokens (see `configure`), prefix_caching, prefix_cache_bytes, and mode: "exact" (the CPU's
+        default: a greedy request's tokens do not depend on what else is in flight) or "fast" (the default elsewhere:
+        one attention call per layer over every row); read back from `limits.mode`; attention: the decode step's
+        backend ("auto", the default: ragged in exact mode, flex on CUDA, gather elsewhere; read back from
+        `limits.attention`); compile (True or a torch.compile backend name: fast mode's decode step captured per batch
+        bucket), buckets; in fast mode kv_pool_tokens (the KV pool's positions) or kv_cache_memory (its bytes, or on
+        CUDA a fraction of free device memory) size the fixed pool, read back from `stats.kv_pool_tokens`.
         `warmup`: with `compile`, compile every bucket at start-up (a progress bar; `stats.warmup_s` says how long) with
         the hooks of the decoder's method and 'standard' (True), or of each method of a list; after it, a step that
         would recompile runs eagerly instead (counted in `stats.captured_fallback_steps`)."""

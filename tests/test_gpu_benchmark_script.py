@@ -171,31 +171,42 @@ def _gpu_call(tmp_path, *flags):
 
 
 @pytest.mark.timeout(400)
-def test_gpu_call_1_runs_on_cpu_at_the_default_context_length_in_both_modes_attention_first(tmp_path):
+def test_the_gpu_call_runs_on_cpu_at_the_default_context_length_correctness_first(tmp_path):
     report, stdout = _gpu_call(tmp_path, "--call", "1")
-    assert list(report["sections"]) == ["attention", "exactness", "latency", "batch"]
+    assert list(report["sections"]) == ["correctness", "default", "attention", "floor", "latency", "batch", "serving"]
     assert report["modes"] == ["exact", "fast"] and report["settings"]["context_tokens"] == 2048
     assert report["torch"] == torch.__version__ and report["transformers"] and report["compile"]["enabled"] is False
+    correctness = report["sections"]["correctness"]
+    assert correctness["attention"] == "gather" and correctness["failed_requests"] == 0
+    # float32 on the CPU: the engine and transformers' generate both give the teacher-forced reference's argmax
+    assert correctness["engine"]["tokens"] == 4 * 32 and correctness["engine"]["top1_agreement"] == 1.0
+    assert correctness["hf-generate"]["top1_agreement"] == 1.0
+    assert correctness["max_abs_logprob_difference"] < 1e-3
+    default = report["sections"]["default"]
+    assert list(default["rows"]) == ["1", "2", "3", "5", "9", "17", "33"] and default["failed_requests"] == 0
+    assert report["sections"]["floor"]["read_ms"] > 0
     cases = report["sections"]["attention"]["cases"]
     assert list(cases) == ["R=1,P=512", "R=8,P=512", "R=1,P=4096", "R=8,P=4096"]
+    assert cases["R=1,P=4096"]["row_positions"] == [2048]  # one short row in the largest pool
     assert all(c["whole_pool_ms"] > 0 and c["block_ms"] > 0 and c["max_abs_difference"] < 1e-4 for c in cases.values())
-    assert "| rows | pool positions | whole-pool masked ms |" in stdout
-    assert set(report["sections"]["exactness"]["modes"]) == {"exact", "fast"}
+    assert all(c["flex_max_abs_difference"] < 1e-4 for c in cases.values())
+    assert "| rows | pool positions | whole-pool masked ms |" in stdout and "Correctness (gather attention)" in stdout
     assert report["compile_log"]["cudagraphs_skipped"] is False and isinstance(report["compile_log"]["lines"], list)
 
 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("mode", ["exact", "fast"])
-def test_gpu_call_2_runs_on_cpu_at_the_default_context_length(tmp_path, mode):
-    report, _ = _gpu_call(tmp_path, "--call", "2", "--modes", mode)
-    assert list(report["sections"]) == ["serving", "budget"] and report["modes"] == [mode]
-    assert all(load["modes"]["continuous"]["tokens"] for load in report["sections"]["serving"]["loads"].values())
+def test_the_exactness_and_budget_sections_run_on_cpu_at_the_default_context_length(tmp_path, mode):
+    report, _ = _gpu_call(tmp_path, "--sections", "exactness,budget", "--modes", mode)
+    assert list(report["sections"]) == ["exactness", "budget"] and report["modes"] == [mode]
+    assert set(report["sections"]["exactness"]["modes"]) == {mode}
 
 
-def test_compile_is_on_by_default_on_cuda_only_and_bad_attention_sizes_are_refused(capsys):
+def test_compile_is_off_by_default_as_for_a_user_and_bad_attention_sizes_are_refused(capsys):
     gpu = _import_gpu()
     args = gpu.parse(["--out", "x.json", "--tiny"])
-    assert args.compile is None and args.buckets == [1, 2, 4, 8, 16, 32, 64] and args.attention_rows == [1, 8]
+    assert args.compile is False and args.attention == "auto"
+    assert args.buckets == [1, 2, 4, 8, 16, 32, 64] and args.attention_rows == [1, 8]
     assert gpu.parse(["--out", "x.json", "--no-compile", "--kv-pool-tokens", "8192"]).compile is False
     assert gpu.parse(["--out", "x.json"]).attention_positions == [4096, 262144]
     with pytest.raises(SystemExit):
@@ -212,14 +223,10 @@ def _import_gpu():
     return gpu
 
 
-def test_each_gpu_call_runs_its_own_sections_and_a_call_excludes_sections(capsys):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import gpu
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    assert gpu.parse(["--out", "x.json", "--call", "1"]).sections == ["attention", "exactness", "latency", "batch"]
-    assert gpu.parse(["--out", "x.json", "--call", "2"]).sections == ["serving", "budget"]
+def test_the_gpu_call_checks_before_it_times_and_a_call_excludes_sections(capsys):
+    gpu = _import_gpu()
+    sections = gpu.parse(["--out", "x.json", "--call", "1"]).sections
+    assert sections[:2] == ["correctness", "default"] and "exactness" not in sections
     with pytest.raises(SystemExit):
         gpu.parse(["--out", "x.json", "--call", "1", "--sections", "batch"])
     assert "give --call or --sections, not both" in capsys.readouterr().err

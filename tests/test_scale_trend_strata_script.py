@@ -8,8 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from fides_rag.eval.datasets import data_dir
 from fides_rag.eval.metrics import score_prediction
-from fides_rag.eval.strata import summarize_strata
+from fides_rag.eval.strata import STRATA, summarize_strata
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "scale_trend.py"
@@ -89,10 +92,12 @@ def test_json_gives_every_backbone_stratum_and_method_with_its_ci(tmp_path):
     assert qwen["true_conflict_available"] == 400
     assert qwen["strata"]["true_conflict"]["fides"] == {
         "n": 300,
+        "questions": None,  # results.json without them, and no run folder to read them again from
         "score": 30.0,
         "regressions": 5,
         "fixes": 35,
         "ci_vs_standard": [2.0, 18.0],
+        "failures": None,
     }
     assert set(qwen["strata"]) == {"true_conflict", "supplied", "known_agreeing", "unknown_agreeing"}
     assert out["recommended"] == "fides+nwcad"  # harmless on known-agreeing rows (4 <= 3% of 180), FIDES is not
@@ -164,3 +169,53 @@ def test_the_readmes_table_is_the_headline_of_the_committed_results():
     readme = (ROOT / "README.md").read_text()
     block = readme.split("<!-- strata-headline -->\n")[1].split("<!-- /strata-headline -->")[0]
     assert block.strip() == _run(ROOT / "results" / "eval", "--strata", "--headline").stdout.strip()
+
+
+CLASSES = {"memorised", "no_stop", "other_span", "other"}
+
+
+def test_bigbench_conflicts_reads_its_own_runs_with_questions_and_failure_classes(tmp_path):
+    strata = _strata([2.0, 18.0])
+    failures = {"memorised": 40, "no_stop": 10, "other_span": 25, "other": 5}
+    strata["results"]["true_conflict"]["standard"] |= {"questions": 300, "failures": failures}
+    _write(tmp_path, "gemma3-bigbench-strata", {"strata": strata})
+    _write(tmp_path, "qwen05-nqswap-strata", {"strata": _strata([-5.0, -1.0])})  # another dataset's run: not read
+    out = json.loads(_run(tmp_path, "--strata", "--json", "--dataset", "bigbench-conflicts").stdout)
+    assert set(out) == {"recommended", "backbones"} and set(out["backbones"]) == {"gemma3-270m"}
+    standard = out["backbones"]["gemma3-270m"]["strata"]["true_conflict"]["standard"]
+    assert list(standard)[:2] == ["n", "questions"] and standard["questions"] == 300
+    assert standard["failures"] == failures and set(standard["failures"]) == CLASSES
+
+
+def test_bigbench_conflicts_without_runs_names_its_command_and_needs_strata(tmp_path):
+    done = _run(tmp_path, "--strata", "--json", "--dataset", "bigbench-conflicts", check=False)
+    assert done.returncode == 2 and "--dataset bigbench-conflicts-both" in done.stderr
+    assert "smollm2-bigbench-strata" in done.stderr
+    done = _run(tmp_path, "--dataset", "bigbench-conflicts", check=False)
+    assert done.returncode == 2 and "need --strata" in done.stderr
+
+
+def test_results_without_questions_or_failure_classes_get_them_from_the_run_folder(write_strata_run, tmp_path):
+    records = write_strata_run(tmp_path / "smollm2-nqswap-strata")
+    strata = {r["id"]: s for r, s in zip(records, ["true_conflict", "known_agreeing", "supplied", "unknown_agreeing"])}
+    summary = summarize_strata(records, strata, ["standard", "fides"], samples=20)
+    for methods in summary.values():
+        for entry in methods.values():
+            del entry["questions"], entry["failures"]  # as results written before they were counted
+    (tmp_path / "smollm2-nqswap-strata" / "results.json").write_text(json.dumps({"strata": {"results": summary}}))
+    out = json.loads(_run(tmp_path, "--strata", "--json").stdout)["backbones"]["SmolLM2-135M-Instruct"]["strata"]
+    assert out["true_conflict"]["standard"]["questions"] == 1
+    assert out["true_conflict"]["standard"]["failures"] == {"memorised": 1, "no_stop": 0, "other_span": 0, "other": 0}
+    assert out["supplied"]["fides"]["failures"] == {"memorised": 0, "no_stop": 1, "other_span": 0, "other": 0}
+
+
+@pytest.mark.skipif(not (data_dir() / "nq_swap").is_dir(), reason="needs the NQ-Swap data of ../shared/data")
+def test_the_committed_nq_swap_runs_give_questions_and_failure_classes_in_every_cell():
+    out = json.loads(_run(ROOT / "results" / "eval", "--strata", "--json").stdout)
+    assert set(out["backbones"]) == set(RUNS)
+    for backbone in out["backbones"].values():
+        for stratum in STRATA:
+            for cell in backbone["strata"][stratum].values():
+                assert 0 < cell["questions"] <= cell["n"] and set(cell["failures"]) == CLASSES
+                right = cell["n"] - sum(cell["failures"].values())
+                assert abs(right - cell["score"] * cell["n"] / 100) < 1e-6  # right answers are the score's

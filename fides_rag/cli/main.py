@@ -12,6 +12,7 @@ from typing import Any, NoReturn
 from fides_rag.cli.models_command import add_models_parser, run_models_command
 from fides_rag.decoder import MIN_BATCHED_TOKENS, FidesDecoder
 from fides_rag.demo.cli import add_demo_parser, run_demo_command
+from fides_rag.eval.datasets import DATASETS
 from fides_rag.extras import MissingExtraError, check_extra
 from fides_rag.method.config import FidesConfig
 from fides_rag.models.options import add_model_arguments, load_options
@@ -20,6 +21,8 @@ from fides_rag.rules import available_gates, available_methods, get_method, pars
 from fides_rag.serve.command import add_serve_parser, run_serve_command
 
 DEFAULT_MODEL = "gemma3-270m"
+DATASET_NAMES = f"{', '.join(DATASETS[:-1])} or {DATASETS[-1]}"
+"""The datasets --dataset takes, in words."""
 
 
 class MethodList(list):
@@ -192,9 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
         "eval", help="score methods on a QA dataset (CF, EM, F1, memorisation, accuracy) with significance"
     )
     evaluate.add_argument("--model", default=DEFAULT_MODEL, help="bundled alias, hub id, local folder or .gguf file")
-    evaluate.add_argument(
-        "--dataset", default="nq-swap", help="nq-swap, nq-swap-original, nq-swap-both, nq-open, popqa or jsonl"
-    )
+    evaluate.add_argument("--dataset", default="nq-swap", help=DATASET_NAMES)
     evaluate.add_argument(
         "--data", help="dataset file (or pminervini/NQ-Swap); default: $FIDES_RAG_DATA or ../shared/data"
     )
@@ -264,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument(
         "--dataset",
         default="nq-swap",
-        help="nq-swap, nq-swap-original, nq-swap-both, nq-open, popqa or jsonl (answers are never read)",
+        help=f"{DATASET_NAMES} (answers are never read)",
     )
     calibrate.add_argument("--data", help="dataset file; default: $FIDES_RAG_DATA or ../shared/data")
     calibrate.add_argument("--passages", help="PopQA passages file (default: beside --data)")

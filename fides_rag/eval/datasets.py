@@ -4,7 +4,10 @@ Loaders (all return `list[QAExample]`):
 
 - `load_nq_swap(path_or_hub_id, form)`: NQ-Swap (pminervini/NQ-Swap schema), parquet/jsonl or the hub id.
   form="conflict": substituted passage + answer, memory answer = original answer;
-  form="original": original passage + answer (the non-conflict control).
+  form="original": original passage + answer (the non-conflict control); form="both": each row in both forms.
+- `load_bigbench_conflicts(path, form)`: BIG-bench's contextual_parametric_knowledge_conflicts in NQ-Swap's schema
+  (about one row per question), parquet/jsonl, with the same forms. Both are `load_swap_dataset`, registered in
+  `SWAP_DATASETS`; `load_examples` takes each as NAME, NAME-original and NAME-both.
 - `load_nq_open(path)`: NQ-open oracle (gold passage(s) = the `ctxs` with `isgold`), non-conflict.
 - `load_popqa(path, passages)`: PopQA long-tail; line i of the passages file belongs to question i.
 - `load_qa_jsonl(path)`: any jsonl with the common fields, so users can bring their own data:
@@ -12,10 +15,11 @@ Loaders (all return `list[QAExample]`):
   `memory_answers` (optional list[str]), `original_answers` (optional list[str]), `id` (optional).
 
 `QAExample.original_answers` is the question's own answer before any swap, what a model can know closed-book
-(`fides-rag eval --strata` needs it on every row): NQ-Swap's `org_answer` on both forms; in a user jsonl the
+(`fides-rag eval --strata` needs it on every row): `org_answer` on both forms of NQ-Swap's schema; in a user jsonl the
 `memory_answers` of a conflict row, or `original_answers` given on a row whose passage agrees with it.
 
-Bad files raise `DatasetError`, whose message names the file, the line (1-based) and the field.
+Bad files raise `DatasetError`, whose message names the file, the line (1-based) and the field (and, for a field
+missing from a dataset in NQ-Swap's schema, the dataset name that expects it).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ DATA_ENV = "FIDES_RAG_DATA"
 NQ_SWAP_HUB_ID = "pminervini/NQ-Swap"
 DEFAULT_FILES = {
     "nq-swap": "nq_swap/nq_swap_dev_public.parquet",
+    "bigbench-conflicts": "bigbench_conflicts/bigbench_conflicts_public.parquet",
     "nq-open": "nq_open/nq-open-oracle.jsonl.gz",
     "popqa": "popqa/popqa_longtail.jsonl",
 }
@@ -180,99 +185,170 @@ def _take(records: Iterator[tuple[int, dict[str, Any]]], limit: int | None) -> I
         yield item
 
 
-# -- NQ-Swap --------------------------------------------------------------------------------------
-
-_NQ_SWAP_FIELDS = ("question", "org_context", "org_answer", "sub_context", "sub_answer")
+# -- NQ-Swap's schema: NQ-Swap and BIG-bench conflicts --------------------------------------------
 
 
-def _nq_swap_rows(source: str | Path) -> tuple[Path | str, Iterator[tuple[int, dict[str, Any]]]]:
-    """(name for messages, iterator of (line/row number, record)) from a file or the hub id."""
+@dataclass(frozen=True)
+class SwapDataset:
+    """A dataset in NQ-Swap's schema, loaded under three names: NAME (swapped passages), NAME-original and NAME-both."""
+
+    name: str
+    """The dataset name and the prefix of its example ids."""
+    title: str
+    """How messages name it."""
+    hub_id: str | None = None
+    """A hub dataset id it may be loaded from (split `dev`), or None (local files only)."""
+
+
+SWAP_DATASETS = {
+    d.name: d
+    for d in (
+        SwapDataset("nq-swap", "NQ-Swap", NQ_SWAP_HUB_ID),
+        SwapDataset("bigbench-conflicts", "BIG-bench conflicts"),
+    )
+}
+"""Each dataset in NQ-Swap's schema by name."""
+SWAP_FIELDS = ("question", "org_context", "org_answer", "sub_context", "sub_answer")
+"""NQ-Swap's schema: every row holds these fields."""
+SwapForm = Literal["conflict", "original", "both"]
+SWAP_FORMS: dict[str, SwapForm] = {"": "conflict", "-original": "original", "-both": "both"}
+"""The suffix of a dataset name -> the form it loads."""
+
+
+def swap_dataset(name: str) -> tuple[SwapDataset, SwapForm] | None:
+    """The dataset in NQ-Swap's schema and the form a dataset name loads (`bigbench-conflicts-both`: BIG-bench
+    conflicts, both forms); None for a name of another dataset."""
+    for base, dataset in SWAP_DATASETS.items():
+        for suffix, form in SWAP_FORMS.items():
+            if name == base + suffix:
+                return dataset, form
+    return None
+
+
+def _missing_fields(dataset: str, fields: list[str]) -> str:
+    return f"missing: dataset '{dataset}' expects the fields {', '.join(SWAP_FIELDS)} (absent: {', '.join(fields)})"
+
+
+def _read_parquet(path: Path, dataset: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(row number from 1, record) of a parquet file in NQ-Swap's schema; a missing column names the dataset."""
+    pd = require("pandas", purpose="reading parquet files")
+    try:
+        frame = pd.read_parquet(path)
+    except Exception as err:  # pyarrow's errors for corrupt pages, bad magic bytes, ...
+        raise DatasetError(
+            path, None, None, f"cannot be read as parquet ({type(err).__name__}: {err}); re-download or re-export it"
+        ) from None
+    missing = [f for f in SWAP_FIELDS if f not in frame.columns]
+    if missing:
+        raise DatasetError(path, None, missing[0], _missing_fields(dataset, missing))
+    # Parquet has no lines: rows are numbered from 1 like jsonl lines.
+    return ((i + 1, row) for i, row in enumerate(frame.to_dict("records")))
+
+
+def _read_hub(source: str, path: Path, dataset: SwapDataset) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(row number from 1, record) of the hub dataset `source` (split `dev`)."""
+    try:
+        import datasets  # noqa: F401  (optional dependency, imported only for hub ids)
+        from datasets import load_dataset
+    except ImportError:
+        if source == dataset.hub_id:
+            raise RuntimeError(
+                f"loading {source!r} from the hub needs the `datasets` package (pip install datasets); "
+                f"or pass a local parquet/jsonl file with the {dataset.title} schema"
+            ) from None
+        raise FileNotFoundError(
+            f"no file at {source} ({path.resolve()}); as a hub dataset id it needs the `datasets` package "
+            "(pip install datasets); pass an existing parquet/jsonl path"
+        ) from None
+    try:
+        data = load_dataset(source, split="dev")
+    except Exception as err:  # no network, unknown id, ...
+        raise FileNotFoundError(
+            f"no file at {source} ({path.resolve()}), and it could not be loaded as a hub dataset id either "
+            f"({type(err).__name__}); pass an existing parquet/jsonl path"
+        ) from None
+    return ((i + 1, row) for i, row in enumerate(data))
+
+
+def _looks_like_hub_id(source: str | Path, path: Path) -> bool:
+    return isinstance(source, str) and "/" in source and not source.startswith((".", "/")) and not path.suffix
+
+
+def _swap_rows(
+    source: str | Path, dataset: SwapDataset, name: str
+) -> tuple[Path | str, Iterator[tuple[int, dict[str, Any]]]]:
+    """(name for messages, iterator of (line/row number, record)) from a file or, where the dataset has one, a hub id;
+    `name` is the dataset name the messages give."""
     path = Path(source)
     if path.is_file():
-        if path.suffix == ".parquet":
-            pd = require("pandas", purpose="reading parquet files")
-
-            try:
-                frame = pd.read_parquet(path)
-            except Exception as err:  # pyarrow's errors for corrupt pages, bad magic bytes, ...
-                raise DatasetError(
-                    path,
-                    None,
-                    None,
-                    f"cannot be read as parquet ({type(err).__name__}: {err}); re-download or re-export it",
-                ) from None
-            missing = [f for f in _NQ_SWAP_FIELDS if f not in frame.columns]
-            if missing:
-                raise DatasetError(path, None, missing[0], f"missing NQ-Swap column(s) {missing}")
-            # Parquet has no lines: rows are numbered from 1 like jsonl lines.
-            return path, ((i + 1, row) for i, row in enumerate(frame.to_dict("records")))
-        return path, iter_jsonl(path)
-    if str(source) == NQ_SWAP_HUB_ID or (
-        isinstance(source, str) and "/" in source and not source.startswith((".", "/")) and not path.suffix
-    ):
-        try:
-            import datasets  # noqa: F401  (optional dependency, imported only for hub ids)
-            from datasets import load_dataset
-        except ImportError:
-            if str(source) == NQ_SWAP_HUB_ID:
-                raise RuntimeError(
-                    f"loading {source!r} from the hub needs the `datasets` package (pip install datasets); "
-                    "or pass a local parquet/jsonl file with the NQ-Swap schema"
-                ) from None
-            raise FileNotFoundError(
-                f"no file at {source} ({path.resolve()}); as a hub dataset id it needs the `datasets` package "
-                "(pip install datasets); pass an existing parquet/jsonl path"
-            ) from None
-        try:
-            data = load_dataset(str(source), split="dev")
-        except Exception as err:  # no network, unknown id, ...
-            raise FileNotFoundError(
-                f"no file at {source} ({path.resolve()}), and it could not be loaded as a hub dataset id either "
-                f"({type(err).__name__}); pass an existing parquet/jsonl path"
-            ) from None
-        return str(source), ((i + 1, row) for i, row in enumerate(data))
+        return path, (_read_parquet(path, name) if path.suffix == ".parquet" else iter_jsonl(path))
+    if dataset.hub_id is not None and (str(source) == dataset.hub_id or _looks_like_hub_id(source, path)):
+        return str(source), _read_hub(str(source), path, dataset)
+    hub = f", the hub id {dataset.hub_id!r}" if dataset.hub_id else ""
     raise FileNotFoundError(
-        f"NQ-Swap file not found at {source}; pass a parquet/jsonl path, the hub id {NQ_SWAP_HUB_ID!r}, or set "
-        f"${DATA_ENV}"
+        f"{dataset.title} file not found at {source}; pass a parquet/jsonl path{hub}, or set ${DATA_ENV}"
     )
 
 
-def load_nq_swap(
-    path: str | Path | None = None,
-    form: Literal["conflict", "original", "both"] = "conflict",
-    limit: int | None = None,
-) -> list[QAExample]:
-    """NQ-Swap (pminervini/NQ-Swap schema) from a parquet or jsonl file, or the hub id `pminervini/NQ-Swap`.
+def _swap_examples(row: dict[str, Any], where: Path | str, line: int, prefix: str) -> tuple[QAExample, QAExample]:
+    """The conflict and the original example of one row in NQ-Swap's schema, both with the id <prefix>-<row>."""
+    question = _text(row, "question", where, line)
+    org_context, sub_context = _text(row, "org_context", where, line), _text(row, "sub_context", where, line)
+    org_answer, sub_answer = _strings(row, "org_answer", where, line), _strings(row, "sub_answer", where, line)
+    base = f"{prefix}-{line - 1}"
+    conflict = QAExample(
+        question, (strip_html(sub_context),), sub_answer, org_answer, base, {"form": "conflict"}, org_answer
+    )
+    original = QAExample(question, (strip_html(org_context),), org_answer, (), base, {"form": "original"}, org_answer)
+    return conflict, original
 
-    conflict: the substituted passage and answer, memory answer = the original answer (id nq-swap-<row>).
-    original: the original passage and answer, no memory answer (no conflict; id nq-swap-<row>).
-    both: each row twice, ids nq-swap-<row>-c (conflict) and nq-swap-<row>-o (original).
-    HTML-like tags are stripped from the passages. `limit` keeps the first rows.
+
+def load_swap_dataset(
+    dataset: str | SwapDataset, path: str | Path | None = None, form: SwapForm = "conflict", limit: int | None = None
+) -> list[QAExample]:
+    """A dataset in NQ-Swap's schema (see SWAP_DATASETS) from a parquet or jsonl file (default: its file under
+    data_dir()), or from its hub id where it has one.
+
+    conflict: the substituted passage and answer, memory answer = the original answer (id <name>-<row>).
+    original: the original passage and answer, no memory answer (no conflict; id <name>-<row>).
+    both: each row twice, ids <name>-<row>-c (conflict) and <name>-<row>-o (original).
+    HTML-like tags are stripped from the passages. `limit` keeps the first rows. A row or a parquet file missing a
+    field is a DatasetError naming the file, the field and the dataset name that expects it.
     """
-    if form not in ("conflict", "original", "both"):
+    if form not in SWAP_FORMS.values():
         raise ValueError(f"form must be 'conflict', 'original' or 'both', got {form!r}")
-    source = path if path is not None else data_dir() / DEFAULT_FILES["nq-swap"]
-    name, rows = _nq_swap_rows(source)
+    if not isinstance(dataset, SwapDataset) and dataset not in SWAP_DATASETS:
+        raise ValueError(f"unknown dataset {dataset!r} in NQ-Swap's schema; choose from {', '.join(SWAP_DATASETS)}")
+    spec = dataset if isinstance(dataset, SwapDataset) else SWAP_DATASETS[dataset]
+    name = spec.name + next(suffix for suffix, f in SWAP_FORMS.items() if f == form)
+    where, rows = _swap_rows(path if path is not None else data_dir() / DEFAULT_FILES[spec.name], spec, name)
     examples = []
     for line, row in _take(rows, limit):
-        question = _text(row, "question", name, line)
-        org_context, sub_context = _text(row, "org_context", name, line), _text(row, "sub_context", name, line)
-        org_answer, sub_answer = _strings(row, "org_answer", name, line), _strings(row, "sub_answer", name, line)
-        base = f"nq-swap-{line - 1}"
-        conflict = QAExample(
-            question, (strip_html(sub_context),), sub_answer, org_answer, base, {"form": "conflict"}, org_answer
-        )
-        original = QAExample(
-            question, (strip_html(org_context),), org_answer, (), base, {"form": "original"}, org_answer
-        )
-        if form == "conflict":
-            examples.append(conflict)
-        elif form == "original":
-            examples.append(original)
+        missing = [f for f in SWAP_FIELDS if row.get(f) is None]
+        if missing:
+            raise DatasetError(where, line, missing[0], _missing_fields(name, missing))
+        conflict, original = _swap_examples(row, where, line, spec.name)
+        if form == "both":
+            examples += [replace(conflict, id=conflict.id + "-c"), replace(original, id=original.id + "-o")]
         else:
-            examples.append(replace(conflict, id=base + "-c"))
-            examples.append(replace(original, id=base + "-o"))
+            examples.append(conflict if form == "conflict" else original)
     return examples
+
+
+def load_nq_swap(
+    path: str | Path | None = None, form: SwapForm = "conflict", limit: int | None = None
+) -> list[QAExample]:
+    """NQ-Swap (pminervini/NQ-Swap schema) from a parquet or jsonl file, or the hub id `pminervini/NQ-Swap`; ids
+    nq-swap-<row> (see load_swap_dataset for the forms)."""
+    return load_swap_dataset("nq-swap", path, form, limit)
+
+
+def load_bigbench_conflicts(
+    path: str | Path | None = None, form: SwapForm = "conflict", limit: int | None = None
+) -> list[QAExample]:
+    """BIG-bench's contextual_parametric_knowledge_conflicts in NQ-Swap's schema, from a parquet or jsonl file; ids
+    bigbench-conflicts-<row> (see load_swap_dataset for the forms)."""
+    return load_swap_dataset("bigbench-conflicts", path, form, limit)
 
 
 # -- NQ-open oracle -------------------------------------------------------------------------------
@@ -397,19 +473,19 @@ def load_qa_jsonl(path: str | Path, limit: int | None = None) -> list[QAExample]
 
 # -- one entry point ------------------------------------------------------------------------------
 
-DATASETS = ("nq-swap", "nq-swap-original", "nq-swap-both", "nq-open", "popqa", "jsonl")
+DATASETS = (*(name + suffix for name in SWAP_DATASETS for suffix in SWAP_FORMS), "nq-open", "popqa", "jsonl")
+"""Every dataset name `load_examples` takes."""
 
 
 def load_examples(
     name: str, path: str | Path | None = None, *, limit: int | None = None, passages: str | Path | None = None
 ) -> list[QAExample]:
     """Load a dataset by name (see DATASETS); `path` overrides the default file under data_dir()."""
-    if name == "nq-swap":
-        return load_nq_swap(path, "conflict", limit)
-    if name == "nq-swap-original":
-        return load_nq_swap(path, "original", limit)
-    if name == "nq-swap-both":
-        return load_nq_swap(path, "both", None if limit is None else (limit + 1) // 2)[:limit]
+    swap = swap_dataset(name)
+    if swap is not None:
+        dataset, form = swap
+        rows = (limit + 1) // 2 if limit is not None and form == "both" else limit  # "both": two examples a row
+        return load_swap_dataset(dataset, path, form, rows)[:limit]
     if name == "nq-open":
         return load_nq_open(path, limit)
     if name == "popqa":
@@ -423,7 +499,8 @@ def load_examples(
 
 def dataset_files(name: str, path: str | Path | None = None, *, passages: str | Path | None = None) -> list[Path]:
     """The local files `load_examples(name, path, passages=...)` read; none for a hub dataset id."""
-    family = "nq-swap" if name.startswith("nq-swap") else name
+    swap = swap_dataset(name)
+    family = swap[0].name if swap is not None else name
     if path is None:
         if family not in DEFAULT_FILES:
             return []

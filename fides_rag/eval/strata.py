@@ -8,7 +8,9 @@ knew the question's original answer closed-book, with each method scored against
 
 The model "knew" a row when its closed-book answer contains one of the row's original answers with at most 3 extra
 words (`metrics.containment`, which every exact match meets). A stratum is scored with CF on the conflict strata and
-EM on the agreeing ones; regressions are rows standard gets right that a method gets wrong, fixes the reverse.
+EM on the agreeing ones; regressions are rows standard gets right that a method gets wrong, fixes the reverse. Each
+stratum counts its rows (`n`) and their distinct questions, and each method's wrong answers by failure class
+(`fides_rag.eval.failures`: memorised, no_stop, other_span, other).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fides_rag.eval.datasets import QAExample
+from fides_rag.eval.failures import FAILURE_CLASSES, answer_class, count_failures
 from fides_rag.eval.harness import share_contrasted
 from fides_rag.eval.metrics import containment
 from fides_rag.eval.significance import paired_bootstrap
@@ -48,8 +51,9 @@ def check_original_answers(examples: Sequence[QAExample]) -> None:
     if missing:
         raise ValueError(
             f"--strata needs each row's original answer (what the model may know closed-book), and {len(missing)} of "
-            f"{len(examples)} rows have none (first: {missing[0]!r}); NQ-Swap carries it (org_answer); in a jsonl "
-            "give `memory_answers` on rows with a swapped passage and `original_answers` on rows whose passage agrees"
+            f"{len(examples)} rows have none (first: {missing[0]!r}); NQ-Swap and BIG-bench conflicts carry it "
+            "(org_answer); in a jsonl give `memory_answers` on rows with a swapped passage and `original_answers` on "
+            "rows whose passage agrees"
         )
 
 
@@ -80,6 +84,11 @@ def assign_strata(examples: Sequence[QAExample], closed_book: Mapping[str, str])
 def count_strata(strata: Mapping[str, str]) -> dict[str, int]:
     """stratum -> rows, for every stratum (0 where none)."""
     return {s: sum(1 for v in strata.values() if v == s) for s in STRATA}
+
+
+def count_strata_questions(examples: Sequence[QAExample], strata: Mapping[str, str]) -> dict[str, int]:
+    """stratum -> distinct questions among the rows of `examples` in it, for every stratum (0 where none)."""
+    return {s: len({e.question for e in examples if strata.get(e.id) == s}) for s in STRATA}
 
 
 PerStratum = int | Mapping[str, int | None] | None
@@ -195,6 +204,59 @@ def _score(record: Mapping[str, Any], label: str, metric: str) -> float:
     return float(value)
 
 
+Rows = list[Mapping[str, Any]]
+
+
+def paired_rows(
+    records: Sequence[Mapping[str, Any]], strata: Mapping[str, str], labels: Sequence[str]
+) -> dict[str, dict[str, Rows]]:
+    """stratum -> method -> its records that hold both that method's answer and standard's, sorted by id."""
+    out: dict[str, dict[str, Rows]] = {}
+    for stratum in STRATA:
+        rows = sorted((r for r in records if strata.get(r["id"]) == stratum), key=lambda r: r["id"])
+        out[stratum] = {
+            label: [r for r in rows if label in r["outputs"] and REFERENCE in r["outputs"]] for label in labels
+        }
+    return out
+
+
+def failure_counts(rows: Rows, label: str, examples: Mapping[str, QAExample]) -> dict[str, int]:
+    """failure class -> how many of `label`'s answers on `rows` fall in it, each classified against its example (id ->
+    example: the answers expected, the memory answers, the passages the model saw)."""
+    classes = []
+    for r in rows:
+        example = examples[r["id"]]
+        text = r["outputs"][label]["text"]
+        classes.append(answer_class(text, example.context_answers, example.memory_answers, example.contexts))
+    return count_failures(classes)
+
+
+def row_counts(
+    rows: Rows, label: str, examples: Mapping[str, QAExample] | None
+) -> dict[str, int | dict[str, int] | None]:
+    """n (rows), questions (distinct) and failures (class -> rows; None without `examples`) of one method's rows."""
+    return {
+        "n": len(rows),
+        "questions": len({r["question"] for r in rows}),
+        "failures": None if examples is None else failure_counts(rows, label, examples),
+    }
+
+
+def strata_counts(
+    records: Sequence[Mapping[str, Any]],
+    strata: Mapping[str, str],
+    labels: Sequence[str],
+    examples: Sequence[QAExample],
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """stratum -> method -> n, questions and failures (`row_counts`), with no statistics: what a finished run's
+    results gain when read again."""
+    by_id = {e.id: e for e in examples}
+    return {
+        stratum: {label: row_counts(rows, label, by_id) for label, rows in methods.items()}
+        for stratum, methods in paired_rows(records, strata, labels).items()
+    }
+
+
 def summarize_strata(
     records: Sequence[Mapping[str, Any]],
     strata: Mapping[str, str],
@@ -203,18 +265,20 @@ def summarize_strata(
     samples: int = 1000,
     seed: int = 0,
     bootstrap_by: str = "question",
+    examples: Sequence[QAExample] | None = None,
 ) -> dict[str, dict[str, dict[str, Any]]]:
-    """stratum -> method -> n, score (CF or EM, %), containment (%), regressions and fixes against standard (rows and
-    % of n), share_contrasted (%), and the paired-bootstrap difference against standard with its 95% CI."""
+    """stratum -> method -> n, questions (distinct), score (CF or EM, %), containment (%), regressions and fixes
+    against standard (rows and % of n), share_contrasted (%), the paired-bootstrap difference against standard with
+    its 95% CI, and failures: its wrong answers by class (`fides_rag.eval.failures`), None unless `examples` (the
+    rows' examples: their passages) are given."""
     if REFERENCE not in labels:
         raise ValueError(f"strata compare every method with {REFERENCE!r}: add it to the methods")
+    by_id = None if examples is None else {e.id: e for e in examples}
     out: dict[str, dict[str, dict[str, Any]]] = {}
-    for stratum in STRATA:
+    for stratum, methods in paired_rows(records, strata, labels).items():
         metric = score_metric(stratum)
-        rows = sorted((r for r in records if strata.get(r["id"]) == stratum), key=lambda r: r["id"])
         out[stratum] = {}
-        for label in labels:
-            both = [r for r in rows if label in r["outputs"] and REFERENCE in r["outputs"]]
+        for label, both in methods.items():
             mine = [_score(r, label, metric) for r in both]
             base = [_score(r, REFERENCE, metric) for r in both]
             contained = [r["outputs"][label]["scores"].get("containment") for r in both]
@@ -222,7 +286,7 @@ def summarize_strata(
             regressions = sum(1 for a, b in zip(mine, base) if b and not a)
             fixes = sum(1 for a, b in zip(mine, base) if a and not b)
             entry: dict[str, Any] = {
-                "n": n,
+                **row_counts(both, label, by_id),
                 "metric": metric,
                 "score": 100 * sum(mine) / n if n else None,
                 "containment": 100 * sum(c for c in contained if c is not None) / n
@@ -256,22 +320,47 @@ def _cell(value: Any, digits: int = 1) -> str:
     return "–" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
-def strata_markdown(strata: Mapping[str, Any]) -> str:
-    """The strata section of results.md: per stratum and method, score, regressions, fixes and CI against standard."""
-    available = strata.get("available", {})
-    lines = [
-        f"Strata (closed-book lane: each distinct question answered without documents; rows available per stratum: "
-        f"{', '.join(f'{s} {available.get(s, 0)}' for s in STRATA)}"
-        + (
-            f"; scored: {describe_per_stratum(strata['per_stratum'])} in a shuffle with seed {strata['seed']}"
-            if strata.get("per_stratum")
-            else ""
-        )
-        + "). Score = CF on the conflict strata, EM on the agreeing ones; regressions and fixes against standard "
-        "(rows, % of n); CI = paired bootstrap 95% CI of the difference against standard, in points.",
-        "",
+def missing_answers(strata: Mapping[str, Any]) -> list[str]:
+    """Where a method answered fewer rows than were scored ("fides: 3 of 5 true_conflict rows"); empty for a whole
+    run (and for results that do not say how many rows were scored)."""
+    scored = strata.get("scored") or {}
+    return [
+        f"{label}: {e['n']} of {scored[stratum]} {stratum} rows"
+        for stratum in STRATA
+        if stratum in scored
+        for label, e in strata["results"].get(stratum, {}).items()
+        if e["n"] < scored[stratum]
     ]
-    head = ["stratum", "method", "n", "score", "Cont", "regressions", "fixes", "contrasted %", "− standard [95% CI]"]
+
+
+def _questions(count: int) -> str:
+    return f"{count} question" if count == 1 else f"{count} questions"
+
+
+def _per_stratum_counts(strata: Mapping[str, Any], rows: str, questions: str) -> str:
+    counts, distinct = strata.get(rows, {}), strata.get(questions)
+    return ", ".join(
+        f"{s} {counts.get(s, 0)}" + ("" if distinct is None else f" ({_questions(distinct.get(s, 0))})") for s in STRATA
+    )
+
+
+def _strata_header(strata: Mapping[str, Any]) -> str:
+    scored = (
+        f"; scored: {describe_per_stratum(strata['per_stratum'])} in a shuffle with seed {strata['seed']}"
+        if strata.get("per_stratum")
+        else ""
+    )
+    return (
+        "Strata (closed-book lane: each distinct question answered without documents; rows available per stratum: "
+        f"{_per_stratum_counts(strata, 'available', 'available_questions')}{scored}). Score = CF on the conflict "
+        "strata, EM on the agreeing ones; n = rows, questions = the distinct questions among them; regressions and "
+        "fixes against standard (rows, % of n); CI = paired bootstrap 95% CI of the difference against standard, in "
+        "points."
+    )
+
+
+def _scores_table(strata: Mapping[str, Any]) -> str:
+    head = ["stratum", "method", "n", "questions", "score", "Cont", "regressions", "fixes", "contrasted %"]
     rows = []
     for stratum in STRATA:
         for label, e in strata["results"].get(stratum, {}).items():
@@ -281,6 +370,7 @@ def strata_markdown(strata: Mapping[str, Any]) -> str:
                     stratum,
                     label,
                     str(e["n"]),
+                    _cell(e.get("questions")),
                     f"{e['metric'].upper()} {_cell(e['score'])}",
                     _cell(e.get("containment")),
                     f"{e['regressions']} ({_cell(e['regressions_pct'])}%)",
@@ -289,5 +379,48 @@ def strata_markdown(strata: Mapping[str, Any]) -> str:
                     "" if ci is None else f"{e['diff_vs_standard']:+.1f} [{ci[0]:+.1f}, {ci[1]:+.1f}]",
                 ]
             )
-    lines.append(markdown_table(head, rows))
+    return markdown_table([*head, "− standard [95% CI]"], rows)
+
+
+def _failures_table(strata: Mapping[str, Any]) -> str | None:
+    """Each method's wrong answers by class per stratum; None when the results hold no failure classes."""
+    head = ["stratum", "method", "n", "right", "failures", *(c.replace("_", " ") for c in FAILURE_CLASSES)]
+    rows = []
+    for stratum in STRATA:
+        for label, e in strata["results"].get(stratum, {}).items():
+            failures = e.get("failures")
+            if failures is None:
+                continue
+            wrong = sum(failures.values())
+            rows.append(
+                [stratum, label, str(e["n"]), str(e["n"] - wrong), str(wrong)]
+                + [str(failures[c]) for c in FAILURE_CLASSES]
+            )
+    return markdown_table(head, rows) if rows else None
+
+
+def strata_markdown(strata: Mapping[str, Any]) -> str:
+    """The strata section of results.md: per stratum and method, rows and questions, score, regressions, fixes and
+    CI against standard, then the wrong answers by failure class; a run that lacks answers says it is partial."""
+    lines = []
+    missing = missing_answers(strata)
+    if missing:
+        lines += [
+            "**Partial run**: these figures cover only the rows answered so far, not the whole run ("
+            + "; ".join(missing)
+            + "). Rerun the same command to finish it.",
+            "",
+        ]
+    lines += [_strata_header(strata), "", _scores_table(strata)]
+    failures = _failures_table(strata)
+    if failures is not None:
+        lines += [
+            "",
+            "Wrong answers by class, each in the first that applies: memorised = the original answer the passage "
+            "contradicts; no stop = holds a right answer but goes on; other span = another span of the passage; "
+            "other = the rest. Standard's memorised count, beside its failures, is the most any contrast against "
+            "memory can fix in that stratum.",
+            "",
+            failures,
+        ]
     return "\n".join(lines) + "\n"

@@ -2,11 +2,13 @@
 on the selected rows (`run_eval`), with the strata results added to results.json and results.md.
 
 Settings recorded in run.json under "strata" (a resume must match them): the row-selection seed, rows per stratum,
-how a closed-book answer is matched, and the closed-book cache file.
+how a closed-book answer is matched, and the closed-book cache file. `read_strata_counts` reads a finished run folder
+again, with no model, for the rows, questions and failure classes of each stratum and method.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,11 +17,13 @@ from fides_rag.eval.closed_book import (
     CLOSED_BOOK,
     closed_book_answers,
     distinct_questions,
+    question_key,
+    read_closed_book,
 )
-from fides_rag.eval.datasets import QAExample
+from fides_rag.eval.datasets import QAExample, dataset_files, load_examples
 from fides_rag.eval.harness import RESULTS_MD, run_eval, write_results
 from fides_rag.eval.records import read_predictions
-from fides_rag.eval.store import PREDICTIONS
+from fides_rag.eval.store import PREDICTIONS, RUN_INFO, files_sha256
 from fides_rag.eval.strata import (
     KNOWN_BY,
     REFERENCE,
@@ -29,7 +33,9 @@ from fides_rag.eval.strata import (
     check_original_answers,
     check_strata_folder,
     count_strata,
+    count_strata_questions,
     select_rows,
+    strata_counts,
     strata_markdown,
     summarize_strata,
 )
@@ -77,8 +83,8 @@ def run_strata_eval(
 ) -> dict[str, Any]:
     """Answer each distinct question closed-book (cached in the run folder), split the rows into strata, keep the
     first `per_stratum` rows of each (one count, or a count per stratum) in a shuffle seeded with `seed`, decode them
-    under every method and write the results with their strata ("strata" in results.json: settings, rows available
-    and scored, per-stratum results)."""
+    under every method and write the results with their strata ("strata" in results.json: settings, rows and
+    questions available and scored, per-stratum results with each method's failure classes)."""
     out = Path(out_dir)
     check_strata_run(examples, list(methods), out)
     questions = distinct_questions(e.question for e in examples)
@@ -123,12 +129,52 @@ def run_strata_eval(
         **settings,
         "questions": len(questions),
         "available": count_strata(strata),
+        "available_questions": count_strata_questions(examples, strata),
         "scored": count_strata({i: s for i, s in strata.items() if i in ids}),
+        "scored_questions": count_strata_questions(chosen, strata),
         "results": summarize_strata(
-            records, strata, list(methods), samples=bootstrap_samples, seed=seed, bootstrap_by=bootstrap_by
+            records,
+            strata,
+            list(methods),
+            samples=bootstrap_samples,
+            seed=seed,
+            bootstrap_by=bootstrap_by,
+            examples=chosen,
         ),
     }
     write_results(out, results)
     with (out / RESULTS_MD).open("a", encoding="utf-8") as handle:
         handle.write("\n" + strata_markdown(results[STRATA_KEY]))
     return results
+
+
+def _run_examples(out: Path, info: Mapping[str, Any]) -> list[QAExample]:
+    """The examples a run folder's answers were decoded from: its dataset, refused unless its files are unchanged."""
+    files = dataset_files(info["dataset"], info.get("data"))
+    if not files or files_sha256(files) != info.get("data_sha256"):
+        raise ValueError(
+            f"the data of {out} ({info['dataset']}, files {info.get('data_files')}) is not here as the run read it; "
+            "its rows cannot be read again"
+        )
+    return load_examples(info["dataset"], info.get("data"))
+
+
+def read_strata_counts(out_dir: str | Path) -> dict[str, dict[str, dict[str, Any]]]:
+    """stratum -> method -> n, questions and failures of a finished strata run, read again from its folder (run.json,
+    closed_book.jsonl, predictions.jsonl) and its dataset, with no model: for results written before they counted
+    questions and failure classes. A ValueError names what is missing or changed."""
+    out = Path(out_dir)
+    if not (out / RUN_INFO).is_file():
+        raise ValueError(f"{out} holds no {RUN_INFO}: not a run folder")
+    info = json.loads((out / RUN_INFO).read_text(encoding="utf-8"))
+    settings = info.get(STRATA_KEY)
+    if not isinstance(settings, Mapping):
+        raise ValueError(f"{out / RUN_INFO} has no '{STRATA_KEY}' settings: not a strata run")
+    examples = _run_examples(out, info)
+    cached = read_closed_book(out / settings["closed_book"], info["model"], info["max_new_tokens"])
+    keys = {q: question_key(info["model"], q) for q in distinct_questions(e.question for e in examples)}
+    strata = assign_strata(examples, {q: cached[k] for q, k in keys.items() if k in cached})
+    chosen = select_rows(examples, strata, settings["per_stratum"], settings["seed"])
+    ids = {e.id for e in chosen}
+    records = [r for r in read_predictions(out / PREDICTIONS) if r["id"] in ids]
+    return strata_counts(records, strata, info["methods"], chosen)

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 
+from fides_rag.decoder import attention_choices
 from fides_rag.models.options import add_model_arguments, load_options
 from fides_rag.rules import get_method
 from fides_rag.serve.defaults import API_KEY_ENV, DEFAULT_MAX_REQUEST_BYTES
@@ -113,6 +114,13 @@ def add_serve_parser(commands: argparse._SubParsersAction, default_model: str) -
         help="with --compile: row counts the captured step is compiled at (default: 1,2,4,8, then every 16 to 256)",
     )
     serve.add_argument(
+        "--attention",
+        choices=attention_choices(),
+        default="auto",
+        help="the decode step's attention backend: ragged (exact mode), gather or flex (fast mode); auto: ragged in "
+        "exact mode, flex on CUDA, else gather (default: %(default)s)",
+    )
+    serve.add_argument(
         "--shutdown-timeout",
         type=float,
         default=30.0,
@@ -172,6 +180,7 @@ def run_serve_command(args: argparse.Namespace) -> int:
         engine["max_num_batched_tokens"] = args.max_num_batched_tokens
     engine |= {
         "mode": args.mode,
+        "attention": args.attention,
         "compile": args.compile,
         "warmup": [args.method, "standard"] if args.warmup else False,
     }

@@ -242,3 +242,75 @@ def test_an_answer_column_of_lists_written_as_text_is_read_as_lists(tmp_path, su
         DatasetError, match=r"field 'sub_answer': a list written as text that cannot be read as a list of strings"
     ):
         load_nq_swap(path.with_suffix(".bad.parquet"))
+
+
+SWAP_NAMES = ["nq-swap", "bigbench-conflicts"]
+
+
+@pytest.mark.parametrize("name", SWAP_NAMES)
+def test_every_dataset_in_nq_swaps_schema_loads_under_three_names(tmp_path, monkeypatch, name):
+    from fides_rag.eval.datasets import DATASETS, DEFAULT_FILES
+
+    monkeypatch.setenv("FIDES_RAG_DATA", str(tmp_path))
+    default = tmp_path / DEFAULT_FILES[name]
+    default.parent.mkdir(parents=True)
+    pd.DataFrame(SWAP_ROWS).to_parquet(default)
+    assert {name, f"{name}-original", f"{name}-both"} <= set(DATASETS)
+    conflict = load_examples(name)
+    assert [e.id for e in conflict] == [f"{name}-0", f"{name}-1"] and all(e.is_conflict for e in conflict)
+    assert conflict[0].contexts == ("Sung by Yuliya .",) and conflict[1].memory_answers == ("Paris",)
+    original = load_examples(f"{name}-original")
+    assert original[1].context_answers == ("Paris",) and not original[1].is_conflict
+    assert [e.id for e in load_examples(f"{name}-both", limit=3)] == [f"{name}-0-c", f"{name}-0-o", f"{name}-1-c"]
+    assert conflict[1].original_answers == original[1].original_answers == ("Paris",)
+
+
+def test_bigbench_conflicts_loads_like_nq_swap_from_the_same_rows(tmp_path):
+    from fides_rag.eval.datasets import load_bigbench_conflicts
+
+    path = _jsonl(tmp_path / "rows.jsonl", SWAP_ROWS)
+    for form in ("conflict", "original", "both"):
+        nq, bigbench = load_nq_swap(path, form), load_bigbench_conflicts(path, form)
+        assert [e.id.replace("nq-swap", "bigbench-conflicts") for e in nq] == [e.id for e in bigbench]
+        assert [(e.contexts, e.context_answers, e.memory_answers) for e in nq] == [
+            (e.contexts, e.context_answers, e.memory_answers) for e in bigbench
+        ]
+
+
+@pytest.mark.parametrize("name", ["nq-swap-both", "bigbench-conflicts", "bigbench-conflicts-original"])
+def test_a_file_missing_a_field_names_the_file_the_field_and_the_dataset(tmp_path, name):
+    rows = [SWAP_ROWS[0], {k: v for k, v in SWAP_ROWS[1].items() if k != "org_answer"}]
+    pattern = rf"rows\.jsonl, line 2, field 'org_answer': missing: dataset '{name}' expects the fields"
+    with pytest.raises(DatasetError, match=pattern):
+        load_examples(name, _jsonl(tmp_path / "rows.jsonl", rows))
+    pd.DataFrame([{k: v for k, v in r.items() if k != "sub_answer"} for r in SWAP_ROWS]).to_parquet(
+        tmp_path / "rows.parquet"
+    )
+    with pytest.raises(DatasetError, match=rf"rows\.parquet, field 'sub_answer': missing: dataset '{name}'"):
+        load_examples(name, tmp_path / "rows.parquet")
+
+
+def test_a_missing_bigbench_file_names_the_dataset_and_the_data_folder(tmp_path, monkeypatch):
+    from fides_rag.eval.datasets import dataset_files
+
+    monkeypatch.setenv("FIDES_RAG_DATA", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=r"BIG-bench conflicts file not found at .*FIDES_RAG_DATA"):
+        load_examples("bigbench-conflicts-both")
+    with pytest.raises(FileNotFoundError, match="BIG-bench conflicts file not found at owner/name"):
+        load_examples("bigbench-conflicts", "owner/name")  # no hub id: a path that is not there
+    assert dataset_files("bigbench-conflicts-both") == []
+    (tmp_path / "bigbench_conflicts").mkdir()
+    (tmp_path / "bigbench_conflicts" / "bigbench_conflicts_public.parquet").write_bytes(b"")
+    assert dataset_files("bigbench-conflicts-original") == [
+        tmp_path / "bigbench_conflicts" / "bigbench_conflicts_public.parquet"
+    ]
+
+
+def test_shared_bigbench_conflicts_loads_when_present():
+    from fides_rag.eval.datasets import data_dir
+
+    if not (data_dir() / "bigbench_conflicts").is_dir():
+        pytest.skip("shared data not available")
+    both = load_examples("bigbench-conflicts-both", limit=4)
+    assert [e.id for e in both] == [f"bigbench-conflicts-{i}-{f}" for i in (0, 1) for f in "co"]
+    assert all(e.contexts[0] and "<" not in e.contexts[0] for e in both)

@@ -14,10 +14,13 @@ from fides_rag.eval.strata import (
     check_strata_folder,
     check_strata_results,
     count_strata,
+    count_strata_questions,
     describe_per_stratum,
+    missing_answers,
     parse_per_stratum,
     score_metric,
     select_rows,
+    strata_counts,
     strata_markdown,
     summarize_strata,
 )
@@ -190,7 +193,7 @@ def test_strata_markdown_lists_every_stratum_and_method():
     }
     text = strata_markdown(results)
     assert "true_conflict 1, supplied 0" in text and "seed 3" in text
-    assert re.search(r"^\| true_conflict +\| +fides \| +1 \| +CF 100\.0 \|", text, re.MULTILINE)
+    assert re.search(r"^\| true_conflict +\| +fides \| +1 \| +1 \| +CF 100\.0 \|", text, re.MULTILINE)
     assert re.search(r"^\| true_conflict +\| +fides .*\| +0 \(0\.0%\) \| +1 \(100\.0%\) \|", text, re.MULTILINE)
 
 
@@ -214,3 +217,89 @@ def test_results_without_strata_are_refused():
     with pytest.raises(ValueError, match="no strata results.*--strata"):
         check_strata_results({"metrics": {}})
     assert check_strata_results({"strata": {"results": {}}}) == {"results": {}}
+
+
+PASSAGE = "Lyon, not Marseille, hosts it."
+
+
+def _conflict_rows():
+    """Three true-conflict rows of two questions, with standard's and FIDES's answers, and their examples."""
+    records = [
+        _record(0, "q0", True, {"standard": "Paris", "fides": "Lyon"}),
+        _record(1, "q0", True, {"standard": "Marseille", "fides": "Lyon, I think"}),
+        _record(2, "q1", True, {"standard": "Lyon", "fides": "Nice"}),
+    ]
+    examples = [QAExample(r["question"], (PASSAGE,), ("Lyon",), ("Paris",), r["id"], {}, ("Paris",)) for r in records]
+    return records, examples, {r["id"]: "true_conflict" for r in records}
+
+
+def test_summary_counts_distinct_questions_and_each_methods_failures_by_class():
+    records, examples, strata = _conflict_rows()
+    summary = summarize_strata(records, strata, ["standard", "fides"], samples=20, examples=examples)
+    standard, fides = summary["true_conflict"]["standard"], summary["true_conflict"]["fides"]
+    assert (standard["n"], standard["questions"]) == (3, 2)
+    assert standard["failures"] == {"memorised": 1, "no_stop": 0, "other_span": 1, "other": 0}
+    assert fides["failures"] == {"memorised": 0, "no_stop": 1, "other_span": 0, "other": 1}
+    assert summary["supplied"]["fides"] == {**summary["supplied"]["fides"], "n": 0, "questions": 0}
+    assert summary["supplied"]["fides"]["failures"] == dict.fromkeys(("memorised", "no_stop", "other_span", "other"), 0)
+    without = summarize_strata(records, strata, ["standard", "fides"], samples=20)
+    assert without["true_conflict"]["fides"]["failures"] is None and without["true_conflict"]["fides"]["questions"] == 2
+
+
+def test_strata_counts_are_the_summarys_rows_questions_and_failures_without_statistics():
+    records, examples, strata = _conflict_rows()
+    summary = summarize_strata(records, strata, ["standard", "fides"], samples=20, examples=examples)
+    counts = strata_counts(records, strata, ["standard", "fides"], examples)
+    assert counts == {
+        s: {m: {k: e[k] for k in ("n", "questions", "failures")} for m, e in methods.items()}
+        for s, methods in summary.items()
+    }
+
+
+def test_questions_per_stratum_count_each_question_once():
+    examples = [_example(0, True, "q0"), _example(1, True, "q0"), _example(2, False, "q0"), _example(3, True, "q1")]
+    strata = {"r0": "true_conflict", "r1": "true_conflict", "r2": "known_agreeing", "r3": "supplied"}
+    assert count_strata_questions(examples, strata) == {
+        "true_conflict": 1,
+        "supplied": 1,
+        "known_agreeing": 1,
+        "unknown_agreeing": 0,
+    }
+
+
+def _strata_results(scored: int) -> dict:
+    records, examples, strata = _conflict_rows()
+    return {
+        "available": {"true_conflict": 3},
+        "available_questions": {"true_conflict": 2},
+        "scored": {"true_conflict": scored, "supplied": 0, "known_agreeing": 0, "unknown_agreeing": 0},
+        "results": summarize_strata(records, strata, ["standard", "fides"], samples=20, examples=examples),
+    }
+
+
+def test_strata_markdown_gives_rows_questions_and_failure_classes_with_standards_memorised():
+    text = strata_markdown(_strata_results(scored=3))
+    assert "true_conflict 3 (2 questions), supplied 0 (0 questions)" in text
+    assert re.search(r"^\| stratum +\| +method \| +n \| +questions \| +score \|", text, re.MULTILINE)
+    assert re.search(r"^\| true_conflict +\| +fides \| +3 \| +2 \| +CF 33\.3 \|", text, re.MULTILINE)
+    head = r"^\| stratum +\| +method \| +n \| +right \| +failures \| +memorised \| +no stop \| +other span \| +other \|"
+    assert re.search(head, text, re.MULTILINE)
+    assert re.search(
+        r"^\| true_conflict +\| +standard \| +3 \| +1 \| +2 \| +1 \| +0 \| +1 \| +0 \|", text, re.MULTILINE
+    )
+    assert "Partial run" not in text
+
+
+def test_strata_markdown_without_failure_classes_has_no_failure_table():
+    records, _, strata = _conflict_rows()
+    results = {"available": {}, "results": summarize_strata(records, strata, ["standard", "fides"], samples=20)}
+    assert "memorised" not in strata_markdown(results)
+
+
+def test_a_run_missing_answers_on_scored_rows_is_marked_partial():
+    results = _strata_results(scored=5)
+    assert missing_answers(results) == ["standard: 3 of 5 true_conflict rows", "fides: 3 of 5 true_conflict rows"]
+    text = strata_markdown(results)
+    assert text.startswith("**Partial run**: these figures cover only the rows answered so far, not the whole run")
+    assert "fides: 3 of 5 true_conflict rows" in text.splitlines()[0]
+    assert missing_answers(_strata_results(scored=3)) == [] and missing_answers({"results": {}}) == []

@@ -10,7 +10,9 @@ from fides_rag.eval.closed_book import CLOSED_BOOK
 from fides_rag.eval.datasets import QAExample
 from fides_rag.eval.records import read_predictions
 from fides_rag.eval.strata import STRATA
-from fides_rag.eval.strata_run import run_strata_eval
+from fides_rag.eval.strata_run import read_strata_counts, run_strata_eval
+from fides_rag.result import GenerationResult
+from fides_rag.rules import get_method
 
 QUESTIONS = [f"Which city is number {i}?" for i in range(4)]
 
@@ -208,3 +210,71 @@ def test_cli_counts_per_stratum_are_recorded_and_a_rerun_resumes(tiny_folder, tm
     capsys.readouterr()
     assert main([*argv[:-1], "2"]) == 2  # other counts would choose other rows
     assert "strata" in capsys.readouterr().err
+
+
+def test_a_finished_run_folder_is_read_again_for_rows_questions_and_failure_classes(write_strata_run, tmp_path):
+    write_strata_run(tmp_path / "run")
+    counts = read_strata_counts(tmp_path / "run")
+    none = dict.fromkeys(("memorised", "no_stop", "other_span", "other"), 0)
+    assert counts["true_conflict"]["standard"] == {"n": 1, "questions": 1, "failures": {**none, "memorised": 1}}
+    assert counts["true_conflict"]["fides"]["failures"] == none  # right
+    assert counts["known_agreeing"]["fides"]["failures"] == {**none, "no_stop": 1}
+    assert counts["supplied"]["standard"]["failures"] == {**none, "other_span": 1}
+    assert counts["supplied"]["fides"]["failures"] == {**none, "no_stop": 1}
+    assert counts["unknown_agreeing"]["standard"]["failures"] == {**none, "other": 1}
+
+
+def test_a_run_folder_whose_data_changed_or_is_gone_is_not_read_again(write_strata_run, tmp_path):
+    write_strata_run(tmp_path / "run")
+    with (tmp_path / "run" / "data.jsonl").open("a") as handle:
+        handle.write("\n")
+    with pytest.raises(ValueError, match="is not here as the run read it"):
+        read_strata_counts(tmp_path / "run")
+    (tmp_path / "run" / "data.jsonl").unlink()
+    with pytest.raises(ValueError, match="is not here as the run read it"):
+        read_strata_counts(tmp_path / "run")
+    with pytest.raises(ValueError, match="holds no run.json"):
+        read_strata_counts(tmp_path)
+
+
+class _ScriptedDecoder:
+    """Answers from a script, with no model: closed-book (no documents) by question, otherwise by method and passage."""
+
+    def __init__(self, closed_book, answers):
+        self.closed_book, self.answers = closed_book, answers
+
+    def tokenizer(self, text, add_special_tokens=False):
+        return {"input_ids": text.split()}
+
+    def rule_for(self, method):
+        return get_method(method)
+
+    def generate_batch(self, questions, documents, *, max_new_tokens, method=None, methods=None):
+        if methods is None:
+            return [_answer(self.closed_book[q], "standard") for q in questions]
+        return {label: [_answer(self.answers[label][docs[0]], label) for docs in documents] for label in methods}
+
+
+def _answer(text, method):
+    return GenerationResult(text, [], [], method, method, {}, "stop", "", None)
+
+
+def test_strata_results_count_questions_and_failure_classes_per_stratum_and_method(strata_rows, tmp_path):
+    examples = [
+        QAExample(q, (p,), tuple(c), tuple(m), i, {"form": "conflict" if m else "original"}, tuple(m or c))
+        for i, q, p, c, m, _, _ in strata_rows
+    ]
+    answers = {"standard": {row[2]: row[5] for row in strata_rows}, "fides": {row[2]: row[6] for row in strata_rows}}
+    decoder = _ScriptedDecoder({"Which city is the capital?": "Paris", "Who wrote it?": "I do not know"}, answers)
+    methods = {"standard": "standard", "fides": "fides"}
+    results = run_strata_eval(decoder, examples, methods, tmp_path, model="m", progress=False, bootstrap_samples=10)
+    strata = results["strata"]
+    assert strata["available_questions"] == strata["scored_questions"] == dict.fromkeys(STRATA, 1)
+    none = dict.fromkeys(("memorised", "no_stop", "other_span", "other"), 0)
+    assert strata["results"]["true_conflict"]["standard"]["failures"] == {**none, "memorised": 1}
+    assert strata["results"]["supplied"]["standard"]["failures"] == {**none, "other_span": 1}
+    assert strata["results"]["known_agreeing"]["fides"]["failures"] == {**none, "no_stop": 1}
+    assert all(e["questions"] == 1 for methods in strata["results"].values() for e in methods.values())
+    text = (tmp_path / "results.md").read_text()
+    assert "true_conflict 1 (1 question)" in text and "Wrong answers by class" in text
+    assert "Partial run" not in text

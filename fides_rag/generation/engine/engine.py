@@ -28,13 +28,14 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from fides_rag.generation.detokenize import IncrementalText
+from fides_rag.generation.engine.attention.registry import BACKENDS, resolve_attention
 from fides_rag.generation.engine.captured_step import DEFAULT_BUCKETS, CapturedStep, check_buckets, check_compile
 from fides_rag.generation.engine.in_flight import InFlight
 from fides_rag.generation.engine.kv_cache import DecodeCache, mergeable
 from fides_rag.generation.engine.kv_pool_size import BLOCK, pool_blocks
 from fides_rag.generation.engine.layout import Unit
 from fides_rag.generation.engine.modes import Mode, check_mode_settings, resolve_mode
-from fides_rag.generation.engine.pooled_batch import PooledBatch
+from fides_rag.generation.engine.pooled_batch import PooledBatch, PoolSettings
 from fides_rag.generation.engine.prefix_cache import DEFAULT_PREFIX_BLOCK_SIZE, DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
 from fides_rag.generation.engine.ragged_attention import per_segment_attention
 from fides_rag.generation.engine.running import RunningBatch
@@ -147,6 +148,7 @@ class DecodeEngine:
         prefix_block_size: int = DEFAULT_PREFIX_BLOCK_SIZE,
         kv_cache_memory: int | float | None = None,
         warmup: bool | Sequence[Any] = False,
+        attention: str = "auto",
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -203,9 +205,23 @@ class DecodeEngine:
                 kv_cache_memory,
             )
         self.scheduler.pool_blocks = self.pool_blocks
+        self.attention = resolve_attention(attention, self.mode, self.input_device)
+        """The attention backend of the decode step (`attention/`): chosen here, once."""
         self.captured = self._captured_step(compile, DEFAULT_BUCKETS if buckets is None else buckets)
-        self.scheduler.buckets = self.captured.buckets if self.captured is not None else None
         """The compiled decode step (`compile`), or None."""
+        self.buckets: tuple[int, ...] | None = None
+        """Row counts decode steps are padded to (a captured step's, or a static-batch backend's), or None."""
+        if self.captured is not None:
+            self.buckets = self.captured.buckets
+        elif BACKENDS[self.attention].static_batch:
+            self.buckets = check_buckets(DEFAULT_BUCKETS)
+        self.pool_rows = 0
+        """Rows one decode step of the pool may hold (its index buffers' size; 0 in exact mode)."""
+        if self.pool_blocks is not None:
+            largest = self.buckets[-1] if self.buckets is not None else 1
+            self.pool_rows = max(largest, min(max_rows or self.pool_blocks, self.pool_blocks))
+        self._check_rows_covered(max_rows)
+        self.scheduler.buckets = self.buckets
         self._flight = InFlight(
             self.anatomy,
             lambda: self._running_batch(pad, split_prefill),
@@ -218,6 +234,23 @@ class DecodeEngine:
         self._wake = threading.Condition()
         self._driver: threading.Thread | None = None
         _ENGINES.add(self)
+
+    def _check_rows_covered(self, max_rows: int | None) -> None:
+        """A backend that needs a static batch pads every step to a bucket: max_rows must be within the largest."""
+        pool_rows = self.pool_rows
+        if pool_rows and min(max_rows or self.pool_blocks or 0, self.pool_blocks or 0) > pool_rows:
+            raise ValueError(
+                f"max_rows={max_rows!r}: fast mode's pool was sized for at most {pool_rows} rows a step when the "
+                "decoder was made; make a decoder with the larger max_rows instead"
+            )
+        if not BACKENDS[self.attention].static_batch or self.buckets is None:
+            return
+        if max_rows is None or max_rows > self.buckets[-1]:
+            raise ValueError(
+                f"max_rows={max_rows!r}: attention={self.attention!r} pads every decode step to one of the buckets "
+                f"{list(self.buckets)}, so max_rows must be at most {self.buckets[-1]}; lower max_rows or add a "
+                "larger bucket (buckets=, with compile)"
+            )
 
     def _captured_step(self, compile: bool | str, buckets: Sequence[int]) -> CapturedStep | None:
         backend, buckets = check_compile(compile), check_buckets(buckets)
@@ -273,19 +306,24 @@ class DecodeEngine:
     def _running_batch(self, pad: int, split_prefill: bool) -> RunningBatch:
         if self.mode == "exact":
             return RunningBatch(self.anatomy, pad, self.input_device, split_prefill)
-        batch = PooledBatch(self.anatomy, pad, self.input_device, split_prefill)
-        batch.captured = self.captured
-        batch.pool_blocks = self.pool_blocks or 1
-        largest = max(self.captured.buckets) if self.captured is not None else 1
-        batch.max_rows = max(largest, min(self.scheduler.max_rows or self.pool_blocks or 1, self.pool_blocks or 1))
-        batch.max_row_blocks = math.ceil((self.context_window or (self.pool_blocks or 1) * BLOCK) / BLOCK) + 1
-        return batch
+        blocks = self.pool_blocks or 1
+        settings = PoolSettings(
+            blocks=blocks,
+            max_rows=self.pool_rows,
+            max_row_blocks=math.ceil((self.context_window or blocks * BLOCK) / BLOCK) + 1,
+            attention=self.attention,
+            buckets=self.buckets or (),
+            captured=self.captured,
+        )
+        return PooledBatch(self.anatomy, pad, self.input_device, split_prefill, settings)
 
     # -- configuration ----------------------------------------------------------------------------
 
     def configure(self, **settings: Any) -> None:
         """Set any of the scheduler's settings (see `Scheduler.configure`): max_requests, max_rows, max_tokens,
         max_queue, window_s, admission, max_num_batched_tokens."""
+        if "max_rows" in settings:
+            self._check_rows_covered(settings["max_rows"])
         with self._wake:
             self.scheduler.configure(**settings)
 
@@ -305,6 +343,7 @@ class DecodeEngine:
             prefix_cache_bytes=self.prefix_cache.max_bytes,
             prefix_block_size=self.prefix_cache.block_size,
             mode=self.mode,
+            attention=self.attention,
         )
 
     def snapshot(self) -> DecoderStats:

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from fides_rag.generation.engine.gather import StepPlan
 from fides_rag.generation.engine.hooks import HeadMasker, LayerCapture
 from fides_rag.generation.engine.kv_pool_size import BLOCK
+from fides_rag.generation.engine.lane_inputs import LaneInputs
 from fides_rag.generation.engine.lanes import Lanes
 from fides_rag.generation.engine.layout import Unit, prefill_groups
 from fides_rag.generation.engine.pool_blocks import PoolBlocks, PromptBlocks
@@ -57,8 +57,8 @@ class InFlight:
         self.head_sets: list[Heads] = []
         self._masker: HeadMasker | None = None
         self._masker_sets = 0
-        self._plan: StepPlan | None = None
-        self._plan_version = -1
+        self._lane_inputs: LaneInputs | None = None
+        self._lane_inputs_version = -1
 
     def head_set(self, heads: Heads) -> int:
         """The index of a set of masked heads (registered on first use)."""
@@ -82,13 +82,13 @@ class InFlight:
     @property
     def pool_used_tokens(self) -> int:
         """Positions of the KV pool's blocks the running rows hold (0: no pool)."""
-        pool = getattr(self.batch, "pool", None)
+        pool = self.batch.pool
         return pool.used_tokens if pool is not None else 0
 
     @property
     def pool_blocks(self) -> PoolBlocks | None:
         """The KV pool's block accounting (None: no pool)."""
-        pool = getattr(self.batch, "pool", None)
+        pool = self.batch.pool
         return pool.block_refs if pool is not None else None
 
     @property
@@ -139,9 +139,12 @@ class InFlight:
         if not self.tickets:
             return
         state_layers, _ = self.lanes.capture_layers()
-        if self._plan is None or self._plan_version != batch.layout.version:
-            self._plan, self._plan_version = StepPlan(list(self.lanes), batch.layout.num_rows), batch.layout.version
-        host, lane_steps = decide(self.anatomy, batch, list(self.lanes), self._plan, state_layers)
+        if self._lane_inputs is None or self._lane_inputs_version != batch.layout.version:
+            self._lane_inputs, self._lane_inputs_version = (
+                LaneInputs(list(self.lanes), batch.layout.num_rows),
+                batch.layout.version,
+            )
+        host, lane_steps = decide(self.anatomy, batch, list(self.lanes), self._lane_inputs, state_layers)
         failed = advance(host, lane_steps, self._decode_token, eos_token_ids, dtype)
         self.stats.steps += 1
         self.stats.tokens += sum(len(s.units) for s in lane_steps) - len(failed)
@@ -279,7 +282,7 @@ class InFlight:
         self.tickets, self.prefilling = [], []  # start clean before failing anyone: nothing of the failed step survives
         self.batch = self._new_batch()
         self.lanes = Lanes(self.anatomy.num_layers)
-        self._plan = None
+        self._lane_inputs = None
         for ticket in held.values():
             if not ticket.handle.done():
                 ticket.fail(error)

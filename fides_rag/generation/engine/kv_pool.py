@@ -9,43 +9,30 @@ into a shared block copies it first. The scheduler admits a request only when th
 plus max_new_tokens, each row its own), so the pool never runs out and never grows.
 
 At each decode step, `begin_step` copies every row's length and block table to the device in one host-to-device copy
-(into persistent index buffers) and the step writes one slot per row per layer (`index_copy_`). Attention then runs
-over each row's own blocks only (`pooled_attention.py`):
-- `gather` (the CPU's, and wherever flex attention is missing): every row's blocks gathered by slot into one padded
-  [R, kv_heads, L, d] tensor (L: the longest row's blocks), under a [R, 1, 1, L] mask; its cost is flat in the pool;
-- `flex` (CUDA): flex attention over the whole pool under a `BlockMask` that lists each row's blocks (every block but
-  the last as full blocks, the last, partial one under a mask_mod of the row's length; in a sliding-window layer only
-  the blocks inside the window).
+(into persistent index buffers) and the step writes one slot per row per layer (`index_copy_`). The pool's attention
+backend (`attention/`, `gather` or `flex`) builds the step's masks from that index and says what each layer's attention
+reads: each row's own blocks only.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from transformers.cache_utils import CacheLayerMixin, DynamicCache
 
+from fides_rag.generation.engine.attention.backend import PoolAttention
+from fides_rag.generation.engine.attention.gather import GatherAttention
 from fides_rag.generation.engine.kv_cache import RaggedLayer
 from fides_rag.generation.engine.kv_pool_size import BLOCK
 from fides_rag.generation.engine.pool_blocks import PoolBlocks, PromptBlocks
-from fides_rag.generation.engine.pool_index import FILL, FULL_NUM, LAST, PART_NUM, POS, HostIndex
+from fides_rag.generation.engine.pool_index import FILL, LAST, HostIndex
 
-__all__ = ["BLOCK", "SCRATCH", "KVPool", "PooledCache", "PooledLayer", "flex_available"]
+__all__ = ["BLOCK", "SCRATCH", "KVPool", "PooledCache", "PooledLayer"]
 SCRATCH = 0
 """The block padding rows write and read (never given to a row)."""
-Attention = Literal["gather", "flex"]
-# The packed index buffer, one row per batch row: see pool_index.py.
-
-
-def flex_available() -> bool:
-    """Whether torch offers flex attention's `BlockMask.from_kv_blocks`."""
-    try:
-        from torch.nn.attention.flex_attention import BlockMask  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 class KVPool:
@@ -59,13 +46,10 @@ class KVPool:
         blocks: int,
         max_rows: int,
         max_row_blocks: int,
-        attention: Attention = "gather",
+        attention: PoolAttention | None = None,
     ) -> None:
-        if attention not in ("gather", "flex"):
-            raise ValueError(f"attention must be 'gather' or 'flex', got {attention!r}")
         self.windows = list(windows)
         """Per layer: its sliding window, or None for full attention."""
-        self.attention = attention
         self.kv_heads, self.head_dim = like.shape[1], like.shape[-1]
         self.dtype, self.device = like.dtype, like.device
         self.blocks = blocks
@@ -80,7 +64,7 @@ class KVPool:
         """Per row: its blocks, in position order."""
         self.lengths: list[int] = []
         """Per row: positions held."""
-        self.max_row_blocks = max(1, min(max_row_blocks, blocks))
+        self.max_row_blocks = max(1, min(max_row_blocks, blocks + 1))
         self.max_rows = max(1, max_rows)
         self.window_sizes = sorted({w for w in self.windows if w is not None})
         total = blocks + 1
@@ -92,20 +76,21 @@ class KVPool:
         self.index = self._flat[total:].view(self.max_rows, self.columns)
         """[rows, columns] this step's packed index (see FILL...HEAD)."""
         self._staging = torch.zeros_like(self._flat, device="cpu", pin_memory=self.device.type == "cuda")
-        ordinals = self._staging[:total] if attention == "flex" else None
+        self.attention: PoolAttention = attention if attention is not None else GatherAttention()
+        """How each step's attention runs over the pool (`attention/`)."""
+        ordinals = self._staging[:total] if self.attention.name == "flex" else None
         self._host = HostIndex(self.window_sizes, self.max_row_blocks, self.max_rows, ordinals)
         """The packed index rows, kept on the host from step to step."""
+        self.regions = self._host.region
+        self.count_columns = self._host.num
         self.write_slots = torch.zeros(self.max_rows, dtype=torch.long, device=self.device)
         """[rows] this step's slot of every row."""
         self._arange = torch.arange(BLOCK, device=self.device)
         self.rows = 0
         """Rows of this step (with padding)."""
-        self._own_slots: torch.Tensor | None = None  # a step past max_rows: its write slots
-        self.gather_slots: torch.Tensor | None = None  # [Rb * L] the gather path's slots of every row, this step
-        self.masks: dict[int | None, Any] = {}  # window -> this step's mask ([Rb, 1, 1, L] or a BlockMask)
-        self._block_masks: dict[tuple[int, int | None], Any] = {}
-        self._mask_mods = {w: self._mask_mod(w) for w in [None, *self.window_sizes]}
+        self.masks: dict[int | None, Any] = {}  # window -> this step's mask (the backend's)
         self._total = total
+        self.attention.bind(self)
 
     def static_tensors(self) -> list[torch.Tensor]:
         """Every tensor a captured decode step reads or writes in place: the pool's keys and values and the persistent
@@ -235,92 +220,22 @@ class KVPool:
                 grown.append(row)
             self.lengths[row] = length + 1
         width = max((len(t) for t in self.tables), default=1)
-        if padded_rows is not None:  # a captured step: few shapes (powers of two of blocks)
-            width = min(self.max_row_blocks, 1 << (width - 1).bit_length())
         if width > self.max_row_blocks:
             raise ValueError(f"a row holds {width} blocks, more than the pool's max_row_blocks={self.max_row_blocks}")
+        if padded_rows is not None:  # a padded step: few shapes (powers of two of blocks)
+            width = min(self.max_row_blocks, 1 << (width - 1).bit_length())
+        if padded > self.max_rows:
+            raise RuntimeError(
+                f"a step of {padded} rows, more than the pool's {self.max_rows}: the engine caps the rows it admits"
+            )
         self._host.step(self.tables, self.lengths, grown)
-        self._host.reserve(padded)
-        host = self._host.rows[:padded]
-        if padded <= self.max_rows:
-            end = self._total + padded * self.columns
-            self._staging[self._total : end].view(padded, self.columns).copy_(host)
-            self._flat[:end].copy_(self._staging[:end], non_blocking=True)
-            index, write_slots, self._own_slots = self.index[:padded], self.write_slots[:padded], None
-        else:  # more rows than the persistent buffers hold: an eager step's own buffers
-            index = host.to(self.device, copy=True)
-            write_slots = self._own_slots = torch.empty(padded, dtype=torch.long, device=self.device)
-        torch.add(index[:, LAST].long() * BLOCK, index[:, FILL].long() - 1, out=write_slots)
+        end = self._total + padded * self.columns
+        self._staging[self._total : end].view(padded, self.columns).copy_(self._host.rows[:padded])
+        self._flat[:end].copy_(self._staging[:end], non_blocking=True)
+        index = self.index[:padded]
+        torch.add(index[:, LAST].long() * BLOCK, index[:, FILL].long() - 1, out=self.write_slots[:padded])
         self.rows = padded
-        if self.attention == "flex":
-            self.masks = {w: self._block_mask(padded, w, index) for w in {*self.windows}}
-            self.gather_slots = None
-            return
-        blocks = index[:, self._host.region["full"] : self._host.region["full"] + width].long()  # [Rb, W]
-        self.gather_slots = (blocks[:, :, None] * BLOCK + self._arange).reshape(-1)  # [Rb * W * BLOCK]
-        key_positions = torch.arange(width * BLOCK, device=self.device)[None]  # [1, L]
-        row_length = index[:, POS : POS + 1].long() + 1  # [Rb, 1]
-        self.masks = {}
-        for window in {*self.windows}:
-            visible = key_positions < row_length
-            if window is not None:
-                visible = visible & (key_positions >= row_length - window)
-            self.masks[window] = visible[:, None, None, :]  # [Rb, 1, 1, L]
-
-    def _mask_mod(self, window: int | None) -> Callable[..., torch.Tensor]:
-        """flex's mask_mod: key slot `kv` is visible to row `b` when the row's table holds its block (at the block's
-        place, which every row sharing the block shares) and its position is at most
-        the row's (and, in a window, within it). It reads the persistent buffers: one function per window for every
-        step (no new closure, no recompilation); complete on its own, though flex applies it to partial blocks only."""
-        index, ordinal, full = self.index, self.block_ordinal, self._host.region["full"]
-
-        def mask_mod(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-            block = kv // BLOCK
-            place = ordinal[block]  # the block's place in the tables that hold it (rows sharing it hold it alike)
-            position = place * BLOCK + kv % BLOCK
-            visible = (index[b, full + place] == block) & (position <= index[b, POS])
-            if window is not None:
-                visible = visible & (position > index[b, POS] - window)
-            return visible
-
-        return mask_mod
-
-    def block_mask_tensors(self, index: torch.Tensor, window: int | None) -> dict[str, torch.Tensor]:
-        """flex's block lists of every row (`BlockMask.from_kv_blocks`'s arguments), views of `index` ([Rb, columns]):
-        under full attention every block but the last as full blocks, the last as a partial one; in a window every
-        block within it, as partial blocks."""
-        width = self.max_row_blocks
-        if window is None:
-            full, last = self._host.region["full"], self._host.region["last"]
-            return {
-                "full_kv_num_blocks": index[:, None, FULL_NUM : FULL_NUM + 1],
-                "full_kv_indices": index[:, None, None, full : full + width],
-                "kv_num_blocks": index[:, None, PART_NUM : PART_NUM + 1],
-                "kv_indices": index[:, None, None, last : last + width],
-            }
-        start, num = self._host.region[window], self._host.num[window]
-        return {
-            "kv_num_blocks": index[:, None, num : num + 1],
-            "kv_indices": index[:, None, None, start : start + width],
-        }
-
-    def _block_mask(self, rows: int, window: int | None, index: torch.Tensor) -> Any:
-        """This step's BlockMask of `window` (built once per row count over the persistent buffers, then reused)."""
-        from torch.nn.attention.flex_attention import BlockMask
-
-        key = (rows, window)
-        if rows <= self.max_rows and key in self._block_masks:
-            return self._block_masks[key]
-        mask = BlockMask.from_kv_blocks(
-            **self.block_mask_tensors(index, window),
-            BLOCK_SIZE=(BLOCK, BLOCK),
-            mask_mod=self._mask_mods[window],
-            seq_lengths=(1, (self.blocks + 1) * BLOCK),
-            compute_q_blocks=False,
-        )
-        if rows <= self.max_rows:
-            self._block_masks[key] = mask
-        return mask
+        self.masks = self.attention.begin_step(index, width)
 
     def attention_mask(self, layer_types: Sequence[str] | None) -> Any:
         """This step's masks as a forward's attention mask: one mask, or one per layer type."""
@@ -335,20 +250,13 @@ class KVPool:
     def write(
         self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """This step's keys and values of every row ([Rb, kv_heads, 1, d]) into their slots; what attention reads: the
-        rows' own blocks gathered ([Rb, kv_heads, L, d], the gather path) or the layer's whole pool (flex)."""
-        slots = self.write_slots[: self.rows] if self._own_slots is None else self._own_slots
+        """This step's keys and values of every row ([Rb, kv_heads, 1, d]) into their slots; what attention reads (the
+        backend's: the rows' own blocks gathered, or the layer's whole pool)."""
+        slots = self.write_slots[: self.rows]
         keys, values = self.keys[layer], self.values[layer]
         keys.index_copy_(2, slots, key_states.transpose(0, 2).to(keys.dtype))
         values.index_copy_(2, slots, value_states.transpose(0, 2).to(values.dtype))
-        if self.gather_slots is None:
-            return keys, values
-        rows = self.rows
-        shape = (self.kv_heads, rows, -1, self.head_dim)
-        return (
-            keys.index_select(2, self.gather_slots).view(shape).transpose(0, 1),
-            values.index_select(2, self.gather_slots).view(shape).transpose(0, 1),
-        )
+        return self.attention.read(keys, values)
 
     def _copy_on_write(self, row: int) -> None:
         """Row `row`'s last block, shared, replaced by a copy of its own (every layer's slots of that block)."""

@@ -1,9 +1,9 @@
 """The packed index of fast mode's decode step, kept on the host between steps.
 
 One row per batch row, `columns` int32 entries: FILL (positions used in the last block), LAST (the last block), POS
-(the position written this step), FULL_NUM (blocks before the last), PART_NUM (1), SELF (the row's number;
-PADDING_ROW for a padding row), one count per sliding window, then regions of `max_row_blocks` block ids each: the
-row's blocks in order, its last block, and per sliding window the blocks within the window.
+(the position written this step), NUM_BLOCKS (the row's blocks), SELF (the row's number; PADDING_ROW for a padding
+row), one count per sliding window, then regions of `max_row_blocks` block ids each: the row's blocks in order, and
+per sliding window the blocks within the window.
 
 A row holds up to `max_row_blocks` ids per region, so rebuilding every row at every step costs the host rows x
 columns (64 rows of an 8B model's 128k-token window: a million entries a step). Here a row is rewritten only when its
@@ -20,7 +20,7 @@ import torch
 
 from fides_rag.generation.engine.kv_pool_size import BLOCK
 
-FILL, LAST, POS, FULL_NUM, PART_NUM, SELF, HEAD = 0, 1, 2, 3, 4, 5, 6
+FILL, LAST, POS, NUM_BLOCKS, SELF, HEAD = 0, 1, 2, 3, 4, 5
 PADDING_ROW = -2
 """The SELF of padding rows."""
 
@@ -37,17 +37,17 @@ class HostIndex:
     ) -> None:
         self.window_sizes = list(window_sizes)
         width = max_row_blocks
-        self.num: dict[int | None, int] = {None: FULL_NUM, **{w: HEAD + i for i, w in enumerate(self.window_sizes)}}
+        self.num: dict[int | None, int] = {None: NUM_BLOCKS, **{w: HEAD + i for i, w in enumerate(self.window_sizes)}}
+        """The column of each window's block count (None: every block of the row)."""
         first = HEAD + len(self.window_sizes)
         self.region: dict[str | int, int] = {
             "full": first,
-            "last": first + width,
-            **{w: first + (2 + i) * width for i, w in enumerate(self.window_sizes)},
+            **{w: first + (1 + i) * width for i, w in enumerate(self.window_sizes)},
         }
         self.columns = self.columns_for(len(self.window_sizes), width)
         self.template = torch.zeros(self.columns, dtype=torch.int32)
         """A padding row: the scratch block's first slot."""
-        self.template[FILL], self.template[PART_NUM], self.template[SELF] = 1, 1, PADDING_ROW
+        self.template[FILL], self.template[NUM_BLOCKS], self.template[SELF] = 1, 1, PADDING_ROW
         for window in self.window_sizes:
             self.template[self.num[window]] = 1
         self.rows = self.template.repeat(max(1, capacity), 1)
@@ -58,7 +58,7 @@ class HostIndex:
     @staticmethod
     def columns_for(windows: int, max_row_blocks: int) -> int:
         """Entries of a packed row, with `windows` distinct sliding windows."""
-        return HEAD + windows + (2 + windows) * max_row_blocks
+        return HEAD + windows + (1 + windows) * max_row_blocks
 
     def reserve(self, rows: int) -> None:
         """Room for `rows` rows (padding included)."""
@@ -77,10 +77,10 @@ class HostIndex:
         packed.copy_(self.template)
         self._written = max(self._written, row + 1)
         blocks = torch.tensor(table, dtype=torch.int32)
-        full, last = self.region["full"], self.region["last"]
+        full = self.region["full"]
         packed[full : full + len(table)] = blocks
-        packed[last] = packed[LAST] = table[-1]
-        packed[FULL_NUM], packed[SELF] = len(table) - 1, row
+        packed[LAST] = table[-1]
+        packed[NUM_BLOCKS], packed[SELF] = len(table), row
         packed[POS], packed[FILL] = length - 1, (length - 1) % BLOCK + 1
         firsts = self._firsts_of(length)
         for window, first in zip(self.window_sizes, firsts):

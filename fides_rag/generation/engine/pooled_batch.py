@@ -5,37 +5,67 @@ joins."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
+from fides_rag.generation.engine.attention.backend import PoolAttention
+from fides_rag.generation.engine.attention.registry import BACKENDS
 from fides_rag.generation.engine.captured_step import CapturedStep
 from fides_rag.generation.engine.hooks import HeadMasker, LayerCapture
 from fides_rag.generation.engine.kv_cache import Prefilled, RaggedLayer, mergeable
-from fides_rag.generation.engine.kv_pool import Attention, KVPool, PooledCache, flex_available
+from fides_rag.generation.engine.kv_pool import KVPool, PooledCache
 from fides_rag.generation.engine.pool_blocks import PromptBlocks
 from fides_rag.generation.engine.pooled_attention import pooled_attention
 from fides_rag.generation.engine.running import RunningBatch, _states
+from fides_rag.method.lens import ModelAnatomy
 
 
-def pool_attention_kind(device: torch.device) -> Attention:
-    """How the pool's attention runs on `device`: flex over a BlockMask on CUDA, the gather elsewhere."""
-    return "flex" if device.type == "cuda" and flex_available() else "gather"
+@dataclass(frozen=True)
+class PoolSettings:
+    """The engine's choices for fast mode's pool, fixed for its life."""
+
+    blocks: int
+    """The pool's size in blocks (from kv_pool_tokens or kv_cache_memory)."""
+    max_rows: int
+    """Rows one step may hold (the persistent index buffers' size)."""
+    max_row_blocks: int
+    """Blocks one row may hold at most (the context window's)."""
+    attention: str
+    """The pool's attention backend (`attention/registry.py`)."""
+    buckets: tuple[int, ...]
+    """Row counts a step is padded to, where the backend needs a static batch or the step is captured."""
+    captured: CapturedStep | None = None
+    """The compiled decode step (`compile=True`), or None: eager."""
+
+    def bucket(self, rows: int) -> int:
+        """The smallest bucket that holds `rows` rows."""
+        found = next((b for b in self.buckets if b >= rows), None)
+        if found is None:
+            raise RuntimeError(f"{rows} rows, more than the largest bucket {self.buckets[-1]}: max_rows caps them")
+        return found
 
 
 class PooledBatch(RunningBatch):
     """`RunningBatch` over a `KVPool`: one attention call per layer for every row."""
 
-    pool: KVPool | None = None
-    captured: CapturedStep | None = None
-    """The compiled decode step (`compile=True`), or None: eager."""
-    pool_blocks: int = 64
-    """The pool's size in blocks, fixed (the engine's, from kv_pool_tokens or kv_cache_memory)."""
-    max_rows: int = 128
-    """Rows the pool's persistent index buffers hold (the most a captured step runs; more run with their own)."""
-    max_row_blocks: int = 512
-    """Blocks one row may hold at most (the context window's)."""
-
     shares_prompt_blocks = True
+
+    def __init__(
+        self,
+        anatomy: ModelAnatomy,
+        pad_id: int,
+        input_device: torch.device,
+        split_prefill: bool,
+        settings: PoolSettings,
+    ) -> None:
+        super().__init__(anatomy, pad_id, input_device, split_prefill)
+        self.settings = settings
+        self.captured = settings.captured  # the pool is made at the first join, then kept while the batch empties
+        backend = BACKENDS[settings.attention]()
+        if not isinstance(backend, PoolAttention):
+            raise ValueError(f"attention={settings.attention!r} does not attend over fast mode's pool")
+        self.attention: PoolAttention = backend
 
     @property
     def extendable(self) -> bool:
@@ -45,31 +75,45 @@ class PooledBatch(RunningBatch):
         self, tokens: Sequence[int], capture: LayerCapture, masker: HeadMasker | None, bucket: int | None = None
     ) -> None:
         rows = len(tokens)
-        if self.captured is None:
-            bucket = None
-        elif bucket not in self.captured.buckets or bucket < rows:  # the plan's bucket, unless rows changed since
-            bucket = self.captured.bucket(rows)
+        bucket = self._bucket(rows, bucket)
         padding = (bucket or rows) - rows
         step_ids = torch.tensor([*tokens, *[self.pad_id] * padding], dtype=torch.long).to(
             self.input_device, non_blocking=True
         )[:, None]
-        self.positions = self.positions + 1  # [R, 1]
+        pool, held = self._live()
+        self.positions = held = held + 1  # [R, 1]
         self.layout.grow()
-        positions = (
-            self.positions if not padding else torch.cat([self.positions, self.positions.new_zeros((padding, 1))])
-        )  # [Rb, 1]
+        positions = held if not padding else torch.cat([held, held.new_zeros((padding, 1))])  # [Rb, 1]
         config = self.anatomy.config
-        self.pool.begin_step(positions, padded_rows=bucket)
+        pool.begin_step(positions, padded_rows=bucket)
         if masker is not None:
             masker.set_rows([*self.layout.row_head_sets, *[-1] * padding])
-        mask = self.pool.attention_mask(getattr(config, "layer_types", None))
-        with pooled_attention(self.anatomy.backbone):
-            if bucket is not None:
+        mask = pool.attention_mask(getattr(config, "layer_types", None))
+        with pooled_attention(self.anatomy.backbone, self.attention):
+            if self.captured is not None and bucket is not None:
                 hidden = self.captured(step_ids, mask, positions, self.cache)
             else:
                 hidden, self.cache = self.anatomy.run_backbone(step_ids, mask, positions, self.cache)
         self.hidden = hidden[:rows, -1, :]  # [R, H]
         self.states = {layer: state[:rows] for layer, state in capture.states.items()}
+
+    def _live(self) -> tuple[KVPool, torch.Tensor]:
+        """The pool and the rows' positions, once rows have joined."""
+        if self.pool is None or self.positions is None or self.hidden is None:
+            raise RuntimeError("the running batch has no rows: rows join (append) before a decode step")
+        return self.pool, self.positions
+
+    def _bucket(self, rows: int, planned: int | None) -> int | None:
+        """The row count this step runs at: the plan's bucket, unless rows changed since; a bucket whenever the
+        backend needs a static batch (every row count is covered: the engine checks max_rows against the buckets);
+        on a captured step past its largest bucket, None (the step runs eagerly, unpadded)."""
+        if self.captured is None and not self.attention.static_batch:
+            return None
+        if planned in self.settings.buckets and planned >= rows:
+            return planned
+        if self.attention.static_batch:
+            return self.settings.bucket(rows)
+        return self.captured.bucket(rows) if self.captured is not None else None
 
     def append(
         self,
@@ -83,39 +127,42 @@ class PooledBatch(RunningBatch):
         if not all(isinstance(layer, RaggedLayer) for layer in layers):
             raise TypeError("fast mode needs a model whose KV cache layers are dynamic or sliding-window ones")
         if self.empty:
-            if self.pool is None:  # kept while the batch empties and fills again: one size, one captured shape
+            if self.pool is None:
                 windows = [getattr(layer.segments[0], "sliding_window", None) for layer in layers]
                 like = layers[0].segments[0].keys
-                attention = pool_attention_kind(like.device)
-                self.pool = KVPool(windows, like, self.pool_blocks, self.max_rows, self.max_row_blocks, attention)
+                s = self.settings
+                self.pool = KVPool(windows, like, s.blocks, s.max_rows, s.max_row_blocks, self.attention)
                 self.cache = PooledCache(self.pool, self.anatomy.config)
             self.positions, self.hidden, self.states = state.positions, state.last_hidden, states
         else:
-            self.positions = torch.cat([self.positions, state.positions.to(self.positions.device)])
-            self.hidden = torch.cat([self.hidden, state.last_hidden.to(self.hidden.device)])
+            _, held = self._live()
+            hidden = self.hidden
+            assert hidden is not None  # checked by _live
+            self.positions = torch.cat([held, state.positions.to(held.device)])
+            self.hidden = torch.cat([hidden, state.last_hidden.to(hidden.device)])
             self.states = {
                 layer: torch.cat(
                     [
-                        _states(self.states, layer, self.hidden, self.layout.num_rows),
-                        _states(states, layer, state.last_hidden, len(lengths)).to(self.hidden.device),
+                        _states(self.states, layer, hidden, self.layout.num_rows),
+                        _states(states, layer, state.last_hidden, len(lengths)).to(hidden.device),
                     ]
                 )
                 for layer in {*self.states, *states}
             }
+        assert self.pool is not None  # made above for the first rows
         self.pool.add_rows(state.cache, lengths, prompts)
         self.layout.append(head_sets, lengths)
 
     def keep(self, rows: list[int] | None) -> None:
         if rows is None:
             return
-        self.pool.keep(rows)
+        pool, held = self._live()
+        pool.keep(rows)
         if not rows:
             self.positions = self.hidden = None
             self.states = {}
             return
-        self.positions = self.positions[
-            torch.tensor(rows, dtype=torch.long).to(self.positions.device, non_blocking=True)
-        ]
+        self.positions = held[torch.tensor(rows, dtype=torch.long).to(held.device, non_blocking=True)]
 
 
 def pool_supported(config: object) -> str | None:

@@ -5,7 +5,7 @@ prompts are prefilled and appended) and leave after one (pruned). Shapes: R rows
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,6 +25,10 @@ from fides_rag.generation.engine.layout import GroupSpec, RowLayout
 from fides_rag.generation.engine.pool_blocks import PromptBlocks
 from fides_rag.method.lens import ModelAnatomy
 
+if TYPE_CHECKING:
+    from fides_rag.generation.engine.captured_step import CapturedStep
+    from fides_rag.generation.engine.kv_pool import KVPool
+
 
 class RunningBatch:
     """Rows in flight and their cache; `forward` advances every row one token, `join` appends newcomers' rows."""
@@ -38,6 +42,10 @@ class RunningBatch:
         self.input_device = input_device
         self.split_prefill = split_prefill
         self.layout = RowLayout()
+        self.pool: KVPool | None = None
+        """Fast mode's KV pool (None: exact mode's ragged cache)."""
+        self.captured: CapturedStep | None = None
+        """The compiled decode step (fast mode with compile), or None."""
         self.cache: Any = None
         self.mask: torch.Tensor | None = None  # [R, W] bool, left-padded, width = the longest row's cached positions
         self._mask_room: torch.Tensor | None = None  # [R, W + spare] bool whose first W columns `mask` may view

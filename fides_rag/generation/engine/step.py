@@ -15,8 +15,8 @@ import torch
 from fides_rag.errors import NonFiniteLogitsError
 from fides_rag.generation.engine.captured_decide import CapturedDecide, compilable, lane_rows
 from fides_rag.generation.engine.choosing import choose, criteria_hits
-from fides_rag.generation.engine.gather import StepPlan
 from fides_rag.generation.engine.hooks import stack_states
+from fides_rag.generation.engine.lane_inputs import LaneInputs
 from fides_rag.generation.engine.lanes import Lane
 from fides_rag.generation.engine.layout import Unit
 from fides_rag.generation.engine.logprobs import column_count, lane_top_k, logprob_columns, read_logprobs
@@ -44,10 +44,10 @@ class LaneStep:
     """Raised by one unit's own processors or stopping criteria: that unit fails."""
 
 
-def head_logits(anatomy: ModelAnatomy, batch: RunningBatch, plan: StepPlan) -> torch.Tensor:
+def head_logits(anatomy: ModelAnatomy, batch: RunningBatch, lane_inputs: LaneInputs) -> torch.Tensor:
     """One output-head matmul over the final states of all rows, then the logit-lens rows.  -> [R + n_lens, V]"""
     inputs = [batch.hidden]  # [R, H], already final-normed
-    for layer, rows in plan.lens_rows.items():
+    for layer, rows in lane_inputs.lens_rows.items():
         states = batch.states[layer]
         inputs.append(anatomy.final_norm(states[rows.on(states.device)].to(batch.hidden.device)))  # [n, H]
     return anatomy.head_logits(torch.cat(inputs, dim=0)).float()
@@ -72,13 +72,16 @@ def _combined(rule_name: str, output: object, rows: int) -> StepOutput:
 
 
 def decide(
-    anatomy: ModelAnatomy, batch: RunningBatch, lanes: Sequence[Lane], plan: StepPlan, state_layers: Sequence[int]
+    anatomy: ModelAnatomy,
+    batch: RunningBatch,
+    lanes: Sequence[Lane],
+    lane_inputs: LaneInputs,
+    state_layers: Sequence[int],
 ) -> tuple[list[float], list[LaneStep]]:
     """Every lane's combine and choice; returns the step's host values (one transfer) and what each lane packed."""
-    logits = head_logits(anatomy, batch, plan)  # [R + n_lens, V], float32
+    logits = head_logits(anatomy, batch, lane_inputs)  # [R + n_lens, V], float32
     layer_states = stack_states(batch.states, state_layers, logits.device) if state_layers else None  # [L, R, H]
-    captured = getattr(batch, "captured", None)
-    compiled = captured.decide if captured is not None else None
+    compiled = batch.captured.decide if batch.captured is not None else None
     packed: list[torch.Tensor] = []
     steps: list[LaneStep] = []
     for index, lane in enumerate(lanes):
@@ -86,11 +89,11 @@ def decide(
         steps.append(taken)
         n = len(taken.units)
         try:
-            parts = _compiled_parts(compiled, lane, plan.lanes[index], logits, layer_states, anatomy, taken)
+            parts = _compiled_parts(compiled, lane, lane_inputs.lanes[index], logits, layer_states, anatomy, taken)
             if parts is not None:
                 packed.append(_pack(parts, logits.device))
                 continue
-            inputs = plan.inputs(index, logits, layer_states, anatomy.num_layers)
+            inputs = lane_inputs.inputs(index, logits, layer_states, anatomy.num_layers)
             if lane.rule.state_size:
                 inputs.state = _lane_state(taken.units, lane.rule.state_size, logits)  # [n, state_size]
             decided = _combined(lane.rule.name, lane.rule.combine(inputs), n)

@@ -35,6 +35,8 @@ class DecoderLimits:
     mode: Literal["exact", "fast"] = "exact"
     """exact: a greedy request's tokens do not depend on what else is in flight; fast: one attention call per layer
     over every row (see docs/engine.md)."""
+    attention: str = "ragged"
+    """The decode step's attention backend: ragged (exact mode), gather or flex (fast mode)."""
 
 
 @dataclass(frozen=True)

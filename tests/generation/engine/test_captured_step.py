@@ -203,11 +203,10 @@ def test_a_decode_step_carries_only_its_own_rows_hooks_so_a_request_still_prefil
     """Long prompts are prefilled in chunks while other rows decode: the decode step's hooks (part of its graph) are
     those of the rows it runs, so after warm-up no step of any method recompiles. Run on flex attention, the path
     whose shapes stay fixed from step to step, as on CUDA."""
-    import fides_rag.generation.engine.pooled_batch as pooled_batch
-
-    monkeypatch.setattr(pooled_batch, "pool_attention_kind", lambda device: "flex")
     methods = ["standard", "cad", "fides"]
-    _, captured = eager_and_captured(tiny_llama, tokenizer, buckets=[1, 2], warmup=methods)
+    _, captured = eager_and_captured(
+        tiny_llama, tokenizer, buckets=[1, 2], warmup=methods, attention="flex", max_rows=2
+    )
     captured.configure(max_num_batched_tokens=64)
     document = [" ".join(["Lyon is the capital of France."] * 40)]
     for method in methods:  # alone: a FIDES request's short no-context row is prefilled before its long one

@@ -10,10 +10,11 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import DynamicLayer
 
+from fides_rag.generation.engine.attention.flex import FlexAttention, flex_unavailable, run_flex
+from fides_rag.generation.engine.attention.gather import GatherAttention
 from fides_rag.generation.engine.kv_cache import RaggedLayer
-from fides_rag.generation.engine.kv_pool import BLOCK, KVPool, flex_available
+from fides_rag.generation.engine.kv_pool import BLOCK, KVPool
 from fides_rag.generation.engine.pool_blocks import PromptBlocks
-from fides_rag.generation.engine.pooled_attention import flex_pooled
 
 KV_HEADS, HEADS, DIM = 2, 4, 8
 
@@ -22,7 +23,8 @@ def pool_with_rows(attention: str, lengths: list[int], windows=(None,), blocks: 
     """A pool whose rows hold `lengths` positions of random keys and values, in scattered blocks."""
     torch.manual_seed(seed)
     like = torch.zeros(1, KV_HEADS, 1, DIM)
-    pool = KVPool(list(windows), like, blocks=blocks, max_rows=8, max_row_blocks=6, attention=attention)
+    backend = FlexAttention() if attention == "flex" else GatherAttention()
+    pool = KVPool(list(windows), like, blocks=blocks, max_rows=8, max_row_blocks=6, attention=backend)
     pool.block_refs.free = pool.block_refs.free[::-1]  # hand out high blocks first: tables are not in slot order
     for layer in range(len(windows)):
         pool.keys[layer].normal_()
@@ -83,18 +85,16 @@ def test_padding_rows_write_and_read_the_scratch_block_only():
     assert pool.masks[None][2:, 0, 0].sum(-1).tolist() == [1, 1]  # one position: the scratch slot
 
 
-def test_flex_block_lists_name_each_rows_blocks_and_its_partial_last_block():
-    pool = pool_with_rows("gather", [5, 33, 16], windows=(None, 16))
+def test_flex_block_lists_name_each_rows_blocks_all_as_partial_blocks():
+    pool = pool_with_rows("flex", [5, 33, 16], windows=(None, 16))
     step(pool, torch.zeros(3, KV_HEADS, 1, DIM), torch.zeros(3, KV_HEADS, 1, DIM))
-    full = pool.block_mask_tensors(pool.index[:3], None)
+    assert isinstance(pool.attention, FlexAttention)
+    full = pool.attention.block_mask_tensors(pool.index[:3], None)
     tables = pool.tables  # lengths now 6, 34, 17: 1, 3 and 2 blocks
-    assert full["full_kv_num_blocks"].flatten().tolist() == [0, 2, 1]
-    assert full["kv_num_blocks"].flatten().tolist() == [1, 1, 1]
-    assert [full["full_kv_indices"][r, 0, 0, : len(t) - 1].tolist() for r, t in enumerate(tables)] == [
-        t[:-1] for t in tables
-    ]
-    assert full["kv_indices"][:, 0, 0, 0].tolist() == [t[-1] for t in tables]
-    windowed = pool.block_mask_tensors(
+    assert full["kv_num_blocks"].flatten().tolist() == [1, 3, 2]
+    assert [full["kv_indices"][r, 0, 0, : len(t)].tolist() for r, t in enumerate(tables)] == tables
+    assert "full_kv_num_blocks" not in full  # no full blocks: flex-decoding's splits follow each row's blocks
+    windowed = pool.attention.block_mask_tensors(
         pool.index[:3], 16
     )  # positions (length - 16, length]: blocks from (length-16)//16
     assert windowed["kv_num_blocks"].flatten().tolist() == [1, 2, 2]
@@ -102,7 +102,7 @@ def test_flex_block_lists_name_each_rows_blocks_and_its_partial_last_block():
     assert "full_kv_num_blocks" not in windowed
 
 
-@pytest.mark.skipif(not flex_available(), reason="this torch has no flex attention")
+@pytest.mark.skipif(flex_unavailable() is not None, reason="this torch has no flex attention")
 @pytest.mark.parametrize("window", [None, 20])
 def test_flex_attention_over_the_block_mask_matches_the_gather_path(window):
     query = torch.randn(3, HEADS, 1, DIM)
@@ -113,7 +113,7 @@ def test_flex_attention_over_the_block_mask_matches_the_gather_path(window):
     flexed = pool_with_rows("flex", [5, 33, 16], windows=(window,))
     (keys, values), block_mask = step(flexed, new_keys, new_values)
     assert keys.shape[0] == 1  # the whole pool, shared by every query row
-    torch.testing.assert_close(flex_pooled(query, keys, values, block_mask, None, compiled=False), expected)
+    torch.testing.assert_close(run_flex(query, keys, values, block_mask, None, compiled=False), expected)
 
 
 def test_rows_that_leave_give_their_blocks_back_and_a_repeated_row_shares_them_until_it_writes():

@@ -11,9 +11,8 @@ import torch
 from fides_rag.generation.engine.kv_pool_size import BLOCK
 from fides_rag.generation.engine.pool_index import (
     FILL,
-    FULL_NUM,
     LAST,
-    PART_NUM,
+    NUM_BLOCKS,
     POS,
     SELF,
     HostIndex,
@@ -23,13 +22,12 @@ from fides_rag.generation.engine.pool_index import (
 def rebuilt(index: HostIndex, tables: list[list[int]], lengths: list[int], padded: int) -> torch.Tensor:
     """The packed rows built from nothing (every row, every step)."""
     host = index.template.repeat(padded, 1)
-    full, last = index.region["full"], index.region["last"]
+    full = index.region["full"]
     for r, (table, length) in enumerate(zip(tables, lengths)):
         row = host[r]
         row[FILL], row[LAST], row[POS] = (length - 1) % BLOCK + 1, table[-1], length - 1
-        row[FULL_NUM], row[PART_NUM], row[SELF] = len(table) - 1, 1, r
+        row[NUM_BLOCKS], row[SELF] = len(table), r
         row[full : full + len(table)] = torch.tensor(table, dtype=torch.int32)
-        row[last] = table[-1]
         for window in index.window_sizes:
             first = max(0, length - window) // BLOCK
             start = index.region[window]

@@ -1,4 +1,4 @@
-"""Each lane's `StepInputs`, gathered by path from one step's batch: the index tensors are built once per
+"""Each lane's `StepInputs`, read by path from one step's logits (`LaneInputs`): the index tensors are built once per
 row layout (they change only when rows finish), kept per device, and reused every step."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class _LanePlan:
             self.padded[path] = rows, _Index(torch.tensor([[True] * len(d) + [False] * (most - len(d)) for d in many]))
 
 
-class StepPlan:
+class LaneInputs:
     """Which rows feed which lane's paths, and which (layer, row) pairs need logit-lens logits."""
 
     def __init__(self, lanes: Sequence[Lane], num_rows: int) -> None:
