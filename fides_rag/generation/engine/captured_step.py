@@ -145,6 +145,8 @@ class CapturedStep:
         pool = getattr(cache, "pool", None)
         if pool is not None:
             self.mark_static(pool.static_tensors())
+            for tensor, dim in pool.attention.dynamic_dims():  # sizes that follow the rows' lengths, not the bucket
+                torch._dynamo.maybe_mark_dynamic(tensor, dim)
         key = (ids.shape[0], self._hooks())
         if key in self._failed:
             self.fallback_steps += 1

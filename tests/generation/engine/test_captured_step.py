@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fides_rag import FidesDecoder, PromptTemplate, get_method
+from fides_rag.testing import build_tiny_model
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -229,3 +230,23 @@ def test_a_step_under_a_dispatch_mode_runs_eagerly_and_keeps_its_bucket_captured
     with torch.compiler.set_stance("fail_on_recompile"):
         again = captured.generate(QUESTIONS[0], DOCUMENTS[0], max_new_tokens=3, min_new_tokens=3).token_ids
     assert again == counted and captured.stats.captured_fallback_steps == 0 and captured.stats.failed == 0
+
+
+def test_one_warm_up_serves_prompts_of_any_length_on_the_gather(tokenizer):
+    """A captured step's shapes depend on its bucket only: the gather's width (the longest row's blocks) is a dynamic
+    dimension of the graph, so prompts of 1 to 5,000 tokens after a warm-up on a short one run captured."""
+    model = build_tiny_model("llama", len(tokenizer), max_position_embeddings=8192)
+    template = PromptTemplate(stop=())
+    captured = FidesDecoder(
+        model, tokenizer, prompt_template=template, mode="fast", compile="eager", buckets=[1], warmup=["standard"]
+    )
+    eager = FidesDecoder(model, tokenizer, prompt_template=template, mode="fast")
+    for words in (1, 13, 100, 400, 1600):  # about 3 tokens a word
+        document = " ".join(["Lyon"] * words)
+        assert len(tokenizer(document).input_ids) <= 5000
+        got = captured.generate("Where?", [document], method="standard", max_new_tokens=6, min_new_tokens=6)
+        want = eager.generate("Where?", [document], method="standard", max_new_tokens=6, min_new_tokens=6)
+        assert got.token_ids == want.token_ids
+    stats = captured.stats
+    assert stats.captured_fallback_steps <= 0.05 * stats.steps, (stats.captured_fallback_steps, stats.steps)
+    assert stats.failed == 0

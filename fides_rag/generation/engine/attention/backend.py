@@ -76,6 +76,11 @@ class PoolAttention(AttentionBackend):
     def read(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """What a layer's attention reads, from the layer's pool tensors ([1, kv_heads, S, d], this step written)."""
 
+    def dynamic_dims(self) -> list[tuple[torch.Tensor, int]]:
+        """This step's tensors whose size varies with the rows' lengths, and the dimension that does: a captured step
+        marks them dynamic, so one graph per bucket serves prompts of any length."""
+        return []
+
     @staticmethod
     @abc.abstractmethod
     def attend(

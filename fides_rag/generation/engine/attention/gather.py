@@ -23,6 +23,7 @@ class GatherAttention(PoolAttention):
         self.slots: torch.Tensor | None = None
         """[Rb * L] this step's slots of every row, in row order."""
         self.rows = 0
+        self._masks: list[torch.Tensor] = []
 
     def bind(self, pool: Any) -> None:
         super().bind(pool)
@@ -42,7 +43,13 @@ class GatherAttention(PoolAttention):
             if window is not None:
                 visible = visible & (key_positions >= row_length - window)
             masks[window] = visible[:, None, None, :]  # [Rb, 1, 1, L]
+        self._masks = list(masks.values())
         return masks
+
+    def dynamic_dims(self) -> list[tuple[torch.Tensor, int]]:
+        if self.slots is None:
+            return []
+        return [(self.slots, 0), *((mask, 3) for mask in self._masks)]
 
     def read(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.slots is None:
