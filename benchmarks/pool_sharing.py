@@ -62,8 +62,9 @@ class PoolUse:
             self.peak = max(self.peak, stats.kv_pool_used_tokens)
 
 
-def wave(decoder: FidesDecoder, requests: int, new_tokens: int, repeats: int) -> tuple[list[list[int]], int]:
-    """`requests` FIDES requests at once; their tokens, and the peak pool positions held with all of them decoding."""
+def wave(decoder: FidesDecoder, requests: int, new_tokens: int, repeats: int) -> tuple[list[list[int]], int | None]:
+    """`requests` FIDES requests at once; their tokens, and the peak pool positions held with all of them decoding
+    (None: the pool never held them all at once)."""
     use = PoolUse(decoder, requests)
     with decoder.around_steps(use):
         handles = [
@@ -77,9 +78,7 @@ def wave(decoder: FidesDecoder, requests: int, new_tokens: int, repeats: int) ->
             for i in range(requests)
         ]
         tokens = [h.result().token_ids for h in handles]
-    if not use.steps:
-        raise RuntimeError(f"no step ran with all {requests} requests decoding; raise --new-tokens")
-    return tokens, use.peak
+    return tokens, use.peak if use.steps else None
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -105,6 +104,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "new_tokens": args.new_tokens,
         "document_repeats": args.repeats,
         "kv_pool_tokens": args.kv_pool_tokens,
+        "document_tokens": len(tokenizer(DOCUMENT * args.repeats).input_ids),
         "decoders": {},
     }
     tokens: dict[str, list[list[int]]] = {}
@@ -113,14 +113,18 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             model, tokenizer, mode="fast", kv_pool_tokens=args.kv_pool_tokens, prefix_caching=caching
         )
         start = time.perf_counter()
+        largest = []
         first, first_peak = wave(decoder, args.requests, args.new_tokens, args.repeats)
+        largest.append(decoder.stats.largest_batch)
         second, second_peak = wave(decoder, args.requests, args.new_tokens, args.repeats)
+        largest.append(decoder.stats.largest_batch)
         stats = decoder.stats
         tokens[label] = first + second
         report["decoders"][label] = {
             "prefix_caching": caching,
             "peak_used_tokens_first_wave": first_peak,
             "peak_used_tokens_second_wave": second_peak,
+            "most_requests_decoding_together": largest[-1],
             "shared_tokens": stats.kv_pool_shared_tokens,
             "copied_on_write": stats.kv_pool_copied_on_write,
             "kept_tokens_after": stats.kv_pool_kept_tokens,
@@ -136,19 +140,22 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     shared, copied = report["decoders"]["shared"], report["decoders"]["copied"]
     for wave_name in ("first_wave", "second_wave"):
         key = f"peak_used_tokens_{wave_name}"
-        report[f"peak_ratio_{wave_name}"] = shared[key] / copied[key] if copied[key] else None
+        both = shared[key] is not None and copied[key]
+        report[f"peak_ratio_{wave_name}"] = shared[key] / copied[key] if both else None
     return report
 
 
 def table(report: dict[str, Any]) -> str:
     rows = [
-        "| decoder | peak pool positions held, wave 1 | wave 2 | positions taken by reference | copied on write | "
-        "prompt bytes not copied | failed |",
-        "|---|---|---|---|---|---|---|",
+        "| decoder | most requests decoding together | peak pool positions held, wave 1 | wave 2 | "
+        "positions taken by reference | copied on write | prompt bytes not copied | failed |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    count = lambda v: "-" if v is None else f"{v:,}"  # noqa: E731  # None: never all decoding at once
     for label, d in report["decoders"].items():
         rows.append(
-            f"| {label} | {d['peak_used_tokens_first_wave']:,} | {d['peak_used_tokens_second_wave']:,} | "
+            f"| {label} | {d.get('most_requests_decoding_together', '-')} | "
+            f"{count(d['peak_used_tokens_first_wave'])} | {count(d['peak_used_tokens_second_wave'])} | "
             f"{d['shared_tokens']:,} | {d['copied_on_write']} | {d['prompt_bytes_not_copied'] / 2**20:.1f} MiB | "
             f"{d['failed']} |"
         )

@@ -59,6 +59,8 @@ class InFlight:
         self._masker_sets = 0
         self._lane_inputs: LaneInputs | None = None
         self._lane_inputs_version = -1
+        self._reserved: dict[int, TicketPrefill] = {}
+        """Admitted requests' prefill jobs made at admission (their shared blocks held), by id of ticket."""
 
     def head_set(self, heads: Heads) -> int:
         """The index of a set of masked heads (registered on first use)."""
@@ -91,6 +93,47 @@ class InFlight:
         pool = self.batch.pool
         return pool.block_refs if pool is not None else None
 
+    def reserve(self, ticket: Ticket, chunk_tokens: int) -> tuple[int, int]:
+        """At `ticket`'s admission (chunked prefill): hold the kept pool blocks its rows would take by reference now,
+        so that they stay until it joins. Returns how many blocks are held for it, and how many of those no row held
+        (they were available until now)."""
+        job = self._prefill_job(ticket, chunk_tokens)
+        self._reserved[id(ticket)] = job
+        pool, prompts = self.batch.pool, self._prompt_blocks(job)
+        if pool is None or prompts is None:
+            return 0, 0
+        job.pinned, unheld = pool.pin_shared(prompts)
+        return sum(len(blocks) for blocks in job.pinned), unheld
+
+    def unreserve(self, ticket: Ticket) -> None:
+        """A reserved ticket not admitted after all: its held blocks go back."""
+        job = self._reserved.pop(id(ticket))
+        self._release_pins(job)
+        self.stats.prompt_tokens -= sum(len(r.ids) for r in job.rows)  # counted again when it is admitted
+
+    def reserved_blocks(self, ticket: Ticket) -> int:
+        """Blocks held for a request still prefilling (0: none)."""
+        job = self._reserved.get(id(ticket)) or next((j for j in self.prefilling if j.ticket is ticket), None)
+        return sum(len(b) for b in job.pinned) if job is not None and job.pinned else 0
+
+    def _release_pins(self, job: TicketPrefill) -> None:
+        if job.pinned and self.batch.pool is not None:
+            self.batch.pool.unpin(job.pinned)
+        job.pinned = None
+
+    def pool_room(self, block: int) -> int | None:
+        """Blocks of the pool left for newcomers: those a take can hand out now, less what the decoding requests'
+        rows may still take (each request's worst case, every row its own, less the blocks its rows hold, a shared
+        block included) and the copies on write pending. None: no pool yet."""
+        pool = self.batch.pool
+        if pool is None:
+            return None
+        growth = 0
+        for ticket in self.tickets:
+            rows = [r for u in ticket.units if u.finish_reason is None for rs in u.rows.values() for r in rs]
+            growth += max(0, ticket.request.kv_blocks(block) - pool.blocks_held(rows))
+        return pool.block_refs.available - growth - pool.pending_copies()
+
     @property
     def extendable(self) -> bool:
         """Whether rows can join the running batch now."""
@@ -115,7 +158,10 @@ class InFlight:
         _, decode_layers = self.lanes.capture_layers()
         whole = plan.newcomers if plan.prefill_whole else []
         if not plan.prefill_whole:
-            self.prefilling += [self._prefill_job(t, plan.chunk_tokens) for t in plan.newcomers]
+            self.prefilling += [
+                self._reserved.pop(id(t)) if id(t) in self._reserved else self._prefill_job(t, plan.chunk_tokens)
+                for t in plan.newcomers
+            ]
         for ticket in whole:
             self._wire(ticket, 0)
         if not self.tickets and not self.prefilling:
@@ -198,7 +244,9 @@ class InFlight:
                 head_sets,
                 [len(r.ids) for r in job.rows],
                 self._prompt_blocks(job),
+                job.pinned,
             )
+            job.pinned = None  # taken over by the rows
             self._wire(job.ticket, offset)  # after its rows joined: a request whose rows could not join is in no lane
         self.prefilling = [job for job in self.prefilling if not job.finished]
         return [job.ticket for job in done]
@@ -252,6 +300,7 @@ class InFlight:
         """Requests cancelled since the last step leave before the next forward."""
         for job in [j for j in self.prefilling if j.ticket.handle.cancelled]:
             self.prefilling.remove(job)
+            self._release_pins(job)
             job.ticket.close_cancelled()
             self.stats.cancelled += 1
         cancelled = [t for t in self.tickets if t.handle.cancelled]
@@ -280,6 +329,7 @@ class InFlight:
                 id(ticket), ticket
             )  # a request that joined at the failed step is both decoding and prefilling
         self.tickets, self.prefilling = [], []  # start clean before failing anyone: nothing of the failed step survives
+        self._reserved = {}
         self.batch = self._new_batch()
         self.lanes = Lanes(self.anatomy.num_layers)
         self._lane_inputs = None

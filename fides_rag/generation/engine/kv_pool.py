@@ -115,6 +115,18 @@ class KVPool:
         """Positions of the blocks rows hold now (a block several rows share counts once)."""
         return self.block_refs.held * BLOCK
 
+    def blocks_held(self, rows: Sequence[int]) -> int:
+        """Blocks rows `rows` hold (own and shared)."""
+        return sum(len(self.tables[row]) for row in rows)
+
+    def pending_copies(self) -> int:
+        """Rows whose last block is shared and partly filled: each copies it before its next write."""
+        return sum(
+            1
+            for table, length in zip(self.tables, self.lengths)
+            if length % BLOCK and self.block_refs.is_shared(table[-1])
+        )
+
     def _take(self, count: int) -> list[int]:
         return self.block_refs.take(count)
 
@@ -126,7 +138,27 @@ class KVPool:
         self.keys[layer].index_copy_(2, index, keys.to(self.dtype))
         self.values[layer].index_copy_(2, index, values.to(self.dtype))
 
-    def add_rows(self, cache: Any, lengths: Sequence[int], prompts: Sequence[PromptBlocks] | None = None) -> None:
+    def pin_shared(self, prompts: Sequence[PromptBlocks]) -> tuple[list[list[int]], int]:
+        """Hold, for rows that will join later, the kept blocks each would take by reference now: per row the blocks
+        held, and how many of them no row held before (they were given back on demand until now)."""
+        pinned = [self._shared_prefix(p) for p in prompts]
+        unheld = sum(1 for blocks in pinned for b in blocks if self.block_refs.refs[b] == 1)
+        for blocks in pinned:
+            self.block_refs.hold(blocks)
+        return pinned, unheld
+
+    def unpin(self, pinned: Sequence[Sequence[int]]) -> None:
+        """Give back blocks held by `pin_shared` (a request that left before it joined, or one that joined)."""
+        for blocks in pinned:
+            self.block_refs.release(blocks)
+
+    def add_rows(
+        self,
+        cache: Any,
+        lengths: Sequence[int],
+        prompts: Sequence[PromptBlocks] | None = None,
+        pinned: Sequence[Sequence[int]] | None = None,
+    ) -> None:
         """Append the rows of a prefill's ragged cache (every row's real length in `lengths`) after the current ones.
         With `prompts` (per row: its prompt blocks' hashes and how many lead to a cut), a row takes the kept blocks of
         its leading blocks by reference instead of a copy, and its own prompt blocks are kept for later rows. Its
@@ -137,6 +169,8 @@ class KVPool:
         shared = [self._shared_prefix(p) for p in prompts] if prompts is not None else [[] for _ in lengths]
         for blocks in shared:  # held first: taking the other blocks may give back kept blocks nothing holds
             self.block_refs.share(blocks)
+        if pinned is not None:
+            self.unpin(pinned)
         own = self._take_all([math.ceil(length / BLOCK) - len(s) for length, s in zip(lengths, shared)])
         tables = [s + o for s, o in zip(shared, own)]
         written = self._copy_rows(cache, lengths, tables, [len(s) * BLOCK for s in shared])

@@ -8,8 +8,9 @@ shared block: prompt blocks are full, and a row about to write into a shared par
 (`KVPool.begin_step`, copy on write).
 
 Kept prompt blocks hold a reference of their own and outlive their rows; when the free blocks run short, those held
-by nothing else are given back, least recently used first. The scheduler admits requests by their worst-case
-blocks (every row its own), so giving back the kept blocks always makes room.
+by nothing else are given back, least recently used first. The scheduler admits a request when its worst-case blocks
+(every row its own) fit in what is available now less what the rows in flight may still take
+(`InFlight.pool_room`): a block several rows share is counted once, and the pool never runs out.
 """
 
 from __future__ import annotations
@@ -62,6 +63,11 @@ class PoolBlocks:
         return sum(1 for block in self._kept.values() if self.refs[block] == 1)
 
     @property
+    def available(self) -> int:
+        """Blocks a take can hand out now: the free ones and the kept ones no row holds."""
+        return len(self.free) + self.kept_only
+
+    @property
     def held(self) -> int:
         """Blocks some row holds."""
         return self.blocks - len(self.free) - self.kept_only
@@ -82,10 +88,14 @@ class PoolBlocks:
         return taken
 
     def share(self, blocks: Sequence[int]) -> None:
-        """One more holder of each of `blocks`."""
+        """One more holder of each of `blocks`, a row taking them by reference."""
+        self.hold(blocks)
+        self.counts.shared += len(blocks)
+
+    def hold(self, blocks: Sequence[int]) -> None:
+        """One more holder of each of `blocks` (not yet a row: a request admitted, still prefilling)."""
         for block in blocks:
             self.refs[block] += 1
-        self.counts.shared += len(blocks)
 
     def release(self, blocks: Sequence[int]) -> None:
         """One holder fewer of each of `blocks`; a block nothing holds is free again."""

@@ -122,6 +122,7 @@ class PooledBatch(RunningBatch):
         head_sets: Sequence[int],
         lengths: Sequence[int],
         prompts: Sequence[PromptBlocks] | None = None,
+        pinned: Sequence[Sequence[int]] | None = None,
     ) -> None:
         layers = state.cache.layers
         if not all(isinstance(layer, RaggedLayer) for layer in layers):
@@ -150,7 +151,7 @@ class PooledBatch(RunningBatch):
                 for layer in {*self.states, *states}
             }
         assert self.pool is not None  # made above for the first rows
-        self.pool.add_rows(state.cache, lengths, prompts)
+        self.pool.add_rows(state.cache, lengths, prompts, pinned)
         self.layout.append(head_sets, lengths)
 
     def keep(self, rows: list[int] | None) -> None:

@@ -108,6 +108,8 @@ class TicketPrefill:
     ticket: Any
     groups: list[GroupSpec]
     rows: list[RowPrefill]
+    pinned: list[list[int]] | None = None
+    """Per row, the kept pool blocks held for it since its admission (it takes them by reference when it joins)."""
 
     @property
     def finished(self) -> bool:

@@ -114,9 +114,11 @@ class RunningBatch:
         head_sets: Sequence[int],
         lengths: Sequence[int],
         prompts: Sequence[PromptBlocks] | None = None,
+        pinned: Sequence[Sequence[int]] | None = None,
     ) -> None:
         """Append prefilled rows (their cache, mask, last positions and states, layer -> [n, H]) after the current
-        ones. `prompts`: the rows' prompt blocks, which a batch that `shares_prompt_blocks` takes by reference."""
+        ones. `prompts`: the rows' prompt blocks, which a batch that `shares_prompt_blocks` takes by reference;
+        `pinned`: the blocks such a batch held for them since their admission."""
         if self.empty:
             self.cache, self.positions, self.hidden = state.cache, state.positions, state.last_hidden
             self.mask = state.attention_mask.bool()

@@ -63,6 +63,19 @@ class Running(Protocol):
     def extendable(self) -> bool:
         """Whether rows can join the running batch now."""
 
+    def pool_room(self, block: int) -> int | None:
+        """Blocks of fast mode's pool left for newcomers after what the decoding requests may still take (None: no
+        pool yet)."""
+
+    def reserve(self, ticket: Ticket, chunk_tokens: int) -> tuple[int, int]:
+        """Hold the kept pool blocks `ticket`'s rows would take by reference: (blocks held, of which no row held)."""
+
+    def unreserve(self, ticket: Ticket) -> None:
+        """Give back what `reserve` held for a ticket not admitted after all."""
+
+    def reserved_blocks(self, ticket: Ticket) -> int:
+        """Blocks held for an admitted request still prefilling."""
+
 
 class Scheduler:
     """The waiting queue and the policy that admits from it, plans each step and releases what finished."""
@@ -145,16 +158,29 @@ class Scheduler:
         """Whether the queue holds a whole batch already (an idle engine stops waiting for more arrivals)."""
         return self.max_requests is not None and len(self.queue) >= self.max_requests
 
-    def admit(self, in_flight: Sequence[Ticket], extendable: bool, on_cancelled: Any) -> list[Ticket]:
-        """The tickets that join now, FIFO within the bounds (counting `in_flight`: decoding or prefilling).
-        Cancelled tickets at the head leave the queue through `on_cancelled`."""
-        if in_flight and (self.admission == "static" or not extendable):
+    def admit(self, running: Running, on_cancelled: Any, chunk_tokens: int | None = None) -> list[Ticket]:
+        """The tickets that join now, FIFO within the bounds (counting the requests in flight: decoding or
+        prefilling). Cancelled tickets at the head leave the queue through `on_cancelled`.
+
+        Fast mode's pool: a newcomer's worst-case blocks (every row its own) must fit in what the pool can hand out
+        now, less what the decoding requests may still take and the worst case of those prefilling. With chunked
+        prefill (`chunk_tokens`), the kept blocks a newcomer's rows would take by reference are held for it at
+        admission and not counted against it: a block several requests share is counted once."""
+        in_flight = running.requests
+        if in_flight and (self.admission == "static" or not running.extendable):
             return []
         taken: list[Ticket] = []
         requests = len(in_flight)
         rows = sum(t.request.rows for t in in_flight)
         tokens = sum(t.request.tokens for t in in_flight)
-        blocks = sum(t.request.kv_blocks(BLOCK) for t in in_flight) if self.pool_blocks is not None else 0
+        room = running.pool_room(BLOCK) if self.pool_blocks is not None else None
+        blocks = 0
+        if self.pool_blocks is not None:
+            joined = {id(t) for t in running.tickets} if room is not None else set()
+            blocks = self.pool_blocks - room if room is not None else 0
+            blocks += sum(
+                t.request.kv_blocks(BLOCK) - running.reserved_blocks(t) for t in in_flight if id(t) not in joined
+            )
         while self.queue:
             ticket = self.queue[0]
             if ticket.handle.cancelled:
@@ -167,11 +193,18 @@ class Scheduler:
                 or (self.max_rows is not None and rows + request.rows > self.max_rows)
                 or (self.max_tokens is not None and tokens + request.tokens > self.max_tokens)
             )
-            needs = request.kv_blocks(BLOCK) if self.pool_blocks is not None else 0
-            if self.pool_blocks is not None and blocks + needs > self.pool_blocks:
-                break  # the pool's blocks are a hard bound: the head waits for blocks to free, even alone
             if over and (in_flight or taken):
                 break  # FIFO: the head waits for room, and nobody passes it
+            needs, reserved = 0, False
+            if self.pool_blocks is not None:
+                needs = request.kv_blocks(BLOCK)
+                if room is not None and chunk_tokens is not None:
+                    held, unheld = running.reserve(ticket, chunk_tokens)
+                    needs, reserved = needs - held + unheld, True
+                if blocks + needs > self.pool_blocks:
+                    if reserved:
+                        running.unreserve(ticket)
+                    break  # the pool's blocks are a hard bound: the head waits for blocks to free, even alone
             self.queue.popleft()
             taken.append(ticket)
             requests, rows, tokens = requests + 1, rows + request.rows, tokens + request.tokens
@@ -204,7 +237,7 @@ class Scheduler:
         `chunked`: prompts are prefilled in chunks under the budget (else whole, at admission)."""
         if not running.requests and self.window_s > 0:  # an idle engine gathers concurrent arrivals
             wait_for(self.full, self.window_s)
-        newcomers = self.admit(running.requests, running.extendable, on_cancelled)
+        newcomers = self.admit(running, on_cancelled, self.max_num_batched_tokens if chunked else None)
         rows = running.rows
         return ScheduledStep(
             newcomers=newcomers,

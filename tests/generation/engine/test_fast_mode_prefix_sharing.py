@@ -73,3 +73,34 @@ def test_kept_blocks_are_given_back_when_the_pool_runs_short(tiny_llama, tokeniz
             )
     stats = decoder.stats  # four prompts of ~400 tokens and their no-context rows do not all fit kept in the pool
     assert stats.failed == 0 and stats.kv_pool_kept_tokens <= 1024 and stats.kv_pool_shared_tokens > 0
+
+
+def test_admission_counts_a_shared_prompt_block_once_so_requests_on_one_document_decode_together(tokenizer):
+    """16 FIDES requests over one document of about 1,343 tokens, in a pool of 5,632 positions (352 blocks): each
+    request's worst case is 114 blocks (this tokenizer's template is long), so counted apart no more than 3 fit; with
+    the 99 blocks their prompts share counted once they all decode together, with the tokens of the decoder that
+    shares nothing, and not one block short."""
+    from fides_rag.testing import build_tiny_model
+
+    model = build_tiny_model("llama", len(tokenizer), max_position_embeddings=4096)
+    document = " ".join(f"Item {i} is stored in crate {i % 7}." for i in range(68))
+    assert 1200 <= len(tokenizer(document).input_ids) <= 1500
+    questions = [f"Where is item {i}?" for i in range(16)]
+    options = dict(
+        prompt_template=PromptTemplate(stop=()), mode="fast", kv_pool_tokens=5632, max_num_batched_tokens=512
+    )
+    shared = FidesDecoder(model, tokenizer, **options)
+    alone = FidesDecoder(model, tokenizer, prefix_caching=False, **options)
+    handles = [shared.submit(q, [document], method="fides", max_new_tokens=24, min_new_tokens=24) for q in questions]
+    results = [h.result() for h in handles]
+    assert shared.stats.failed == 0 and shared.stats.largest_batch == 16, shared.stats.largest_batch
+    for question, result in zip(questions[:3], results):  # fast mode: among 16 rows, sums round apart; tokens hold
+        alone_result = alone.generate(question, [document], method="fides", max_new_tokens=24, min_new_tokens=24)
+        assert result.token_ids == alone_result.token_ids
+    assert alone.stats.largest_batch <= 3
+    assert shared.stats.kv_pool_used_tokens == 0  # every block held for a request at its admission was given back
+    again = [shared.submit(q, [document], method="fides", max_new_tokens=24) for q in questions]
+    for handle in again[::2]:
+        handle.cancel()  # cancelled in the queue, prefilling or decoding: what was held for them goes back too
+    assert all(h.result().finish_reason is not None for h in again[1::2])
+    assert shared.stats.failed == 0 and shared.stats.kv_pool_used_tokens == 0
