@@ -32,4 +32,5 @@ def test_the_script_reports_peaks_shared_positions_and_equal_tokens(tmp_path):
         capture_output=True,
         text=True,
     ).stdout
-    assert table.startswith("| decoder | peak pool positions held") and "| shared |" in table
+    assert table.startswith("| decoder | most requests decoding together |") and "| shared |" in table
+    assert shared["most_requests_decoding_together"] == 3
