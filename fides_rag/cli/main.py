@@ -468,6 +468,7 @@ def _eval(args: argparse.Namespace) -> int:
             methods,
             args.out,
             model=args.model,
+            dataset=args.dataset,
             per_stratum=args.per_stratum,
             seed=args.strata_seed,
             batch_size=args.batch_size,

@@ -159,6 +159,35 @@ def select_rows(
     return chosen
 
 
+class StrataScan:
+    """The closed-book lane's stopping point: with a row count for every stratum, it scans the questions in a seeded
+    shuffle and stops at the first question by which every stratum holds its count of rows (`add`); with any
+    stratum left at every row it scans them all. The scanned questions are a prefix of that shuffle, so a resumed or
+    repeated scan stops at the same question whatever order the answers arrived in."""
+
+    def __init__(self, examples: Sequence[QAExample], per_stratum: PerStratum) -> None:
+        self.quotas = _quotas(per_stratum)
+        self.stops_early = all(quota is not None for quota in self.quotas.values())
+        self._rows: dict[str, list[QAExample]] = {}
+        for example in examples:
+            self._rows.setdefault(example.question, []).append(example)
+        self.found = dict.fromkeys(STRATA, 0)
+        """stratum -> rows among the questions scanned so far."""
+
+    def order(self, questions: Sequence[str], seed: int) -> list[str]:
+        """The order the lane answers `questions` in: a shuffle seeded with `seed` when the scan may stop early."""
+        order = list(questions)
+        if self.stops_early:
+            random.Random(seed).shuffle(order)
+        return order
+
+    def add(self, question: str, closed_book_answer: str) -> bool:
+        """Counts the rows of one more scanned question; True once every stratum holds its quota."""
+        for example in self._rows.get(question, ()):
+            self.found[stratum_of(example, closed_book_answer)] += 1
+        return self.stops_early and all(self.found[s] >= (q or 0) for s, q in self.quotas.items())
+
+
 def describe_per_stratum(per_stratum: PerStratum) -> str:
     """How many rows of each stratum were scored, in words (results.md)."""
     if per_stratum is None:
@@ -350,8 +379,15 @@ def _strata_header(strata: Mapping[str, Any]) -> str:
         if strata.get("per_stratum")
         else ""
     )
+    scanned = strata.get("scanned_questions")
+    lane = "each distinct question answered without documents"
+    if scanned is not None and scanned < strata["questions"]:
+        lane = (
+            f"{scanned} of the {strata['questions']} distinct questions answered without documents, in a shuffle "
+            f"with seed {strata['seed']}, stopping once every stratum had its rows"
+        )
     return (
-        "Strata (closed-book lane: each distinct question answered without documents; rows available per stratum: "
+        f"Strata (closed-book lane: {lane}; rows available per stratum: "
         f"{_per_stratum_counts(strata, 'available', 'available_questions')}{scored}). Score = CF on the conflict "
         "strata, EM on the agreeing ones; n = rows, questions = the distinct questions among them; regressions and "
         "fixes against standard (rows, % of n); CI = paired bootstrap 95% CI of the difference against standard, in "

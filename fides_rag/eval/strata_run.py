@@ -8,6 +8,7 @@ again, with no model, for the rows, questions and failure classes of each stratu
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -15,8 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from fides_rag.eval.closed_book import (
     CLOSED_BOOK,
+    DEFAULT_IN_FLIGHT,
     closed_book_answers,
+    closed_book_settings,
     distinct_questions,
+    extend_prefix,
     question_key,
     read_closed_book,
 )
@@ -29,6 +33,7 @@ from fides_rag.eval.strata import (
     REFERENCE,
     STRATA_KEY,
     PerStratum,
+    StrataScan,
     assign_strata,
     check_original_answers,
     check_strata_folder,
@@ -45,9 +50,20 @@ if TYPE_CHECKING:
     from fides_rag.decoder import FidesDecoder
 
 
+SCAN_PREFIX = "seeded shuffle, until every stratum has its rows"
+SCAN_ALL = "every question"
+
+
 def strata_settings(per_stratum: PerStratum, seed: int) -> dict[str, Any]:
-    """The run.json entry of a strata run."""
-    return {"seed": seed, "per_stratum": per_stratum, "known_by": KNOWN_BY, "closed_book": CLOSED_BOOK}
+    """The run.json entry of a strata run ("scan": how the closed-book lane chose its questions)."""
+    scan = SCAN_PREFIX if StrataScan([], per_stratum).stops_early else SCAN_ALL
+    return {"seed": seed, "per_stratum": per_stratum, "known_by": KNOWN_BY, "closed_book": CLOSED_BOOK, "scan": scan}
+
+
+def unnamed_dataset(questions: Sequence[str]) -> str:
+    """The name a closed-book cache records for examples given without a dataset name: their questions' digest."""
+    digest = hashlib.sha256("\0".join(questions).encode()).hexdigest()[:16]
+    return f"unnamed ({len(questions)} questions, sha256 {digest})"
 
 
 def check_strata_run(
@@ -72,40 +88,52 @@ def run_strata_eval(
     out_dir: str | Path,
     *,
     model: str,
+    dataset: str | None = None,
     per_stratum: PerStratum = None,
     seed: int = 0,
     batch_size: int = 8,
     max_new_tokens: int = 32,
+    closed_book_in_flight: int = DEFAULT_IN_FLIGHT,
     run_info: Mapping[str, Any] | None = None,
     progress: bool = True,
     bootstrap_samples: int = 1000,
     bootstrap_by: str = "question",
 ) -> dict[str, Any]:
-    """Answer each distinct question closed-book (cached in the run folder), split the rows into strata, keep the
+    """Answer the distinct questions closed-book (cached in the run folder), split the rows into strata, keep the
     first `per_stratum` rows of each (one count, or a count per stratum) in a shuffle seeded with `seed`, decode them
     under every method and write the results with their strata ("strata" in results.json: settings, rows and
-    questions available and scored, per-stratum results with each method's failure classes)."""
+    questions available and scored, per-stratum results with each method's failure classes).
+
+    With a count for every stratum, the lane scans the questions in a shuffle seeded with `seed` and stops at the
+    first question by which every stratum has its rows (or at the end of the set); otherwise it answers them all.
+    `dataset` (default: run_info's, else `unnamed_dataset`) is recorded in the closed-book cache, which refuses
+    answers of another dataset, model or prompt."""
     out = Path(out_dir)
     check_strata_run(examples, list(methods), out)
     questions = distinct_questions(e.question for e in examples)
+    dataset = dataset or str((run_info or {}).get("dataset") or "") or unnamed_dataset(questions)
+    lane_settings = closed_book_settings(decoder, model=model, dataset=dataset, max_new_tokens=max_new_tokens)
+    scan = StrataScan(examples, per_stratum)
+    order = scan.order(questions, seed)
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(questions), unit="q", dynamic_ncols=True, desc="closed-book")
+        bar = tqdm(total=len(order), unit="q", dynamic_ncols=True, desc="closed-book")
     try:
         answers = closed_book_answers(
             decoder,
-            questions,
+            order,
             out / CLOSED_BOOK,
-            model=model,
-            max_new_tokens=max_new_tokens,
-            batch_size=batch_size,
-            on_batch=bar.update if bar is not None else None,
+            settings=lane_settings,
+            in_flight=closed_book_in_flight,
+            on_answer=bar.update if bar is not None else None,
+            enough=scan.add if scan.stops_early else None,
         )
     finally:
         if bar is not None:
             bar.close()
+    examples = [e for e in examples if e.question in answers]
     strata = assign_strata(examples, answers)
     chosen = select_rows(examples, strata, per_stratum, seed)
     settings = strata_settings(per_stratum, seed)
@@ -128,6 +156,7 @@ def run_strata_eval(
     results[STRATA_KEY] = {
         **settings,
         "questions": len(questions),
+        "scanned_questions": len(answers),
         "available": count_strata(strata),
         "available_questions": count_strata_questions(examples, strata),
         "scored": count_strata({i: s for i, s in strata.items() if i in ids}),
@@ -172,8 +201,15 @@ def read_strata_counts(out_dir: str | Path) -> dict[str, dict[str, dict[str, Any
         raise ValueError(f"{out / RUN_INFO} has no '{STRATA_KEY}' settings: not a strata run")
     examples = _run_examples(out, info)
     cached = read_closed_book(out / settings["closed_book"], info["model"], info["max_new_tokens"])
-    keys = {q: question_key(info["model"], q) for q in distinct_questions(e.question for e in examples)}
-    strata = assign_strata(examples, {q: cached[k] for q, k in keys.items() if k in cached})
+    questions = distinct_questions(e.question for e in examples)
+    answered = {q: cached[k] for q in questions if (k := question_key(info["model"], q)) in cached}
+    if settings.get("scan") == SCAN_PREFIX:  # runs before the scan answered every question
+        scan = StrataScan(examples, settings["per_stratum"])
+        prefix: dict[str, str] = {}
+        extend_prefix(prefix, scan.order(questions, settings["seed"]), answered, scan.add)
+        answered = prefix
+    examples = [e for e in examples if e.question in answered]
+    strata = assign_strata(examples, answered)
     chosen = select_rows(examples, strata, settings["per_stratum"], settings["seed"])
     ids = {e.id for e in chosen}
     records = [r for r in read_predictions(out / PREDICTIONS) if r["id"] in ids]

@@ -45,6 +45,9 @@ class StepInputs:
     state: torch.Tensor | None = None
     """[B, state_size] what the rule kept per sequence from its previous step (zeros at a sequence's first step);
     None for rules whose `state_size` is 0."""
+    end_token_ids: tuple[int, ...] = ()
+    """The token ids that end the answer for these rows (the request's EOS ids; empty where the answer cannot end at
+    this step, e.g. EOS held back by `min_new_tokens`). A plain tuple, so a compiled combine treats it as a constant."""
 
     @classmethod
     def from_tensors(
@@ -59,8 +62,9 @@ class StepInputs:
         document_logits: torch.Tensor | None = None,
         document_mask: torch.Tensor | None = None,
         masked_logits: torch.Tensor | None = None,
+        end_token_ids: tuple[int, ...] = (),
     ) -> StepInputs:
-        """Inputs from named tensors (None: the path was not run)."""
+        """Inputs from named tensors (None: the path was not run); `end_token_ids`: the ids that end the answer."""
         logits = {
             CONTEXT: ctx_logits,
             NO_CONTEXT: no_ctx_logits,
@@ -74,6 +78,7 @@ class StepInputs:
             lens_logits=dict(lens_logits or {}),
             num_layers=num_layers,
             document_mask=document_mask,
+            end_token_ids=tuple(end_token_ids),
         )
 
     @property

@@ -1,6 +1,8 @@
 """`fides-rag eval --strata` end to end on a tiny random model: closed-book lane, strata, row selection, refusals."""
 
 import json
+from concurrent.futures import Future
+from types import SimpleNamespace
 
 import pytest
 
@@ -249,9 +251,17 @@ class _ScriptedDecoder:
     def rule_for(self, method):
         return get_method(method)
 
-    def generate_batch(self, questions, documents, *, max_new_tokens, method=None, methods=None):
-        if methods is None:
-            return [_answer(self.closed_book[q], "standard") for q in questions]
+    class prompts:  # the decoder's `prompts` attribute
+        @staticmethod
+        def render(question, document_block):
+            return f"Answer: {question}", []
+
+    def submit(self, question, documents, *, max_new_tokens, method):
+        future: Future = Future()
+        future.set_result(_answer(self.closed_book[question], method))
+        return SimpleNamespace(future=future, cancel=lambda: None)
+
+    def generate_batch(self, questions, documents, *, max_new_tokens, methods):
         return {label: [_answer(self.answers[label][docs[0]], label) for docs in documents] for label in methods}
 
 
@@ -278,3 +288,37 @@ def test_strata_results_count_questions_and_failure_classes_per_stratum_and_meth
     text = (tmp_path / "results.md").read_text()
     assert "true_conflict 1 (1 question)" in text and "Wrong answers by class" in text
     assert "Partial run" not in text
+
+
+def test_with_a_count_for_every_stratum_the_lane_scans_a_seeded_prefix_of_the_questions(tmp_path):
+    questions = [f"Which city is number {i}?" for i in range(40)]
+    examples = []
+    for i, question in enumerate(questions):
+        original = ("Paris",)
+        examples.append(QAExample(question, ("Lyon.",), ("Lyon",), original, f"c{i}", {"form": "conflict"}, original))
+        examples.append(QAExample(question, ("Paris.",), original, (), f"o{i}", {"form": "original"}, original))
+    closed_book = {q: "Paris" if i % 2 else "no idea" for i, q in enumerate(questions)}
+    answers = {label: {"Lyon.": "Lyon", "Paris.": "Paris"} for label in ("standard", "fides")}
+    decoder = _ScriptedDecoder(closed_book, answers)
+    methods = {"standard": "standard", "fides": "fides"}
+    results = run_strata_eval(
+        decoder,
+        examples,
+        methods,
+        tmp_path,
+        model="m",
+        per_stratum=3,
+        seed=1,
+        closed_book_in_flight=1,
+        progress=False,
+        bootstrap_samples=10,
+    )
+    strata = results["strata"]
+    assert strata["questions"] == 40 and 6 <= strata["scanned_questions"] < 40
+    assert (
+        strata["scored"] == dict.fromkeys(STRATA, 3)
+        and strata["scan"] == "seeded shuffle, until every stratum has its rows"
+    )
+    assert min(strata["available"].values()) == 3  # stopped at the first question that completed a stratum
+    cached = (tmp_path / CLOSED_BOOK).read_text().splitlines()
+    assert len(cached) == strata["scanned_questions"]  # one request in flight at a time here: nothing beyond

@@ -53,13 +53,16 @@ def decide_lane(
     rows: Mapping[str, torch.Tensor],
     lens: Mapping[int, torch.Tensor],
     num_layers: int,
+    end_token_ids: tuple[int, ...] = (),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """logits [R + n_lens, V], layer_states [L, R, H] or None, rows: path -> [n], lens: layer -> [n].
+    """logits [R + n_lens, V], layer_states [L, R, H] or None, rows: path -> [n], lens: layer -> [n], end_token_ids:
+    the ids that end the lane's answers (a constant to the compiler).
     -> chosen [n], not finite [n], NaN in the scores [n], the rule's records (name -> [n])."""
     step = StepInputs(
         logits={path: logits[index] for path, index in rows.items()},  # [n, V] each
         lens_logits={layer: logits[index] for layer, index in lens.items()},
         num_layers=num_layers,
+        end_token_ids=end_token_ids,
     )
     if layer_states is not None:
         for path in rule.layer_state_paths:
@@ -93,9 +96,10 @@ class CapturedDecide:
         rows: Mapping[str, torch.Tensor],
         lens: Mapping[int, torch.Tensor],
         num_layers: int,
+        end_token_ids: tuple[int, ...] = (),
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]] | None:
         """The lane's outputs, computed by the compiled function; None where it runs eagerly instead (under a
-        dispatch mode, or for a rule it failed to compile for)."""
+        dispatch mode, or for a rule it failed to compile for). `end_token_ids`: `StepInputs.end_token_ids`."""
         if _get_current_dispatch_mode() is not None:
             return None
         key = (rule.name or type(rule).__name__, repr(rule.options()))
@@ -108,7 +112,7 @@ class CapturedDecide:
         }
         try:
             with torch._dynamo.config.patch(**limits):
-                out = self._compiled(rule, logits, layer_states, rows, lens, num_layers)
+                out = self._compiled(rule, logits, layer_states, rows, lens, num_layers, tuple(end_token_ids))
             self.compiled_lanes += 1
             return out
         except Exception as error:  # compiling changes no result: the lane runs eagerly instead

@@ -51,6 +51,11 @@ class _LanePlan:
             rows = _Index([d + d[:1] * (most - len(d)) for d in many])
             self.padded[path] = rows, _Index(torch.tensor([[True] * len(d) + [False] * (most - len(d)) for d in many]))
 
+    def end_token_ids(self) -> tuple[int, ...]:
+        """The ids that can end the answer of this lane's units at this step (`StepInputs.end_token_ids`): the union
+        of their EOS ids, less those of a unit whose EOS `min_new_tokens` still holds back."""
+        return tuple(sorted({e for u in self.units if len(u.generated) >= u.min_new_tokens for e in u.eos_ids}))
+
 
 class LaneInputs:
     """Which rows feed which lane's paths, and which (layer, row) pairs need logit-lens logits."""
@@ -80,6 +85,7 @@ class LaneInputs:
             logits={path: logits[index.on(device)] for path, index in plan.rows.items()},  # [n, V] each
             lens_logits={layer: logits[index.on(device)] for layer, index in plan.lens.items()},
             num_layers=num_layers,
+            end_token_ids=plan.end_token_ids(),
         )
         for path, (rows, present_rows) in plan.padded.items():
             present = present_rows.on(device)

@@ -139,7 +139,7 @@ def _compiled_parts(
     if compiled is None or not compilable(lane, bool(lane_plan.padded)):
         return None
     rows, lens = lane_rows(lane_plan, logits.device)
-    out = compiled(lane.rule, logits, layer_states, rows, lens, anatomy.num_layers)
+    out = compiled(lane.rule, logits, layer_states, rows, lens, anatomy.num_layers, lane_plan.end_token_ids())
     if out is None:
         return None
     chosen, not_finite, has_nan, records = out
