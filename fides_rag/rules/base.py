@@ -45,9 +45,10 @@ class StepInputs:
     state: torch.Tensor | None = None
     """[B, state_size] what the rule kept per sequence from its previous step (zeros at a sequence's first step);
     None for rules whose `state_size` is 0."""
-    end_token_ids: tuple[int, ...] = ()
-    """The token ids that end the answer for these rows (the request's EOS ids; empty where the answer cannot end at
-    this step, e.g. EOS held back by `min_new_tokens`). A plain tuple, so a compiled combine treats it as a constant."""
+    end_tokens: torch.Tensor | None = None
+    """[K] long: the token ids that end these rows' answers (their EOS ids, less those `min_new_tokens` holds back,
+    and every token whose text holds one of their stop strings), for rules that declare `reads_end_tokens`; else
+    None."""
 
     @classmethod
     def from_tensors(
@@ -62,9 +63,9 @@ class StepInputs:
         document_logits: torch.Tensor | None = None,
         document_mask: torch.Tensor | None = None,
         masked_logits: torch.Tensor | None = None,
-        end_token_ids: tuple[int, ...] = (),
+        end_tokens: torch.Tensor | None = None,
     ) -> StepInputs:
-        """Inputs from named tensors (None: the path was not run); `end_token_ids`: the ids that end the answer."""
+        """Inputs from named tensors (None: the path was not run); `end_tokens`: [K] ids that end the answer."""
         logits = {
             CONTEXT: ctx_logits,
             NO_CONTEXT: no_ctx_logits,
@@ -78,7 +79,7 @@ class StepInputs:
             lens_logits=dict(lens_logits or {}),
             num_layers=num_layers,
             document_mask=document_mask,
-            end_token_ids=tuple(end_token_ids),
+            end_tokens=end_tokens,
         )
 
     @property
@@ -143,6 +144,8 @@ class ContrastRule(ABC):
     """Whether the rule contrasts anything (standard decoding does not, so a gate has nothing to guard)."""
     state_size: ClassVar[int] = 0
     """Values the rule keeps per sequence from one step to the next (`StepInputs.state`, `StepOutput.state`)."""
+    reads_end_tokens: ClassVar[bool] = False
+    """Whether `combine` reads `StepInputs.end_tokens` (the engine fills them only for such rules)."""
 
     @property
     def layer_state_paths(self) -> tuple[str, ...]:

@@ -39,6 +39,10 @@ class GatedRule(ContrastRule):
         return self.rule.state_size + self.gate.state_size
 
     @property
+    def reads_end_tokens(self) -> bool:  # type: ignore[override]  # derived from the rule
+        return self.rule.reads_end_tokens
+
+    @property
     def layer_state_paths(self) -> tuple[str, ...]:
         return self.rule.layer_state_paths
 

@@ -34,7 +34,7 @@ def make_step(end_token_ids: tuple[int, ...] = (), dtype: torch.dtype = torch.fl
         no_ctx_layer_states=torch.randn(LAYERS, BATCH, HIDDEN, generator=generator, dtype=torch.float64).to(dtype),
         lens_logits={2: (torch.randn(BATCH, VOCAB, generator=generator, dtype=torch.float64) * 3).to(dtype)},
         num_layers=LAYERS,
-        end_token_ids=end_token_ids,
+        end_tokens=torch.tensor(end_token_ids, dtype=torch.long) if end_token_ids else None,
     )
 
 
@@ -44,7 +44,7 @@ def reference_logits(step: StepInputs, alphas: list[float]) -> list[list[float]]
     rows = []
     for b, (ctx, no) in enumerate(zip(step.ctx_logits.tolist(), step.require("no_ctx_logits").tolist())):
         top = max(range(VOCAB), key=lambda v: ctx[v])
-        if top in step.end_token_ids:
+        if step.end_tokens is not None and top in step.end_tokens.tolist():
             rows.append(ctx)
         else:
             rows.append([(1 + alphas[b]) * c - alphas[b] * n for c, n in zip(ctx, no)])

@@ -53,16 +53,16 @@ def decide_lane(
     rows: Mapping[str, torch.Tensor],
     lens: Mapping[int, torch.Tensor],
     num_layers: int,
-    end_token_ids: tuple[int, ...] = (),
+    end_tokens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """logits [R + n_lens, V], layer_states [L, R, H] or None, rows: path -> [n], lens: layer -> [n], end_token_ids:
-    the ids that end the lane's answers (a constant to the compiler).
+    """logits [R + n_lens, V], layer_states [L, R, H] or None, rows: path -> [n], lens: layer -> [n], end_tokens:
+    [K] the ids that end the lane's answers (rules that read them) or None.
     -> chosen [n], not finite [n], NaN in the scores [n], the rule's records (name -> [n])."""
     step = StepInputs(
         logits={path: logits[index] for path, index in rows.items()},  # [n, V] each
         lens_logits={layer: logits[index] for layer, index in lens.items()},
         num_layers=num_layers,
-        end_token_ids=end_token_ids,
+        end_tokens=end_tokens,
     )
     if layer_states is not None:
         for path in rule.layer_state_paths:
@@ -96,10 +96,10 @@ class CapturedDecide:
         rows: Mapping[str, torch.Tensor],
         lens: Mapping[int, torch.Tensor],
         num_layers: int,
-        end_token_ids: tuple[int, ...] = (),
+        end_tokens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]] | None:
         """The lane's outputs, computed by the compiled function; None where it runs eagerly instead (under a
-        dispatch mode, or for a rule it failed to compile for). `end_token_ids`: `StepInputs.end_token_ids`."""
+        dispatch mode, or for a rule it failed to compile for). `end_tokens`: `StepInputs.end_tokens`."""
         if _get_current_dispatch_mode() is not None:
             return None
         key = (rule.name or type(rule).__name__, repr(rule.options()))
@@ -112,7 +112,7 @@ class CapturedDecide:
         }
         try:
             with torch._dynamo.config.patch(**limits):
-                out = self._compiled(rule, logits, layer_states, rows, lens, num_layers, tuple(end_token_ids))
+                out = self._compiled(rule, logits, layer_states, rows, lens, num_layers, end_tokens)
             self.compiled_lanes += 1
             return out
         except Exception as error:  # compiling changes no result: the lane runs eagerly instead

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
+from fides_rag.generation.engine.end_tokens import EndTokens
 from fides_rag.generation.engine.lanes import Lane
 from fides_rag.generation.engine.layout import Unit
 from fides_rag.generation.paths import PATH_KINDS
@@ -33,8 +34,9 @@ class _LanePlan:
         units: list[Unit],
         lens_layers: tuple[int, ...],
         lens_position: dict[tuple[int, int], int],
+        ends: EndTokens | None = None,
     ) -> None:
-        self.rule, self.units = rule, units
+        self.rule, self.units, self.ends = rule, units, ends
         self.rows = {
             path: _Index([u.rows[path][0] for u in units])  # [n]
             for path in units[0].rows
@@ -51,16 +53,18 @@ class _LanePlan:
             rows = _Index([d + d[:1] * (most - len(d)) for d in many])
             self.padded[path] = rows, _Index(torch.tensor([[True] * len(d) + [False] * (most - len(d)) for d in many]))
 
-    def end_token_ids(self) -> tuple[int, ...]:
-        """The ids that can end the answer of this lane's units at this step (`StepInputs.end_token_ids`): the union
-        of their EOS ids, less those of a unit whose EOS `min_new_tokens` still holds back."""
-        return tuple(sorted({e for u in self.units if len(u.generated) >= u.min_new_tokens for e in u.eos_ids}))
+    def end_tokens(self, vocab: int, device: torch.device) -> torch.Tensor | None:
+        """`StepInputs.end_tokens` of this lane's units at this step, for a rule that reads them; else None."""
+        if not self.rule.reads_end_tokens or self.ends is None:
+            return None
+        return self.ends.for_units(self.units, vocab, device)
 
 
 class LaneInputs:
     """Which rows feed which lane's paths, and which (layer, row) pairs need logit-lens logits."""
 
-    def __init__(self, lanes: Sequence[Lane], num_rows: int) -> None:
+    def __init__(self, lanes: Sequence[Lane], num_rows: int, ends: EndTokens | None = None) -> None:
+        """`ends`: where the lanes whose rule reads `StepInputs.end_tokens` get them (None: they get none)."""
         lens_rows: dict[int, list[int]] = {}
         for lane in lanes:
             for layer in lane.lens_layers:
@@ -75,7 +79,7 @@ class LaneInputs:
             offset += len(rows)
         self.lens_rows = {layer: _Index(rows) for layer, rows in lens_rows.items()}
         """layer -> the batch rows whose captured state goes through the lens, in logits order after the R rows."""
-        self.lanes = [_LanePlan(lane.rule, lane.units, lane.lens_layers, lens_position) for lane in lanes]
+        self.lanes = [_LanePlan(lane.rule, lane.units, lane.lens_layers, lens_position, ends) for lane in lanes]
 
     def inputs(self, lane: int, logits: torch.Tensor, layer_states: torch.Tensor | None, num_layers: int) -> StepInputs:
         """Lane `lane`'s inputs: logits [R + n_lens, V]; layer_states [L, R, H] or None."""
@@ -85,7 +89,7 @@ class LaneInputs:
             logits={path: logits[index.on(device)] for path, index in plan.rows.items()},  # [n, V] each
             lens_logits={layer: logits[index.on(device)] for layer, index in plan.lens.items()},
             num_layers=num_layers,
-            end_token_ids=plan.end_token_ids(),
+            end_tokens=plan.end_tokens(logits.shape[-1], device),
         )
         for path, (rows, present_rows) in plan.padded.items():
             present = present_rows.on(device)

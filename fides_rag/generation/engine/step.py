@@ -139,7 +139,8 @@ def _compiled_parts(
     if compiled is None or not compilable(lane, bool(lane_plan.padded)):
         return None
     rows, lens = lane_rows(lane_plan, logits.device)
-    out = compiled(lane.rule, logits, layer_states, rows, lens, anatomy.num_layers, lane_plan.end_token_ids())
+    ends = lane_plan.end_tokens(logits.shape[-1], logits.device)
+    out = compiled(lane.rule, logits, layer_states, rows, lens, anatomy.num_layers, ends)
     if out is None:
         return None
     chosen, not_finite, has_nan, records = out

@@ -1,6 +1,7 @@
-"""The engine hands each rule the ids that end its answers (`StepInputs.end_token_ids`), none while `min_new_tokens`
-holds EOS back, in exact mode, fast mode and fast mode's compiled combine; and `fides-stop` decodes through it: FIDES's
-tokens until the context path ranks an end token first, then that end."""
+"""The engine hands a rule that reads them the ids that end its answers (`StepInputs.end_tokens`): EOS ids, none while
+`min_new_tokens` holds EOS back, and the tokens holding a stop string; in exact mode, fast mode and fast mode's
+compiled combine. `fides-stop` decodes through it: FIDES's tokens until the context path ranks an end token first,
+then that end."""
 
 from __future__ import annotations
 
@@ -27,14 +28,15 @@ MODES: dict[str, dict[str, Any]] = {
 class EndTokensSeen(ContrastRule):
     """CAD with a = 1 that never picks an end token, recording how many end tokens it was handed and their sum."""
 
+    reads_end_tokens = True
+
     def combine(self, step: StepInputs) -> StepOutput:
-        logits = 2 * step.ctx_logits - step.require("no_ctx_logits")  # [B, V]
-        for end in step.end_token_ids:
-            logits[:, end] = float("-inf")
+        assert step.end_tokens is not None
+        logits = (2 * step.ctx_logits - step.require("no_ctx_logits")).index_fill(1, step.end_tokens, float("-inf"))
         rows = logits.shape[0]
         seen = {
-            "end_count": torch.full((rows,), float(len(step.end_token_ids)), device=logits.device),
-            "end_sum": torch.full((rows,), float(sum(step.end_token_ids)), device=logits.device),
+            "end_count": torch.full((rows,), step.end_tokens.numel(), dtype=logits.dtype, device=logits.device),
+            "end_sum": step.end_tokens.sum().to(logits.dtype).expand(rows),
         }
         return StepOutput(logits=logits, records=seen)
 
@@ -115,3 +117,36 @@ def test_fides_stop_ends_where_fides_overrides_the_context_paths_end(
     assert_compiled_where_asked(ending, label)
     goes_on = ending.generate(QUESTION, DOCUMENTS, method="fides", max_new_tokens=6)
     assert goes_on.token_ids[: departs + 1] == fides[: departs + 1] and len(goes_on.token_ids) > departs + 1
+
+
+def test_tokens_holding_a_stop_string_end_the_answer_beside_the_eos_ids() -> None:
+    from fides_rag.generation.engine.end_tokens import EndTokens
+
+    texts = ["a", "\n", "b\n\n", "c", ".\n", "END"]
+    decoded: list[int] = []
+
+    def decode_token(ids: list[int]) -> str:
+        decoded.extend(ids)
+        return texts[ids[0]]
+
+    ends = EndTokens(decode_token)
+    assert ends.stop_ids(("\n",), len(texts)) == (1, 2, 4)
+    assert ends.stop_ids(("\n", "END"), len(texts)) == (1, 2, 4, 5)
+    assert len(decoded) == len(texts)  # the vocabulary is decoded once
+
+
+def test_a_rule_that_does_not_read_end_tokens_gets_none(
+    tiny_llama: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    seen: list[object] = []
+
+    class Plain(ContrastRule):
+        paths = ("context",)
+        contrasts = False
+
+        def combine(self, step: StepInputs) -> StepOutput:
+            seen.append(step.end_tokens)
+            return StepOutput(logits=step.ctx_logits)
+
+    FidesDecoder(tiny_llama, tokenizer).generate(QUESTION, DOCUMENTS, method=Plain(), max_new_tokens=2)
+    assert seen and all(ends is None for ends in seen)
