@@ -41,8 +41,8 @@ format: setup
 # Each package's suite runs on its own, with its own pytest settings (partner-package convention).
 PYTEST_ARGS ?=
 test: setup lint
-	$(PY) -m pytest tests $(PYTEST_ARGS)
-	for pkg in $(INTEGRATIONS); do (cd $$pkg && $(CURDIR)/$(PY) -m pytest tests $(PYTEST_ARGS)) || exit 1; done
+	$(PY) -m pytest tests --durations=25 $(PYTEST_ARGS)
+	for pkg in $(INTEGRATIONS); do (cd $$pkg && $(CURDIR)/$(PY) -m pytest tests --durations=10 $(PYTEST_ARGS)) || exit 1; done
 
 test-fast:
 	$(MAKE) test PYTEST_ARGS='-m "not slow"'

@@ -53,6 +53,24 @@ def check_buckets(buckets: Any) -> tuple[int, ...]:
     return values
 
 
+def bucket_for(rows: int, buckets: Sequence[int]) -> int:
+    """The smallest of `buckets` (strictly increasing, `check_buckets`) that holds `rows` rows; raises past the largest
+    (a caller that can run unpadded tests `fits_buckets` first)."""
+    found = next((b for b in buckets if b >= rows), None)
+    if found is None:
+        largest = buckets[-1] if buckets else None
+        raise RuntimeError(
+            f"{rows} rows, more than the largest bucket {largest}: max_rows caps the rows of a step that must be "
+            "padded to a bucket (lower max_rows or add a larger bucket)"
+        )
+    return found
+
+
+def fits_buckets(rows: int, buckets: Sequence[int]) -> bool:
+    """Whether some bucket of `buckets` holds `rows` rows."""
+    return bool(buckets) and rows <= buckets[-1]
+
+
 def check_compile(compile: Any) -> str | None:
     """The torch.compile backend of `compile` (True: inductor), or None when off."""
     if compile is False or compile is None:
@@ -116,7 +134,7 @@ class CapturedStep:
 
     def bucket(self, rows: int) -> int | None:
         """The smallest bucket that holds `rows` rows (None: more than the largest; the step runs eagerly)."""
-        return next((b for b in self.buckets if b >= rows), None)
+        return bucket_for(rows, self.buckets) if fits_buckets(rows, self.buckets) else None
 
     def _hooks(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The blocks with forward hooks (layer capture) and attention projections with pre-hooks (head masks)."""

@@ -29,7 +29,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from fides_rag.generation.detokenize import IncrementalText
 from fides_rag.generation.engine.attention.registry import BACKENDS, resolve_attention
-from fides_rag.generation.engine.captured_step import DEFAULT_BUCKETS, CapturedStep, check_buckets, check_compile
+from fides_rag.generation.engine.captured_step import (
+    DEFAULT_BUCKETS,
+    CapturedStep,
+    check_buckets,
+    check_compile,
+    fits_buckets,
+)
 from fides_rag.generation.engine.in_flight import InFlight
 from fides_rag.generation.engine.kv_cache import DecodeCache, mergeable
 from fides_rag.generation.engine.kv_pool_size import BLOCK, pool_blocks
@@ -236,16 +242,27 @@ class DecodeEngine:
         _ENGINES.add(self)
 
     def _check_rows_covered(self, max_rows: int | None) -> None:
-        """A backend that needs a static batch pads every step to a bucket: max_rows must be within the largest."""
-        pool_rows = self.pool_rows
-        if pool_rows and min(max_rows or self.pool_blocks or 0, self.pool_blocks or 0) > pool_rows:
+        """Every step `max_rows` allows fits the pool's index buffers and, where steps are padded, a bucket."""
+        self._check_within_pool_rows(max_rows)
+        self._check_within_buckets(max_rows)
+
+    def _check_within_pool_rows(self, max_rows: int | None) -> None:
+        """Fast mode's index buffers hold `pool_rows` rows, fixed at construction: max_rows may not pass them."""
+        if not self.pool_rows or self.pool_blocks is None:
+            return  # exact mode: no pool
+        rows = min(max_rows or self.pool_blocks, self.pool_blocks)  # no bound: as many rows as blocks
+        if rows > self.pool_rows:
             raise ValueError(
-                f"max_rows={max_rows!r}: fast mode's pool was sized for at most {pool_rows} rows a step when the "
-                "decoder was made; make a decoder with the larger max_rows instead"
+                f"max_rows={max_rows!r}: fast mode's pool was sized for at most {self.pool_rows} rows a step when the "
+                f"decoder was made; keep max_rows at most {self.pool_rows}, or make a decoder with the larger max_rows "
+                "instead"
             )
+
+    def _check_within_buckets(self, max_rows: int | None) -> None:
+        """A backend that needs a static batch pads every step to a bucket: max_rows must be within the largest."""
         if not BACKENDS[self.attention].static_batch or self.buckets is None:
             return
-        if max_rows is None or max_rows > self.buckets[-1]:
+        if max_rows is None or not fits_buckets(max_rows, self.buckets):
             raise ValueError(
                 f"max_rows={max_rows!r}: attention={self.attention!r} pads every decode step to one of the buckets "
                 f"{list(self.buckets)}, so max_rows must be at most {self.buckets[-1]}; lower max_rows or add a "

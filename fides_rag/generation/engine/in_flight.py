@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from fides_rag.generation.engine.end_tokens import EndTokens
 from fides_rag.generation.engine.hooks import HeadMasker, LayerCapture
 from fides_rag.generation.engine.kv_pool_size import BLOCK
 from fides_rag.generation.engine.lane_inputs import LaneInputs
@@ -57,10 +58,15 @@ class InFlight:
         self.head_sets: list[Heads] = []
         self._masker: HeadMasker | None = None
         self._masker_sets = 0
+        self._end_tokens = EndTokens(decode_token)
         self._lane_inputs: LaneInputs | None = None
         self._lane_inputs_version = -1
         self._reserved: dict[int, TicketPrefill] = {}
         """Admitted requests' prefill jobs made at admission (their shared blocks held), by id of ticket."""
+        self._held_blocks: dict[int, int] = {}
+        """Blocks held for each request admitted and not yet joined (its job's pins), by id of ticket."""
+        self._held_total = 0
+        """The sum of `_held_blocks`, kept as pins are taken and given back."""
 
     def head_set(self, heads: Heads) -> int:
         """The index of a set of masked heads (registered on first use)."""
@@ -102,8 +108,8 @@ class InFlight:
         pool, prompts = self.batch.pool, self._prompt_blocks(job)
         if pool is None or prompts is None:
             return 0, 0
-        job.pinned, unheld = pool.pin_shared(prompts)
-        return sum(len(blocks) for blocks in job.pinned), unheld
+        pinned, unheld = pool.pin_shared(prompts)
+        return self._hold(job, pinned), unheld
 
     def unreserve(self, ticket: Ticket) -> None:
         """A reserved ticket not admitted after all: its held blocks go back."""
@@ -112,14 +118,38 @@ class InFlight:
         self.stats.prompt_tokens -= sum(len(r.ids) for r in job.rows)  # counted again when it is admitted
 
     def reserved_blocks(self, ticket: Ticket) -> int:
-        """Blocks held for a request still prefilling (0: none)."""
-        job = self._reserved.get(id(ticket)) or next((j for j in self.prefilling if j.ticket is ticket), None)
-        return sum(len(b) for b in job.pinned) if job is not None and job.pinned else 0
+        """Blocks held for a request still prefilling (0: none); O(1), from the count kept as pins change."""
+        return self._held_blocks.get(id(ticket), 0)
+
+    @property
+    def reserved_total(self) -> int:
+        """Blocks held for every request admitted and not yet joined (the sum of `reserved_blocks`)."""
+        return self._held_total
+
+    def recount_reserved(self) -> dict[int, int]:
+        """Blocks held per request (by id of ticket), recounted from the jobs' pins: what the kept count must equal."""
+        jobs = [*self._reserved.values(), *self.prefilling]
+        return {id(job.ticket): sum(len(b) for b in job.pinned) for job in jobs if job.pinned}
+
+    def _hold(self, job: TicketPrefill, pinned: list[list[int]]) -> int:
+        """`job`'s pins are `pinned` (held in the pool already); returns how many blocks they are."""
+        self._drop_hold(job)
+        job.pinned = pinned
+        count = sum(len(blocks) for blocks in pinned)
+        if count:
+            self._held_blocks[id(job.ticket)] = count
+            self._held_total += count
+        return count
+
+    def _drop_hold(self, job: TicketPrefill) -> None:
+        """`job` holds no pins any more (given back, or taken over by its rows): the count forgets them."""
+        self._held_total -= self._held_blocks.pop(id(job.ticket), 0)
+        job.pinned = None
 
     def _release_pins(self, job: TicketPrefill) -> None:
         if job.pinned and self.batch.pool is not None:
             self.batch.pool.unpin(job.pinned)
-        job.pinned = None
+        self._drop_hold(job)
 
     def pool_room(self, block: int) -> int | None:
         """Blocks of the pool left for newcomers: those a take can hand out now, less what the decoding requests'
@@ -158,10 +188,7 @@ class InFlight:
         _, decode_layers = self.lanes.capture_layers()
         whole = plan.newcomers if plan.prefill_whole else []
         if not plan.prefill_whole:
-            self.prefilling += [
-                self._reserved.pop(id(t)) if id(t) in self._reserved else self._prefill_job(t, plan.chunk_tokens)
-                for t in plan.newcomers
-            ]
+            self._begin_prefills(plan.newcomers, plan.chunk_tokens)
         for ticket in whole:
             self._wire(ticket, 0)
         if not self.tickets and not self.prefilling:
@@ -187,7 +214,7 @@ class InFlight:
         state_layers, _ = self.lanes.capture_layers()
         if self._lane_inputs is None or self._lane_inputs_version != batch.layout.version:
             self._lane_inputs, self._lane_inputs_version = (
-                LaneInputs(list(self.lanes), batch.layout.num_rows),
+                LaneInputs(list(self.lanes), batch.layout.num_rows, self._end_tokens),
                 batch.layout.version,
             )
         host, lane_steps = decide(self.anatomy, batch, list(self.lanes), self._lane_inputs, state_layers)
@@ -206,6 +233,13 @@ class InFlight:
             unit.rows = {path: [r + row_offset for r in rows] for path, rows in unit.rows.items()}
             self.lanes.add(unit, ticket.request.decoded[unit.index].effective, ticket.request.settings, unit.head_set)
         self.tickets.append(ticket)
+
+    def _begin_prefills(self, newcomers: Sequence[Ticket], chunk_tokens: int) -> None:
+        """Newcomers start their chunked prefill, each with the job made at its admission (`reserve`) or a new one."""
+        self.prefilling += [
+            self._reserved.pop(id(t)) if id(t) in self._reserved else self._prefill_job(t, chunk_tokens)
+            for t in newcomers
+        ]
 
     def _prefill_job(self, ticket: Ticket, chunk_tokens: int) -> TicketPrefill:
         example = ticket.request.example
@@ -246,17 +280,20 @@ class InFlight:
                 self._prompt_blocks(job),
                 job.pinned,
             )
-            job.pinned = None  # taken over by the rows
+            self._drop_hold(job)  # taken over by the rows
             self._wire(job.ticket, offset)  # after its rows joined: a request whose rows could not join is in no lane
         self.prefilling = [job for job in self.prefilling if not job.finished]
         return [job.ticket for job in done]
 
     def _prompt_blocks(self, job: TicketPrefill) -> list[PromptBlocks] | None:
         """The rows' prompt blocks, where the batch takes them by reference and the prefix cache's blocks are the
-        pool's (hashing them is otherwise wasted)."""
+        pool's (hashing them is otherwise wasted). Hashed once per job: `reserve` at admission and the join share
+        them (they depend on the rows' ids, cuts and head sets alone)."""
         if not (self.batch.shares_prompt_blocks and self.prefixes.enabled and self.prefixes.block_size == BLOCK):
             return None
-        return [row.prompt_blocks(self.prefixes) for row in job.rows]
+        if job.prompt_blocks is None:
+            job.prompt_blocks = [row.prompt_blocks(self.prefixes) for row in job.rows]
+        return job.prompt_blocks
 
     def _masking(self) -> AbstractContextManager[HeadMasker | None]:
         """The head masker over every set of heads registered so far (rebuilt when a new set arrives)."""
@@ -329,7 +366,7 @@ class InFlight:
                 id(ticket), ticket
             )  # a request that joined at the failed step is both decoding and prefilling
         self.tickets, self.prefilling = [], []  # start clean before failing anyone: nothing of the failed step survives
-        self._reserved = {}
+        self._reserved, self._held_blocks, self._held_total = {}, {}, 0  # the old pool and its pins go together
         self.batch = self._new_batch()
         self.lanes = Lanes(self.anatomy.num_layers)
         self._lane_inputs = None

@@ -72,13 +72,13 @@ class KVPool:
         self._flat = torch.zeros(total + self.max_rows * self.columns, dtype=torch.int32, device=self.device)
         """Every index buffer in one, filled by one host-to-device copy per step."""
         self.block_ordinal = self._flat[:total]
-        """[blocks + 1] each block's place in the tables that hold it (flex's mask)."""
+        """[blocks + 1] each block's place in the tables that hold it (kept if the backend `reads_block_ordinals`)."""
         self.index = self._flat[total:].view(self.max_rows, self.columns)
         """[rows, columns] this step's packed index (see FILL...HEAD)."""
         self._staging = torch.zeros_like(self._flat, device="cpu", pin_memory=self.device.type == "cuda")
         self.attention: PoolAttention = attention if attention is not None else GatherAttention()
         """How each step's attention runs over the pool (`attention/`)."""
-        ordinals = self._staging[:total] if self.attention.name == "flex" else None
+        ordinals = self._staging[:total] if self.attention.reads_block_ordinals else None
         self._host = HostIndex(self.window_sizes, self.max_row_blocks, self.max_rows, ordinals)
         """The packed index rows, kept on the host from step to step."""
         self.regions = self._host.region

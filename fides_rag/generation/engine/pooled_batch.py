@@ -11,7 +11,7 @@ import torch
 
 from fides_rag.generation.engine.attention.backend import PoolAttention
 from fides_rag.generation.engine.attention.registry import BACKENDS
-from fides_rag.generation.engine.captured_step import CapturedStep
+from fides_rag.generation.engine.captured_step import CapturedStep, bucket_for
 from fides_rag.generation.engine.hooks import HeadMasker, LayerCapture
 from fides_rag.generation.engine.kv_cache import Prefilled, RaggedLayer, mergeable
 from fides_rag.generation.engine.kv_pool import KVPool, PooledCache
@@ -39,11 +39,8 @@ class PoolSettings:
     """The compiled decode step (`compile=True`), or None: eager."""
 
     def bucket(self, rows: int) -> int:
-        """The smallest bucket that holds `rows` rows."""
-        found = next((b for b in self.buckets if b >= rows), None)
-        if found is None:
-            raise RuntimeError(f"{rows} rows, more than the largest bucket {self.buckets[-1]}: max_rows caps them")
-        return found
+        """The smallest bucket that holds `rows` rows (raises past the largest: max_rows caps them)."""
+        return bucket_for(rows, self.buckets)
 
 
 class PooledBatch(RunningBatch):

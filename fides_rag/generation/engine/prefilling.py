@@ -110,6 +110,8 @@ class TicketPrefill:
     rows: list[RowPrefill]
     pinned: list[list[int]] | None = None
     """Per row, the kept pool blocks held for it since its admission (it takes them by reference when it joins)."""
+    prompt_blocks: list[PromptBlocks] | None = None
+    """Per row, its prompt blocks' hashes and cut blocks, computed once (at admission, or when it joins) and reused."""
 
     @property
     def finished(self) -> bool:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol
 
 from fides_rag.errors import KVPoolExceeded, QueueFullError
+from fides_rag.generation.engine.captured_step import bucket_for, fits_buckets
 from fides_rag.generation.engine.kv_pool_size import BLOCK
 from fides_rag.generation.engine.step_plan import ScheduledStep, StepBudget
 from fides_rag.generation.engine.tickets import Ticket
@@ -222,7 +223,8 @@ class Scheduler:
 
     def bucket(self, rows: int) -> int:
         """The row count a decode of `rows` rows runs at: the smallest captured bucket that holds them, else `rows`."""
-        return next((b for b in self.buckets or () if b >= rows), rows)
+        buckets = self.buckets or ()
+        return bucket_for(rows, buckets) if fits_buckets(rows, buckets) else rows
 
     def schedule(
         self,

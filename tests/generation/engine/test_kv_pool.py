@@ -186,3 +186,10 @@ def test_kept_blocks_nothing_holds_are_given_back_to_make_room_but_not_those_a_j
     held = pool.keys[0][0][:, torch.tensor(pool._slots(pool.tables[0], range(80)))]
     torch.testing.assert_close(held, second[0])  # three own blocks: the free one and the other chain's two
     assert pool.block_refs.counts.kept_evicted == 2 and pool.block_refs.found([b"a", b"b"]) == pool.tables[0][:2]
+
+
+@pytest.mark.parametrize(("attention", "keeps"), [("flex", True), ("gather", False)])
+def test_the_pool_keeps_block_ordinals_only_for_a_backend_that_reads_them(attention, keeps):
+    pool = pool_with_rows(attention, [5, 33])
+    assert pool.attention.reads_block_ordinals is keeps
+    assert (pool._host.ordinals is not None) is keeps

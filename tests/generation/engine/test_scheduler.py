@@ -9,6 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from fides_rag.generation.engine.captured_step import CapturedStep, bucket_for, fits_buckets
+from fides_rag.generation.engine.pooled_batch import PoolSettings
 from fides_rag.generation.engine.prefilling import chunk_cuts
 from fides_rag.generation.engine.scheduler import Scheduler
 
@@ -149,3 +151,17 @@ def test_the_plans_bucket_is_the_smallest_captured_size_that_holds_the_decodes()
     assert [scheduler.bucket(r) for r in (1, 3, 40)] == [1, 3, 40]  # no captured step: the rows themselves
     scheduler.buckets = (1, 2, 4, 8, 16, 32)
     assert [scheduler.bucket(r) for r in (1, 3, 9, 32, 40)] == [1, 4, 16, 32, 40]  # past the largest: eager, as is
+
+
+def test_one_bucket_lookup_serves_the_scheduler_the_pool_and_the_captured_step():
+    buckets = (1, 2, 4, 8, 16, 32)
+    assert [bucket_for(r, buckets) for r in (0, 1, 3, 9, 32)] == [1, 1, 4, 16, 32]
+    assert fits_buckets(32, buckets) and not fits_buckets(33, buckets) and not fits_buckets(1, ())
+    with pytest.raises(RuntimeError, match="33 rows, more than the largest bucket 32: max_rows caps"):
+        bucket_for(33, buckets)
+    settings = PoolSettings(blocks=4, max_rows=32, max_row_blocks=4, attention="gather", buckets=buckets)
+    assert settings.bucket(9) == 16
+    with pytest.raises(RuntimeError, match="more than the largest bucket 32"):
+        settings.bucket(33)
+    captured = SimpleNamespace(buckets=buckets)
+    assert CapturedStep.bucket(captured, 9) == 16 and CapturedStep.bucket(captured, 33) is None  # past: eager

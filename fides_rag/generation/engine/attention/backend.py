@@ -62,6 +62,9 @@ class PoolAttention(AttentionBackend):
     mode = "fast"
     implementation: ClassVar[str]
     """The attention implementation it registers with transformers (`pooled_attention.py` switches to it)."""
+    reads_block_ordinals: ClassVar[bool] = False
+    """Whether its masks read each block's place in the tables that hold it (`PoolView.block_ordinal`): the pool
+    keeps those places up to date, step by step, only for a backend that reads them."""
 
     def bind(self, pool: PoolView) -> None:
         """Called once by the pool that owns this backend."""

@@ -110,6 +110,7 @@ class FlexAttention(PoolAttention):
     name = "flex"
     implementation = "fides_pool_flex"
     static_batch = True
+    reads_block_ordinals = True  # the mask_mod finds a key slot's position from its block's place
 
     def __init__(self) -> None:
         self._masks: dict[tuple[int, Window], Any] = {}

@@ -19,6 +19,11 @@ def test_every_backend_is_registered_by_name_and_auto_comes_first():
     assert {name: b.mode for name, b in BACKENDS.items()} == {"ragged": "exact", "gather": "fast", "flex": "fast"}
 
 
+def test_only_flex_declares_that_its_masks_read_the_blocks_ordinals():
+    pool_backends = {name: b for name, b in BACKENDS.items() if b.mode == "fast"}
+    assert {name: b.reads_block_ordinals for name, b in pool_backends.items()} == {"gather": False, "flex": True}
+
+
 @pytest.mark.parametrize(
     ("mode", "device", "expected"),
     [("exact", CPU, "ragged"), ("fast", CPU, "gather"), ("fast", CUDA, "flex")],
