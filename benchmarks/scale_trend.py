@@ -13,6 +13,8 @@ and the no-conflict rows (`--dataset nq-swap-original`) of each backbone, and pr
     python benchmarks/scale_trend.py --strata --json --dataset bigbench-conflicts   # the same on BIG-bench conflicts
     python benchmarks/scale_trend.py --strata --targets  # the true-conflict targets, held or not
     python benchmarks/scale_trend.py --strata --headline # the README's table: true-conflict CF, known-agreeing EM
+    python benchmarks/scale_trend.py --strata --headline --dataset bigbench-conflicts   # its BIG-bench table
+    python benchmarks/scale_trend.py --strata --failures # the wrong answers by class, per backbone, stratum, method
 
 With --strata it reads each backbone's strata run (`fides-rag eval --dataset nq-swap-both --strata`, see
 docs/evaluation.md), `results/eval/<backbone>-nqswap-strata`, or with `--dataset bigbench-conflicts` the run of
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,7 +167,7 @@ def has(results: dict | None, method: str) -> bool:
 
 
 def value(results: dict | None, method: str, name: str) -> float | None:
-    return results["metrics"][method].get(name) if has(results, method) else None
+    return results["metrics"][method].get(name) if results is not None and has(results, method) else None
 
 
 def comparison(results: dict | None, metric_name: str, method: str, other: str) -> dict | None:
@@ -434,7 +437,9 @@ def _score_cell(entry: dict | None, reference: bool) -> str:
 
 def strata_headline(root: Path = RESULTS, recommended: str | None = None, dataset: str = "nq-swap") -> str:
     """One row per backbone: true-conflict CF and known-agreeing EM of standard, AdaCAD, FIDES and the recommended
-    variant, each with its regressions against standard."""
+    variant, each with its regressions against standard (on BIG-bench conflicts: of the methods its runs hold)."""
+    if dataset != "nq-swap":
+        return strata_headline_held(root, recommended, dataset)
     backbones = strata_backbones(root, dataset)
     chosen = recommended or recommend(backbones, dataset)
     shown = [*STRATA_HEADLINE_METHODS, *([chosen] if chosen not in STRATA_HEADLINE_METHODS else [])]
@@ -455,6 +460,103 @@ def strata_headline(root: Path = RESULTS, recommended: str | None = None, datase
             + [str(n_ka)]
             + [_score_cell(ka.get(m), m == "standard") for m in shown]
         )
+    return table(head, rows)
+
+
+HELD_METHOD_ORDER = ("standard", "adacad", "fides", "fides-stop", "fides-calibrated")
+"""The order of the methods in the BIG-bench headline and the failure classes; others held come after, by name."""
+METHOD_NAMES = {"standard": "standard", "adacad": "AdaCAD", "fides": "FIDES"}
+
+
+def _held_methods(backbones: dict[str, dict]) -> list[str]:
+    """The methods the strata runs hold, those of HELD_METHOD_ORDER first in that order, the others by name."""
+    held = {m for b in backbones.values() for s in b["strata"].values() for m in s}
+    return [m for m in HELD_METHOD_ORDER if m in held] + sorted(held - set(HELD_METHOD_ORDER))
+
+
+def _rows_questions(entry: dict | None) -> str:
+    """A stratum's size: rows, and distinct questions where known, as "100 (100 q)"."""
+    if entry is None:
+        return "0"
+    return str(entry["n"]) if entry["questions"] is None else f"{entry['n']} ({entry['questions']} q)"
+
+
+def _counted_backbones(root: Path, dataset: str) -> dict[str, dict]:
+    """strata_backbones with questions and failure classes filled in, and {} (every backbone not run) where no backbone
+    has a strata run yet; a run holding results without strata is still refused."""
+    try:
+        backbones = strata_backbones(root, dataset)
+    except NoStrataResults:
+        if any((root / b.strata_run(dataset) / "results.json").is_file() for b in BACKBONES):
+            raise
+        return {}
+    for data in backbones.values():
+        fill_counts(data["strata"], data["run"])
+    return backbones
+
+
+def strata_headline_held(root: Path = RESULTS, recommended: str | None = None, dataset: str = "nq-swap") -> str:
+    """One row per backbone: true-conflict CF and known-agreeing EM, each stratum with its rows and distinct
+    questions, of the methods HELD_METHOD_ORDER names that the runs hold and the recommended variant; "–" where a
+    backbone's run lacks a method, "not run" where it has no run (every backbone, while none has one)."""
+    backbones = _counted_backbones(root, dataset)
+    held = _held_methods(backbones)
+    shown = [m for m in held if m in HELD_METHOD_ORDER]
+    if backbones:
+        chosen = recommended or recommend(backbones, dataset)
+        shown += [] if chosen in shown else [chosen]
+    head = ["backbone", "true-conflict n (questions)"] + [f"CF {METHOD_NAMES.get(m, m)}" for m in shown]
+    head += ["known-agreeing n (questions)"] + [f"EM {METHOD_NAMES.get(m, m)}" for m in shown]
+    rows = []
+    for b in BACKBONES:
+        data = backbones.get(b.name)
+        if data is None:
+            rows.append([f"{b.name} ({b.size})", "not run", *["–"] * len(shown), "not run", *["–"] * len(shown)])
+            continue
+        tc, ka = data["strata"]["true_conflict"], data["strata"]["known_agreeing"]
+        rows.append(
+            [f"{b.name} ({b.size})", f"{_rows_questions(tc.get('standard'))} of {data['true_conflict_available']}"]
+            + [_score_cell(tc.get(m), m == "standard") for m in shown]
+            + [_rows_questions(ka.get("standard"))]
+            + [_score_cell(ka.get(m), m == "standard") for m in shown]
+        )
+    return table(head, rows)
+
+
+def strata_failures(root: Path = RESULTS, recommended: str | None = None, dataset: str = "nq-swap") -> str:
+    """Per backbone, stratum and method: rows (questions), the score, and the wrong answers by failure class
+    (`fides_rag.eval.failures`); "–" where the run's cell has no classes and none could be read again."""
+    del recommended  # every method held is shown
+    backbones = _counted_backbones(root, dataset)
+    methods = _held_methods(backbones)
+    classes = ("memorised", "no_stop", "other_span", "other")
+    head = ["backbone", "stratum", "method", "rows (questions)", "score", "wrong", *classes]
+    rows = []
+    for b in BACKBONES:
+        data = backbones.get(b.name)
+        if data is None:
+            rows.append([f"{b.name} ({b.size})", "not run", *["–"] * (len(head) - 2)])
+            continue
+        first = True
+        for stratum in STRATA:
+            cells = data["strata"][stratum]
+            for i, m in enumerate(mm for mm in methods if mm in cells):
+                e = cells[m]
+                failures = e["failures"]
+                counts = ["–"] * (len(classes) + 1)
+                if failures is not None:
+                    counts = [str(sum(failures.values()))] + [str(failures.get(c, 0)) for c in classes]
+                rows.append(
+                    [
+                        f"{b.name} ({b.size})" if first else "",
+                        stratum if i == 0 else "",
+                        m,
+                        _rows_questions(e),
+                        "–" if e["score"] is None else f"{e['score']:.1f}",
+                        *counts,
+                    ]
+                )
+                first = False
     return table(head, rows)
 
 
@@ -526,25 +628,47 @@ def strata_targets(root: Path = RESULTS, recommended: str | None = None, dataset
     return "\n".join([f"Recommended variant: {chosen}", "", table(head, rows), "", *verdicts])
 
 
+def write_block(path: Path, marker: str, text: str) -> None:
+    """Replace what lies between the lines `<!-- marker -->` and `<!-- /marker -->` of `path` with `text`."""
+    start, end = f"<!-- {marker} -->\n", f"<!-- /{marker} -->"
+    content = path.read_text()
+    if content.count(start) != 1 or content.count(end) != 1 or content.index(start) > content.index(end):
+        raise SystemExit(f"scale_trend.py: error: {path} has no single block {start.strip()} ... {end}")
+    before, rest = content.split(start)
+    path.write_text(before + start + text.rstrip("\n") + "\n" + end + rest.split(end, 1)[1])
+
+
+def _printer(into: Path | None, marker: str | None) -> Callable[[str], None]:
+    """print, or a function writing its text into the block `marker` of `into`."""
+    if into is None or marker is None:
+        return print
+    return lambda text: write_block(into, marker, text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    shown = parser.add_mutually_exclusive_group()
-    shown.add_argument(
+    modes = parser.add_mutually_exclusive_group()
+    modes.add_argument(
         "--gates",
         action="store_true",
         help="each method against standard and AdaCAD with CIs, and its contrasted share",
     )
-    shown.add_argument("--full", action="store_true", help="every method's CF, Acc and MemR, and the no-conflict slice")
-    shown.add_argument(
+    modes.add_argument("--full", action="store_true", help="every method's CF, Acc and MemR, and the no-conflict slice")
+    modes.add_argument(
         "--targets",
         action="store_true",
         help="the do-no-harm targets of gated FIDES (with --strata: the true-conflict targets)",
     )
-    shown.add_argument("--json", action="store_true", help="with --strata: the strata figures as one JSON object")
-    shown.add_argument(
+    modes.add_argument("--json", action="store_true", help="with --strata: the strata figures as one JSON object")
+    modes.add_argument(
         "--headline",
         action="store_true",
         help="with --strata: the README's table (true-conflict CF, known-agreeing EM, regressions)",
+    )
+    modes.add_argument(
+        "--failures",
+        action="store_true",
+        help="with --strata: the wrong answers by failure class, per backbone, stratum and method",
     )
     parser.add_argument(
         "--strata", action="store_true", help="read each backbone's strata run (fides-rag eval --strata)"
@@ -559,21 +683,39 @@ def main() -> None:
         help="with --strata: the dataset of the strata runs (default nq-swap)",
     )
     parser.add_argument("--results", type=Path, default=RESULTS, help="the folder holding the eval runs")
+    parser.add_argument(
+        "--into",
+        type=Path,
+        metavar="FILE",
+        help="write the table into FILE between <!-- MARKER --> and <!-- /MARKER --> instead of printing it",
+    )
+    parser.add_argument("--marker", help="with --into: the name of the block to replace")
     args = parser.parse_args()
+    if (args.into is None) != (args.marker is None):
+        parser.error("--into and --marker go together")
+    emit = _printer(args.into, args.marker)
     if args.strata:
         if args.gates or args.full:
-            parser.error("--strata takes --json, --targets or --headline")
+            parser.error("--strata takes --json, --targets, --headline or --failures")
         try:
-            shown_strata = strata_targets if args.targets else strata_headline if args.headline else strata_json
-            print(shown_strata(args.results, args.recommended, args.dataset))
+            shown_strata = (
+                strata_targets
+                if args.targets
+                else strata_headline
+                if args.headline
+                else strata_failures
+                if args.failures
+                else strata_json
+            )
+            emit(shown_strata(args.results, args.recommended, args.dataset))
         except NoStrataResults as err:
             print(f"scale_trend.py: error: {err}", file=sys.stderr)
             raise SystemExit(2) from None
         return
-    if args.json or args.recommended or args.headline or args.dataset != "nq-swap":
-        parser.error("--json, --headline, --recommended and --dataset need --strata")
+    if args.json or args.recommended or args.headline or args.failures or args.dataset != "nq-swap":
+        parser.error("--json, --headline, --failures, --recommended and --dataset need --strata")
     shown = full if args.full else targets if args.targets else gates if args.gates else headline
-    print(shown(args.results))
+    emit(shown(args.results))
 
 
 if __name__ == "__main__":

@@ -219,3 +219,103 @@ def test_the_committed_nq_swap_runs_give_questions_and_failure_classes_in_every_
                 assert 0 < cell["questions"] <= cell["n"] and set(cell["failures"]) == CLASSES
                 right = cell["n"] - sum(cell["failures"].values())
                 assert abs(right - cell["score"] * cell["n"] / 100) < 1e-6  # right answers are the score's
+
+
+def _bigbench_strata(methods, tc_questions=100):
+    failures = {"memorised": 30, "no_stop": 20, "other_span": 15, "other": 5}
+
+    def cell(n, questions, score, regressions=0):
+        return _entry(n, score, regressions, ci=[-1.0, 2.0]) | {"questions": questions, "failures": failures}
+
+    return {
+        "available": {"true_conflict": 412},
+        "results": {
+            "true_conflict": {m: cell(100, tc_questions, 30.0 + i, i) for i, m in enumerate(methods)},
+            "supplied": {m: cell(50, 50, 10.0) for m in methods},
+            "known_agreeing": {m: cell(100, 99, 70.0 - i, 2 * i) for i, m in enumerate(methods)},
+            "unknown_agreeing": {m: cell(50, 48, 5.0) for m in methods},
+        },
+    }
+
+
+def test_the_bigbench_headline_shows_the_methods_its_runs_hold_with_rows_and_questions(tmp_path):
+    _write(
+        tmp_path,
+        "gemma3-bigbench-strata",
+        {"strata": _bigbench_strata(["fides-calibrated", "standard", "fides-stop", "fides"], tc_questions=97)},
+    )
+    _write(tmp_path, "qwen05-bigbench-strata", {"strata": _bigbench_strata(["standard", "adacad", "fides"])})
+    _write(tmp_path, "qwen15-nqswap-strata", {"strata": _strata([2.0, 18.0])})  # NQ-Swap's: not read
+    text = _run(tmp_path, "--strata", "--headline", "--dataset", "bigbench-conflicts").stdout
+    head = text.splitlines()[0]
+    methods = ["standard", "AdaCAD", "FIDES", "fides-stop", "fides-calibrated"]
+    columns = ["backbone", "true-conflict n (questions)", *[f"CF {m}" for m in methods]]
+    columns += ["known-agreeing n (questions)", *[f"EM {m}" for m in methods]]
+    assert head == "| " + " | ".join(columns) + " |"
+    # the run's order: fides-calibrated 0, standard 1, fides-stop 2, fides 3 (score 30 + i, regressions i)
+    gemma = "| gemma3-270m (270M) | 100 (97 q) of 412 | 31.0 | – | 33.0 (3) | 32.0 (2) | 30.0 (0) | 100 (99 q) | 69.0 |"
+    assert gemma + " – | 67.0 (6) | 68.0 (4) | 70.0 (0) |" in text
+    assert "| Qwen2.5-Coder-0.5B-Instruct (0.5B) | 100 (100 q) of 412 | 30.0 | 31.0 (1) | 32.0 (2) | – | – |" in text
+    assert "| Qwen2.5-Coder-1.5B-Instruct (1.5B) | not run | – | – | – | – | – | not run |" in text
+    assert "| SmolLM2-135M-Instruct (135M) | not run |" in text
+
+
+def test_the_bigbench_headline_adds_the_recommended_variant_and_lists_every_backbone_before_any_run(tmp_path):
+    empty = _run(tmp_path, "--strata", "--headline", "--dataset", "bigbench-conflicts")
+    assert empty.stdout.splitlines()[0] == "| backbone | true-conflict n (questions) | known-agreeing n (questions) |"
+    assert empty.stdout.count("| not run | not run |") == 4  # no run yet: every backbone not run, no number
+    _write(tmp_path, "gemma3-bigbench-strata", {"strata": _bigbench_strata(["standard", "fides", "fides+nwcad"])})
+    text = _run(tmp_path, "--strata", "--headline", "--dataset", "bigbench-conflicts").stdout
+    assert "| CF standard | CF FIDES | CF fides+nwcad | known-agreeing" in text.splitlines()[0]
+    text = _run(tmp_path, "--strata", "--headline", "--dataset", "bigbench-conflicts", "--recommended", "fides").stdout
+    assert "| CF standard | CF FIDES | known-agreeing" in text.splitlines()[0]  # fides+nwcad: neither listed nor chosen
+    _write(tmp_path, "qwen05-bigbench-strata", {"run": {"examples": 1}, "metrics": {}, "significance": []})
+    done = _run(tmp_path, "--strata", "--headline", "--dataset", "bigbench-conflicts", check=False)
+    assert done.returncode == 2 and "holds no strata results" in done.stderr  # refused, never shown as not run
+
+
+def test_failures_gives_the_wrong_answers_by_class_per_backbone_stratum_and_method(tmp_path):
+    _write(tmp_path, "gemma3-bigbench-strata", {"strata": _bigbench_strata(["fides", "standard"])})
+    text = _run(tmp_path, "--strata", "--failures", "--dataset", "bigbench-conflicts").stdout
+    lines = text.splitlines()
+    assert lines[0] == (
+        "| backbone | stratum | method | rows (questions) | score | wrong | memorised | no_stop | other_span | other |"
+    )
+    assert "| gemma3-270m (270M) | true_conflict | standard | 100 (100 q) | 31.0 | 70 | 30 | 20 | 15 | 5 |" in lines
+    assert "|  |  | fides | 100 (100 q) | 30.0 | 70 | 30 | 20 | 15 | 5 |" in lines
+    assert "|  | known_agreeing | standard | 100 (99 q) | 69.0 | 70 | 30 | 20 | 15 | 5 |" in lines
+    assert "| SmolLM2-135M-Instruct (135M) | not run | – | – | – | – | – | – | – | – |" in lines
+    assert len(lines) == 2 + 3 + 4 * 2  # three backbones not run, gemma3's 4 strata x 2 methods
+    _write(tmp_path, "qwen05-nqswap-strata", {"strata": _strata([2.0, 18.0])})  # no classes, no run folder to read
+    nq = _run(tmp_path, "--strata", "--failures").stdout
+    assert "| Qwen2.5-Coder-0.5B-Instruct (0.5B) | true_conflict | standard | 300 | 20.0 | – | – | – | – | – |" in nq
+    assert _run(tmp_path, "--failures", check=False).returncode == 2  # needs --strata
+
+
+def test_the_readmes_bigbench_table_is_the_bigbench_headline_of_the_committed_results():
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("<!-- strata-headline-bigbench -->\n")[1].split("<!-- /strata-headline-bigbench -->")[0]
+    made = _run(ROOT / "results" / "eval", "--strata", "--headline", "--dataset", "bigbench-conflicts").stdout
+    assert block.strip() == made.strip()
+
+
+def test_the_results_pages_bigbench_tables_are_the_scripts_output_on_the_committed_results():
+    page = (ROOT / "docs" / "results.md").read_text()
+    for marker, mode in (("strata-headline-bigbench", "--headline"), ("strata-failures-bigbench", "--failures")):
+        block = page.split(f"<!-- {marker} -->\n")[1].split(f"<!-- /{marker} -->")[0]
+        made = _run(ROOT / "results" / "eval", "--strata", mode, "--dataset", "bigbench-conflicts").stdout
+        assert block.strip() == made.strip(), marker
+
+
+def test_into_replaces_the_marked_block_and_nothing_else(tmp_path):
+    _write(tmp_path, "gemma3-bigbench-strata", {"strata": _bigbench_strata(["standard", "fides"])})
+    page = tmp_path / "page.md"
+    page.write_text("intro\n<!-- t -->\nold table\n<!-- /t -->\nafter\n")
+    args = ("--strata", "--headline", "--dataset", "bigbench-conflicts")
+    done = _run(tmp_path, *args, "--into", str(page), "--marker", "t")
+    assert done.stdout == ""
+    made = _run(tmp_path, *args).stdout
+    assert page.read_text() == f"intro\n<!-- t -->\n{made}<!-- /t -->\nafter\n"
+    missing = _run(tmp_path, *args, "--into", str(page), "--marker", "u", check=False)
+    assert missing.returncode != 0 and "no single block" in missing.stderr
+    assert _run(tmp_path, *args, "--into", str(page), check=False).returncode == 2  # --marker goes with it
