@@ -94,7 +94,18 @@ def pad_left(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
 def mergeable(cache: Any) -> bool:
     """Whether a `RaggedLayer` can hold the cache's layer types (dynamic, sliding-window)."""
     layers = getattr(cache, "layers", None)
-    return bool(layers) and all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers)
+    if not layers:
+        return False
+    return all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers)
+
+
+def _kv(layer: CacheLayerMixin) -> tuple[torch.Tensor, torch.Tensor]:
+    """A held layer's keys and values. transformers types them optional (None until a layer's first update, or
+    after `reset`); every layer the decode cache holds comes from a prefill and is never reset, so they are set."""
+    keys, values = layer.keys, layer.values
+    if keys is None or values is None:
+        raise RuntimeError("a cache layer without keys or values: the decode cache holds prefilled layers only")
+    return keys, values
 
 
 class RaggedLayer(CacheLayerMixin):
@@ -118,14 +129,14 @@ class RaggedLayer(CacheLayerMixin):
     @property
     def keys(self) -> torch.Tensor:  # type: ignore[override]  # a padded copy: read-only
         """[R, kv_heads, T, d], padded (a copy; for inspection, not used by the attention)."""
-        return _stack([seg.keys for seg in self.segments])
+        return _stack([_kv(seg)[0] for seg in self.segments])
 
     @property
     def values(self) -> torch.Tensor:  # type: ignore[override]  # a padded copy: read-only
-        return _stack([seg.values for seg in self.segments])
+        return _stack([_kv(seg)[1] for seg in self.segments])
 
     def _rows(self) -> list[int]:
-        return [seg.keys.shape[0] for seg in self.segments]
+        return [_kv(seg)[0].shape[0] for seg in self.segments]
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -167,10 +178,11 @@ class RaggedLayer(CacheLayerMixin):
         kept = []
         for segment, rows in runs:
             part = copy.copy(self.segments[segment])
+            keys, values = _kv(part)
             select = torch.tensor(rows, dtype=torch.long)
             part.keys, part.values = (
-                part.keys[select.to(part.keys.device, non_blocking=True)],
-                part.values[select.to(part.values.device, non_blocking=True)],
+                keys[select.to(keys.device, non_blocking=True)],
+                values[select.to(values.device, non_blocking=True)],
             )
             kept.append(part)
         self.segments = _merge_equal_lengths(kept)
@@ -230,12 +242,20 @@ class GrowableLayer(DynamicLayer):
         """Bytes held, spare room included."""
         return sum(t.numel() * t.element_size() for t in (self._keys, self._values) if t is not None)
 
+    def _buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key and value buffers (spare room included): set at construction, and None again only after
+        transformers' `reset`, which the decode cache never calls."""
+        if self._keys is None or self._values is None:
+            raise RuntimeError("a GrowableLayer without key or value buffers: it is built from prefilled states")
+        return self._keys, self._values
+
     def _reserve(self, needed: int) -> None:
-        if needed <= self._keys.shape[-2]:
+        keys, values = self._buffers()
+        if needed <= keys.shape[-2]:
             return
         capacity = needed + max(self.SPARE_MIN, needed // 16)
         grown = []
-        for buffer in (self._keys, self._values):
+        for buffer in (keys, values):
             bigger = buffer.new_empty((*buffer.shape[:-2], capacity, buffer.shape[-1]))
             bigger[..., : self._length, :] = buffer[..., : self._length, :]
             grown.append(bigger)
@@ -246,17 +266,19 @@ class GrowableLayer(DynamicLayer):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         new = key_states.shape[-2]
         self._reserve(self._length + new)
-        self._keys[..., self._length : self._length + new, :] = key_states
-        self._values[..., self._length : self._length + new, :] = value_states
+        keys, values = self._buffers()
+        keys[..., self._length : self._length + new, :] = key_states
+        values[..., self._length : self._length + new, :] = value_states
         self._length += new
-        return self.keys, self.values
+        return keys[..., : self._length, :], values[..., : self._length, :]  # the filled part, as `keys`/`values`
 
     def get_seq_length(self) -> int:
         return self._length
 
     def batch_select_indices(self, indices: Any) -> None:
         length = self._length
-        self._keys, self._values = self._keys[indices, ...], self._values[indices, ...]
+        keys, values = self._buffers()
+        self._keys, self._values = keys[indices, ...], values[indices, ...]
         self._length = length
 
     def crop(self, tokens_to_remove: int) -> None:
@@ -268,12 +290,13 @@ def _merge_equal_lengths(segments: list[DynamicLayer]) -> list[DynamicLayer]:
     merged = [segments[0]]
     for seg in segments[1:]:
         last = merged[-1]
-        same = last.keys.shape[-2] == seg.keys.shape[-2] and getattr(last, "cumulative_length", 0) == getattr(
+        (last_keys, last_values), (keys, values) = _kv(last), _kv(seg)
+        same = last_keys.shape[-2] == keys.shape[-2] and getattr(last, "cumulative_length", 0) == getattr(
             seg, "cumulative_length", 0
         )
         if same:
             joined = copy.copy(last)
-            joined.keys, joined.values = torch.cat([last.keys, seg.keys]), torch.cat([last.values, seg.values])
+            joined.keys, joined.values = torch.cat([last_keys, keys]), torch.cat([last_values, values])
             merged[-1] = joined
         else:
             merged.append(seg)
@@ -282,7 +305,7 @@ def _merge_equal_lengths(segments: list[DynamicLayer]) -> list[DynamicLayer]:
 
 def _growable(layer: DynamicLayer) -> DynamicLayer:
     """Full-attention layers append in place from now on; sliding-window layers stay as they are (bounded)."""
-    return GrowableLayer(layer.keys, layer.values) if type(layer) is DynamicLayer else layer
+    return GrowableLayer(*_kv(layer)) if type(layer) is DynamicLayer else layer
 
 
 def ragged_cache(caches: Sequence[Any], config: Any, padded: bool = True) -> DecodeCache:

@@ -124,17 +124,26 @@ class TicketPrefill:
     def pending(self) -> list[RowPrefill]:
         return [r for r in self.rows if not r.finished]
 
+    def _last_hidden(self) -> list[torch.Tensor]:
+        """Every row's [1, H] last state: set by its last chunk, which every row has run once the request is
+        `finished` (a prefix cache hit never covers the whole prompt)."""
+        hidden = [r.hidden for r in self.rows if r.hidden is not None]
+        if len(hidden) != len(self.rows):
+            raise RuntimeError("a request's rows are read before every row finished its prefill")
+        return hidden
+
     def prefilled(self, config: Any) -> Prefilled:
         """The rows' states laid out as one prefill's: a ragged cache, the left-padded mask and last positions."""
         lengths = [len(r.ids) for r in self.rows]
         width = max(lengths)
-        device = self.rows[0].hidden.device
+        last_hidden = self._last_hidden()
+        device = last_hidden[0].device
         mask = torch.zeros((len(lengths), width), dtype=torch.bool)
         for i, n in enumerate(lengths):
             mask[i, width - n :] = True
         positions = torch.tensor([[n - 1] for n in lengths], dtype=torch.long)
         cache = ragged_cache([r.cache for r in self.rows], config, padded=len(set(lengths)) > 1)
-        hidden = torch.cat([r.hidden for r in self.rows])
+        hidden = torch.cat(last_hidden)
         return Prefilled(hidden, cache, mask.to(device, non_blocking=True), positions.to(device, non_blocking=True))
 
     def states(self, layers: Sequence[int]) -> dict[int, torch.Tensor]:
@@ -143,7 +152,9 @@ class TicketPrefill:
         out = {}
         for layer in layers:
             parts = [r.states.get(layer) for r in self.rows]
-            like = next((p for p in parts if p is not None), self.rows[0].hidden)
+            like = next((p for p in parts if p is not None), None)
+            if like is None:
+                like = self._last_hidden()[0]
             out[layer] = torch.cat([p if p is not None else torch.zeros_like(like) for p in parts])
         return out
 

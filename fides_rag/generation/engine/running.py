@@ -70,31 +70,38 @@ class RunningBatch:
             :, None
         ]  # [R, 1]
         self._grow_mask()  # [R, W + 1]
-        self.positions = self.positions[:, -1:] + 1  # [R, 1]
+        mask, positions, _ = self._joined()
+        self.positions = positions = positions[:, -1:] + 1  # [R, 1]
         self.layout.grow()
         # Rows of equal length need no attention mask: with none, transformers builds none either, with no host sync.
-        unpadded = all(n == self.mask.shape[1] for n in self.layout.lengths)
+        unpadded = all(n == mask.shape[1] for n in self.layout.lengths)
         self.cache.padded = not unpadded
         if masker is not None:
             masker.set_rows(self.layout.row_head_sets)
-        hidden, self.cache = self.anatomy.run_backbone(
-            step_ids, None if unpadded else self.mask, self.positions, self.cache
-        )
+        hidden, self.cache = self.anatomy.run_backbone(step_ids, None if unpadded else mask, positions, self.cache)
         self.hidden = hidden[:, -1, :]  # [R, H]
         self.states = dict(capture.states)
 
     def _grow_mask(self) -> None:
         """One more column of True, written in place into spare room (grown by max(16, W/16) columns at a time), so a
         step writes one column, not the whole mask."""
-        rows, width = self.mask.shape
+        mask, _, _ = self._joined()
+        rows, width = mask.shape
         room = self._mask_room
-        in_room = room is not None and self.mask.data_ptr() == room.data_ptr() and self.mask.stride() == room.stride()
-        if not in_room or room.shape[1] <= width:
-            room = self.mask.new_zeros((rows, width + 1 + max(16, width // 16)))
-            room[:, :width] = self.mask
+        in_room = room is not None and mask.data_ptr() == room.data_ptr() and mask.stride() == room.stride()
+        if room is None or not in_room or room.shape[1] <= width:
+            room = mask.new_zeros((rows, width + 1 + max(16, width // 16)))
+            room[:, :width] = mask
             self._mask_room = room
         room[:, width] = True
         self.mask = room[:, : width + 1]
+
+    def _joined(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The mask, positions and last hidden states of the rows: None only while the batch is empty (they are set
+        together when the first rows join, and cleared together when the last leave)."""
+        if self.mask is None or self.positions is None or self.hidden is None:
+            raise RuntimeError("the running batch has no rows: its mask, positions and states exist once rows join")
+        return self.mask, self.positions, self.hidden
 
     def join(
         self, groups: Sequence[GroupSpec], head_sets: Sequence[int], capture: LayerCapture, masker: HeadMasker | None
@@ -124,21 +131,22 @@ class RunningBatch:
             self.mask = state.attention_mask.bool()
             self.states = states
         else:
+            mask, positions, hidden = self._joined()
             extend(self.cache, state.cache)
-            width = max(self.mask.shape[1], state.attention_mask.shape[1])
+            width = max(mask.shape[1], state.attention_mask.shape[1])
             self.mask = torch.cat(
                 [
-                    pad_left(self.mask, width, 1),
-                    pad_left(state.attention_mask.to(self.mask.device, torch.bool), width, 1),
+                    pad_left(mask, width, 1),
+                    pad_left(state.attention_mask.to(mask.device, torch.bool), width, 1),
                 ]
             )
-            self.positions = torch.cat([self.positions, state.positions.to(self.positions.device)])
-            self.hidden = torch.cat([self.hidden, state.last_hidden.to(self.hidden.device)])
+            self.positions = torch.cat([positions, state.positions.to(positions.device)])
+            self.hidden = hidden = torch.cat([hidden, state.last_hidden.to(hidden.device)])
             self.states = {
                 layer: torch.cat(
                     [
-                        _states(self.states, layer, self.hidden, self.layout.num_rows),
-                        _states(states, layer, state.last_hidden, len(lengths)).to(self.hidden.device),
+                        _states(self.states, layer, hidden, self.layout.num_rows),
+                        _states(states, layer, state.last_hidden, len(lengths)).to(hidden.device),
                     ]
                 )
                 for layer in {*self.states, *states}
@@ -153,7 +161,8 @@ class RunningBatch:
             self.cache = self.mask = self._mask_room = self.positions = self.hidden = None
             self.states = {}
             return
-        self.mask, self.positions = prune(self.cache, self.mask, self.positions, rows)
+        mask, positions, _ = self._joined()
+        self.mask, self.positions = prune(self.cache, mask, positions, rows)
         self.mask = self.mask[:, self.mask.shape[1] - cached_length(self.cache) :]  # columns of rows that left
 
 

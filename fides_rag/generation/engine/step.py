@@ -46,10 +46,13 @@ class LaneStep:
 
 def head_logits(anatomy: ModelAnatomy, batch: RunningBatch, lane_inputs: LaneInputs) -> torch.Tensor:
     """One output-head matmul over the final states of all rows, then the logit-lens rows.  -> [R + n_lens, V]"""
-    inputs = [batch.hidden]  # [R, H], already final-normed
+    hidden = batch.hidden
+    if hidden is None:  # a step decides only for tickets wired in, whose rows have joined the batch
+        raise RuntimeError("no rows to take logits of: a decode step runs once rows have joined the batch")
+    inputs = [hidden]  # [R, H], already final-normed
     for layer, rows in lane_inputs.lens_rows.items():
         states = batch.states[layer]
-        inputs.append(anatomy.final_norm(states[rows.on(states.device)].to(batch.hidden.device)))  # [n, H]
+        inputs.append(anatomy.final_norm(states[rows.on(states.device)].to(hidden.device)))  # [n, H]
     return anatomy.head_logits(torch.cat(inputs, dim=0)).float()
 
 
@@ -150,8 +153,9 @@ def _compiled_parts(
 
 def _lane_state(units: Sequence[Unit], size: int, like: torch.Tensor) -> torch.Tensor:
     """[n, size] the units' states from their previous step; zeros for a unit at its first step."""
-    if all(u.rule_state is not None for u in units):
-        return torch.stack([u.rule_state for u in units])
+    kept = [u.rule_state for u in units if u.rule_state is not None]
+    if len(kept) == len(units):
+        return torch.stack(kept)
     zeros = torch.zeros(size, dtype=like.dtype, device=like.device)
     return torch.stack([zeros if u.rule_state is None else u.rule_state for u in units])
 
@@ -264,6 +268,8 @@ def advance(
                 token_id, tokenizer_decode([token_id]), dict(zip(taken.names, values[width - len(taken.names) :]))
             )
             if unit.logprobs is not None:
+                if taken.top_k is None:  # lane_top_k gives None only when no unit of the lane asked
+                    raise RuntimeError("a unit asked for log-probabilities but its lane packed none")
                 at_logprobs = 3 + taken.criteria
                 record.logprob, record.top_logprobs = read_logprobs(
                     values[at_logprobs : at_logprobs + extra], taken.top_k, unit.logprobs

@@ -79,10 +79,11 @@ class Ticket:
         """Hand the stream whatever new text its answer holds (a streaming request has one method)."""
         if self.handle.first_token_at is None and self.units[0].generated:
             self.handle.first_token_at = time.perf_counter()
-        if self._tracker is not None:
+        channel = self.handle.channel
+        if self._tracker is not None and channel is not None:  # the tracker exists exactly when the channel does
             delta = self._tracker.update(self.units[0].text.text)
             if delta:
-                self.handle.channel.put(delta)
+                channel.put(delta)
 
     def results(self, decode: Any) -> Any:
         """One GenerationResult per method (label -> result), or the one result of a one-method request."""
@@ -101,11 +102,12 @@ class Ticket:
         result = self.results(decode)
         if self.handle.future.set_running_or_notify_cancel():
             self.handle.future.set_result(result)
-        if self._tracker is not None:
+        channel = self.handle.channel
+        if self._tracker is not None and channel is not None:  # the tracker exists exactly when the channel does
             final = self._tracker.finish(result.text)
             if final:
-                self.handle.channel.put(final)
-            self.handle.channel.close()
+                channel.put(final)
+            channel.close()
 
     def fail(self, error: BaseException) -> None:
         """Fail the request with `error` (once: a request already done keeps its outcome)."""
