@@ -435,6 +435,34 @@ def _score_cell(entry: dict | None, reference: bool) -> str:
     return f"{entry['score']:.1f}" if reference else f"{entry['score']:.1f} ({entry['regressions']})"
 
 
+def _headline_table(
+    backbones: dict[str, dict],
+    shown: list[str],
+    names: dict[str, str],
+    count: Callable[[dict | None], str],
+    count_label: str,
+) -> str:
+    """One row per backbone: the true-conflict count (`count` of standard's cell) of the rows available, each shown
+    method's CF, the known-agreeing count and each method's EM, with regressions; "not run" where a backbone has no
+    run."""
+    head = ["backbone", f"true-conflict {count_label}"] + [f"CF {names.get(m, m)}" for m in shown]
+    head += [f"known-agreeing {count_label}"] + [f"EM {names.get(m, m)}" for m in shown]
+    rows = []
+    for b in BACKBONES:
+        data = backbones.get(b.name)
+        if data is None:
+            rows.append([f"{b.name} ({b.size})", "not run", *["–"] * len(shown), "not run", *["–"] * len(shown)])
+            continue
+        tc, ka = data["strata"]["true_conflict"], data["strata"]["known_agreeing"]
+        rows.append(
+            [f"{b.name} ({b.size})", f"{count(tc.get('standard'))} of {data['true_conflict_available']}"]
+            + [_score_cell(tc.get(m), m == "standard") for m in shown]
+            + [count(ka.get("standard"))]
+            + [_score_cell(ka.get(m), m == "standard") for m in shown]
+        )
+    return table(head, rows)
+
+
 def strata_headline(root: Path = RESULTS, recommended: str | None = None, dataset: str = "nq-swap") -> str:
     """One row per backbone: true-conflict CF and known-agreeing EM of standard, AdaCAD, FIDES and the recommended
     variant, each with its regressions against standard (on BIG-bench conflicts: of the methods its runs hold)."""
@@ -444,23 +472,11 @@ def strata_headline(root: Path = RESULTS, recommended: str | None = None, datase
     chosen = recommended or recommend(backbones, dataset)
     shown = [*STRATA_HEADLINE_METHODS, *([chosen] if chosen not in STRATA_HEADLINE_METHODS else [])]
     names = {"standard": "standard", "adacad": "AdaCAD", "fides": "FIDES"}
-    head = ["backbone", "true-conflict n"] + [f"CF {names.get(m, m)}" for m in shown]
-    head += ["known-agreeing n"] + [f"EM {names.get(m, m)}" for m in shown]
-    rows = []
-    for b in BACKBONES:
-        data = backbones.get(b.name)
-        if data is None:
-            rows.append([f"{b.name} ({b.size})", "not run", *["–"] * len(shown), "not run", *["–"] * len(shown)])
-            continue
-        tc, ka = data["strata"]["true_conflict"], data["strata"]["known_agreeing"]
-        n_tc, n_ka = (s.get("standard", {}).get("n", 0) for s in (tc, ka))
-        rows.append(
-            [f"{b.name} ({b.size})", f"{n_tc} of {data['true_conflict_available']}"]
-            + [_score_cell(tc.get(m), m == "standard") for m in shown]
-            + [str(n_ka)]
-            + [_score_cell(ka.get(m), m == "standard") for m in shown]
-        )
-    return table(head, rows)
+
+    def count(entry: dict | None) -> str:
+        return str(entry.get("n", 0)) if entry is not None else "0"
+
+    return _headline_table(backbones, shown, names, count, "n")
 
 
 HELD_METHOD_ORDER = ("standard", "adacad", "fides", "fides-stop", "fides-calibrated")
@@ -505,22 +521,7 @@ def strata_headline_held(root: Path = RESULTS, recommended: str | None = None, d
     if backbones:
         chosen = recommended or recommend(backbones, dataset)
         shown += [] if chosen in shown else [chosen]
-    head = ["backbone", "true-conflict n (questions)"] + [f"CF {METHOD_NAMES.get(m, m)}" for m in shown]
-    head += ["known-agreeing n (questions)"] + [f"EM {METHOD_NAMES.get(m, m)}" for m in shown]
-    rows = []
-    for b in BACKBONES:
-        data = backbones.get(b.name)
-        if data is None:
-            rows.append([f"{b.name} ({b.size})", "not run", *["–"] * len(shown), "not run", *["–"] * len(shown)])
-            continue
-        tc, ka = data["strata"]["true_conflict"], data["strata"]["known_agreeing"]
-        rows.append(
-            [f"{b.name} ({b.size})", f"{_rows_questions(tc.get('standard'))} of {data['true_conflict_available']}"]
-            + [_score_cell(tc.get(m), m == "standard") for m in shown]
-            + [_rows_questions(ka.get("standard"))]
-            + [_score_cell(ka.get(m), m == "standard") for m in shown]
-        )
-    return table(head, rows)
+    return _headline_table(backbones, shown, METHOD_NAMES, _rows_questions, "n (questions)")
 
 
 def strata_failures(root: Path = RESULTS, recommended: str | None = None, dataset: str = "nq-swap") -> str:
