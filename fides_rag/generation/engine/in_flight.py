@@ -65,8 +65,6 @@ class InFlight:
         """Admitted requests' prefill jobs made at admission (their shared blocks held), by id of ticket."""
         self._held_blocks: dict[int, int] = {}
         """Blocks held for each request admitted and not yet joined (its job's pins), by id of ticket."""
-        self._held_total = 0
-        """The sum of `_held_blocks`, kept as pins are taken and given back."""
 
     def head_set(self, heads: Heads) -> int:
         """The index of a set of masked heads (registered on first use)."""
@@ -124,7 +122,7 @@ class InFlight:
     @property
     def reserved_total(self) -> int:
         """Blocks held for every request admitted and not yet joined (the sum of `reserved_blocks`)."""
-        return self._held_total
+        return sum(self._held_blocks.values())
 
     def recount_reserved(self) -> dict[int, int]:
         """Blocks held per request (by id of ticket), recounted from the jobs' pins: what the kept count must equal."""
@@ -138,12 +136,11 @@ class InFlight:
         count = sum(len(blocks) for blocks in pinned)
         if count:
             self._held_blocks[id(job.ticket)] = count
-            self._held_total += count
         return count
 
     def _drop_hold(self, job: TicketPrefill) -> None:
         """`job` holds no pins any more (given back, or taken over by its rows): the count forgets them."""
-        self._held_total -= self._held_blocks.pop(id(job.ticket), 0)
+        self._held_blocks.pop(id(job.ticket), None)
         job.pinned = None
 
     def _release_pins(self, job: TicketPrefill) -> None:
@@ -366,7 +363,7 @@ class InFlight:
                 id(ticket), ticket
             )  # a request that joined at the failed step is both decoding and prefilling
         self.tickets, self.prefilling = [], []  # start clean before failing anyone: nothing of the failed step survives
-        self._reserved, self._held_blocks, self._held_total = {}, {}, 0  # the old pool and its pins go together
+        self._reserved, self._held_blocks = {}, {}  # the old pool and its pins go together
         self.batch = self._new_batch()
         self.lanes = Lanes(self.anatomy.num_layers)
         self._lane_inputs = None
