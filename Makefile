@@ -39,10 +39,18 @@ format: setup
 	$(VENV)/bin/ruff check --fix .
 
 # Each package's suite runs on its own, with its own pytest settings (partner-package convention).
+# Every suite runs in TEST_WORKERS processes (pytest-xdist), each worker and whatever it starts on one thread: two
+# single-threaded workers fill two cores without the oversubscription of two multi-threaded torch processes. The
+# core deals whole files to a worker, so that a module's real model loads once (the integrations' models are small
+# and load in seconds: their tests are dealt one by one). TEST_WORKERS=0 runs each suite in its own process.
 PYTEST_ARGS ?=
+TEST_WORKERS ?= 2
+test: export OMP_NUM_THREADS = 1
 test: setup lint
-	$(PY) -m pytest tests --durations=25 $(PYTEST_ARGS)
-	for pkg in $(INTEGRATIONS); do (cd $$pkg && $(CURDIR)/$(PY) -m pytest tests --durations=10 $(PYTEST_ARGS)) || exit 1; done
+	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
+	for pkg in $(INTEGRATIONS); do \
+		(cd $$pkg && $(CURDIR)/$(PY) -m pytest tests -n $(TEST_WORKERS) --durations=10 $(PYTEST_ARGS)) || exit 1; \
+	done
 
 test-fast:
 	$(MAKE) test PYTEST_ARGS='-m "not slow"'

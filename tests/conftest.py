@@ -7,6 +7,14 @@ import pytest
 from fides_rag.testing import FAMILIES, build_tiny_model, build_tokenizer
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files with a slow test first, each file's tests kept together and in order: `make test` deals whole files to
+    its workers in this order, so the long files start early and the workers finish together instead of one waiting
+    on the last long file."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_files)
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return build_tokenizer()
