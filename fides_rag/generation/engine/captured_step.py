@@ -20,13 +20,16 @@ import logging
 import time
 import types
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from fides_rag.generation.engine.captured_decide import CapturedDecide
 from fides_rag.method.lens import ModelAnatomy
+
+if TYPE_CHECKING:
+    from fides_rag.generation.engine.kv_pool import PooledCache
 
 logger = logging.getLogger(__name__)
 
@@ -155,16 +158,15 @@ class CapturedStep:
             if getattr(tensor, "_dynamo_static_input_type", None) is None:
                 torch._dynamo.mark_static_address(tensor)
 
-    def __call__(self, ids: torch.Tensor, mask: Any, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+    def __call__(self, ids: torch.Tensor, mask: Any, positions: torch.Tensor, cache: PooledCache) -> torch.Tensor:
         if _get_current_dispatch_mode() is not None:
             # A dispatch mode (counting aten ops) sees every op, which a graph replay hides; it also changes what
             # dynamo guards on. Such a step runs eagerly and leaves its bucket's graph as it is.
             return self._step(ids, mask, positions, cache)
-        pool = getattr(cache, "pool", None)
-        if pool is not None:
-            self.mark_static(pool.static_tensors())
-            for tensor, dim in pool.attention.dynamic_dims():  # sizes that follow the rows' lengths, not the bucket
-                torch._dynamo.maybe_mark_dynamic(tensor, dim)
+        pool = cache.pool
+        self.mark_static(pool.static_tensors())
+        for tensor, dim in pool.attention.dynamic_dims():  # sizes that follow the rows' lengths, not the bucket
+            torch._dynamo.maybe_mark_dynamic(tensor, dim)
         key = (ids.shape[0], self._hooks())
         if key in self._failed:
             self.fallback_steps += 1

@@ -39,12 +39,14 @@ from fides_rag.generation.engine.captured_step import (
 from fides_rag.generation.engine.in_flight import InFlight
 from fides_rag.generation.engine.kv_cache import DecodeCache, mergeable
 from fides_rag.generation.engine.kv_pool_size import BLOCK, pool_blocks
+from fides_rag.generation.engine.kv_store import KVStore
 from fides_rag.generation.engine.layout import Unit
 from fides_rag.generation.engine.modes import Mode, check_mode_settings, resolve_mode
-from fides_rag.generation.engine.pooled_batch import PooledBatch, PoolSettings
+from fides_rag.generation.engine.pooled_store import PooledStore, PoolSettings
 from fides_rag.generation.engine.prefix_cache import DEFAULT_PREFIX_BLOCK_SIZE, DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
 from fides_rag.generation.engine.ragged_attention import per_segment_attention
-from fides_rag.generation.engine.running import RunningBatch
+from fides_rag.generation.engine.ragged_store import RaggedStore
+from fides_rag.generation.engine.runner import Runner
 from fides_rag.generation.engine.scheduler import DEFAULT_BATCHED_TOKENS, Admission, QueueFullError, Scheduler
 from fides_rag.generation.engine.step_plan import ScheduledStep
 from fides_rag.generation.engine.tickets import RequestHandle, Ticket
@@ -320,11 +322,17 @@ class DecodeEngine:
         chosen = [method for _, method in ordered]
         return [group for size in range(1, len(chosen) + 1) for group in itertools.combinations(chosen, size)]
 
-    def _running_batch(self, pad: int, split_prefill: bool) -> RunningBatch:
-        if self.mode == "exact":
-            return RunningBatch(self.anatomy, pad, self.input_device, split_prefill)
+    def _running_batch(self, pad: int, split_prefill: bool) -> Runner:
+        """A new running decode over the mode's KV store: exact mode's ragged cache, or fast mode's pool."""
+        store: KVStore = (
+            RaggedStore(self.anatomy) if self.mode == "exact" else PooledStore(self.anatomy, self._pool_settings())
+        )
+        return Runner(self.anatomy, pad, self.input_device, split_prefill, store=store)
+
+    def _pool_settings(self) -> PoolSettings:
+        """Fast mode's pool as this engine sizes it."""
         blocks = self.pool_blocks or 1
-        settings = PoolSettings(
+        return PoolSettings(
             blocks=blocks,
             max_rows=self.pool_rows,
             max_row_blocks=math.ceil((self.context_window or blocks * BLOCK) / BLOCK) + 1,
@@ -332,7 +340,6 @@ class DecodeEngine:
             buckets=self.buckets or (),
             captured=self.captured,
         )
-        return PooledBatch(self.anatomy, pad, self.input_device, split_prefill, settings)
 
     # -- configuration ----------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from fides_rag.generation.engine.layout import Unit, prefill_groups
 from fides_rag.generation.engine.pool_blocks import PoolBlocks, PromptBlocks
 from fides_rag.generation.engine.prefilling import RowPrefill, TicketPrefill, row_prefills
 from fides_rag.generation.engine.prefix_cache import PrefixCache
-from fides_rag.generation.engine.running import RunningBatch
+from fides_rag.generation.engine.runner import Runner
 from fides_rag.generation.engine.step import advance, decide
 from fides_rag.generation.engine.step_plan import ScheduledStep
 from fides_rag.generation.engine.tickets import Ticket
@@ -37,7 +37,7 @@ class InFlight:
     def __init__(
         self,
         anatomy: ModelAnatomy,
-        batch: Callable[[], RunningBatch],
+        batch: Callable[[], Runner],
         stats: Any,
         decode: Callable[[list[int]], str],
         decode_token: Callable[[list[int]], str],

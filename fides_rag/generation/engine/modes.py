@@ -25,7 +25,7 @@ MODES: tuple[str, ...] = ("exact", "fast")
 
 def resolve_mode(mode: Any, device: torch.device, config: Any) -> Mode:
     """The mode to run: `mode` checked against the device and model, or the device's default when None."""
-    from fides_rag.generation.engine.pooled_batch import pool_supported
+    from fides_rag.generation.engine.pooled_store import pool_supported
 
     if mode is None:
         mode = "exact" if device.type == "cpu" else "fast"

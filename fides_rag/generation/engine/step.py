@@ -20,7 +20,7 @@ from fides_rag.generation.engine.lane_inputs import LaneInputs
 from fides_rag.generation.engine.lanes import Lane
 from fides_rag.generation.engine.layout import Unit
 from fides_rag.generation.engine.logprobs import column_count, lane_top_k, logprob_columns, read_logprobs
-from fides_rag.generation.engine.running import RunningBatch
+from fides_rag.generation.engine.runner import Runner
 from fides_rag.generation.stopping import finish_reason
 from fides_rag.method.lens import ModelAnatomy
 from fides_rag.result import StepRecord
@@ -44,7 +44,7 @@ class LaneStep:
     """Raised by one unit's own processors or stopping criteria: that unit fails."""
 
 
-def head_logits(anatomy: ModelAnatomy, batch: RunningBatch, lane_inputs: LaneInputs) -> torch.Tensor:
+def head_logits(anatomy: ModelAnatomy, batch: Runner, lane_inputs: LaneInputs) -> torch.Tensor:
     """One output-head matmul over the final states of all rows, then the logit-lens rows.  -> [R + n_lens, V]"""
     hidden = batch.hidden
     if hidden is None:  # a step decides only for tickets wired in, whose rows have joined the batch
@@ -59,7 +59,7 @@ def head_logits(anatomy: ModelAnatomy, batch: RunningBatch, lane_inputs: LaneInp
 def _not_finite(step: StepInputs) -> torch.Tensor:
     """[n] whether any logits a unit's rule reads are NaN or inf."""
     bad = [~torch.isfinite(x).flatten(1).all(dim=-1) for x in [*step.logits.values(), *step.lens_logits.values()]]
-    return torch.stack(bad).any(dim=0)
+    return bad[0] if len(bad) == 1 else torch.stack(bad).any(dim=0)
 
 
 def _combined(rule_name: str, output: object, rows: int) -> StepOutput:
@@ -76,7 +76,7 @@ def _combined(rule_name: str, output: object, rows: int) -> StepOutput:
 
 def decide(
     anatomy: ModelAnatomy,
-    batch: RunningBatch,
+    batch: Runner,
     lanes: Sequence[Lane],
     lane_inputs: LaneInputs,
     state_layers: Sequence[int],

@@ -38,8 +38,9 @@ class FakePool:
         assert self.pins >= 0
 
 
-class FakeBatch:
-    """A pooled batch's seam as `InFlight` uses it: rows join by `append`, which takes over the pins (`add_rows`)."""
+class FakeRunner:
+    """A fast-mode `Runner`'s seam as `InFlight` uses it: rows join by `append`, which takes over the pins (the pooled
+    store's `add_rows`)."""
 
     shares_prompt_blocks = True
 
@@ -70,7 +71,7 @@ def ticket() -> SimpleNamespace:
 
 
 def flight_of(seed: int) -> tuple[InFlight, PrefixCache, list[int]]:
-    """An `InFlight` over fake batches whose jobs are rows of random prompts; and the count of prompt hashings."""
+    """An `InFlight` over fake runners whose jobs are rows of random prompts; and the count of prompt hashings."""
     rng = random.Random(seed)
     prefixes = PrefixCache(block_size=BLOCK)
     hashed = [0]
@@ -83,7 +84,7 @@ def flight_of(seed: int) -> tuple[InFlight, PrefixCache, list[int]]:
     prefixes.block_hashes = counting
     stats = SimpleNamespace(prompt_tokens=0, cancelled=0, failed=0, admissions=0)
     anatomy = SimpleNamespace(num_layers=2, config=None)
-    flight = InFlight(anatomy, lambda: FakeBatch(rng), stats, str, str, prefixes, torch.device("cpu"))
+    flight = InFlight(anatomy, lambda: FakeRunner(rng), stats, str, str, prefixes, torch.device("cpu"))
 
     def job(t: Any, chunk_tokens: int) -> TicketPrefill:
         rows = []
@@ -92,7 +93,7 @@ def flight_of(seed: int) -> tuple[InFlight, PrefixCache, list[int]]:
             ids = [rng.randrange(100) for _ in range(length)]
             rows.append(RowPrefill(ids, -1, (), chunk_cuts(length, chunk_tokens, [], BLOCK)))
         made = TicketPrefill(t, [], rows)
-        made.prefilled = lambda config: None  # the fake batch reads no states
+        made.prefilled = lambda config: None  # the fake runner reads no states
         made.states = lambda layers: {}
         return made
 
@@ -118,7 +119,7 @@ def test_a_reserved_requests_prompt_blocks_are_hashed_once_and_reused_when_it_jo
     assert flight._join_prefilled(()) == [reserved, direct]
     assert hashed[0] == len(job.rows) + len(other.rows)  # the reserved job's rows were not hashed again
     batch = flight.batch
-    assert isinstance(batch, FakeBatch)
+    assert isinstance(batch, FakeRunner)
     assert batch.appended[0] is job.prompt_blocks and batch.appended[1] is other.prompt_blocks
     assert flight.reserved_total == 0 and batch.pool.pins == 0
 
@@ -160,7 +161,7 @@ def test_the_reserved_count_equals_a_recount_after_any_sequence_of_reserves_canc
 
         recount = flight.recount_reserved()
         batch = flight.batch
-        assert isinstance(batch, FakeBatch)
+        assert isinstance(batch, FakeRunner)
         assert flight.reserved_total == sum(recount.values()) == batch.pool.pins
         for t in every:
             assert flight.reserved_blocks(t) == recount.get(id(t), 0)

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from fides_rag.generation.engine.captured_step import CapturedStep, bucket_for, fits_buckets
-from fides_rag.generation.engine.pooled_batch import PoolSettings
+from fides_rag.generation.engine.pooled_store import PoolSettings
 from fides_rag.generation.engine.prefilling import chunk_cuts
 from fides_rag.generation.engine.scheduler import Scheduler
 
