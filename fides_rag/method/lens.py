@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -49,6 +49,13 @@ class ModelAnatomy:
     softcap: float | None
     config: Any = None
 
+    cache_keyword: str = field(init=False, repr=False)
+    """The backbone forward's name for its KV cache, read once: `inspect.signature` costs more than a small model's
+    decode step spends in attention, and a compiled step cannot call it."""
+
+    def __post_init__(self) -> None:
+        self.cache_keyword = _cache_keyword(self.backbone)
+
     @property
     def num_layers(self) -> int:
         return len(self.layers)
@@ -65,7 +72,7 @@ class ModelAnatomy:
         transformers 5.24 renamed the forward's `past_key_values` to `cache`; either name is passed as the model takes
         it.
         """
-        kwargs = {_cache_keyword(self.backbone): cache}
+        kwargs = {self.cache_keyword: cache}
         out = self.backbone(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kwargs
         )

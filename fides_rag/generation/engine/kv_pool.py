@@ -265,7 +265,8 @@ class KVPool:
         self._host.step(self.tables, self.lengths, grown)
         end = self._total + padded * self.columns
         self._staging[self._total : end].view(padded, self.columns).copy_(self._host.rows[:padded])
-        self._flat[:end].copy_(self._staging[:end], non_blocking=True)
+        start = 0 if self.attention.reads_block_ordinals else self._total  # the block places only where they are read
+        self._flat[start:end].copy_(self._staging[start:end], non_blocking=True)
         index = self.index[:padded]
         torch.add(index[:, LAST].long() * BLOCK, index[:, FILL].long() - 1, out=self.write_slots[:padded])
         self.rows = padded

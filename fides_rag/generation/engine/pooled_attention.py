@@ -19,6 +19,7 @@ import torch
 from transformers import AttentionInterface
 
 from fides_rag.generation.engine.attention.backend import PoolAttention
+from fides_rag.generation.engine.attention.implementation import attention_implementation
 from fides_rag.generation.engine.attention.registry import BACKENDS
 
 
@@ -54,10 +55,5 @@ for _backend in BACKENDS.values():
 def pooled_attention(model: Any, backend: PoolAttention) -> Iterator[None]:
     """Within it, `model`'s attention runs over a pooled cache through `backend` (hold the model's lock: it switches
     the model's attention implementation for the duration)."""
-    config = model.config
-    kind = config._attn_implementation
-    config._attn_implementation = backend.implementation
-    try:
+    with attention_implementation(model.config, backend.implementation):
         yield
-    finally:
-        config._attn_implementation = kind

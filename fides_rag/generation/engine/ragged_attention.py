@@ -24,6 +24,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
+from fides_rag.generation.engine.attention.implementation import attention_implementation
+
 PREFIX = "fides_segments_"
 """Registered implementation names: PREFIX + the model's own ("sdpa" or "eager")."""
 _LOCAL = threading.local()
@@ -91,10 +93,9 @@ def per_segment_attention(model: Any) -> Iterator[None]:
     if kind not in ("sdpa", "eager") or getattr(_LOCAL, "active", False):
         yield
         return
-    config._attn_implementation = PREFIX + kind
     _LOCAL.active, _LOCAL.segments = True, None
     try:
-        yield
+        with attention_implementation(config, PREFIX + kind):
+            yield
     finally:
         _LOCAL.active, _LOCAL.segments = False, None
-        config._attn_implementation = kind

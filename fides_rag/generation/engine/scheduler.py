@@ -167,6 +167,8 @@ class Scheduler:
         now, less what the decoding requests may still take and the worst case of those prefilling. With chunked
         prefill (`chunk_tokens`), the kept blocks a newcomer's rows would take by reference are held for it at
         admission and not counted against it: a block several requests share is counted once."""
+        if not self.queue:
+            return []  # nothing waits: no bound to count (a decode step's common case)
         in_flight = running.requests
         if in_flight and (self.admission == "static" or not running.extendable):
             return []

@@ -1,7 +1,7 @@
 """`gather`: fast mode's attention on the CPU (and wherever flex attention is missing). Every row's blocks are
-gathered by slot into one padded [R, kv_heads, L, d] tensor (L: the longest row's blocks) and attended under a
-[R, 1, 1, L] mask by one `scaled_dot_product_attention` (enable_gqa): its cost follows the rows' lengths, not the
-pool's size."""
+gathered, a block at a time, into one padded [R, kv_heads, L, d] tensor (L: the longest row's blocks) and attended
+under a [R, 1, 1, L] mask by one `scaled_dot_product_attention` (enable_gqa): its cost follows the rows' lengths, not
+the pool's size."""
 
 from __future__ import annotations
 
@@ -20,22 +20,21 @@ class GatherAttention(PoolAttention):
     implementation = "fides_pool_gather"
 
     def __init__(self) -> None:
-        self.slots: torch.Tensor | None = None
-        """[Rb * L] this step's slots of every row, in row order."""
+        self.block_ids: torch.Tensor | None = None
+        """[Rb * W] this step's blocks of every row, in row order (W: the longest row's blocks)."""
         self.rows = 0
         self._masks: list[torch.Tensor] = []
 
     def bind(self, pool: Any) -> None:
         super().bind(pool)
-        self._arange = torch.arange(BLOCK, device=pool.device)
+        self._key_positions = torch.arange(pool.max_row_blocks * BLOCK, device=pool.device)[None]  # [1, most L]
 
     def begin_step(self, index: torch.Tensor, width: int) -> dict[Window, Any]:
         pool = self.pool
         full = pool.regions["full"]
-        blocks = index[:, full : full + width].long()  # [Rb, W]
-        self.slots = (blocks[:, :, None] * BLOCK + self._arange).reshape(-1)  # [Rb * W * BLOCK]
+        self.block_ids = index[:, full : full + width].long().reshape(-1)  # [Rb * W]
         self.rows = index.shape[0]
-        key_positions = torch.arange(width * BLOCK, device=pool.device)[None]  # [1, L]
+        key_positions = self._key_positions[:, : width * BLOCK]  # [1, L]
         row_length = index[:, POS : POS + 1].long() + 1  # [Rb, 1]
         masks: dict[Window, Any] = {}
         for window in {*pool.windows}:
@@ -47,17 +46,21 @@ class GatherAttention(PoolAttention):
         return masks
 
     def dynamic_dims(self) -> list[tuple[torch.Tensor, int]]:
-        if self.slots is None:
+        if self.block_ids is None:
             return []
-        return [(self.slots, 0), *((mask, 3) for mask in self._masks)]
+        return [(self.block_ids, 0), *((mask, 3) for mask in self._masks)]
 
     def read(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.slots is None:
+        """Each row's blocks, copied a block (BLOCK positions of every KV head) at a time: one index per block, not
+        per position."""
+        if self.block_ids is None:
             raise RuntimeError("read before begin_step")
-        shape = (self.pool.kv_heads, self.rows, -1, self.pool.head_dim)
+        kv_heads, d = self.pool.kv_heads, self.pool.head_dim
+        blocked = (kv_heads, -1, BLOCK, d)  # the pool's [1, kv_heads, S, d] as [kv_heads, blocks, BLOCK, d]
+        shape = (kv_heads, self.rows, -1, d)
         return (
-            keys.index_select(2, self.slots).view(shape).transpose(0, 1),
-            values.index_select(2, self.slots).view(shape).transpose(0, 1),
+            keys.view(blocked).index_select(1, self.block_ids).view(shape).transpose(0, 1),
+            values.view(blocked).index_select(1, self.block_ids).view(shape).transpose(0, 1),
         )  # [Rb, kv_heads, L, d] each
 
     @staticmethod
