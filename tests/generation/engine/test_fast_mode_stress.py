@@ -18,7 +18,7 @@ from fides_rag.testing import build_tiny_model
 
 SEED = 1234
 REQUESTS = 48
-METHODS = ("standard", "cad", "fides", "adacad", "fides+agree", "cad+nwcad")
+METHODS = ("standard", "cad", "fides", "adacad", "fides+agree", "cad+nwcad", "fides-stop")
 AGREEMENT = 0.9
 """Share of answers that must equal exact mode's."""
 
