@@ -29,6 +29,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from fides_rag.generation.detokenize import IncrementalText
 from fides_rag.generation.engine.attention.registry import BACKENDS, resolve_attention
+from fides_rag.generation.engine.block_manager import BlockManager
 from fides_rag.generation.engine.captured_step import (
     DEFAULT_BUCKETS,
     CapturedStep,
@@ -47,7 +48,13 @@ from fides_rag.generation.engine.prefix_cache import DEFAULT_PREFIX_BLOCK_SIZE, 
 from fides_rag.generation.engine.ragged_attention import per_segment_attention
 from fides_rag.generation.engine.ragged_store import RaggedStore
 from fides_rag.generation.engine.runner import Runner
-from fides_rag.generation.engine.scheduler import DEFAULT_BATCHED_TOKENS, Admission, QueueFullError, Scheduler
+from fides_rag.generation.engine.scheduler import (
+    DEFAULT_BATCHED_TOKENS,
+    Admission,
+    QueueFullError,
+    Scheduler,
+    check_bounds,
+)
 from fides_rag.generation.engine.step_plan import ScheduledStep
 from fides_rag.generation.engine.tickets import RequestHandle, Ticket
 from fides_rag.generation.engine.views import DecoderLimits, DecoderStats
@@ -173,21 +180,13 @@ class DecodeEngine:
         self.stats = EngineStats()
         if max_num_batched_tokens is None:
             max_num_batched_tokens = DEFAULT_BATCHED_TOKENS.get(self.input_device.type, DEFAULT_BATCHED_TOKENS["cpu"])
-        self.scheduler = Scheduler(
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_requests=max_requests,
-            max_rows=max_rows,
-            max_tokens=max_tokens,
-            max_queue=max_queue,
-            window_s=window_s,
-            admission=admission,
-        )
+        check_bounds(max_requests=max_requests, max_rows=max_rows, max_tokens=max_tokens, max_queue=max_queue)
         self.prefix_cache = PrefixCache(prefix_cache_bytes if prefix_caching else 0, prefix_block_size)
         """KV states of every full block of every prompt, reused by later prompts that start with them (bounded in
         bytes, LRU; blocks of `prefix_block_size` tokens, on which prefill chunks are cut with the cache on or off)."""
         self.chunked = split_prefill and mergeable(DecodeCache(config=self.anatomy.config))
         """Whether prompts are prefilled in chunks (their rows are held ragged); else in one forward at admission."""
-        self.context_window = self.scheduler.context_window = context_window(model.config, tokenizer)
+        self.context_window = context_window(model.config, tokenizer)
         self.mode = resolve_mode(mode, self.input_device, model.config)
         """'exact': a greedy request's tokens do not depend on what else is in flight; 'fast': one attention call per
         layer over every row (see `modes.py`)."""
@@ -212,7 +211,6 @@ class DecodeEngine:
                 kv_pool_tokens,
                 kv_cache_memory,
             )
-        self.scheduler.pool_blocks = self.pool_blocks
         self.attention = resolve_attention(attention, self.mode, self.input_device)
         """The attention backend of the decode step (`attention/`): chosen here, once."""
         self.captured = self._captured_step(compile, DEFAULT_BUCKETS if buckets is None else buckets)
@@ -229,7 +227,19 @@ class DecodeEngine:
             largest = self.buckets[-1] if self.buckets is not None else 1
             self.pool_rows = max(largest, min(max_rows or self.pool_blocks, self.pool_blocks))
         self._check_rows_covered(max_rows)
-        self.scheduler.buckets = self.buckets
+        self.scheduler = Scheduler(
+            max_num_batched_tokens=max_num_batched_tokens,
+            context_window=self.context_window,
+            block_manager=BlockManager(self.pool_blocks) if self.pool_blocks is not None else None,
+            buckets=self.buckets,
+            max_requests=max_requests,
+            max_rows=max_rows,
+            max_tokens=max_tokens,
+            max_queue=max_queue,
+            window_s=window_s,
+            admission=admission,
+        )
+        """Every policy: the queue, admission within the bounds and the pool's blocks (it owns the block manager)."""
         self._flight = InFlight(
             self.anatomy,
             lambda: self._running_batch(pad, split_prefill),
@@ -238,6 +248,7 @@ class DecodeEngine:
             self._decode_token,
             self.prefix_cache,
             self.input_device,
+            self.scheduler.block_manager,
         )
         self._wake = threading.Condition()
         self._driver: threading.Thread | None = None
@@ -325,15 +336,22 @@ class DecodeEngine:
     def _running_batch(self, pad: int, split_prefill: bool) -> Runner:
         """A new running decode over the mode's KV store: exact mode's ragged cache, or fast mode's pool."""
         store: KVStore = (
-            RaggedStore(self.anatomy) if self.mode == "exact" else PooledStore(self.anatomy, self._pool_settings())
+            RaggedStore(self.anatomy)
+            if self.mode == "exact"
+            else PooledStore(self.anatomy, self._pool_settings(), self._block_manager())
         )
         return Runner(self.anatomy, pad, self.input_device, split_prefill, store=store)
+
+    def _block_manager(self) -> BlockManager:
+        manager = self.scheduler.block_manager
+        if manager is None:
+            raise RuntimeError("fast mode's store needs the scheduler's block manager, made with the pool's size")
+        return manager
 
     def _pool_settings(self) -> PoolSettings:
         """Fast mode's pool as this engine sizes it."""
         blocks = self.pool_blocks or 1
         return PoolSettings(
-            blocks=blocks,
             max_rows=self.pool_rows,
             max_row_blocks=math.ceil((self.context_window or blocks * BLOCK) / BLOCK) + 1,
             attention=self.attention,
@@ -373,7 +391,7 @@ class DecodeEngine:
     def snapshot(self) -> DecoderStats:
         """The counters, what is in flight and the prefix cache's counters, as they are now."""
         cache = self.prefix_cache
-        blocks = self._flight.pool_blocks
+        blocks = self.scheduler.block_manager
         return DecoderStats(
             **asdict(self.stats),
             queue_length=self.queue_length,

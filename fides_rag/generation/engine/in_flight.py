@@ -13,13 +13,13 @@ from typing import Any
 
 import torch
 
+from fides_rag.generation.engine.block_manager import BlockManager, PromptBlocks
 from fides_rag.generation.engine.end_tokens import EndTokens
 from fides_rag.generation.engine.hooks import HeadMasker, LayerCapture
 from fides_rag.generation.engine.kv_pool_size import BLOCK
 from fides_rag.generation.engine.lane_inputs import LaneInputs
 from fides_rag.generation.engine.lanes import Lanes
 from fides_rag.generation.engine.layout import Unit, prefill_groups
-from fides_rag.generation.engine.pool_blocks import PoolBlocks, PromptBlocks
 from fides_rag.generation.engine.prefilling import RowPrefill, TicketPrefill, row_prefills
 from fides_rag.generation.engine.prefix_cache import PrefixCache
 from fides_rag.generation.engine.runner import Runner
@@ -43,8 +43,11 @@ class InFlight:
         decode_token: Callable[[list[int]], str],
         prefixes: PrefixCache,
         input_device: torch.device,
+        block_manager: BlockManager | None = None,
     ) -> None:
         self.anatomy = anatomy
+        self.block_manager = block_manager
+        """Fast mode's pool blocks (the scheduler's): pins for admitted requests are taken here (None: no pool)."""
         self.prefixes = prefixes
         self.input_device = input_device
         self.prefilling: list[TicketPrefill] = []
@@ -91,22 +94,16 @@ class InFlight:
         pool = self.batch.pool
         return pool.used_tokens if pool is not None else 0
 
-    @property
-    def pool_blocks(self) -> PoolBlocks | None:
-        """The KV pool's block accounting (None: no pool)."""
-        pool = self.batch.pool
-        return pool.block_refs if pool is not None else None
-
     def reserve(self, ticket: Ticket, chunk_tokens: int) -> tuple[int, int]:
         """At `ticket`'s admission (chunked prefill): hold the kept pool blocks its rows would take by reference now,
         so that they stay until it joins. Returns how many blocks are held for it, and how many of those no row held
         (they were available until now)."""
         job = self._prefill_job(ticket, chunk_tokens)
         self._reserved[id(ticket)] = job
-        pool, prompts = self.batch.pool, self._prompt_blocks(job)
-        if pool is None or prompts is None:
+        prompts = self._prompt_blocks(job)
+        if self.block_manager is None or prompts is None:
             return 0, 0
-        pinned, unheld = pool.pin_shared(prompts)
+        pinned, unheld = self.block_manager.pin(prompts)
         return self._hold(job, pinned), unheld
 
     def unreserve(self, ticket: Ticket) -> None:
@@ -144,22 +141,22 @@ class InFlight:
         job.pinned = None
 
     def _release_pins(self, job: TicketPrefill) -> None:
-        if job.pinned and self.batch.pool is not None:
-            self.batch.pool.unpin(job.pinned)
+        if job.pinned and self.block_manager is not None:
+            self.block_manager.unpin(job.pinned)
         self._drop_hold(job)
 
-    def pool_room(self, block: int) -> int | None:
-        """Blocks of the pool left for newcomers: those a take can hand out now, less what the decoding requests'
-        rows may still take (each request's worst case, every row its own, less the blocks its rows hold, a shared
-        block included) and the copies on write pending. None: no pool yet."""
+    def pool_growth(self, block: int) -> int:
+        """Blocks the decoding requests' rows may still take from the pool: each request's worst case (every row its
+        own) less the blocks its rows hold (a shared block included), plus the copies on write pending (0: no pool
+        yet)."""
         pool = self.batch.pool
         if pool is None:
-            return None
+            return 0
         growth = 0
         for ticket in self.tickets:
             rows = [r for u in ticket.units if u.finish_reason is None for rs in u.rows.values() for r in rs]
             growth += max(0, ticket.request.kv_blocks(block) - pool.blocks_held(rows))
-        return pool.block_refs.available - growth - pool.pending_copies()
+        return growth + pool.pending_copies()
 
     @property
     def extendable(self) -> bool:

@@ -3,10 +3,11 @@ so one attention call per layer serves every row of every request and path.
 
 The pool is cut into blocks of `BLOCK` positions (block 0 is scratch: padding rows of a captured step write and read
 it). Each row holds a list of blocks (its block table, on the host); a row's position p lives at slot
-`table[p // BLOCK] * BLOCK + p % BLOCK` of every layer. Rows may hold a block together, counted (`pool_blocks.py`):
-a joining row takes kept prompt blocks by reference, a repeated row its original's blocks, and a row about to write
-into a shared block copies it first. The scheduler admits a request only when the blocks of all its rows fit (prompt
-plus max_new_tokens, each row its own), so the pool never runs out and never grows.
+`table[p // BLOCK] * BLOCK + p % BLOCK` of every layer. Which blocks are free, and who holds each, is the
+scheduler's block manager's (`block_manager.py`), through which the pool takes and gives back blocks. Rows may hold a
+block together: a joining row takes kept prompt blocks by reference, a repeated row its original's blocks, and a row
+about to write into a shared block copies it first. The scheduler admits a request only when the blocks of all its
+rows fit (prompt plus max_new_tokens, each row its own), so the pool never runs out and never grows.
 
 At each decode step, `begin_step` copies every row's length and block table to the device in one host-to-device copy
 (into persistent index buffers) and the step writes one slot per row per layer (`index_copy_`). The pool's attention
@@ -25,9 +26,9 @@ from transformers.cache_utils import CacheLayerMixin, DynamicCache
 
 from fides_rag.generation.engine.attention.backend import PoolAttention
 from fides_rag.generation.engine.attention.gather import GatherAttention
+from fides_rag.generation.engine.block_manager import BlockManager, PromptBlocks
 from fides_rag.generation.engine.kv_cache import RaggedLayer
 from fides_rag.generation.engine.kv_pool_size import BLOCK
-from fides_rag.generation.engine.pool_blocks import PoolBlocks, PromptBlocks
 from fides_rag.generation.engine.pool_index import FILL, LAST, HostIndex
 
 __all__ = ["BLOCK", "SCRATCH", "KVPool", "PooledCache", "PooledLayer"]
@@ -36,14 +37,14 @@ SCRATCH = 0
 
 
 class KVPool:
-    """Keys and values of every layer, [1, kv_heads, S, d] each, of `blocks` blocks plus the scratch block, and the
-    rows' block tables."""
+    """Keys and values of every layer, [1, kv_heads, S, d] each, of the block manager's blocks plus the scratch block,
+    and the rows' block tables."""
 
     def __init__(
         self,
         windows: Sequence[int | None],
         like: torch.Tensor,
-        blocks: int,
+        block_manager: BlockManager,
         max_rows: int,
         max_row_blocks: int,
         attention: PoolAttention | None = None,
@@ -52,14 +53,14 @@ class KVPool:
         """Per layer: its sliding window, or None for full attention."""
         self.kv_heads, self.head_dim = like.shape[1], like.shape[-1]
         self.dtype, self.device = like.dtype, like.device
-        self.blocks = blocks
+        self.block_manager = block_manager
+        """Free blocks, each block's holders, and the prompt blocks kept for reuse (the scheduler's)."""
+        blocks = self.blocks = block_manager.blocks
         """Blocks rows may hold (the scratch block comes on top)."""
         slots = (blocks + 1) * BLOCK
         shape = (1, self.kv_heads, slots, self.head_dim)
         self.keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.windows]
         self.values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.windows]
-        self.block_refs = PoolBlocks(blocks)
-        """Free blocks, each block's holders, and the prompt blocks kept for reuse (`pool_blocks.py`)."""
         self.tables: list[list[int]] = []
         """Per row: its blocks, in position order."""
         self.lengths: list[int] = []
@@ -113,7 +114,7 @@ class KVPool:
     @property
     def used_tokens(self) -> int:
         """Positions of the blocks rows hold now (a block several rows share counts once)."""
-        return self.block_refs.held * BLOCK
+        return self.block_manager.held * BLOCK
 
     def blocks_held(self, rows: Sequence[int]) -> int:
         """Blocks rows `rows` hold (own and shared)."""
@@ -124,11 +125,11 @@ class KVPool:
         return sum(
             1
             for table, length in zip(self.tables, self.lengths)
-            if length % BLOCK and self.block_refs.is_shared(table[-1])
+            if length % BLOCK and self.block_manager.is_shared(table[-1])
         )
 
     def _take(self, count: int) -> list[int]:
-        return self.block_refs.take(count)
+        return self.block_manager.take(count)
 
     def _slots(self, table: list[int], positions: range) -> list[int]:
         return [table[p // BLOCK] * BLOCK + p % BLOCK for p in positions]
@@ -137,20 +138,6 @@ class KVPool:
         index = torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True)
         self.keys[layer].index_copy_(2, index, keys.to(self.dtype))
         self.values[layer].index_copy_(2, index, values.to(self.dtype))
-
-    def pin_shared(self, prompts: Sequence[PromptBlocks]) -> tuple[list[list[int]], int]:
-        """Hold, for rows that will join later, the kept blocks each would take by reference now: per row the blocks
-        held, and how many of them no row held before (they were given back on demand until now)."""
-        pinned = [self._shared_prefix(p) for p in prompts]
-        unheld = sum(1 for blocks in pinned for b in blocks if self.block_refs.refs[b] == 1)
-        for blocks in pinned:
-            self.block_refs.hold(blocks)
-        return pinned, unheld
-
-    def unpin(self, pinned: Sequence[Sequence[int]]) -> None:
-        """Give back blocks held by `pin_shared` (a request that left before it joined, or one that joined)."""
-        for blocks in pinned:
-            self.block_refs.release(blocks)
 
     def add_rows(
         self,
@@ -166,11 +153,12 @@ class KVPool:
         for index, layer in enumerate(cache.layers):
             if not isinstance(layer, RaggedLayer):
                 raise TypeError(f"fast mode needs a ragged prefill cache, got {type(layer).__name__} at layer {index}")
-        shared = [self._shared_prefix(p) for p in prompts] if prompts is not None else [[] for _ in lengths]
+        manager = self.block_manager
+        shared = [manager.shared_prefix(p) for p in prompts] if prompts is not None else [[] for _ in lengths]
         for blocks in shared:  # held first: taking the other blocks may give back kept blocks nothing holds
-            self.block_refs.share(blocks)
+            manager.share(blocks)
         if pinned is not None:
-            self.unpin(pinned)
+            manager.unpin(pinned)
         own = self._take_all([math.ceil(length / BLOCK) - len(s) for length, s in zip(lengths, shared)])
         tables = [s + o for s, o in zip(shared, own)]
         written = self._copy_rows(cache, lengths, tables, [len(s) * BLOCK for s in shared])
@@ -180,7 +168,7 @@ class KVPool:
         for row in range(start, self.num_rows):
             self._host.pack(row, self.tables[row], self.lengths[row])
         for i, prompt in enumerate(prompts or []):
-            self._keep_prompt(prompt, tables[i], written[i], lengths[i])
+            manager.keep_prompt(prompt, tables[i], written[i], lengths[i])
 
     def _copy_rows(
         self, cache: Any, lengths: Sequence[int], tables: Sequence[list[int]], skip: Sequence[int]
@@ -214,22 +202,6 @@ class KVPool:
                 at += rows
         return written
 
-    def _shared_prefix(self, prompt: PromptBlocks) -> list[int]:
-        """The kept blocks a row takes by reference: its leading blocks found kept, up to the last that ends at one
-        of its chunk cuts (whose states its own forwards would compute alike), never its last position's block."""
-        found = self.block_refs.found(prompt.hashes)
-        usable = max((n for n in prompt.cut_blocks if n <= len(found)), default=0)
-        return found[:usable]
-
-    def _keep_prompt(self, prompt: PromptBlocks, table: Sequence[int], written: int, length: int) -> None:
-        """Keep a joined row's full prompt blocks that every layer wrote (a sliding-window layer holds only its
-        window) and that no later write touches (its last position's block is left out)."""
-        first = -(-written // BLOCK)
-        last = (length - 1) // BLOCK  # the block of the row's last position: left out
-        end = min(last, len(prompt.hashes))
-        if first < end:
-            self.block_refs.keep(prompt.hashes[first:end], table[first:end])
-
     def _take_all(self, counts: Sequence[int]) -> list[list[int]]:
         taken = self._take(sum(counts))
         tables, at = [], 0
@@ -249,7 +221,7 @@ class KVPool:
             if length % BLOCK == 0:
                 self.tables[row] += self._take(1)
                 grown.append(row)
-            elif self.block_refs.is_shared(self.tables[row][-1]):  # about to write into a shared block: copy it
+            elif self.block_manager.is_shared(self.tables[row][-1]):  # about to write into a shared block: copy it
                 self._copy_on_write(row)
                 grown.append(row)
             self.lengths[row] = length + 1
@@ -300,8 +272,8 @@ class KVPool:
         src, dst = shared * BLOCK + self._arange, fresh * BLOCK + self._arange  # [BLOCK] each, on the device
         for tensor in (*self.keys, *self.values):
             tensor.index_copy_(2, dst, tensor.index_select(2, src))
-        self.block_refs.release([shared])
-        self.block_refs.counts.copied_on_write += 1
+        self.block_manager.release([shared])
+        self.block_manager.counts.copied_on_write += 1
         self.tables[row] = [*self.tables[row][:-1], fresh]
 
     def keep(self, rows: Sequence[int]) -> None:
@@ -310,11 +282,11 @@ class KVPool:
         kept = set(rows)
         for old in range(self.num_rows):
             if old not in kept:
-                self.block_refs.release(self.tables[old])
+                self.block_manager.release(self.tables[old])
         seen: set[int] = set()
         for old in rows:
             if old in seen:
-                self.block_refs.share(self.tables[old])
+                self.block_manager.share(self.tables[old])
             seen.add(old)
         tables = [list(self.tables[old]) for old in rows]
         self.lengths = [self.lengths[old] for old in rows]

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from fides_rag.generation.engine.block_manager import PromptBlocks
 from fides_rag.generation.engine.hooks import HeadMasker
 from fides_rag.generation.engine.kv_cache import Prefilled
 from fides_rag.generation.engine.layout import RowLayout
-from fides_rag.generation.engine.pool_blocks import PromptBlocks
 
 if TYPE_CHECKING:
     from fides_rag.generation.engine.captured_step import CapturedStep

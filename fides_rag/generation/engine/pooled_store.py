@@ -12,12 +12,12 @@ import torch
 
 from fides_rag.generation.engine.attention.backend import PoolAttention
 from fides_rag.generation.engine.attention.registry import BACKENDS
+from fides_rag.generation.engine.block_manager import BlockManager, PromptBlocks
 from fides_rag.generation.engine.captured_step import CapturedStep, bucket_for
 from fides_rag.generation.engine.hooks import HeadMasker
 from fides_rag.generation.engine.kv_cache import Prefilled, RaggedLayer, mergeable
 from fides_rag.generation.engine.kv_pool import KVPool, PooledCache
 from fides_rag.generation.engine.layout import RowLayout
-from fides_rag.generation.engine.pool_blocks import PromptBlocks
 from fides_rag.generation.engine.pooled_attention import pooled_attention
 from fides_rag.method.lens import ModelAnatomy
 
@@ -26,8 +26,6 @@ from fides_rag.method.lens import ModelAnatomy
 class PoolSettings:
     """The engine's choices for fast mode's pool, fixed for its life."""
 
-    blocks: int
-    """The pool's size in blocks (from kv_pool_tokens or kv_cache_memory)."""
     max_rows: int
     """Rows one step may hold (the persistent index buffers' size)."""
     max_row_blocks: int
@@ -46,11 +44,14 @@ class PoolSettings:
 
 class PooledStore:
     """The rows' keys and values in a `KVPool` (`KVStore`): one attention call per layer for every row. The pool is
-    made when the first rows join, then kept while the batch empties."""
+    made when the first rows join, then kept while the batch empties; its blocks are `block_manager`'s (the
+    scheduler's), reset here: a new store starts from an empty pool."""
 
-    def __init__(self, anatomy: ModelAnatomy, settings: PoolSettings) -> None:
+    def __init__(self, anatomy: ModelAnatomy, settings: PoolSettings, block_manager: BlockManager) -> None:
         self.anatomy = anatomy
         self.settings = settings
+        self.block_manager = block_manager
+        block_manager.reset()
         self._pool: KVPool | None = None
         self.cache: Any = None  # the pool's `PooledCache`, once the pool is made
         backend = BACKENDS[settings.attention]()
@@ -137,7 +138,7 @@ class PooledStore:
             windows = [getattr(layer.segments[0], "sliding_window", None) for layer in layers]
             like = layers[0].segments[0].keys
             s = self.settings
-            self._pool = KVPool(windows, like, s.blocks, s.max_rows, s.max_row_blocks, self.attention)
+            self._pool = KVPool(windows, like, self.block_manager, s.max_rows, s.max_row_blocks, self.attention)
             self.cache = PooledCache(self._pool, self.anatomy.config)
         self._pool.add_rows(state.cache, lengths, prompts, pinned)
 

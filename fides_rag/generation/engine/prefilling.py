@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
+from fides_rag.generation.engine.block_manager import PromptBlocks
 from fides_rag.generation.engine.hooks import HeadMasker, LayerCapture
 from fides_rag.generation.engine.kv_cache import DecodeCache, Prefilled, ragged_cache
 from fides_rag.generation.engine.layout import GroupSpec
-from fides_rag.generation.engine.pool_blocks import PromptBlocks
 from fides_rag.generation.engine.prefix_cache import PrefixCache, head_key
 from fides_rag.generation.prompting import common_prefix
 from fides_rag.method.lens import ModelAnatomy
@@ -53,6 +53,9 @@ class RowPrefill:
     """[1, H] final-normed state of the last prompt token, once done."""
     states: dict[int, torch.Tensor] = field(default_factory=dict)
     """layer -> [1, H] captured block output at the last prompt token, once done."""
+    block_hashes: list[bytes] = field(default_factory=list)
+    """The prefix cache's chained hashes of its leading full blocks, as far as its lookup and stores have hashed
+    them (each block once)."""
 
     @property
     def finished(self) -> bool:
@@ -73,7 +76,7 @@ class RowPrefill:
         states are computed)."""
         self.started = True
         self.cache = DecodeCache(config=anatomy.config, padded=False)
-        length, layers = prefixes.lookup(self.ids, self.cuts, self.head_key)
+        length, layers = prefixes.lookup(self.ids, self.cuts, self.head_key, self.block_hashes)
         if layers is not None:
             self.cache.layers = layers
             self.done = length
@@ -93,7 +96,7 @@ class RowPrefill:
         if masker is not None:
             masker.set_rows([self.head_set])
         hidden, self.cache = anatomy.run_backbone(ids, None, positions, self.cache)
-        prefixes.store(self.ids, self.cuts, self.head_key, (self.done, end), self.cache.layers)
+        prefixes.store(self.ids, self.cuts, self.head_key, (self.done, end), self.cache.layers, self.block_hashes)
         computed, self.done = end - self.done, end
         if self.finished:
             self.hidden = hidden[:, -1, :].clone()

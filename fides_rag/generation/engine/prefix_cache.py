@@ -97,22 +97,30 @@ class PrefixCache:
     def block_hashes(self, tokens: Sequence[int], cuts: Sequence[int], head_key: tuple) -> list[bytes]:
         """The chained hash of every full block of `tokens`: parent hash, head set, the block's tokens, and whether
         a chunk cut falls at its end."""
+        return self.extend_hashes([], tokens, cuts, head_key, len(tokens))
+
+    def extend_hashes(
+        self, hashes: list[bytes], tokens: Sequence[int], cuts: Sequence[int], head_key: tuple, end: int
+    ) -> list[bytes]:
+        """Extend `hashes`, the chained hashes of the leading full blocks of `tokens` known so far, in place to every
+        full block of `tokens[:end]`, and return it; the blocks already in it are not hashed again."""
         size, cut_at = self.block_size, set(cuts)
-        parent = hashlib.blake2b(repr((head_key, size)).encode(), digest_size=16).digest()
-        hashes = []
-        for end in range(size, len(tokens) + 1, size):
-            block = repr((list(tokens[end - size : end]), end in cut_at)).encode()
+        parent = hashes[-1] if hashes else hashlib.blake2b(repr((head_key, size)).encode(), digest_size=16).digest()
+        for stop in range(size * (len(hashes) + 1), min(end, len(tokens)) + 1, size):
+            block = repr((list(tokens[stop - size : stop]), stop in cut_at)).encode()
             parent = hashlib.blake2b(parent + block, digest_size=16).digest()
             hashes.append(parent)
         return hashes
 
-    def lookup(self, tokens: Sequence[int], cuts: Sequence[int], head_key: tuple) -> tuple[int, list[Any] | None]:
+    def lookup(
+        self, tokens: Sequence[int], cuts: Sequence[int], head_key: tuple, hashes: list[bytes] | None = None
+    ) -> tuple[int, list[Any] | None]:
         """The longest cached run of leading blocks that ends at a cut before the prompt's end: (its length, fresh
         cache layers holding its states), or (0, None). Sliding-window layers share the cached tensors, which are
-        never written in place (nor are the full layers' views of their joined blocks)."""
+        never written in place (nor are the full layers' views of their joined blocks). `hashes`: as for `store`."""
         if not self.enabled:
             return 0, None
-        hashes = self.block_hashes(tokens, cuts, head_key)
+        hashes = self.extend_hashes([] if hashes is None else hashes, tokens, cuts, head_key, len(tokens))
         found: list[_Block] = []
         resume = 0
         for number, key in enumerate(hashes, 1):
@@ -131,14 +139,22 @@ class PrefixCache:
         return resume * self.block_size, _rebuilt(found[:resume])
 
     def store(
-        self, tokens: Sequence[int], cuts: Sequence[int], head_key: tuple, chunk: tuple[int, int], layers: Sequence[Any]
+        self,
+        tokens: Sequence[int],
+        cuts: Sequence[int],
+        head_key: tuple,
+        chunk: tuple[int, int],
+        layers: Sequence[Any],
+        hashes: list[bytes] | None = None,
     ) -> None:
         """Keep the blocks of the prefill chunk (start, end) just computed, `layers` being the row's cache after its
-        first `end` tokens; a chunk that does not start and end on block boundaries is not kept."""
+        first `end` tokens; a chunk that does not start and end on block boundaries is not kept. `hashes`: the
+        prompt's leading block hashes known so far, kept by the caller across its chunks and extended here in place
+        (`extend_hashes`), so each block of a prompt is hashed once."""
         (start, end), size = chunk, self.block_size
         if not self.enabled or end % size or start % size:
             return
-        hashes = self.block_hashes(tokens[:end], cuts, head_key)
+        hashes = self.extend_hashes([] if hashes is None else hashes, tokens, cuts, head_key, end)[: end // size]
         for number in range(start // size + 1, end // size + 1):
             key = hashes[number - 1]
             if key in self._blocks:

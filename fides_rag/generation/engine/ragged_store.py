@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fides_rag.generation.engine.block_manager import PromptBlocks
 from fides_rag.generation.engine.hooks import HeadMasker
 from fides_rag.generation.engine.kv_cache import Prefilled, cached_length, extend, extendable, pad_left, prune
 from fides_rag.generation.engine.layout import RowLayout
-from fides_rag.generation.engine.pool_blocks import PromptBlocks
 from fides_rag.method.lens import ModelAnatomy
 
 if TYPE_CHECKING:

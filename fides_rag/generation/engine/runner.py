@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from fides_rag.generation.engine.block_manager import PromptBlocks
 from fides_rag.generation.engine.hooks import HeadMasker, LayerCapture
 from fides_rag.generation.engine.kv_cache import Prefilled, RowGroup, left_padded, prefill
 from fides_rag.generation.engine.kv_store import KVStore
 from fides_rag.generation.engine.layout import GroupSpec, RowLayout
-from fides_rag.generation.engine.pool_blocks import PromptBlocks
 from fides_rag.method.lens import ModelAnatomy
 
 if TYPE_CHECKING:

@@ -3,7 +3,9 @@ a request that could never fit (the model's context window, the bounds), lets an
 more arrivals, admits requests within the bounds on requests, rows and KV positions in flight (continuously at
 every step, or 'static': a batch runs to its end before the next is admitted, and its results go out together),
 and plans each step (`ScheduledStep`): its newcomers, its decodes and their bucket, and its token budget, the
-decodes first, one token per running row, then prefill chunks up to `max_num_batched_tokens`.
+decodes first, one token per running row, then prefill chunks up to `max_num_batched_tokens`. In fast mode it owns
+the pool's block manager (`block_manager.py`): admission counts the blocks it can hand out, and a prompt block
+several requests share once.
 
 The engine carries out the steps it plans (schedule, execute, update, as vLLM's engine core does).
 """
@@ -15,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol
 
 from fides_rag.errors import KVPoolExceeded, QueueFullError
+from fides_rag.generation.engine.block_manager import BlockManager
 from fides_rag.generation.engine.captured_step import bucket_for, fits_buckets
 from fides_rag.generation.engine.kv_pool_size import BLOCK
 from fides_rag.generation.engine.step_plan import ScheduledStep, StepBudget
@@ -33,6 +36,16 @@ def _bound(name: str, value: Any) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise ValueError(f"{name} must be None (no bound) or an integer >= 1, got {value!r}")
     return value
+
+
+BOUNDS = ("max_requests", "max_rows", "max_tokens", "max_queue")
+"""The scheduler's bounds on what decodes at once and waits (each None: no bound, or an integer >= 1)."""
+
+
+def check_bounds(**bounds: Any) -> None:
+    """Raise if any of `BOUNDS` given is neither None nor an integer >= 1."""
+    for name, value in bounds.items():
+        _bound(name, value)
 
 
 def check_batched_tokens(value: Any) -> int:
@@ -64,9 +77,9 @@ class Running(Protocol):
     def extendable(self) -> bool:
         """Whether rows can join the running batch now."""
 
-    def pool_room(self, block: int) -> int | None:
-        """Blocks of fast mode's pool left for newcomers after what the decoding requests may still take (None: no
-        pool yet)."""
+    def pool_growth(self, block: int) -> int:
+        """Blocks of fast mode's pool the decoding requests may still take (their worst case less what their rows
+        hold, and the copies on write pending)."""
 
     def reserve(self, ticket: Ticket, chunk_tokens: int) -> tuple[int, int]:
         """Hold the kept pool blocks `ticket`'s rows would take by reference: (blocks held, of which no row held)."""
@@ -81,10 +94,22 @@ class Running(Protocol):
 class Scheduler:
     """The waiting queue and the policy that admits from it, plans each step and releases what finished."""
 
-    def __init__(self, *, max_num_batched_tokens: int, context_window: int | None = None, **settings: Any) -> None:
+    def __init__(
+        self,
+        *,
+        max_num_batched_tokens: int,
+        context_window: int | None = None,
+        block_manager: BlockManager | None = None,
+        buckets: tuple[int, ...] | None = None,
+        **settings: Any,
+    ) -> None:
         self.queue: collections.deque[Ticket] = collections.deque()
         self.context_window = context_window
         """The model's context window: a request whose prompt plus max_new_tokens passes it is refused (None: none)."""
+        self.block_manager = block_manager
+        """Fast mode's pool blocks: free, held and kept (None: exact mode, no pool)."""
+        self.buckets = buckets
+        """The row counts a decode step is padded to (a captured step's, or a static-batch backend's), or None."""
         self.held: list[Ticket] = []
         """Finished under static admission: released together when the whole batch has finished."""
         self.max_num_batched_tokens = check_batched_tokens(max_num_batched_tokens)
@@ -102,7 +127,7 @@ class Scheduler:
         engine waits for more arrivals before the first step), admission ('continuous', or 'static': a batch
         runs to its end before the next is admitted, and releases its results together, as a static batcher) and
         max_num_batched_tokens (the tokens a step computes: its decodes, then prefill chunks of at most this)."""
-        for name in ("max_requests", "max_rows", "max_tokens", "max_queue"):
+        for name in BOUNDS:
             if name in settings:
                 setattr(self, name, _bound(name, settings.pop(name)))
         if "max_num_batched_tokens" in settings:
@@ -176,11 +201,11 @@ class Scheduler:
         requests = len(in_flight)
         rows = sum(t.request.rows for t in in_flight)
         tokens = sum(t.request.tokens for t in in_flight)
-        room = running.pool_room(BLOCK) if self.pool_blocks is not None else None
-        blocks = 0
-        if self.pool_blocks is not None:
-            joined = {id(t) for t in running.tickets} if room is not None else set()
-            blocks = self.pool_blocks - room if room is not None else 0
+        manager = self.block_manager
+        blocks = 0  # of the pool's, those not left for the head of the queue
+        if manager is not None:
+            joined = {id(t) for t in running.tickets}
+            blocks = manager.blocks - manager.available + running.pool_growth(BLOCK)
             blocks += sum(
                 t.request.kv_blocks(BLOCK) - running.reserved_blocks(t) for t in in_flight if id(t) not in joined
             )
@@ -199,12 +224,12 @@ class Scheduler:
             if over and (in_flight or taken):
                 break  # FIFO: the head waits for room, and nobody passes it
             needs, reserved = 0, False
-            if self.pool_blocks is not None:
+            if manager is not None:
                 needs = request.kv_blocks(BLOCK)
-                if room is not None and chunk_tokens is not None:
+                if chunk_tokens is not None:
                     held, unheld = running.reserve(ticket, chunk_tokens)
                     needs, reserved = needs - held + unheld, True
-                if blocks + needs > self.pool_blocks:
+                if blocks + needs > manager.blocks:
                     if reserved:
                         running.unreserve(ticket)
                     break  # the pool's blocks are a hard bound: the head waits for blocks to free, even alone
@@ -218,10 +243,10 @@ class Scheduler:
         """This step's budget for prefill chunks: what the decodes leave of max_num_batched_tokens."""
         return StepBudget(self.max_num_batched_tokens - decode_rows)
 
-    pool_blocks: int | None = None
-    """Fast mode's KV pool in blocks (a request is admitted when all its rows' blocks fit), or None: no pool."""
-    buckets: tuple[int, ...] | None = None
-    """The row counts a captured decode step runs at (`compile=`), or None."""
+    @property
+    def pool_blocks(self) -> int | None:
+        """Fast mode's KV pool in blocks (a request is admitted when all its rows' blocks fit), or None: no pool."""
+        return self.block_manager.blocks if self.block_manager is not None else None
 
     def bucket(self, rows: int) -> int:
         """The row count a decode of `rows` rows runs at: the smallest captured bucket that holds them, else `rows`."""

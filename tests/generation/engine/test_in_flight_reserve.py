@@ -12,23 +12,23 @@ from typing import Any
 import pytest
 import torch
 
+from fides_rag.generation.engine.block_manager import PromptBlocks
 from fides_rag.generation.engine.in_flight import InFlight
 from fides_rag.generation.engine.kv_pool_size import BLOCK
-from fides_rag.generation.engine.pool_blocks import PromptBlocks
 from fides_rag.generation.engine.prefilling import RowPrefill, TicketPrefill, chunk_cuts
 from fides_rag.generation.engine.prefix_cache import PrefixCache
 
 CHUNK = 32
 
 
-class FakePool:
-    """Pins blocks as `KVPool.pin_shared` does (a random leading run of each prompt's blocks), counting them."""
+class FakeBlockManager:
+    """Pins blocks as `BlockManager.pin` does (a random leading run of each prompt's blocks), counting them."""
 
     def __init__(self, rng: random.Random) -> None:
         self.rng = rng
         self.pins = 0
 
-    def pin_shared(self, prompts: list[PromptBlocks]) -> tuple[list[list[int]], int]:
+    def pin(self, prompts: list[PromptBlocks]) -> tuple[list[list[int]], int]:
         pinned = [list(range(1, 1 + self.rng.randint(0, len(p.hashes)))) for p in prompts]
         self.pins += sum(len(b) for b in pinned)
         return pinned, 0
@@ -39,20 +39,23 @@ class FakePool:
 
 
 class FakeRunner:
-    """A fast-mode `Runner`'s seam as `InFlight` uses it: rows join by `append`, which takes over the pins (the pooled
-    store's `add_rows`)."""
+    """A fast-mode `Runner`'s seam as `InFlight` uses it: rows join by `append`, which takes over the pins (the pool's
+    `add_rows`, which gives them back to the block manager). A new runner, as a new pooled store, starts from an empty
+    pool."""
 
     shares_prompt_blocks = True
+    pool = None
 
-    def __init__(self, rng: random.Random) -> None:
-        self.pool = FakePool(rng)
+    def __init__(self, blocks: FakeBlockManager) -> None:
+        self.blocks = blocks
+        blocks.pins = 0
         self.layout = SimpleNamespace(num_rows=0, compact=lambda active: [])
         self.appended: list[Any] = []
 
     def append(self, prefilled, states, head_sets, lengths, prompts=None, pinned=None) -> None:
         self.appended.append(prompts)
         if pinned is not None:
-            self.pool.unpin(pinned)
+            self.blocks.unpin(pinned)
 
     def keep(self, rows) -> None:
         pass
@@ -84,7 +87,8 @@ def flight_of(seed: int) -> tuple[InFlight, PrefixCache, list[int]]:
     prefixes.block_hashes = counting
     stats = SimpleNamespace(prompt_tokens=0, cancelled=0, failed=0, admissions=0)
     anatomy = SimpleNamespace(num_layers=2, config=None)
-    flight = InFlight(anatomy, lambda: FakeRunner(rng), stats, str, str, prefixes, torch.device("cpu"))
+    blocks = FakeBlockManager(rng)
+    flight = InFlight(anatomy, lambda: FakeRunner(blocks), stats, str, str, prefixes, torch.device("cpu"), blocks)
 
     def job(t: Any, chunk_tokens: int) -> TicketPrefill:
         rows = []
@@ -121,7 +125,7 @@ def test_a_reserved_requests_prompt_blocks_are_hashed_once_and_reused_when_it_jo
     batch = flight.batch
     assert isinstance(batch, FakeRunner)
     assert batch.appended[0] is job.prompt_blocks and batch.appended[1] is other.prompt_blocks
-    assert flight.reserved_total == 0 and batch.pool.pins == 0
+    assert flight.reserved_total == 0 and flight.block_manager.pins == 0
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -162,7 +166,7 @@ def test_the_reserved_count_equals_a_recount_after_any_sequence_of_reserves_canc
         recount = flight.recount_reserved()
         batch = flight.batch
         assert isinstance(batch, FakeRunner)
-        assert flight.reserved_total == sum(recount.values()) == batch.pool.pins
+        assert flight.reserved_total == sum(recount.values()) == flight.block_manager.pins
         for t in every:
             assert flight.reserved_blocks(t) == recount.get(id(t), 0)
         peak = max(peak, flight.reserved_total)

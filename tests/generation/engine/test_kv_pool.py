@@ -12,9 +12,9 @@ from transformers.cache_utils import DynamicLayer
 
 from fides_rag.generation.engine.attention.flex import FlexAttention, flex_unavailable, run_flex
 from fides_rag.generation.engine.attention.gather import GatherAttention
+from fides_rag.generation.engine.block_manager import BlockManager, PromptBlocks
 from fides_rag.generation.engine.kv_cache import RaggedLayer
 from fides_rag.generation.engine.kv_pool import BLOCK, KVPool
-from fides_rag.generation.engine.pool_blocks import PromptBlocks
 
 KV_HEADS, HEADS, DIM = 2, 4, 8
 
@@ -24,8 +24,8 @@ def pool_with_rows(attention: str, lengths: list[int], windows=(None,), blocks: 
     torch.manual_seed(seed)
     like = torch.zeros(1, KV_HEADS, 1, DIM)
     backend = FlexAttention() if attention == "flex" else GatherAttention()
-    pool = KVPool(list(windows), like, blocks=blocks, max_rows=8, max_row_blocks=6, attention=backend)
-    pool.block_refs.free = pool.block_refs.free[::-1]  # hand out high blocks first: tables are not in slot order
+    pool = KVPool(list(windows), like, BlockManager(blocks), max_rows=8, max_row_blocks=6, attention=backend)
+    pool.block_manager.free = pool.block_manager.free[::-1]  # hand out high blocks first: tables are not in slot order
     for layer in range(len(windows)):
         pool.keys[layer].normal_()
         pool.values[layer].normal_()
@@ -123,12 +123,12 @@ def test_rows_that_leave_give_their_blocks_back_and_a_repeated_row_shares_them_u
     pool.keep([0, 0])  # row 1 leaves, row 0 is repeated: by reference, nothing copied
     assert pool.tables[0] == pool.tables[1] and pool.used_tokens == 2 * BLOCK
     shared = pool.tables[0][-1]
-    assert pool.block_refs.counts.shared == 2 and torch.equal(pool.keys[0], before)
+    assert pool.block_manager.counts.shared == 2 and torch.equal(pool.keys[0], before)
     new_keys, new_values = torch.randn(2, KV_HEADS, 1, DIM), torch.randn(2, KV_HEADS, 1, DIM)
     (keys, _), mask = step(pool, new_keys, new_values)  # both rows write position 20, in their shared last block
     first, last = zip(*[(t[0], t[-1]) for t in pool.tables])
     assert first[0] == first[1] and last[0] != last[1]  # the full block stays shared, the written one is copied
-    assert pool.block_refs.counts.copied_on_write == 1 and pool.used_tokens == 3 * BLOCK
+    assert pool.block_manager.counts.copied_on_write == 1 and pool.used_tokens == 3 * BLOCK
     assert shared in last  # one row keeps the block, the other writes into its copy
     old = torch.tensor(pool._slots([shared], range(4)))
     copy = torch.tensor(pool._slots([b for b in last if b != shared], range(4)))
@@ -151,22 +151,22 @@ def ragged_rows(rows: list[torch.Tensor]) -> SimpleNamespace:
 
 
 def test_a_row_whose_prompt_blocks_are_kept_takes_them_by_reference_and_copies_only_the_rest():
-    pool = KVPool([None], torch.zeros(1, KV_HEADS, 1, DIM), blocks=12, max_rows=8, max_row_blocks=6)
+    pool = KVPool([None], torch.zeros(1, KV_HEADS, 1, DIM), BlockManager(12), max_rows=8, max_row_blocks=6)
     first = torch.randn(1, KV_HEADS, 40, DIM)
     pool.add_rows(ragged_rows([first]), [40], [PromptBlocks([b"a", b"b"], [2])])
-    assert pool.used_tokens == 3 * BLOCK and pool.block_refs.kept == 2  # its two full prompt blocks are kept
+    assert pool.used_tokens == 3 * BLOCK and pool.block_manager.kept == 2  # its two full prompt blocks are kept
     second = torch.cat([first[:, :, :32], torch.randn(1, KV_HEADS, 5, DIM)], dim=2)
     pool.add_rows(ragged_rows([second]), [37], [PromptBlocks([b"a", b"b"], [2])])
     assert pool.tables[1][:2] == pool.tables[0][:2] and pool.tables[1][2] != pool.tables[0][2]
-    assert pool.used_tokens == 4 * BLOCK and pool.block_refs.counts.shared == 2
+    assert pool.used_tokens == 4 * BLOCK and pool.block_manager.counts.shared == 2
     held = pool.keys[0][0][:, torch.tensor(pool._slots(pool.tables[1], range(37)))]
     torch.testing.assert_close(held, second[0])
     pool.add_rows(ragged_rows([torch.randn(1, KV_HEADS, 37, DIM)]), [37], [PromptBlocks([b"x", b"b"], [2])])
-    assert pool.block_refs.counts.shared == 2  # another first block: nothing found, nothing shared
+    assert pool.block_manager.counts.shared == 2  # another first block: nothing found, nothing shared
 
 
 def test_only_the_leading_blocks_up_to_a_chunk_cut_are_taken_by_reference():
-    pool = KVPool([None], torch.zeros(1, KV_HEADS, 1, DIM), blocks=12, max_rows=8, max_row_blocks=6)
+    pool = KVPool([None], torch.zeros(1, KV_HEADS, 1, DIM), BlockManager(12), max_rows=8, max_row_blocks=6)
     first = torch.randn(1, KV_HEADS, 50, DIM)
     pool.add_rows(ragged_rows([first]), [50], [PromptBlocks([b"a", b"b", b"c"], [1, 3])])
     pool.add_rows(ragged_rows([first[:, :, :49]]), [49], [PromptBlocks([b"a", b"b", b"c"], [1])])
@@ -174,18 +174,18 @@ def test_only_the_leading_blocks_up_to_a_chunk_cut_are_taken_by_reference():
 
 
 def test_kept_blocks_nothing_holds_are_given_back_to_make_room_but_not_those_a_joining_row_takes():
-    pool = KVPool([None], torch.zeros(1, KV_HEADS, 1, DIM), blocks=5, max_rows=8, max_row_blocks=6)
+    pool = KVPool([None], torch.zeros(1, KV_HEADS, 1, DIM), BlockManager(5), max_rows=8, max_row_blocks=6)
     first = torch.randn(1, KV_HEADS, 33, DIM)
     pool.add_rows(ragged_rows([first]), [33], [PromptBlocks([b"a", b"b"], [2])])
     pool.keep([])  # the row leaves: its two prompt blocks stay kept, held by nothing else
     pool.add_rows(ragged_rows([torch.randn(1, KV_HEADS, 33, DIM)]), [33], [PromptBlocks([b"x", b"y"], [2])])
     pool.keep([])
-    assert pool.block_refs.kept == 4 and len(pool.block_refs.free) == 1 and pool.used_tokens == 0
+    assert pool.block_manager.kept == 4 and len(pool.block_manager.free) == 1 and pool.used_tokens == 0
     second = torch.cat([first[:, :, :32], torch.randn(1, KV_HEADS, 48, DIM)], dim=2)
     pool.add_rows(ragged_rows([second]), [80], [PromptBlocks([b"a", b"b", b"c", b"d", b"e"], [2])])
     held = pool.keys[0][0][:, torch.tensor(pool._slots(pool.tables[0], range(80)))]
     torch.testing.assert_close(held, second[0])  # three own blocks: the free one and the other chain's two
-    assert pool.block_refs.counts.kept_evicted == 2 and pool.block_refs.found([b"a", b"b"]) == pool.tables[0][:2]
+    assert pool.block_manager.counts.kept_evicted == 2 and pool.block_manager.found([b"a", b"b"]) == pool.tables[0][:2]
 
 
 @pytest.mark.parametrize(("attention", "keeps"), [("flex", True), ("gather", False)])

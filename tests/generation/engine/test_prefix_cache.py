@@ -4,6 +4,9 @@ question) reuses it, with the same tokens and values as with the cache off."""
 
 from __future__ import annotations
 
+import hashlib
+from typing import Any
+
 import pytest
 import torch
 from transformers.cache_utils import DynamicLayer
@@ -104,6 +107,44 @@ def test_a_stored_chunk_is_found_by_a_prompt_with_the_same_tokens_and_cuts_only(
     assert cache.lookup(tokens, [8, 12], ((0, (1,)),)) == (0, None)  # other masked heads
     assert cache.lookup(tokens[:8], [8], ()) == (0, None)  # the whole prompt is never taken
     assert cache.stats.hits == 1 and cache.stats.hit_tokens == 8 and cache.stats.misses == 3
+
+
+def test_storing_a_prompt_chunk_by_chunk_hashes_each_block_once(monkeypatch):
+    """Storing a prompt's chunks with the caller's hashes hashes no more blocks than hashing the prompt once, and
+    keeps the same blocks as storing each chunk with the prompt hashed afresh."""
+    size, length = 4, 66
+    tokens = list(range(length))
+    cuts = chunk_cuts(length, 8, [], size)
+    assert len(cuts) > 4 and cuts[-1] % size  # many chunks; the last one ends off a block and is not stored
+    hashed = [0]
+    blake2b = hashlib.blake2b
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        hashed[0] += 1
+        return blake2b(*args, **kwargs)
+
+    monkeypatch.setattr(hashlib, "blake2b", counting)
+    whole = PrefixCache(block_size=size).block_hashes(tokens, cuts, ())
+    hashing_once = hashed[0]
+    assert len(whole) == length // size and hashing_once >= len(whole)
+
+    def stored(hashes: list[bytes] | None) -> PrefixCache:
+        cache, start = PrefixCache(block_size=size), 0
+        for end in cuts:
+            cache.store(tokens, cuts, (), (start, end), [_layer(2, end)], hashes)
+            start = end
+        return cache
+
+    known: list[bytes] = []
+    hashed[0] = 0
+    incremental = stored(known)
+    assert hashed[0] == hashing_once and known == whole
+    hashed[0] = 0
+    afresh = stored(None)
+    assert hashed[0] > 2 * hashing_once  # without the caller's hashes each chunk rehashes the prompt up to its end
+    assert len(incremental) == len(afresh) == length // size and incremental.bytes == afresh.bytes
+    resumed = [*tokens[:56], 99, 98]
+    assert incremental.lookup(resumed, [*cuts[:7], 58], ())[0] == afresh.lookup(resumed, [*cuts[:7], 58], ())[0] == 56
 
 
 def test_chunk_cuts_fall_on_blocks():

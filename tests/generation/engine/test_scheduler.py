@@ -9,7 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from fides_rag.generation.engine.block_manager import BlockManager, PromptBlocks
 from fides_rag.generation.engine.captured_step import CapturedStep, bucket_for, fits_buckets
+from fides_rag.generation.engine.kv_pool_size import BLOCK
 from fides_rag.generation.engine.pooled_store import PoolSettings
 from fides_rag.generation.engine.prefilling import chunk_cuts
 from fides_rag.generation.engine.scheduler import Scheduler
@@ -159,9 +161,54 @@ def test_one_bucket_lookup_serves_the_scheduler_the_pool_and_the_captured_step()
     assert fits_buckets(32, buckets) and not fits_buckets(33, buckets) and not fits_buckets(1, ())
     with pytest.raises(RuntimeError, match="33 rows, more than the largest bucket 32: max_rows caps"):
         bucket_for(33, buckets)
-    settings = PoolSettings(blocks=4, max_rows=32, max_row_blocks=4, attention="gather", buckets=buckets)
+    settings = PoolSettings(max_rows=32, max_row_blocks=4, attention="gather", buckets=buckets)
     assert settings.bucket(9) == 16
     with pytest.raises(RuntimeError, match="more than the largest bucket 32"):
         settings.bucket(33)
     captured = SimpleNamespace(buckets=buckets)
     assert CapturedStep.bucket(captured, 9) == 16 and CapturedStep.bucket(captured, 33) is None  # past: eager
+
+
+class PinningFlight:
+    """The requests in flight as admission reads them, with a pool: `shared` kept blocks pinned for each newcomer in
+    the scheduler's block manager (as `InFlight.reserve` pins them)."""
+
+    def __init__(self, manager: BlockManager, shared: list[int]) -> None:
+        self.manager, self.shared = manager, shared
+        self.requests: list = []
+        self.tickets: list = []
+        self.rows, self.extendable = 0, True
+
+    def pool_growth(self, block: int) -> int:
+        return 0
+
+    def reserve(self, ticket, chunk_tokens: int) -> tuple[int, int]:
+        pinned, unheld = self.manager.pin([PromptBlocks(hashes=[b"doc"], cut_blocks=[1])] if self.shared else [])
+        ticket.pinned = pinned
+        return sum(len(p) for p in pinned), unheld
+
+    def unreserve(self, ticket) -> None:
+        self.manager.unpin(ticket.pinned)
+
+    def reserved_blocks(self, ticket) -> int:
+        return sum(len(p) for p in getattr(ticket, "pinned", []))
+
+
+def pool_ticket(blocks: int) -> SimpleNamespace:
+    request = SimpleNamespace(rows=1, tokens=blocks * BLOCK, kv_blocks=lambda block: blocks)
+    return SimpleNamespace(request=request, handle=SimpleNamespace(cancelled=False))
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_the_scheduler_admits_by_its_block_manager_and_counts_a_pinned_shared_block_once(shared):
+    manager = BlockManager(7)
+    kept = manager.take(1)
+    manager.keep([b"doc"], kept)
+    manager.release(kept)  # a document's block, kept from an earlier request
+    scheduler = Scheduler(max_num_batched_tokens=64, block_manager=manager)
+    assert scheduler.pool_blocks == 7
+    waiting = [pool_ticket(4), pool_ticket(4)]  # 4 blocks each, one of them the document's
+    scheduler.add(waiting)
+    admitted = scheduler.admit(PinningFlight(manager, [1] if shared else []), print, chunk_tokens=64)
+    assert admitted == (waiting if shared else waiting[:1])  # 4 + 3 fit in 7; 4 + 4 do not
+    assert manager.refs[kept[0]] == (3 if shared else 1)  # kept, and pinned for each newcomer

@@ -19,6 +19,7 @@ from fides_rag.generation.engine.attention.flex import (
     run_flex,
 )
 from fides_rag.generation.engine.attention.gather import GatherAttention
+from fides_rag.generation.engine.block_manager import BlockManager
 from fides_rag.generation.engine.captured_step import DEFAULT_BUCKETS
 from fides_rag.generation.engine.kv_pool import BLOCK, KVPool
 
@@ -38,20 +39,20 @@ def pool_with_rows(backend, lengths: list[int], padded: int, max_row_blocks: int
     pool = KVPool(
         list(WINDOWS),
         torch.zeros(1, KV_HEADS, 1, DIM),
-        blocks=blocks,
+        BlockManager(blocks),
         max_rows=64,
         max_row_blocks=max_row_blocks,
         attention=backend,
     )
-    pool.block_refs.free = pool.block_refs.free[::-1]  # tables out of slot order
+    pool.block_manager.free = pool.block_manager.free[::-1]  # tables out of slot order
     for layer in range(len(WINDOWS)):
         pool.keys[layer].normal_()
         pool.values[layer].normal_()
     for row, length in enumerate(lengths):
         before = pool.tables[row - 1] if row % 3 == 2 else []
         shared = before[: max(0, min(len(before) - 1, (length - 1) // BLOCK))]  # never its last block
-        pool.block_refs.share(shared)
-        own = pool.block_refs.take(-(-length // BLOCK) - len(shared))
+        pool.block_manager.share(shared)
+        own = pool.block_manager.take(-(-length // BLOCK) - len(shared))
         pool.tables.append(shared + own)
         pool.lengths.append(length)
     positions = torch.tensor([[n] for n in lengths] + [[0]] * (padded - len(lengths)))
@@ -97,7 +98,7 @@ def test_compiled_flex_equals_the_gather(rows):
 
 def test_shared_blocks_are_listed_in_every_row_that_holds_them():
     pool = pool_with_rows(FlexAttention(), lengths_of(9), 9)
-    assert any(pool.block_refs.is_shared(b) for t in pool.tables for b in t), "the fixture shares blocks"
+    assert any(pool.block_manager.is_shared(b) for t in pool.tables for b in t), "the fixture shares blocks"
     lists = pool.attention.block_mask_tensors(pool.index[:9], None)
     for row, table in enumerate(pool.tables):
         assert lists["kv_indices"][row, 0, 0, : len(table)].tolist() == table

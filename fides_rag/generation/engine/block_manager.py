@@ -1,4 +1,6 @@
-"""The blocks of fast mode's KV pool: which are free, how many holders each has, and the prompt blocks kept for reuse.
+"""The block manager of fast mode's KV pool, owned by the scheduler: which blocks are free, how many holders each has,
+and the prompt blocks kept for reuse under their hashes. The pool (`kv_pool.py`) holds the tensors and the rows'
+block tables, and takes and gives back blocks through it.
 
 A block may be held by several rows at once (counted references): the rows of a request duplicated by `keep`, and
 rows whose prompts start with the same blocks. A prompt block is found by the prefix cache's chained hash
@@ -9,8 +11,9 @@ shared block: prompt blocks are full, and a row about to write into a shared par
 
 Kept prompt blocks hold a reference of their own and outlive their rows; when the free blocks run short, those held
 by nothing else are given back, least recently used first. The scheduler admits a request when its worst-case blocks
-(every row its own) fit in what is available now less what the rows in flight may still take
-(`InFlight.pool_room`): a block several rows share is counted once, and the pool never runs out.
+(every row its own) fit in what is `available` now less what the rows in flight may still take
+(`InFlight.pool_growth`); the kept blocks a newcomer will take by reference are pinned for it at admission (`pin`)
+and not counted against it, so a block several requests share is counted once, and the pool never runs out.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from __future__ import annotations
 import collections
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from fides_rag.generation.engine.kv_pool_size import BLOCK
 
 
 @dataclass(frozen=True)
@@ -41,13 +46,19 @@ class BlockCounts:
     """Kept prompt blocks given back to make room."""
 
 
-class PoolBlocks:
+class BlockManager:
     """Free blocks 1..`blocks` (0 is scratch), each block's reference count, and the kept prompt blocks by hash."""
 
     def __init__(self, blocks: int) -> None:
+        if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1:
+            raise ValueError(f"a KV pool needs at least one block, got blocks={blocks!r}")
         self.blocks = blocks
-        self.free = list(range(blocks, 0, -1))  # popped from the end: low blocks first
-        self.refs = [0] * (blocks + 1)
+        self.reset()
+
+    def reset(self) -> None:
+        """Every block free, none kept: the state of a new pool (whose tensors hold nothing yet)."""
+        self.free = list(range(self.blocks, 0, -1))  # popped from the end: low blocks first
+        self.refs = [0] * (self.blocks + 1)
         self.counts = BlockCounts()
         self._kept: collections.OrderedDict[bytes, int] = collections.OrderedDict()  # hash -> block, LRU first
         self._hash_of: dict[int, bytes] = {}
@@ -130,6 +141,37 @@ class PoolBlocks:
         for key in reversed(hashes):  # a chain's first block the most recent: eviction takes chains from their ends
             if key in self._kept:
                 self._kept.move_to_end(key)
+
+    def shared_prefix(self, prompt: PromptBlocks) -> list[int]:
+        """The kept blocks a joining row takes by reference: its leading blocks found kept, up to the last that ends at
+        one of its chunk cuts (whose states its own forwards would compute alike), never its last position's block."""
+        found = self.found(prompt.hashes)
+        usable = max((n for n in prompt.cut_blocks if n <= len(found)), default=0)
+        return found[:usable]
+
+    def pin(self, prompts: Sequence[PromptBlocks]) -> tuple[list[list[int]], int]:
+        """Hold, for rows that will join later, the kept blocks each would take by reference now: per row the blocks
+        held, and how many of them no row held before (they were given back on demand until now)."""
+        pinned = [self.shared_prefix(p) for p in prompts]
+        unheld = sum(1 for blocks in pinned for b in blocks if self.refs[b] == 1)
+        for blocks in pinned:
+            self.hold(blocks)
+        return pinned, unheld
+
+    def unpin(self, pinned: Sequence[Sequence[int]]) -> None:
+        """Give back blocks held by `pin` (a request that left before it joined, or one whose rows joined)."""
+        for blocks in pinned:
+            self.release(blocks)
+
+    def keep_prompt(self, prompt: PromptBlocks, table: Sequence[int], written: int, length: int) -> None:
+        """Keep a joined row's full prompt blocks (`table`'s) that every layer wrote from position `written` on (a
+        sliding-window layer holds only its window) and that no later write touches (the block of its last position,
+        `length - 1`, is left out)."""
+        first = -(-written // BLOCK)
+        last = (length - 1) // BLOCK
+        end = min(last, len(prompt.hashes))
+        if first < end:
+            self.keep(prompt.hashes[first:end], table[first:end])
 
     def _evict(self, needed: int) -> None:
         """Give back up to `needed` kept blocks that no row holds, least recently used first."""
