@@ -139,7 +139,7 @@ def read_answers(path: Path, model: str, max_new_tokens: int | None) -> tuple[di
         if not budgets:
             raise ValueError(f"{path} holds no closed-book answer of {model!r}; set --closed-book-model")
         max_new_tokens = budgets.pop()
-    return read_closed_book(path, model, max_new_tokens), max_new_tokens
+    return read_closed_book(path, {"model": model, "max_new_tokens": max_new_tokens}), max_new_tokens
 
 
 def known_original(closed_book_answer: str, originals: Sequence[str]) -> str:

@@ -72,27 +72,24 @@ def closed_book_settings(decoder: FidesDecoder, *, model: str, dataset: str, max
     return ClosedBookSettings(model, dataset, no_context_prompt_sha256(decoder), max_new_tokens)
 
 
-def _differences(record: Mapping[str, Any], settings: ClosedBookSettings) -> list[str]:
+def _differences(record: Mapping[str, Any], settings: Mapping[str, Any]) -> list[str]:
     return [
         f"{name} {record.get(name)!r} (this run: {value!r})"
-        for name, value in asdict(settings).items()
+        for name, value in settings.items()
         if record.get(name) != value
     ]
 
 
-def read_closed_book(
-    path: str | Path,
-    model: str,
-    max_new_tokens: int,
-    repair: bool = False,
-    settings: ClosedBookSettings | None = None,
-) -> dict[str, str]:
-    """key -> answer for the lines of `path` decoded by `model` with `max_new_tokens` (none when there is no file).
+def read_closed_book(path: str | Path, settings: Mapping[str, Any], appending: bool = False) -> dict[str, str]:
+    """key -> answer for the lines of `path` that carry the values of `settings` (none when there is no file).
 
-    With `settings`, every line must carry exactly those settings: a line of another model, dataset, prompt or
-    max_new_tokens, or one written before lines carried their dataset and prompt, is a ValueError that says which.
-    A line that is not valid JSON can only be the half-written last line of an interrupted lane: it is skipped, and
-    with repair=True cut from the file. A bad line anywhere else is a ValueError naming it."""
+    `settings` names at least model and max_new_tokens: the lane passes all of its `ClosedBookSettings`, a reader of
+    caches written before lines carried their dataset and prompt passes those two. Lines with other values are
+    skipped; with appending=True (the lane, about to add to the file) they are a ValueError that says which. A line
+    that is not valid JSON can only be the half-written last line of an interrupted lane: it is skipped, and with
+    appending=True cut from the file. A bad line anywhere else is a ValueError naming it."""
+    if not {"model", "max_new_tokens"} <= set(settings):
+        raise ValueError(f"closed-book settings must name the model and max_new_tokens, got {sorted(settings)}")
     path = Path(path)
     if not path.is_file():
         return {}
@@ -111,17 +108,18 @@ def read_closed_book(
                 if any(rest.strip() for rest in lines[number:]):
                     raise ValueError(f"{path}, line {number}: not a valid closed-book record ({err})") from None
                 break
-            if settings is not None and (differ := _differences(record, settings)):
+            differ = _differences(record, settings)
+            if appending and differ:
                 raise ValueError(
                     f"{path} holds closed-book answers made with other settings (line {number}: "
                     f"{'; '.join(differ)}); answers of another model, dataset or prompt are never mixed: use another "
                     "output folder, or move the file away to decode them again"
                 )
-            if record["model"] == model and record.get("max_new_tokens") == max_new_tokens:
+            if not differ:
                 answers[record["key"]] = record["answer"]
             keep = offset_next
         offset = offset_next
-    if repair:
+    if appending:
         if keep > len(raw):
             with path.open("ab") as handle:
                 handle.write(b"\n")
@@ -129,6 +127,16 @@ def read_closed_book(
             with path.open("r+b") as handle:
                 handle.truncate(keep)
     return answers
+
+
+def answered_questions(
+    path: str | Path, questions: Sequence[str], settings: Mapping[str, Any], appending: bool = False
+) -> dict[str, str]:
+    """question -> cached answer, for those of `questions` the cache `path` answers (`read_closed_book` of
+    `settings`), in question order."""
+    cached = read_closed_book(path, settings, appending)
+    model = settings["model"]
+    return {q: cached[k] for q in questions if (k := question_key(model, q)) in cached}
 
 
 def extend_prefix(
@@ -207,9 +215,8 @@ def closed_book_answers(
     if in_flight < 1:
         raise ValueError(f"in_flight (closed-book questions submitted at once) must be >= 1, got {in_flight}")
     path = Path(path)
-    cached = read_closed_book(path, settings.model, settings.max_new_tokens, repair=True, settings=settings)
     order = distinct_questions(questions)
-    answered = {q: cached[k] for q in order if (k := question_key(settings.model, q)) in cached}
+    answered = answered_questions(path, order, asdict(settings), appending=True)
     prefix: dict[str, str] = {}
 
     def extend() -> bool:

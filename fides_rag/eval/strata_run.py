@@ -17,12 +17,11 @@ from typing import TYPE_CHECKING, Any
 from fides_rag.eval.closed_book import (
     CLOSED_BOOK,
     DEFAULT_IN_FLIGHT,
+    answered_questions,
     closed_book_answers,
     closed_book_settings,
     distinct_questions,
     extend_prefix,
-    question_key,
-    read_closed_book,
 )
 from fides_rag.eval.datasets import QAExample, dataset_files, load_examples
 from fides_rag.eval.harness import RESULTS_MD, run_eval, write_results
@@ -200,9 +199,9 @@ def read_strata_counts(out_dir: str | Path) -> dict[str, dict[str, dict[str, Any
     if not isinstance(settings, Mapping):
         raise ValueError(f"{out / RUN_INFO} has no '{STRATA_KEY}' settings: not a strata run")
     examples = _run_examples(out, info)
-    cached = read_closed_book(out / settings["closed_book"], info["model"], info["max_new_tokens"])
     questions = distinct_questions(e.question for e in examples)
-    answered = {q: cached[k] for q in questions if (k := question_key(info["model"], q)) in cached}
+    lane_settings = {"model": info["model"], "max_new_tokens": info["max_new_tokens"]}
+    answered = answered_questions(out / settings["closed_book"], questions, lane_settings)
     if settings.get("scan") == SCAN_PREFIX:  # runs before the scan answered every question
         scan = StrataScan(examples, settings["per_stratum"])
         prefix: dict[str, str] = {}

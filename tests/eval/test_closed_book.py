@@ -10,6 +10,7 @@ import pytest
 from fides_rag.decoder import FidesDecoder
 from fides_rag.eval.closed_book import (
     ClosedBookSettings,
+    answered_questions,
     closed_book_answers,
     closed_book_settings,
     distinct_questions,
@@ -137,9 +138,20 @@ def test_a_cache_made_with_other_settings_is_refused_never_mixed(tmp_path, other
 def test_a_cache_written_without_its_settings_is_read_but_not_appended_to(tmp_path):
     path = tmp_path / "cb.jsonl"
     path.write_text(json.dumps({"key": question_key("m", "q1"), "model": "m", "max_new_tokens": 7, "answer": "a"}))
-    assert read_closed_book(path, "m", 7) == {question_key("m", "q1"): "a"}
+    assert read_closed_book(path, {"model": "m", "max_new_tokens": 7}) == {question_key("m", "q1"): "a"}
     with pytest.raises(ValueError, match="dataset None"):
         _run(SubmittingDecoder(), ["q1"], path)
+
+
+def test_answered_questions_are_the_questions_the_cache_answers_with_those_settings_in_question_order(tmp_path):
+    path = tmp_path / "cb.jsonl"
+    _run(SubmittingDecoder(), ["q1", "q2"], path)
+    answered = answered_questions(path, ["q3", "q2", "q1"], {"model": "m", "max_new_tokens": 7})
+    assert list(answered.items()) == [("q2", "A:q2"), ("q1", "A:q1")]
+    assert answered_questions(path, ["q1"], {"model": "m", "max_new_tokens": 8}) == {}
+    assert answered_questions(path, ["q1"], {"model": "m2", "max_new_tokens": 7}) == {}
+    with pytest.raises(ValueError, match="must name the model and max_new_tokens"):
+        read_closed_book(path, {"model": "m"})
 
 
 def test_the_lane_stops_at_the_first_question_by_which_the_scan_has_enough(tmp_path):
@@ -166,7 +178,7 @@ def test_a_bad_line_inside_the_cache_is_an_error_naming_it(tmp_path):
         '{"key": "k2", "model": "m", "answer": "b"}\n'
     )
     with pytest.raises(ValueError, match="line 2"):
-        read_closed_book(path, "m", 32)
+        read_closed_book(path, {"model": "m", "max_new_tokens": 32})
 
 
 def test_in_flight_below_one_is_refused(tmp_path):
