@@ -9,10 +9,11 @@ block together: a joining row takes kept prompt blocks by reference, a repeated 
 about to write into a shared block copies it first. The scheduler admits a request only when the blocks of all its
 rows fit (prompt plus max_new_tokens, each row its own), so the pool never runs out and never grows.
 
-At each decode step, `begin_step` copies every row's length and block table to the device in one host-to-device copy
-(into persistent index buffers) and the step writes one slot per row per layer (`index_copy_`). The pool's attention
-backend (`attention/`, `gather` or `flex`) builds the step's masks from that index and says what each layer's attention
-reads: each row's own blocks only.
+At each decode step, `begin_step` copies every row's length and block table to the device (into persistent index
+buffers): the columns the step reads only, so the bytes follow the rows' blocks, not the context window's, and of
+the blocks' places only those that changed. The step writes one slot per row per layer (`index_copy_`). The pool's
+attention backend (`attention/`, `gather` or `flex`) builds the step's masks from that index and says what each
+layer's attention reads: each row's own blocks only.
 """
 
 from __future__ import annotations
@@ -77,6 +78,11 @@ class KVPool:
         self.index = self._flat[total:].view(self.max_rows, self.columns)
         """[rows, columns] this step's packed index (see FILL...HEAD)."""
         self._staging = torch.zeros_like(self._flat, device="cpu", pin_memory=self.device.type == "cuda")
+        self._narrow = torch.zeros(self.max_rows * self.columns, dtype=torch.int32, device=self.device)
+        """The read columns of this step's rows, side by side, on the device (scattered into `index` there)."""
+        self._read_columns: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.index_copy_bytes = 0
+        """Bytes the last step copied from the host to the index buffers."""
         self.attention: PoolAttention = attention if attention is not None else GatherAttention()
         """How each step's attention runs over the pool (`attention/`)."""
         ordinals = self._staging[:total] if self.attention.reads_block_ordinals else None
@@ -235,14 +241,46 @@ class KVPool:
                 f"a step of {padded} rows, more than the pool's {self.max_rows}: the engine caps the rows it admits"
             )
         self._host.step(self.tables, self.lengths, grown)
-        end = self._total + padded * self.columns
-        self._staging[self._total : end].view(padded, self.columns).copy_(self._host.rows[:padded])
-        start = 0 if self.attention.reads_block_ordinals else self._total  # the block places only where they are read
-        self._flat[start:end].copy_(self._staging[start:end], non_blocking=True)
+        self._copy_index(padded, width)
         index = self.index[:padded]
         torch.add(index[:, LAST].long() * BLOCK, index[:, FILL].long() - 1, out=self.write_slots[:padded])
         self.rows = padded
         self.masks = self.attention.begin_step(index, width)
+
+    def _copy_index(self, padded: int, width: int) -> None:
+        """This step's index to the device: of the `padded` rows, the columns a step of `width` blocks reads (rounded
+        up to a power of two, so a few column sets serve every step), and the places of the blocks that changed
+        (only for a backend that reads them)."""
+        copied = 0
+        if self.attention.reads_block_ordinals:
+            lo, hi = self._host.take_dirty_ordinals()
+            self._flat[lo:hi].copy_(self._staging[lo:hi], non_blocking=True)
+            copied += hi - lo
+        width = min(self.max_row_blocks, 1 << (width - 1).bit_length())
+        rows = self._host.rows[:padded]
+        if width == self.max_row_blocks:  # every column is read: one copy of the rows whole
+            end = self._total + padded * self.columns
+            self._staging[self._total : end].view(padded, self.columns).copy_(rows)
+            self._flat[self._total : end].copy_(self._staging[self._total : end], non_blocking=True)
+            self.index_copy_bytes = (copied + padded * self.columns) * 4
+            return
+        on_host, on_device = self._columns_read(width)
+        count = padded * len(on_host)
+        staged = self._staging[self._total : self._total + count].view(padded, len(on_host))
+        torch.index_select(rows, 1, on_host, out=staged)
+        narrow = staged
+        if self.device.type != "cpu":
+            narrow = self._narrow[:count].view(padded, len(on_host))
+            narrow.copy_(staged, non_blocking=True)
+        self.index[:padded].index_copy_(1, on_device, narrow)
+        self.index_copy_bytes = (copied + count) * 4
+
+    def _columns_read(self, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The packed index's columns a step of `width` blocks reads, on the host and on the device."""
+        if width not in self._read_columns:
+            columns = torch.tensor(self._host.columns_read(width), dtype=torch.long)
+            self._read_columns[width] = (columns, columns.to(self.device))
+        return self._read_columns[width]
 
     def attention_mask(self, layer_types: Sequence[str] | None) -> Any:
         """This step's masks as a forward's attention mask: one mask, or one per layer type."""

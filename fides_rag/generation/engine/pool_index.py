@@ -54,11 +54,27 @@ class HostIndex:
         self._firsts: list[tuple[int, ...]] = []  # per row: the first block inside each window
         self._written = 0  # rows from the first that may differ from a padding row
         self.ordinals = ordinals
+        self._dirty = (0, 0)  # the blocks whose ordinals changed since `take_dirty_ordinals`: [lo, hi)
+        self._read_columns: dict[int, list[int]] = {}
 
     @staticmethod
     def columns_for(windows: int, max_row_blocks: int) -> int:
         """Entries of a packed row, with `windows` distinct sliding windows."""
         return HEAD + windows + (1 + windows) * max_row_blocks
+
+    def columns_read(self, width: int) -> list[int]:
+        """The columns a step whose rows hold at most `width` blocks reads: the counts, and each region's first
+        `width` entries (a row's entries past its own blocks are never read)."""
+        if width not in self._read_columns:
+            first = HEAD + len(self.window_sizes)
+            starts = [self.region["full"], *(self.region[w] for w in self.window_sizes)]
+            self._read_columns[width] = [*range(first), *(c for s in starts for c in range(s, s + width))]
+        return self._read_columns[width]
+
+    def take_dirty_ordinals(self) -> tuple[int, int]:
+        """The range [lo, hi) of blocks whose ordinals changed since the last call (empty: none)."""
+        dirty, self._dirty = self._dirty, (0, 0)
+        return dirty
 
     def reserve(self, rows: int) -> None:
         """Room for `rows` rows (padding included)."""
@@ -132,5 +148,7 @@ class HostIndex:
 
     def _place(self, blocks: torch.Tensor) -> None:
         """A table's `blocks` (int32, in table order) are at places 0, 1, ... in it."""
-        if self.ordinals is not None:
+        if self.ordinals is not None and len(blocks):
             self.ordinals[blocks.long()] = torch.arange(len(blocks), dtype=torch.int32)
+            lo, hi = int(blocks.min()), int(blocks.max()) + 1
+            self._dirty = (min(lo, self._dirty[0]), max(hi, self._dirty[1])) if self._dirty[1] else (lo, hi)

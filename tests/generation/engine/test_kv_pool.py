@@ -19,12 +19,21 @@ from fides_rag.generation.engine.kv_pool import BLOCK, KVPool
 KV_HEADS, HEADS, DIM = 2, 4, 8
 
 
-def pool_with_rows(attention: str, lengths: list[int], windows=(None,), blocks: int = 12, seed: int = 0) -> KVPool:
+def pool_with_rows(
+    attention: str,
+    lengths: list[int],
+    windows=(None,),
+    blocks: int = 12,
+    seed: int = 0,
+    max_row_blocks: int = 6,
+) -> KVPool:
     """A pool whose rows hold `lengths` positions of random keys and values, in scattered blocks."""
     torch.manual_seed(seed)
     like = torch.zeros(1, KV_HEADS, 1, DIM)
     backend = FlexAttention() if attention == "flex" else GatherAttention()
-    pool = KVPool(list(windows), like, BlockManager(blocks), max_rows=8, max_row_blocks=6, attention=backend)
+    pool = KVPool(
+        list(windows), like, BlockManager(blocks), max_rows=8, max_row_blocks=max_row_blocks, attention=backend
+    )
     pool.block_manager.free = pool.block_manager.free[::-1]  # hand out high blocks first: tables are not in slot order
     for layer in range(len(windows)):
         pool.keys[layer].normal_()
@@ -69,6 +78,40 @@ def test_gather_attention_sees_each_rows_own_positions_only(window):
     )  # the longest row's blocks
     got = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=True)
     torch.testing.assert_close(got, reference(pool, query, window))
+
+
+def attend(pool: KVPool, attention: str, query: torch.Tensor) -> torch.Tensor:
+    """Every row's attention at this step, through the pool's backend."""
+    keys, values = pool.write(0, torch.randn(pool.rows, KV_HEADS, 1, DIM), torch.randn(pool.rows, KV_HEADS, 1, DIM))
+    mask = pool.masks[pool.windows[0]]
+    if attention == "flex":
+        return run_flex(query, keys, values, mask, None, compiled=False)
+    return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=True)
+
+
+@pytest.mark.parametrize("attention", ["gather", "flex"])
+@pytest.mark.parametrize("window", [None, 20])
+def test_a_steps_index_copy_follows_the_rows_blocks_not_the_context_window(attention, window):
+    if attention == "flex" and flex_unavailable() is not None:
+        pytest.skip(flex_unavailable())
+    lengths, padded = [5, 33, 16], 4
+    pools = {
+        most: pool_with_rows(attention, lengths, windows=(window,), blocks=2000, max_row_blocks=most)
+        for most in (8, 2000)
+    }
+    copied = {}
+    for most, pool in pools.items():
+        for number in range(20):  # rows grow past block boundaries; one leaves, the others swap places
+            if number == 10:
+                pool.keep([2, 0])
+            rows = pool.num_rows
+            pool.begin_step(torch.tensor([[n] for n in pool.lengths] + [[0]] * (padded - rows)), padded_rows=padded)
+            query = torch.randn(padded, HEADS, 1, DIM)
+            got = attend(pool, attention, query)[:rows]
+            torch.testing.assert_close(got, reference(pool, query[:rows], window))
+        copied[most] = pool.index_copy_bytes
+    whole_rows = padded * pools[2000].columns * 4
+    assert copied[2000] == copied[8] and copied[2000] * 50 < whole_rows  # the rows' blocks, not the window's
 
 
 def test_gather_costs_the_rows_blocks_not_the_pool():
