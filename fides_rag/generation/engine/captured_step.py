@@ -1,12 +1,14 @@
-"""The captured decode step of fast mode: the backbone's one-token forward over every row, compiled once per batch
-bucket with `torch.compile(fullgraph=True)` (CUDA graphs on CUDA, mode "reduce-overhead").
+"""The captured decode step of fast mode: the backbone's one-token forward over every row, compiled with
+`torch.compile(fullgraph=True)` (CUDA graphs on CUDA, mode "reduce-overhead", a graph recorded per bucket).
 
 A step of R rows runs at the smallest bucket that holds them: rows past R are padding (the pad token at position 0,
-writing and reading the pool's scratch slot only) and their outputs are dropped. Shapes are static within a bucket, so
-requests of one bucket join and leave without a recompilation. The pool is fixed in size, so its shape never
-changes. The pool's tensors, written in place by every step,
-are marked static (`torch._dynamo.mark_static_address`), so CUDA graphs are not skipped for inputs mutated in place.
-Steps of more rows than the largest bucket run eagerly (the same tokens: compiling changes no result).
+writing and reading the pool's scratch slot only) and their outputs are dropped, so requests join and leave without a
+recompilation. Where the attention backend needs no static batch (the gather), the rows are a dynamic dimension: one
+graph serves every bucket past 1 (dynamo always specializes a size of 1), and warm-up compiles two graphs per hook set
+whatever the bucket count; a static-batch backend (flex) compiles one per bucket. The pool is fixed in size, so its
+shape never changes. The pool's tensors, written in place by every step, are marked static
+(`torch._dynamo.mark_static_address`), so CUDA graphs are not skipped for inputs mutated in place. Steps of more rows
+than the largest bucket run eagerly (the same tokens: compiling changes no result).
 
 A compilation that fails, or a recompilation after warm-up (`warmed`), never fails a request: that step runs eagerly
 (the same tokens), as does every later step of its bucket and hooks; `fallback_steps` counts such steps and the log
@@ -165,8 +167,11 @@ class CapturedStep:
             return self._step(ids, mask, positions, cache)
         pool = cache.pool
         self.mark_static(pool.static_tensors())
-        for tensor, dim in pool.attention.dynamic_dims():  # sizes that follow the rows' lengths, not the bucket
+        for tensor, dim in pool.attention.dynamic_dims():  # sizes that follow the rows' lengths (and the rows)
             torch._dynamo.maybe_mark_dynamic(tensor, dim)
+        if not pool.attention.static_batch:  # one graph for every bucket past 1 (a size of 1 is always its own)
+            torch._dynamo.maybe_mark_dynamic(ids, 0)
+            torch._dynamo.maybe_mark_dynamic(positions, 0)
         key = (ids.shape[0], self._hooks())
         if key in self._failed:
             self.fallback_steps += 1

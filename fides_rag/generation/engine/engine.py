@@ -289,9 +289,11 @@ class DecodeEngine:
         return CapturedStep(self.anatomy, backend, buckets, self.input_device)
 
     def warm_up(self, build: Callable[[Any], Request], methods: Sequence[Any], progress: bool = True) -> float:
-        """Compile the captured step at every bucket the scheduler can fill, with every hook set that `methods` in
-        flight together can install (`build(method)`: a short request of that method), by decoding such requests;
-        from then on a recompilation runs its step eagerly instead (`captured_fallback_steps`). Returns the seconds."""
+        """Run the captured step at every bucket the scheduler can fill, with every hook set that `methods` in flight
+        together can install (`build(method)`: a short request of that method), by decoding such requests: the graphs
+        they need are compiled (two per hook set where the batch is dynamic, else one per bucket) and their CUDA
+        graphs recorded; from then on a recompilation runs its step eagerly instead (`captured_fallback_steps`).
+        Returns the seconds."""
         from tqdm.auto import tqdm
 
         if self.captured is None:

@@ -297,7 +297,7 @@ class KVPool:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """This step's keys and values of every row ([Rb, kv_heads, 1, d]) into their slots; what attention reads (the
         backend's: the rows' own blocks gathered, or the layer's whole pool)."""
-        slots = self.write_slots[: self.rows]
+        slots = self.write_slots[: key_states.shape[0]]  # the rows from a shape: symbolic in a graph
         keys, values = self.keys[layer], self.values[layer]
         keys.index_copy_(2, slots, key_states.transpose(0, 2).to(keys.dtype))
         values.index_copy_(2, slots, value_states.transpose(0, 2).to(values.dtype))

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fides_rag import FidesDecoder, PromptTemplate, get_method
+from fides_rag.generation.engine.captured_step import DEFAULT_BUCKETS
 from fides_rag.testing import build_tiny_model
 
 QUESTIONS = [
@@ -250,3 +251,22 @@ def test_one_warm_up_serves_prompts_of_any_length_on_the_gather(tokenizer):
     stats = captured.stats
     assert stats.captured_fallback_steps <= 0.05 * stats.steps, (stats.captured_fallback_steps, stats.steps)
     assert stats.failed == 0
+
+
+def test_a_warm_up_over_the_gather_compiles_as_many_graphs_for_the_default_buckets_as_for_three(tiny_llama, tokenizer):
+    """Over the gather the rows are a dynamic dimension of the captured step: a warm-up compiles a graph for one row
+    and one for every bucket past it, so its graphs do not grow with the bucket count; each bucket then runs
+    captured, with eager's tokens."""
+    from torch._dynamo.utils import counters
+
+    graphs = {}
+    for buckets in ((1, 2, 4), DEFAULT_BUCKETS):
+        before = counters["stats"]["unique_graphs"]
+        eager, captured = eager_and_captured(tiny_llama, tokenizer, buckets=list(buckets), warmup=["standard"])
+        graphs[len(buckets)] = counters["stats"]["unique_graphs"] - before
+        options = {"method": "standard", "max_new_tokens": 3}
+        handles = [captured.submit(QUESTIONS[i % 2], DOCUMENTS[i % 2], **options) for i in range(9)]
+        want = [eager.generate(QUESTIONS[i % 2], DOCUMENTS[i % 2], **options).token_ids for i in range(9)]
+        assert [h.result().token_ids for h in handles] == want
+        assert captured.stats.captured_fallback_steps == 0 and captured.stats.failed == 0
+    assert len(DEFAULT_BUCKETS) > 3 and graphs[3] == graphs[len(DEFAULT_BUCKETS)] <= 2, graphs

@@ -21,8 +21,7 @@ class GatherAttention(PoolAttention):
 
     def __init__(self) -> None:
         self.block_ids: torch.Tensor | None = None
-        """[Rb * W] this step's blocks of every row, in row order (W: the longest row's blocks)."""
-        self.rows = 0
+        """[Rb, W] this step's blocks of every row (W: the longest row's blocks)."""
         self._masks: list[torch.Tensor] = []
 
     def bind(self, pool: Any) -> None:
@@ -32,8 +31,7 @@ class GatherAttention(PoolAttention):
     def begin_step(self, index: torch.Tensor, width: int) -> dict[Window, Any]:
         pool = self.pool
         full = pool.regions["full"]
-        self.block_ids = index[:, full : full + width].long().reshape(-1)  # [Rb * W]
-        self.rows = index.shape[0]
+        self.block_ids = index[:, full : full + width].long()  # [Rb, W]
         key_positions = self._key_positions[:, : width * BLOCK]  # [1, L]
         row_length = index[:, POS : POS + 1].long() + 1  # [Rb, 1]
         masks: dict[Window, Any] = {}
@@ -46,9 +44,16 @@ class GatherAttention(PoolAttention):
         return masks
 
     def dynamic_dims(self) -> list[tuple[torch.Tensor, int]]:
+        """The rows' blocks and the masks' width, and (no static batch) their rows: one graph serves every bucket
+        past 1 and every prompt length."""
         if self.block_ids is None:
             return []
-        return [(self.block_ids, 0), *((mask, 3) for mask in self._masks)]
+        return [
+            (self.block_ids, 0),
+            (self.block_ids, 1),
+            *((mask, 0) for mask in self._masks),
+            *((mask, 3) for mask in self._masks),
+        ]
 
     def read(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's blocks, copied a block (BLOCK positions of every KV head) at a time: one index per block, not
@@ -57,10 +62,11 @@ class GatherAttention(PoolAttention):
             raise RuntimeError("read before begin_step")
         kv_heads, d = self.pool.kv_heads, self.pool.head_dim
         blocked = (kv_heads, -1, BLOCK, d)  # the pool's [1, kv_heads, S, d] as [kv_heads, blocks, BLOCK, d]
-        shape = (kv_heads, self.rows, -1, d)
+        shape = (kv_heads, self.block_ids.shape[0], -1, d)  # the rows from a shape: symbolic in a graph
+        ids = self.block_ids.reshape(-1)
         return (
-            keys.view(blocked).index_select(1, self.block_ids).view(shape).transpose(0, 1),
-            values.view(blocked).index_select(1, self.block_ids).view(shape).transpose(0, 1),
+            keys.view(blocked).index_select(1, ids).view(shape).transpose(0, 1),
+            values.view(blocked).index_select(1, ids).view(shape).transpose(0, 1),
         )  # [Rb, kv_heads, L, d] each
 
     @staticmethod
