@@ -10,7 +10,8 @@ the order of `--call 1`:
   then one padded call) and flex attention as the engine calls it, at R rows and P pool positions (one short row in
   the largest pool);
 - floor: one read of every weight, the least a batch-1 decode step must spend;
-- latency: per-token latency of standard, CAD and FIDES and of the peers (transformers' CFG, `generate` with
+- latency: per-token latency of standard, CAD and FIDES (and, timed by CUDA events on CUDA, how much of a step is the
+  backbone's forward: the captured graph's device time) and of the peers (transformers' CFG, `generate` with
   `guidance_scale`; with `--peers`, `generate` with a static cache and `torch.compile`), with host syncs per token on
   CUDA and aten ops per step;
 - batch: standard and FIDES at --batch-sizes requests decoding together;
@@ -400,6 +401,8 @@ def latency(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: to
             if measured[0]["traffic_bytes_per_token"] is None
             else statistics.median(r["traffic_bytes_per_token"]["median"] for r in measured),
             "host_syncs_per_token": measured[0]["host_syncs_per_token"],
+            "forward_ms_per_token": _median_of(measured, "forward_ms_per_token"),
+            "forward_share": _median_of(measured, "forward_share"),
             "samples": len(measured),
         }
     decode = {m: d["decode_ms_per_token"] for m, d in out["methods"].items()}
@@ -413,6 +416,12 @@ def latency(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: to
         out["ratios"]["standard/hf-static-compile"] = decode["standard"] / decode[STATIC_PEER]
     out["memory"] = peak_memory(device)
     return out
+
+
+def _median_of(measured: list[dict[str, Any]], key: str) -> float | None:
+    """The median of `key` over the runs that report it (the engine's; transformers' runs do not)."""
+    values = [r[key] for r in measured if r.get(key) is not None]
+    return statistics.median(values) if values else None
 
 
 def batch_scaling(decoder: Any, prompts: Prompts, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
@@ -858,13 +867,16 @@ def tables(report: dict[str, Any]) -> str:
             f"{mode} mode: per-token latency, batch 1, {lat['context_tokens']}-token context prompt, "
             f"{lat['new_tokens']} tokens:",
             "",
-            "| method | decode ms/token | first token ms | host syncs/token | aten ops/token |",
-            "|---|---|---|---|---|",
+            "| method | decode ms/token | of it, the backbone forward (device) | first token ms | host syncs/token | "
+            "aten ops/token |",
+            "|---|---|---|---|---|---|",
         ]
         for method, d in lat["methods"].items():
             syncs = "-" if d["host_syncs_per_token"] is None else f"{d['host_syncs_per_token']:.1f}"
+            forward = d.get("forward_ms_per_token")
+            split = "-" if forward is None else f"{forward:.2f} ms ({d['forward_share']:.0%})"
             lines.append(
-                f"| {method} | {d['decode_ms_per_token']:.2f} | {d['first_token_ms']:.1f} | {syncs} | "
+                f"| {method} | {d['decode_ms_per_token']:.2f} | {split} | {d['first_token_ms']:.1f} | {syncs} | "
                 f"{_count(d['ops_per_token'])} |"
             )
         lines += ["", "Ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in lat["ratios"].items()), ""]

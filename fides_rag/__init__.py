@@ -1,6 +1,13 @@
 """fides-rag: faithful retrieval-augmented generation by dual-path contrastive decoding (FIDES)."""
 
-from fides_rag.decoder import AsyncTextStream, FidesDecoder, GenerationSettings, PromptPair, TextStream
+from fides_rag.decoder import (
+    AsyncTextStream,
+    FidesDecoder,
+    ForwardTimer,
+    GenerationSettings,
+    PromptPair,
+    TextStream,
+)
 from fides_rag.errors import (
     BudgetBelowShortestAnswer,
     CallInputError,
@@ -51,6 +58,7 @@ __all__ = [
     "FidesConfig",
     "FidesDecoder",
     "FidesFallbackError",
+    "ForwardTimer",
     "Gate",
     "GatedRule",
     "GenerationOptions",

@@ -23,6 +23,7 @@ from typing_extensions import Unpack  # typing.Unpack from Python 3.11 on
 from fides_rag.errors import NonFiniteLogitsError, QueueFullError
 from fides_rag.generation.engine.attention import attention_choices
 from fides_rag.generation.engine.engine import DecodeEngine
+from fides_rag.generation.engine.forward_timer import ForwardTimer
 from fides_rag.generation.engine.modes import MODES, Mode, check_mode_settings
 from fides_rag.generation.engine.scheduler import MIN_BATCHED_TOKENS, check_batched_tokens
 from fides_rag.generation.engine.tickets import RequestHandle
@@ -44,6 +45,7 @@ __all__ = [
     "DecoderLimits",
     "DecoderStats",
     "FidesDecoder",
+    "ForwardTimer",
     "GenerationSettings",
     "NonFiniteLogitsError",
     "PreparedExample",
@@ -242,6 +244,17 @@ class FidesDecoder:
             yield
         finally:
             self._engine.step_context = previous
+
+    @contextlib.contextmanager
+    def around_forwards(self, forward_context: Callable[[], AbstractContextManager]) -> Iterator[None]:
+        """While open, every decode step's backbone forward alone (a captured step's graph replay, or the eager
+        forward) runs inside `forward_context()`: a `ForwardTimer` splits the forward's device time from the step's;
+        the previous one is restored on leaving."""
+        previous, self._engine.forward_context = self._engine.forward_context, forward_context
+        try:
+            yield
+        finally:
+            self._engine.forward_context = previous
 
     def submit(
         self,

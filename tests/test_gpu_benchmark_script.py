@@ -79,6 +79,12 @@ def test_the_gpu_benchmark_runs_with_a_tiny_configuration_on_cpu(tmp_path):
         for method in latency["methods"].values():
             assert method["decode_ms_per_token"] > 0 and method["first_token_ms"] > 0 and method["ops_per_token"] > 0
             assert method["host_syncs_per_token"] is None  # counted on CUDA only
+        for name in ("standard", "cad", "fides"):  # the engine's forward within its step
+            engine = latency["methods"][name]
+            assert (
+                0 < engine["forward_ms_per_token"] < engine["decode_ms_per_token"] and 0 < engine["forward_share"] < 1
+            )
+        assert latency["methods"]["hf-cfg"]["forward_ms_per_token"] is None
         assert latency["methods"]["cad"]["ops_per_token"] > latency["methods"]["standard"]["ops_per_token"]
         assert latency["memory"]["peak_rss_gib"] > 0
         assert "standard/hf-static-compile" in latency["ratios"]

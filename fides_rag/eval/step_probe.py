@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from fides_rag.decoder import PreparedExample
+from fides_rag.decoder import ForwardTimer, PreparedExample
 from fides_rag.eval.dispatch_counts import DispatchCounter, DispatchTotals
 
 if TYPE_CHECKING:
@@ -164,10 +164,23 @@ def measure_engine(
 ) -> dict[str, Any]:
     """One forced-length greedy decode of `example` by `decoder` (a FidesDecoder), measured step by step."""
     probe = StepProbe(counted, decoder.device, tokens=lambda: decoder.stats.tokens)
-    with decoder.around_steps(probe.engine_step):
+    timer = ForwardTimer(decoder.device)
+    with decoder.around_steps(probe.engine_step), decoder.around_forwards(timer):
         start = time.perf_counter()
         result = decoder.generate(example, method=method, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
-    return {**probe.report(start), "token_ids": list(result.token_ids)}
+    report = probe.report(start)
+    return {**report, **forward_split(timer.times_ms(), report), "token_ids": list(result.token_ids)}
+
+
+def forward_split(forwards_ms: Sequence[float], report: dict[str, Any]) -> dict[str, Any]:
+    """The timed steps' backbone forward (device time on CUDA: a captured step's graph) beside the whole step: its
+    mean milliseconds and its share of the step's (the rest is the engine's host work and the choice)."""
+    timed = report["timed_steps"]
+    step_ms = report["decode_ms_per_token"]
+    if not timed or step_ms is None or len(forwards_ms) < timed:
+        return {"forward_ms_per_token": None, "forward_share": None}
+    forward_ms = statistics.fmean(forwards_ms[-timed:])
+    return {"forward_ms_per_token": forward_ms, "forward_share": forward_ms / step_ms}
 
 
 def measure_generate(

@@ -177,6 +177,8 @@ class DecodeEngine:
         this model, since the hooks that capture states and mask heads are installed on the model itself."""
         self.step_context: Callable[[], AbstractContextManager] | None = None
         """A context manager factory entered around every step on the engine's thread (profilers, torch modes)."""
+        self.forward_context: Callable[[], AbstractContextManager] | None = None
+        """A context manager factory entered around every decode step's backbone forward alone (`ForwardTimer`)."""
         self.stats = EngineStats()
         if max_num_batched_tokens is None:
             max_num_batched_tokens = DEFAULT_BATCHED_TOKENS.get(self.input_device.type, DEFAULT_BATCHED_TOKENS["cpu"])
@@ -342,7 +344,14 @@ class DecodeEngine:
             if self.mode == "exact"
             else PooledStore(self.anatomy, self._pool_settings(), self._block_manager())
         )
-        return Runner(self.anatomy, pad, self.input_device, split_prefill, store=store)
+        return Runner(
+            self.anatomy,
+            pad,
+            self.input_device,
+            split_prefill,
+            store=store,
+            forward_context=lambda: self.forward_context,
+        )
 
     def _block_manager(self) -> BlockManager:
         manager = self.scheduler.block_manager

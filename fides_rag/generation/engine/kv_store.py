@@ -6,6 +6,7 @@ forward attends with."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -55,9 +56,11 @@ class KVStore(Protocol):
         layout: RowLayout,
         bucket: int | None,
         masker: HeadMasker | None,
+        timed: AbstractContextManager[object] | None = None,
     ) -> torch.Tensor:
         """One decode forward: `ids` [Rb, 1] (padded to `bucket` rows), `positions` [R, 1] of the rows' new tokens,
-        `layout` already grown by them. Returns the backbone's last hidden states [Rb, 1, H]."""
+        `layout` already grown by them; `timed` is entered around the backbone's forward alone (`ForwardTimer`).
+        Returns the backbone's last hidden states [Rb, 1, H]."""
         ...
 
     def append(

@@ -4,7 +4,9 @@ Prefill is the same as exact mode's; a request's rows move into the pool when it
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +104,7 @@ class PooledStore:
         layout: RowLayout,
         bucket: int | None,
         masker: HeadMasker | None,
+        timed: AbstractContextManager[object] | None = None,
     ) -> torch.Tensor:
         """Padding rows (past R, up to `bucket`) are at position 0, with no head set: they write and read the pool's
         scratch block only."""
@@ -115,7 +118,7 @@ class PooledStore:
             masker.set_rows([*layout.row_head_sets, *[-1] * padding])
         mask = pool.attention_mask(getattr(config, "layer_types", None))
         captured = self.captured
-        with pooled_attention(self.anatomy.backbone, self.attention):
+        with pooled_attention(self.anatomy.backbone, self.attention), timed or contextlib.nullcontext():
             if captured is not None and bucket is not None:
                 hidden = captured(ids, mask, positions, self.cache)
             else:

@@ -3,7 +3,9 @@ equal length need no mask. Shapes: R rows, W cached positions."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -56,6 +58,7 @@ class RaggedStore:
         layout: RowLayout,
         bucket: int | None,
         masker: HeadMasker | None,
+        timed: AbstractContextManager[object] | None = None,
     ) -> torch.Tensor:
         self._grow_mask()  # [R, W + 1]
         mask = self._mask()
@@ -64,7 +67,8 @@ class RaggedStore:
         self.cache.padded = not unpadded
         if masker is not None:
             masker.set_rows(layout.row_head_sets)
-        hidden, self.cache = self.anatomy.run_backbone(ids, None if unpadded else mask, positions, self.cache)
+        with timed or contextlib.nullcontext():
+            hidden, self.cache = self.anatomy.run_backbone(ids, None if unpadded else mask, positions, self.cache)
         return hidden
 
     def _grow_mask(self) -> None:

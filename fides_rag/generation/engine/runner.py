@@ -5,7 +5,8 @@ H hidden size."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 import torch
@@ -27,9 +28,17 @@ class Runner:
     follows the layout's compaction."""
 
     def __init__(
-        self, anatomy: ModelAnatomy, pad_id: int, input_device: torch.device, split_prefill: bool, store: KVStore
+        self,
+        anatomy: ModelAnatomy,
+        pad_id: int,
+        input_device: torch.device,
+        split_prefill: bool,
+        store: KVStore,
+        forward_context: Callable[[], Callable[[], AbstractContextManager[object]] | None] = lambda: None,
     ) -> None:
         self.anatomy = anatomy
+        self.forward_context = forward_context
+        """The context manager factory entered around each decode forward now (the engine's; None: none)."""
         self.pad_id = pad_id
         self.input_device = input_device
         self.split_prefill = split_prefill
@@ -76,7 +85,9 @@ class Runner:
         positions, _ = self._live()
         self.positions = positions = positions[:, -1:] + 1  # [R, 1]
         self.layout.grow()
-        hidden = self.store.decode(step_ids, positions, self.layout, bucket, masker)  # [Rb, 1, H]
+        factory = self.forward_context()
+        timed = factory() if factory is not None else None
+        hidden = self.store.decode(step_ids, positions, self.layout, bucket, masker, timed)  # [Rb, 1, H]
         self.hidden = hidden[:rows, -1, :]  # [R, H]: padding rows dropped
         self.states = {layer: state[:rows] for layer, state in capture.states.items()}
 
