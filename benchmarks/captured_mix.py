@@ -27,18 +27,9 @@ WORD = " Lyon"
 
 
 def tiny_model(vocab: int) -> Any:
-    from fides_rag.testing import build_tiny_model
+    from fides_rag.testing import HOST_BOUND_LLAMA, build_tiny_model
 
-    return build_tiny_model(
-        "llama",
-        vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=8192,
-    )
+    return build_tiny_model("llama", vocab, max_position_embeddings=8192, **HOST_BOUND_LLAMA)
 
 
 def draw_requests(args: argparse.Namespace, tokenizer: Any) -> list[dict[str, Any]]:

@@ -27,18 +27,9 @@ step captured by torch.compile's `eager` backend (graph capture without code gen
 
 
 def tiny_model(vocab: int) -> Any:
-    from fides_rag.testing import build_tiny_model
+    from fides_rag.testing import HOST_BOUND_LLAMA, build_tiny_model
 
-    return build_tiny_model(
-        "llama",
-        vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-    )
+    return build_tiny_model("llama", vocab, max_position_embeddings=4096, **HOST_BOUND_LLAMA)
 
 
 def make_decoder(model: Any, tokenizer: Any, config: str) -> Any:

@@ -104,6 +104,17 @@ def build_tiny_model(family: str, vocab_size: int, seed: int = 0, **overrides):
     return model.eval()
 
 
+HOST_BOUND_LLAMA = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+"""A Llama so small (1 layer, 64 wide) that a decode step is almost all host work: `build_tiny_model("llama", vocab,
+**HOST_BOUND_LLAMA)` for measuring what the engine adds."""
+
+
 SAMPLE_QUESTIONS = ["What is the capital of France?", "Which city is the capital of Australia?", "Who wrote it?"]
 """Three short questions for batch-equals-single tests, paired with SAMPLE_DOCUMENTS."""
 SAMPLE_DOCUMENTS = [["Lyon is the capital of France."], ["The capital of Australia is Melbourne."], ["Paris is large."]]
