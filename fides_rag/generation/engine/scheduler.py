@@ -45,6 +45,8 @@ BOUNDS = ("max_requests", "max_rows", "max_tokens", "max_queue")
 def check_bounds(**bounds: Any) -> None:
     """Raise if any of `BOUNDS` given is neither None nor an integer >= 1."""
     for name, value in bounds.items():
+        if name not in BOUNDS:
+            raise TypeError(f"unknown scheduler bound {name!r}; the bounds are {', '.join(BOUNDS)}")
         _bound(name, value)
 
 
