@@ -14,6 +14,15 @@ The classes, the first that applies (precedence right > memorised > no_stop > ot
 Every class but `right` is a failure. On a row whose passage agrees with memory there are no memory answers, so no
 answer there is `memorised`. Standard decoding's `memorised` failures bound what any contrast against memory can
 fix: the other failures are not memory winning over the passage.
+
+A `no_stop` answer of a contrast is set beside standard decoding's answer on the same row (the context path alone),
+for why it did not stop (`no_stop_cause`, the first that applies):
+
+- `standard_runs_on`: standard's answer does not stop there either (it is `no_stop` too, or ran to the token limit):
+  the context path itself goes on;
+- `past_standard_end`: it holds standard's tokens up to standard's end token and goes on: the contrast overrode the
+  end the context path chose (what a stop-aware variant prevents);
+- `diverged_first`: it left standard's tokens before standard's end, so that end was never on offer.
 """
 
 from __future__ import annotations
@@ -48,6 +57,25 @@ def answer_class(
     if is_passage_span(prediction, passages):
         return "other_span"
     return "other"
+
+
+NO_STOP_CAUSES = ("standard_runs_on", "past_standard_end", "diverged_first")
+"""Why a `no_stop` answer did not stop, against standard's answer on the row (see the module docstring)."""
+
+
+def no_stop_cause(
+    token_ids: Sequence[int], standard_ids: Sequence[int], standard_class: str, standard_finish: str | None
+) -> str:
+    """The cause (`NO_STOP_CAUSES`) of a `no_stop` answer of `token_ids`, given standard's answer on the same row: its
+    tokens (its end token last), its answer class and its finish reason."""
+    if standard_class not in ANSWER_CLASSES:
+        raise ValueError(f"unknown answer class {standard_class!r}; the classes are {', '.join(ANSWER_CLASSES)}")
+    if standard_class == "no_stop" or standard_finish == "length":
+        return "standard_runs_on"
+    before_end = list(standard_ids[:-1])
+    if list(token_ids[: len(before_end)]) == before_end:
+        return "past_standard_end"
+    return "diverged_first"
 
 
 def count_failures(classes: Iterable[str]) -> dict[str, int]:

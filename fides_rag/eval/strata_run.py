@@ -2,8 +2,9 @@
 on the selected rows (`run_eval`), with the strata results added to results.json and results.md.
 
 Settings recorded in run.json under "strata" (a resume must match them): the row-selection seed, rows per stratum,
-how a closed-book answer is matched, and the closed-book cache file. `read_strata_counts` reads a finished run folder
-again, with no model, for the rows, questions and failure classes of each stratum and method.
+how a closed-book answer is matched, and the closed-book cache file. `read_strata_rows` reads a finished run folder
+again, with no model (its scored rows and their strata), and `read_strata_counts` counts the rows, questions and
+failure classes of each stratum and method from them.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -187,10 +189,27 @@ def _run_examples(out: Path, info: Mapping[str, Any]) -> list[QAExample]:
     return load_examples(info["dataset"], info.get("data"))
 
 
+@dataclass(frozen=True)
+class StrataRows:
+    """A finished strata run's scored rows, read again from its folder: the records of the chosen rows, each row's
+    stratum, the method labels, and the chosen rows' examples (their answers and passages)."""
+
+    records: list[dict[str, Any]]
+    strata: dict[str, str]
+    labels: list[str]
+    examples: list[QAExample]
+
+
 def read_strata_counts(out_dir: str | Path) -> dict[str, dict[str, dict[str, Any]]]:
     """stratum -> method -> n, questions and failures of a finished strata run, read again from its folder (run.json,
     closed_book.jsonl, predictions.jsonl) and its dataset, with no model: for results written before they counted
     questions and failure classes. A ValueError names what is missing or changed."""
+    rows = read_strata_rows(out_dir)
+    return strata_counts(rows.records, rows.strata, rows.labels, rows.examples)
+
+
+def read_strata_rows(out_dir: str | Path) -> StrataRows:
+    """A finished strata run's scored rows (`StrataRows`), with no model; a ValueError names what is missing."""
     out = Path(out_dir)
     if not (out / RUN_INFO).is_file():
         raise ValueError(f"{out} holds no {RUN_INFO}: not a run folder")
@@ -212,4 +231,4 @@ def read_strata_counts(out_dir: str | Path) -> dict[str, dict[str, dict[str, Any
     chosen = select_rows(examples, strata, settings["per_stratum"], settings["seed"])
     ids = {e.id for e in chosen}
     records = [r for r in read_predictions(out / PREDICTIONS) if r["id"] in ids]
-    return strata_counts(records, strata, info["methods"], chosen)
+    return StrataRows(records, strata, list(info["methods"]), chosen)

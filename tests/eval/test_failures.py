@@ -2,7 +2,14 @@
 
 import pytest
 
-from fides_rag.eval.failures import ANSWER_CLASSES, FAILURE_CLASSES, answer_class, count_failures, is_passage_span
+from fides_rag.eval.failures import (
+    ANSWER_CLASSES,
+    FAILURE_CLASSES,
+    answer_class,
+    count_failures,
+    is_passage_span,
+    no_stop_cause,
+)
 
 PASSAGE = "The Eiffel Tower was built in Lyon by Gustave Eiffel's company in 1889."
 RIGHT = ["Lyon", "Lyons"]
@@ -70,3 +77,24 @@ def test_count_failures_gives_every_failure_class_and_leaves_right_out():
     assert count_failures([]) == dict.fromkeys(FAILURE_CLASSES, 0)
     with pytest.raises(ValueError, match="unknown answer class 'wrong'"):
         count_failures(["wrong"])
+
+
+@pytest.mark.parametrize(
+    ("tokens", "standard", "standard_class", "finish", "cause"),
+    [
+        ([5, 6, 7, 9], [5, 6, 2], "right", "eos", "past_standard_end"),  # standard's tokens, then on past its end
+        ([5, 8, 6, 2], [5, 6, 2], "right", "eos", "diverged_first"),  # left standard's tokens before its end
+        ([8, 5, 6, 2], [5, 6, 2], "memorised", "stop", "diverged_first"),
+        ([5, 6, 7, 2], [5, 6, 7, 9, 2], "no_stop", "eos", "standard_runs_on"),  # standard goes on too
+        ([5, 6, 7, 2], [5, 6, 7, 9], "other", "length", "standard_runs_on"),  # standard ran to the limit
+    ],
+)
+def test_a_no_stop_answer_is_set_beside_standards_answer_on_the_same_row(
+    tokens, standard, standard_class, finish, cause
+):
+    assert no_stop_cause(tokens, standard, standard_class, finish) == cause
+
+
+def test_an_unknown_class_of_standards_answer_is_refused():
+    with pytest.raises(ValueError, match="unknown answer class 'wrong'"):
+        no_stop_cause([1], [1, 2], "wrong", "eos")
