@@ -31,7 +31,7 @@ class RecordingStore:
     def bucket(self, rows: int, planned: int | None) -> int | None:
         return self.step_bucket
 
-    def decode(self, ids, positions, layout, bucket, masker) -> torch.Tensor:
+    def decode(self, ids, positions, layout, bucket, masker, timed=None) -> torch.Tensor:
         self.calls.append(("decode", ids[:, 0].tolist(), positions[:, 0].tolist(), list(layout.lengths), bucket))
         rows = ids.shape[0]
         return torch.arange(rows * 2, dtype=torch.float32).reshape(rows, 1, 2)  # [Rb, 1, H=2]
