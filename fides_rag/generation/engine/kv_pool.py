@@ -234,29 +234,28 @@ class KVPool:
         width = max((len(t) for t in self.tables), default=1)
         if width > self.max_row_blocks:
             raise ValueError(f"a row holds {width} blocks, more than the pool's max_row_blocks={self.max_row_blocks}")
+        copied_width = min(self.max_row_blocks, 1 << (width - 1).bit_length())  # a few column sets serve every step
         if padded_rows is not None:  # a padded step: few shapes (powers of two of blocks)
-            width = min(self.max_row_blocks, 1 << (width - 1).bit_length())
+            width = copied_width
         if padded > self.max_rows:
             raise RuntimeError(
                 f"a step of {padded} rows, more than the pool's {self.max_rows}: the engine caps the rows it admits"
             )
         self._host.step(self.tables, self.lengths, grown)
-        self._copy_index(padded, width)
+        self._copy_index(padded, copied_width)
         index = self.index[:padded]
         torch.add(index[:, LAST].long() * BLOCK, index[:, FILL].long() - 1, out=self.write_slots[:padded])
         self.rows = padded
         self.masks = self.attention.begin_step(index, width)
 
     def _copy_index(self, padded: int, width: int) -> None:
-        """This step's index to the device: of the `padded` rows, the columns a step of `width` blocks reads (rounded
-        up to a power of two, so a few column sets serve every step), and the places of the blocks that changed
-        (only for a backend that reads them)."""
+        """This step's index to the device: of the `padded` rows, the columns a step of `width` blocks reads, and the
+        places of the blocks that changed (only for a backend that reads them)."""
         copied = 0
         if self.attention.reads_block_ordinals:
             lo, hi = self._host.take_dirty_ordinals()
             self._flat[lo:hi].copy_(self._staging[lo:hi], non_blocking=True)
             copied += hi - lo
-        width = min(self.max_row_blocks, 1 << (width - 1).bit_length())
         rows = self._host.rows[:padded]
         if width == self.max_row_blocks:  # every column is read: one copy of the rows whole
             end = self._total + padded * self.columns

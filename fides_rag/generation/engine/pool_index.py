@@ -55,7 +55,6 @@ class HostIndex:
         self._written = 0  # rows from the first that may differ from a padding row
         self.ordinals = ordinals
         self._dirty = (0, 0)  # the blocks whose ordinals changed since `take_dirty_ordinals`: [lo, hi)
-        self._read_columns: dict[int, list[int]] = {}
 
     @staticmethod
     def columns_for(windows: int, max_row_blocks: int) -> int:
@@ -65,11 +64,9 @@ class HostIndex:
     def columns_read(self, width: int) -> list[int]:
         """The columns a step whose rows hold at most `width` blocks reads: the counts, and each region's first
         `width` entries (a row's entries past its own blocks are never read)."""
-        if width not in self._read_columns:
-            first = HEAD + len(self.window_sizes)
-            starts = [self.region["full"], *(self.region[w] for w in self.window_sizes)]
-            self._read_columns[width] = [*range(first), *(c for s in starts for c in range(s, s + width))]
-        return self._read_columns[width]
+        first = HEAD + len(self.window_sizes)
+        starts = [self.region["full"], *(self.region[w] for w in self.window_sizes)]
+        return [*range(first), *(c for s in starts for c in range(s, s + width))]
 
     def take_dirty_ordinals(self) -> tuple[int, int]:
         """The range [lo, hi) of blocks whose ordinals changed since the last call (empty: none)."""
