@@ -37,6 +37,7 @@ import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "eval"
@@ -260,6 +261,33 @@ EM_SLACK = 1.0
 """Target: the recommended variant's known-agreeing EM is at least standard's minus this many points ..."""
 REGRESSION_SHARE = 3.0
 """... and its regressions there are at most this % of the rows standard gets right."""
+STOP_SHARE = Fraction(1, 3)
+"""Target: the stop-aware variant's answers that do not stop are at most this share of FIDES's."""
+
+
+@dataclass(frozen=True)
+class StrataTargets:
+    """What a dataset's strata runs are held to."""
+
+    backbones: tuple[str, ...]
+    """The backbones the targets count."""
+    wins_needed: int
+    """Backbones on which a method beats standard on true-conflict CF with the CI above 0."""
+    any_variant: bool
+    """True: any method may win; False: FIDES or the recommended variant."""
+    stop_variant: str | None = None
+    """With its no_stop answers (every stratum) at most STOP_SHARE of FIDES's, on every backbone counted."""
+
+
+STRATA_TARGETS = {
+    "nq-swap": StrataTargets(tuple(b.name for b in BACKBONES), BACKBONES_TO_WIN, any_variant=False),
+    "bigbench-conflicts": StrataTargets(
+        ("gemma3-270m", "Qwen2.5-Coder-0.5B-Instruct", "Qwen2.5-Coder-1.5B-Instruct"),
+        2,
+        any_variant=True,
+        stop_variant="fides-stop",
+    ),
+}
 
 
 def strata_command(dataset: str = "nq-swap") -> str:
@@ -313,6 +341,8 @@ def strata_backbones(root: Path = RESULTS, dataset: str = "nq-swap") -> dict[str
         out[b.name] = {
             "strata": {s: {m: _entry(e) for m, e in strata["results"].get(s, {}).items()} for s in STRATA},
             "true_conflict_available": int(strata.get("available", {}).get("true_conflict", 0)),
+            "scanned_all": strata.get("scanned_questions") is None
+            or strata["scanned_questions"] >= strata.get("questions", 0),
             "run": root / b.strata_run(dataset),
         }
     if not out:
@@ -561,71 +591,109 @@ def strata_failures(root: Path = RESULTS, recommended: str | None = None, datase
     return table(head, rows)
 
 
+def _best_win(cells: dict, methods: list[str]) -> tuple[str, dict] | None:
+    """Of `methods`, the one whose true-conflict CF difference from standard has the highest CI lower bound."""
+    run = [(m, cells[m]) for m in methods if cells.get(m) is not None and cells[m]["ci_vs_standard"] is not None]
+    return max(run, key=lambda item: item[1]["ci_vs_standard"][0], default=None)
+
+
+def _no_stop(strata: dict, method: str) -> int | None:
+    """A method's answers that hold a right answer and go on, over every stratum; None where not counted."""
+    cells = [strata[s].get(method) for s in STRATA]
+    if any(c is None or c["failures"] is None for c in cells):
+        return None
+    return sum(int(c["failures"].get("no_stop", 0)) for c in cells)
+
+
+def _stop_cells(strata: dict, variant: str) -> tuple[str, bool | None]:
+    """The stop-aware variant's no_stop answers against FIDES's, and whether they are at most STOP_SHARE of them."""
+    mine, fides = _no_stop(strata, variant), _no_stop(strata, "fides")
+    if mine is None or fides is None:
+        return "not run", None
+    return f"{mine} / {fides}", mine <= STOP_SHARE * fides
+
+
 def strata_targets(root: Path = RESULTS, recommended: str | None = None, dataset: str = "nq-swap") -> str:
-    """Per backbone: true-conflict rows, FIDES and the recommended variant against standard on true-conflict CF, the
-    recommended variant's harm on known-agreeing rows; then which targets hold."""
+    """Per backbone: true-conflict rows, the winning method against standard on true-conflict CF, the recommended
+    variant's harm on known-agreeing rows (and on BIG-bench conflicts the stop-aware variant's answers that do not
+    stop against FIDES's); then which targets hold, over the backbones the dataset's targets count."""
+    spec = STRATA_TARGETS[dataset]
     backbones = strata_backbones(root, dataset)
+    for data in backbones.values():
+        fill_counts(data["strata"], data["run"])
     chosen = recommended or recommend(backbones, dataset)
+    wins_head = ["best method: CF − standard CI"] if spec.any_variant else ["FIDES CF − standard CI"]
+    wins_head += [] if spec.any_variant else [f"{chosen} CF − standard CI"]
     head = [
         "backbone",
         "true-conflict n / available",
         f"≥ {TRUE_CONFLICT_ROWS} or all",
-        "FIDES CF − standard CI",
-        f"{chosen} CF − standard CI",
+        *wins_head,
         "CF beaten",
         f"{chosen} known-agreeing EM / standard, regressions / standard right",
         "harmless",
     ]
-    rows, enough, beaten, harmless = [], [], 0, []
+    if spec.stop_variant:
+        head += [f"no_stop {spec.stop_variant} / FIDES", f"≤ {STOP_SHARE} of FIDES's"]
+    rows, enough, beaten, harmless, stops = [], 0, 0, 0, 0
     for b in BACKBONES:
         data = backbones.get(b.name)
+        counted = b.name in spec.backbones
+        label = f"{b.name} ({b.size})" + ("" if counted else " (not counted)")
         if data is None:
-            rows.append([f"{b.name} ({b.size})", "not run", "–", "–", "–", "–", "–", "–"])
-            enough.append(False)
-            harmless.append(False)
+            rows.append([label, "not run", *["–"] * (len(head) - 2)])
             continue
         tc, ka = data["strata"]["true_conflict"], data["strata"]["known_agreeing"]
         n = tc.get("standard", {}).get("n", 0)
-        ok_n = n >= TRUE_CONFLICT_ROWS or n == data["true_conflict_available"]
-        won = _wins(tc.get("fides")) or _wins(tc.get(chosen))
+        ok_n = n >= TRUE_CONFLICT_ROWS or (data["scanned_all"] and n == data["true_conflict_available"])
+        if spec.any_variant:
+            best = _best_win(tc, [m for m in tc if m != "standard"])
+            won = best is not None and _wins(best[1])
+            wins = ["not run" if best is None else f"{best[0]} {_ci(best[1])}"]
+        else:
+            won = _wins(tc.get("fides")) or _wins(tc.get(chosen))
+            wins = [_ci(tc.get("fides")), _ci(tc.get(chosen))]
         safe = _harmless(ka.get(chosen), ka.get("standard"))
-        enough.append(ok_n)
-        beaten += won
-        harmless.append(bool(safe))
         mine, std = ka.get(chosen), ka.get("standard")
         agreeing = (
             "not run"
             if safe is None
             else f"{mine['score']:.1f} / {std['score']:.1f}, {mine['regressions']} / {std['standard_right']}"
         )
-        rows.append(
-            [
-                f"{b.name} ({b.size})",
-                f"{n} / {data['true_conflict_available']}",
-                "yes" if ok_n else "no",
-                _ci(tc.get("fides")),
-                _ci(tc.get(chosen)),
-                "yes" if won else "no",
-                agreeing,
-                "not run" if safe is None else "yes" if safe else "no",
-            ]
-        )
+        row = [label, f"{n} / {data['true_conflict_available']}", "yes" if ok_n else "no", *wins]
+        row += ["yes" if won else "no", agreeing, "not run" if safe is None else "yes" if safe else "no"]
+        stop_held = None
+        if spec.stop_variant:
+            figure, stop_held = _stop_cells(data["strata"], spec.stop_variant)
+            row += [figure, "not run" if stop_held is None else "yes" if stop_held else "no"]
+        rows.append(row)
+        if counted:
+            enough += ok_n
+            beaten += won
+            harmless += bool(safe)
+            stops += bool(stop_held)
+    total = len(spec.backbones)
+    winner = "a method" if spec.any_variant else f"FIDES or {chosen}"
     verdicts = [
         (
             f"- true-conflict rows ≥ {TRUE_CONFLICT_ROWS} (or all available) on every backbone: "
-            f"{'held' if all(enough) else 'not held'} ({sum(enough)} of {len(BACKBONES)})"
+            f"{'held' if enough == total else 'not held'} ({enough} of {total})"
         ),
         (
-            f"- FIDES or {chosen} beats standard on true-conflict CF with the CI above 0 on ≥ {BACKBONES_TO_WIN} of "
-            f"{len(BACKBONES)} backbones: {'held' if beaten >= BACKBONES_TO_WIN else 'not held'} ({beaten})"
-        ),
-        (
-            f"- {chosen} on known-agreeing rows: EM ≥ standard − {EM_SLACK:g} and regressions ≤ "
-            f"{REGRESSION_SHARE:g}% of "
-            f"the rows standard gets right, on every backbone: {'held' if all(harmless) else 'not held'} "
-            f"({sum(harmless)} of {len(BACKBONES)})"
+            f"- {winner} beats standard on true-conflict CF with the CI above 0 on ≥ {spec.wins_needed} of "
+            f"{total} backbones: {'held' if beaten >= spec.wins_needed else 'not held'} ({beaten})"
         ),
     ]
+    if spec.stop_variant:
+        verdicts.append(
+            f"- {spec.stop_variant}'s answers that do not stop at most {STOP_SHARE} of FIDES's, on every backbone: "
+            f"{'held' if stops == total else 'not held'} ({stops} of {total})"
+        )
+    verdicts.append(
+        f"- {chosen} on known-agreeing rows: EM ≥ standard − {EM_SLACK:g} and regressions ≤ {REGRESSION_SHARE:g}% of "
+        f"the rows standard gets right, on every backbone: {'held' if harmless == total else 'not held'} "
+        f"({harmless} of {total})"
+    )
     return "\n".join([f"Recommended variant: {chosen}", "", table(head, rows), "", *verdicts])
 
 

@@ -292,6 +292,50 @@ def test_failures_gives_the_wrong_answers_by_class_per_backbone_stratum_and_meth
     assert _run(tmp_path, "--failures", check=False).returncode == 2  # needs --strata
 
 
+def _bigbench_targets_strata(stop_no_stop, tc_ci, regressions=0, scanned=5000):
+    """BIG-bench strata with standard, FIDES (5 answers that do not stop per stratum), fides-stop and
+    fides+evidence, the scan having read `scanned` of 14,021 questions."""
+    strata = _bigbench_strata(["standard", "fides", "fides-stop", "fides+evidence"])
+    for cells in strata["results"].values():
+        for method, no_stop in (("fides", 5), ("fides-stop", stop_no_stop)):
+            cells[method]["failures"] = {"memorised": 0, "no_stop": no_stop, "other_span": 0, "other": 0}
+    strata["results"]["true_conflict"]["fides-stop"]["ci_vs_standard"] = tc_ci
+    strata["results"]["known_agreeing"]["fides+evidence"] |= {"score": 70.0, "regressions": regressions}
+    strata["results"]["known_agreeing"]["standard"] |= {"score": 70.0, "standard_right": 70}
+    strata["available"] = {"true_conflict": 100}
+    return strata | {"questions": 14021, "scanned_questions": scanned}
+
+
+def test_bigbench_targets_count_the_three_backbones_any_winning_variant_and_the_stop_variants_no_stop(tmp_path):
+    _write(tmp_path, "gemma3-bigbench-strata", {"strata": _bigbench_targets_strata(6, [2.0, 9.0])})
+    _write(tmp_path, "qwen05-bigbench-strata", {"strata": _bigbench_targets_strata(1, [-4.0, 3.0])})
+    _write(tmp_path, "qwen15-bigbench-strata", {"strata": _bigbench_targets_strata(1, [0.5, 7.0], regressions=3)})
+    text = _run(
+        tmp_path, "--strata", "--targets", "--dataset", "bigbench-conflicts", "--recommended", "fides+evidence"
+    ).stdout
+    lines = text.splitlines()
+    assert lines[0] == "Recommended variant: fides+evidence"
+    assert "| SmolLM2-135M-Instruct (135M) (not counted) | not run |" in text
+    # 4 strata: fides-stop 24 answers that do not stop against FIDES's 20 on gemma3, 4 of 20 on the Qwen backbones
+    gemma = "| gemma3-270m (270M) | 100 / 100 | no | fides-stop [+2.0, +9.0] | yes | 70.0 / 70.0, 0 / 70 | yes |"
+    assert gemma + " 24 / 20 | no |" in lines
+    assert "| 100 / 100 | no | fides [-1.0, +2.0] | no |" in text  # 0.5B: FIDES's CI [-1, 2] beats fides-stop's
+    assert "70.0 / 70.0, 3 / 70 | no | 4 / 20 | yes |" in text  # 1.5B: 3 regressions > 3% of 70
+    assert "- true-conflict rows ≥ 300 (or all available) on every backbone: not held (0 of 3)" in lines
+    assert "- a method beats standard on true-conflict CF with the CI above 0 on ≥ 2 of 3 backbones: held (2)" in lines
+    stop = "- fides-stop's answers that do not stop at most 1/3 of FIDES's, on every backbone: not held (2 of 3)"
+    assert stop in lines
+    assert lines[-1].endswith("on every backbone: not held (2 of 3)")
+
+
+def test_bigbench_targets_count_all_available_rows_only_where_the_scan_read_every_question(tmp_path):
+    _write(tmp_path, "gemma3-bigbench-strata", {"strata": _bigbench_targets_strata(1, [2.0, 9.0], scanned=14021)})
+    _write(tmp_path, "qwen05-bigbench-strata", {"strata": _bigbench_targets_strata(1, [2.0, 9.0], scanned=9000)})
+    text = _run(tmp_path, "--strata", "--targets", "--dataset", "bigbench-conflicts").stdout
+    assert "| gemma3-270m (270M) | 100 / 100 | yes |" in text
+    assert "| Qwen2.5-Coder-0.5B-Instruct (0.5B) | 100 / 100 | no |" in text  # the scan stopped: more may exist
+
+
 def test_the_readmes_bigbench_table_is_the_bigbench_headline_of_the_committed_results():
     readme = (ROOT / "README.md").read_text()
     block = readme.split("<!-- strata-headline-bigbench -->\n")[1].split("<!-- /strata-headline-bigbench -->")[0]
@@ -301,7 +345,12 @@ def test_the_readmes_bigbench_table_is_the_bigbench_headline_of_the_committed_re
 
 def test_the_results_pages_bigbench_tables_are_the_scripts_output_on_the_committed_results():
     page = (ROOT / "docs" / "results.md").read_text()
-    for marker, mode in (("strata-headline-bigbench", "--headline"), ("strata-failures-bigbench", "--failures")):
+    blocks = (
+        ("strata-headline-bigbench", "--headline"),
+        ("strata-failures-bigbench", "--failures"),
+        ("strata-targets-bigbench", "--targets"),
+    )
+    for marker, mode in blocks:
         block = page.split(f"<!-- {marker} -->\n")[1].split(f"<!-- /{marker} -->")[0]
         made = _run(ROOT / "results" / "eval", "--strata", mode, "--dataset", "bigbench-conflicts").stdout
         assert block.strip() == made.strip(), marker
