@@ -527,13 +527,13 @@ def _rows_questions(entry: dict | None) -> str:
     return str(entry["n"]) if entry["questions"] is None else f"{entry['n']} ({entry['questions']} q)"
 
 
-def _counted_backbones(root: Path, dataset: str) -> dict[str, dict]:
+def _counted_backbones(root: Path, dataset: str, raise_when_empty: bool = False) -> dict[str, dict]:
     """strata_backbones with questions and failure classes filled in, and {} (every backbone not run) where no backbone
-    has a strata run yet; a run holding results without strata is still refused."""
+    has a strata run yet, unless raise_when_empty; a run holding results without strata is always refused."""
     try:
         backbones = strata_backbones(root, dataset)
     except NoStrataResults:
-        if any((root / b.strata_run(dataset) / "results.json").is_file() for b in BACKBONES):
+        if raise_when_empty or any((root / b.strata_run(dataset) / "results.json").is_file() for b in BACKBONES):
             raise
         return {}
     for data in backbones.values():
@@ -618,9 +618,7 @@ def strata_targets(root: Path = RESULTS, recommended: str | None = None, dataset
     variant's harm on known-agreeing rows (and on BIG-bench conflicts the stop-aware variant's answers that do not
     stop against FIDES's); then which targets hold, over the backbones the dataset's targets count."""
     spec = STRATA_TARGETS[dataset]
-    backbones = strata_backbones(root, dataset)
-    for data in backbones.values():
-        fill_counts(data["strata"], data["run"])
+    backbones = _counted_backbones(root, dataset, raise_when_empty=True)
     chosen = recommended or recommend(backbones, dataset)
     wins_head = ["best method: CF − standard CI"] if spec.any_variant else ["FIDES CF − standard CI"]
     wins_head += [] if spec.any_variant else [f"{chosen} CF − standard CI"]

@@ -7,7 +7,11 @@ call layer (`fides_rag.calls`): none imports any module of `fides_rag.generation
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 import fides_rag
 
@@ -194,3 +198,28 @@ def test_the_engine_is_not_a_public_name(tiny_llama, tokenizer):
 def test_the_package_top_level_holds_at_most_ten_modules():
     top = sorted(p.name for p in Path(fides_rag.__file__).parent.glob("*.py"))
     assert len(top) <= 10, top
+
+
+def test_every_public_name_loads_on_first_use_as_its_modules_object():
+    import fides_rag.decoder
+    import fides_rag.errors
+
+    for name in fides_rag.__all__:
+        assert getattr(fides_rag, name) is not None, name
+    assert fides_rag.FidesDecoder is fides_rag.decoder.FidesDecoder
+    assert fides_rag.KVPoolExceeded is fides_rag.errors.KVPoolExceeded
+    assert set(fides_rag.__all__) <= set(dir(fides_rag))
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
+        fides_rag.NoSuchName  # noqa: B018
+
+
+def test_reading_results_loads_neither_transformers_nor_the_engine():
+    """Scripts that read runs (scale_trend, signal_clips, no_stop_anatomy) start without transformers; the rules
+    load without it too (DVD imports its nucleus filter where it runs)."""
+    code = (
+        "import sys, fides_rag, fides_rag.eval.records, fides_rag.eval.failures, fides_rag.eval.strata_run, "
+        "fides_rag.rules; print(sorted(m for m in ('transformers', 'fides_rag.decoder', "
+        "'fides_rag.generation.engine') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

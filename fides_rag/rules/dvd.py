@@ -58,7 +58,6 @@ import math
 from typing import Any
 
 import torch
-from transformers import TopPLogitsWarper
 
 from fides_rag.rules.base import CONTEXT, DOCUMENTS, NO_CONTEXT, ContrastRule, StepInputs, StepOutput
 from fides_rag.rules.registry import register_method
@@ -71,6 +70,8 @@ STATIC_BETA, STATIC_GAMMA = 0.25, 0.2
 
 def nucleus_log_probs(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """log_softmax, then -inf outside the top-p nucleus (transformers' TopPLogitsWarper, not renormalised).  [..., V]"""
+    from transformers import TopPLogitsWarper  # here, not at the top: the rules load without transformers
+
     log_probs = torch.log_softmax(logits, dim=-1)
     flat = log_probs.reshape(-1, log_probs.shape[-1])
     return TopPLogitsWarper(top_p)(None, flat).reshape(log_probs.shape)
