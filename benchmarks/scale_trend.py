@@ -620,8 +620,11 @@ def strata_targets(root: Path = RESULTS, recommended: str | None = None, dataset
     spec = STRATA_TARGETS[dataset]
     backbones = _counted_backbones(root, dataset, raise_when_empty=True)
     chosen = recommended or recommend(backbones, dataset)
-    wins_head = ["best method: CF − standard CI"] if spec.any_variant else ["FIDES CF − standard CI"]
-    wins_head += [] if spec.any_variant else [f"{chosen} CF − standard CI"]
+    wins_head = (
+        ["best method: CF − standard CI"]
+        if spec.any_variant
+        else ["FIDES CF − standard CI", f"{chosen} CF − standard CI"]
+    )
     head = [
         "backbone",
         "true-conflict n / available",
