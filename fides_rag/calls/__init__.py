@@ -38,15 +38,10 @@ from fides_rag.calls.factory import CallFactory
 from fides_rag.calls.fields import DecodingFields
 from fides_rag.calls.metadata import FINISH_REASONS, record, usage
 from fides_rag.calls.options import (
-    CALL,
     CONSTRAINTS,
     FIDES_CONSTANTS,
-    REQUEST_OPTIONS,
-    CallInputError,
     CallOptions,
-    FidesFallbackError,
     fold_fides_constants,
-    options_of,
     resolve_method,
 )
 from fides_rag.calls.planning import (
@@ -66,7 +61,6 @@ from fides_rag.calls.planning import (
     why_no_documents,
 )
 from fides_rag.calls.structure import (
-    IncompleteAnswerError,
     check_complete,
     closed_schema,
     constraint_of,
@@ -74,7 +68,6 @@ from fides_rag.calls.structure import (
     refuse_other_grammar,
     schema_of,
     shortest_answer_tokens,
-    special_token_id,
     with_structure,
 )
 from fides_rag.calls.tools import (
@@ -87,9 +80,10 @@ from fides_rag.calls.tools import (
     render_calls,
     tool_choice_name,
 )
-from fides_rag.errors import UnansweredError
+from fides_rag.errors import CallInputError, FidesFallbackError, IncompleteAnswerError, UnansweredError
 from fides_rag.generation.grammar.schema_support import check_strict_schema, unenforced_keywords
-from fides_rag.generation.request_options import option_field
+from fides_rag.generation.request_options import CALL, REQUEST_OPTIONS, option_field, options_of
+from fides_rag.generation.requests import special_token_id
 from fides_rag.generation.streaming import iterate_in_thread
 
 __all__ = [

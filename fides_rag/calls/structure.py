@@ -11,8 +11,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
-from fides_rag.calls.options import CONSTRAINTS, CallInputError
-from fides_rag.errors import IncompleteAnswerError
+from fides_rag.calls.options import CONSTRAINTS
+from fides_rag.errors import CallInputError, IncompleteAnswerError
 from fides_rag.generation.grammar.constraint import GrammarConstraint
 from fides_rag.generation.grammar.schema_support import check_schema_shape
 from fides_rag.generation.requests import special_token_id

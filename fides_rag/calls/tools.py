@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fides_rag.calls.options import CallInputError
 from fides_rag.calls.structure import check_json_schema, closed_schema
+from fides_rag.errors import CallInputError
 from fides_rag.prompts.raw import render_chat
 
 if TYPE_CHECKING:

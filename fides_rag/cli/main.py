@@ -12,8 +12,9 @@ from typing import Any, NoReturn
 from fides_rag.cli.models_command import add_models_parser, run_models_command
 from fides_rag.decoder import MIN_BATCHED_TOKENS, FidesDecoder
 from fides_rag.demo.cli import add_demo_parser, run_demo_command
+from fides_rag.errors import MissingExtraError
 from fides_rag.eval.datasets import DATASETS
-from fides_rag.extras import MissingExtraError, check_extra
+from fides_rag.extras import check_extra
 from fides_rag.method.config import FidesConfig
 from fides_rag.models.options import add_model_arguments, load_options
 from fides_rag.report import step_table

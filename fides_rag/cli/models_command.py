@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fides_rag.models.fetching import FETCHED_MODELS, FetchError, fetch, lookup, models_dir
+from fides_rag.errors import FetchError
+from fides_rag.models.fetching import FETCHED_MODELS, fetch, lookup, models_dir
 
 
 def add_models_parser(commands: argparse._SubParsersAction) -> None:

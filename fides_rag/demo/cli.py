@@ -11,8 +11,8 @@ import argparse
 import os
 import sys
 
-from fides_rag.demo.corpus import DATA_ENV
 from fides_rag.demo.run import DEFAULT_K, DEFAULT_LIMITS, DEFAULT_METHODS, DEFAULT_MODEL, DEFAULT_NOISE, DemoSettings
+from fides_rag.eval.datasets import DATA_ENV
 from fides_rag.models.options import add_model_arguments, load_options
 
 

@@ -11,9 +11,9 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from fides_rag.errors import EmptyQuestion
+from fides_rag.errors import ContextWindowExceeded, EmptyQuestion
 from fides_rag.generation.plain_text import PlainTextEncoder, Span, find_spans
-from fides_rag.prompts.template import ContextWindowExceeded, PromptTemplate, document_texts, fit_texts, template_stops
+from fides_rag.prompts.template import PromptTemplate, document_texts, fit_texts, template_stops
 
 logger = logging.getLogger(__name__)
 

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from fides_rag.errors import QueueFullError
 from fides_rag.generation.detokenize import IncrementalText
 from fides_rag.generation.engine.attention.registry import BACKENDS, resolve_attention
 from fides_rag.generation.engine.block_manager import BlockManager
@@ -51,16 +52,15 @@ from fides_rag.generation.engine.runner import Runner
 from fides_rag.generation.engine.scheduler import (
     DEFAULT_BATCHED_TOKENS,
     Admission,
-    QueueFullError,
     Scheduler,
     check_bounds,
 )
 from fides_rag.generation.engine.step_plan import ScheduledStep
 from fides_rag.generation.engine.tickets import RequestHandle, Ticket
 from fides_rag.generation.engine.views import DecoderLimits, DecoderStats
-from fides_rag.generation.paths import masks_heads, paths_run
+from fides_rag.generation.paths import Heads, masks_heads, paths_run
 from fides_rag.generation.prompting import context_window
-from fides_rag.generation.requests import Heads, Request
+from fides_rag.generation.requests import Request
 from fides_rag.method.lens import ModelAnatomy
 from fides_rag.rules.base import ContrastRule
 

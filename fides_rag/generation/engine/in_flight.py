@@ -26,8 +26,7 @@ from fides_rag.generation.engine.runner import Runner
 from fides_rag.generation.engine.step import advance, decide
 from fides_rag.generation.engine.step_plan import ScheduledStep
 from fides_rag.generation.engine.tickets import Ticket
-from fides_rag.generation.paths import prefill_anchors
-from fides_rag.generation.requests import Heads
+from fides_rag.generation.paths import Heads, prefill_anchors
 from fides_rag.method.lens import ModelAnatomy
 
 

@@ -16,14 +16,13 @@ import collections
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol
 
-from fides_rag.errors import KVPoolExceeded, QueueFullError
+from fides_rag.errors import ContextWindowExceeded, KVPoolExceeded, QueueFullError
 from fides_rag.generation.engine.block_manager import BlockManager
 from fides_rag.generation.engine.captured_step import bucket_for, fits_buckets
 from fides_rag.generation.engine.kv_pool_size import BLOCK
 from fides_rag.generation.engine.step_plan import ScheduledStep, StepBudget
 from fides_rag.generation.engine.tickets import Ticket
 from fides_rag.generation.paths import longest_prompt
-from fides_rag.generation.prompting import ContextWindowExceeded
 
 Admission = Literal["continuous", "static"]
 MIN_BATCHED_TOKENS = 16

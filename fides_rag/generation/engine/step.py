@@ -182,7 +182,8 @@ def constrain(
     states = [u.grammar for u in units]
     if all(state is None for state in states):
         return decided.logits
-    from fides_rag.generation.grammar.constraint import GrammarViolation, mask_logits_rows
+    from fides_rag.errors import GrammarViolation
+    from fides_rag.generation.grammar.constraint import mask_logits_rows
 
     for unit in units:
         if unit.grammar is not None:
