@@ -165,21 +165,33 @@ def measure_engine(
     """One forced-length greedy decode of `example` by `decoder` (a FidesDecoder), measured step by step."""
     probe = StepProbe(counted, decoder.device, tokens=lambda: decoder.stats.tokens)
     timer = ForwardTimer(decoder.device)
-    with decoder.around_steps(probe.engine_step), decoder.around_forwards(timer):
+    forwards_at_mark: list[int] = []  # forwards finished when each mark was taken
+
+    @contextlib.contextmanager
+    def step() -> Iterator[None]:
+        with probe.engine_step():
+            yield
+        if len(probe.marks) > len(forwards_at_mark):
+            forwards_at_mark.append(len(timer))
+
+    with decoder.around_steps(step), decoder.around_forwards(timer):
         start = time.perf_counter()
         result = decoder.generate(example, method=method, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
     report = probe.report(start)
-    return {**report, **forward_split(timer.times_ms(), report), "token_ids": list(result.token_ids)}
+    timed = report["timed_steps"]
+    window = timer.times_ms()[forwards_at_mark[counted] : forwards_at_mark[-1]] if timed else []
+    return {**report, **forward_split(window, report), "token_ids": list(result.token_ids)}
 
 
-def forward_split(forwards_ms: Sequence[float], report: dict[str, Any]) -> dict[str, Any]:
-    """The timed steps' backbone forward (device time on CUDA: a captured step's graph) beside the whole step: its
-    mean milliseconds and its share of the step's (the rest is the engine's host work and the choice)."""
+def forward_split(window_ms: Sequence[float], report: dict[str, Any]) -> dict[str, Any]:
+    """The backbone forwards run within the timed steps (`window_ms`; device time on CUDA: a captured step's graph)
+    beside the whole steps: milliseconds per token and their share of the step's (the rest is the engine's host work
+    and the choice). A step with no token of its own (no mark) counts in the interval that holds it."""
     timed = report["timed_steps"]
     step_ms = report["decode_ms_per_token"]
-    if not timed or step_ms is None or len(forwards_ms) < timed:
+    if not timed or step_ms is None or not window_ms:
         return {"forward_ms_per_token": None, "forward_share": None}
-    forward_ms = statistics.fmean(forwards_ms[-timed:])
+    forward_ms = sum(window_ms) / timed
     return {"forward_ms_per_token": forward_ms, "forward_share": forward_ms / step_ms}
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fides_rag import FidesDecoder, PromptTemplate
-from fides_rag.eval.step_probe import StepProbe, measure_engine, measure_generate, prepared_from_ids
+from fides_rag.eval.step_probe import StepProbe, forward_split, measure_engine, measure_generate, prepared_from_ids
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +35,24 @@ def test_a_measured_engine_decode_counts_its_steps_and_gives_the_unmeasured_toke
     assert all(step["ops"] > 50 and step["traffic_bytes"]["total"] > 0 for step in measured["steps"])
     assert measured["decode_ms_per_token"] > 0 and measured["first_token_ms"] > 0
     assert measured["host_syncs_per_token"] is None  # counted on CUDA only
+
+
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+def test_the_forwards_timed_are_those_inside_the_timed_steps(tiny_llama, tokenizer, example, mode):
+    """Fast mode's last step decodes no token of its own (no mark): its forward lies outside the timed interval and
+    is not counted, so a token's forward never takes longer than its step."""
+    decoder = FidesDecoder(tiny_llama, tokenizer, prompt_template=PromptTemplate(stop=()), mode=mode)
+    measured = measure_engine(decoder, prepared_from_ids(tokenizer, *example), "fides", new_tokens=7, counted=2)
+    assert measured["timed_steps"] >= 1
+    assert 0 < measured["forward_ms_per_token"] < measured["decode_ms_per_token"]
+    assert 0 < measured["forward_share"] < 1
+
+
+def test_the_forward_split_is_the_window_per_timed_token():
+    report = {"timed_steps": 2, "decode_ms_per_token": 4.0}
+    assert forward_split([1.0, 3.0], report) == {"forward_ms_per_token": 2.0, "forward_share": 0.5}
+    assert forward_split([], report) == {"forward_ms_per_token": None, "forward_share": None}
+    assert forward_split([1.0], {"timed_steps": 0, "decode_ms_per_token": None})["forward_share"] is None
 
 
 @pytest.mark.parametrize("inference_mode", [False, True])
