@@ -37,10 +37,14 @@ class StepProbe(StoppingCriteria):
         device: torch.device,
         tokens: Callable[[], int] | None = None,
         count_ops: bool | None = None,
+        forwards: Callable[[], int] | None = None,
     ) -> None:
         self.counted = counted
         self.tokens = tokens
         """For an engine: the tokens it has decoded so far; a step that decoded none (a prompt chunk) is no mark."""
+        self.forwards = forwards
+        """For an engine: the backbone forwards timed so far (`ForwardTimer`), read at each of its marks."""
+        self.forwards_at_mark: list[int] = []
         self.cuda = device.type == "cuda"
         self.count_ops = not self.cuda if count_ops is None else count_ops
         """Whether counted steps count aten ops (default: off on CUDA, where a counted step would run eagerly instead
@@ -89,6 +93,8 @@ class StepProbe(StoppingCriteria):
             yield
             if before is None or self.tokens() > before:  # type: ignore[misc]  # tokens is set when before is
                 self._mark()
+                if self.forwards is not None:
+                    self.forwards_at_mark.append(self.forwards())
 
     # -- transformers' generate: a stopping criterion called once per token --------------------------
 
@@ -109,6 +115,12 @@ class StepProbe(StoppingCriteria):
             self._modes = None
 
     # -- the figures ------------------------------------------------------------------------------
+
+    def timed_forwards(self, forwards_ms: Sequence[float]) -> list[float]:
+        """Of every timed forward (`forwards`, in order), those run within the timed steps: after the last counted
+        step's mark, up to the last mark (a step with no token of its own counts in the interval that holds it)."""
+        marks = self.forwards_at_mark
+        return list(forwards_ms[marks[self.counted] : marks[-1]]) if len(marks) > self.counted else []
 
     def report(self, start: float) -> dict[str, Any]:
         """First-token time, per-step counts of the counted steps, and the mean time of the timed steps."""
@@ -163,24 +175,14 @@ def measure_engine(
     decoder: FidesDecoder, example: PreparedExample, method: Any, new_tokens: int, counted: int
 ) -> dict[str, Any]:
     """One forced-length greedy decode of `example` by `decoder` (a FidesDecoder), measured step by step."""
-    probe = StepProbe(counted, decoder.device, tokens=lambda: decoder.stats.tokens)
     timer = ForwardTimer(decoder.device)
-    forwards_at_mark: list[int] = []  # forwards finished when each mark was taken
-
-    @contextlib.contextmanager
-    def step() -> Iterator[None]:
-        with probe.engine_step():
-            yield
-        if len(probe.marks) > len(forwards_at_mark):
-            forwards_at_mark.append(len(timer))
-
-    with decoder.around_steps(step), decoder.around_forwards(timer):
+    probe = StepProbe(counted, decoder.device, tokens=lambda: decoder.stats.tokens, forwards=lambda: len(timer))
+    with decoder.around_steps(probe.engine_step), decoder.around_forwards(timer):
         start = time.perf_counter()
         result = decoder.generate(example, method=method, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
     report = probe.report(start)
-    timed = report["timed_steps"]
-    window = timer.times_ms()[forwards_at_mark[counted] : forwards_at_mark[-1]] if timed else []
-    return {**report, **forward_split(window, report), "token_ids": list(result.token_ids)}
+    split = forward_split(probe.timed_forwards(timer.times_ms()), report)
+    return {**report, **split, "token_ids": list(result.token_ids)}
 
 
 def forward_split(window_ms: Sequence[float], report: dict[str, Any]) -> dict[str, Any]:
